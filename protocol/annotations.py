@@ -1,0 +1,171 @@
+"""The label and annotation keys that make a pod a VM, and their strict parsing.
+
+Pure. The extender, the agent, the manifests and the docs all use exactly these names.
+
+Set by users on a VM pod (prefix ``vm-autoscaling.io/``):
+
+=====================  ========================================================  ==========
+key                    meaning                                                   default
+=====================  ========================================================  ==========
+label ``vm``           ``"true"`` marks the pod as a VM                          (required)
+``min-vcpus``          fewest vCPUs; the VM is placed and started with these     (required)
+``max-vcpus``          most vCPUs the VM may grow to (QEMU ``maxcpus``)          (required)
+``scaling-unit``       vCPUs per step; sizes are ``min + k * unit`` <= max        ``1``
+``min-memory``         least memory (a quantity, e.g. ``1Gi``)                   pod request
+``max-memory``         most memory                                               min-memory
+``memory-unit``        memory step; sizes are ``min + k * unit``                 ``128Mi``
+``hypervisor``         how the agent reaches the VMM: ``qmp:///run/vm/qmp.sock``  (none)
+                       or ``cloud-hypervisor:///var/run/ch/ch.sock`` (a path on
+                       the host, below the agent's configured root)
+``metrics-url``        the guest's node_exporter                                 pod IP :9100
+=====================  ========================================================  ==========
+
+Written by the extender (the durable record a restarted extender rebuilds from):
+
+``permitted-vcpus`` / ``permitted-memory``: the last permit granted to the VM.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from protocol.quantity import QuantityError, memory_bytes
+
+PREFIX: Final = "vm-autoscaling.io/"
+VM_LABEL: Final = PREFIX + "vm"
+MIN_VCPUS: Final = PREFIX + "min-vcpus"
+MAX_VCPUS: Final = PREFIX + "max-vcpus"
+SCALING_UNIT: Final = PREFIX + "scaling-unit"
+MIN_MEMORY: Final = PREFIX + "min-memory"
+MAX_MEMORY: Final = PREFIX + "max-memory"
+MEMORY_UNIT: Final = PREFIX + "memory-unit"
+HYPERVISOR: Final = PREFIX + "hypervisor"
+METRICS_URL: Final = PREFIX + "metrics-url"
+PERMITTED_VCPUS: Final = PREFIX + "permitted-vcpus"
+PERMITTED_MEMORY: Final = PREFIX + "permitted-memory"
+
+DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
+# Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
+MAX_SANE_VCPUS: Final = 4096
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+
+
+class AnnotationError(ValueError):
+    """A VM pod whose annotations are missing, malformed or contradictory; names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"annotation {key}: {message}")
+        self.key = key
+
+
+class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A VM's bounds, as its pod's annotations declare them."""
+
+    min_vcpus: int
+    max_vcpus: int
+    scaling_unit: int = 1
+    min_memory_bytes: int
+    max_memory_bytes: int
+    memory_unit_bytes: int = DEFAULT_MEMORY_UNIT
+    hypervisor: str | None = None
+    metrics_url: str | None = None
+
+    def round_vcpus_down(self, vcpus: int) -> int:
+        """The largest allowed size <= ``vcpus`` (never below min)."""
+        if vcpus <= self.min_vcpus:
+            return self.min_vcpus
+        steps = (min(vcpus, self.max_vcpus) - self.min_vcpus) // self.scaling_unit
+        return self.min_vcpus + steps * self.scaling_unit
+
+    def round_memory_down(self, value: int) -> int:
+        if value <= self.min_memory_bytes:
+            return self.min_memory_bytes
+        steps = (min(value, self.max_memory_bytes) - self.min_memory_bytes) // self.memory_unit_bytes
+        return self.min_memory_bytes + steps * self.memory_unit_bytes
+
+    @property
+    def top_vcpus(self) -> int:
+        """The largest allowed vCPU count (max rounded down to the scaling unit)."""
+        return self.round_vcpus_down(self.max_vcpus)
+
+    @property
+    def top_memory_bytes(self) -> int:
+        return self.round_memory_down(self.max_memory_bytes)
+
+
+def is_vm(labels: dict[str, str] | None) -> bool:
+    return bool(labels) and labels is not None and labels.get(VM_LABEL) == "true"
+
+
+def _whole(annotations: dict[str, str], key: str, default: int | None) -> int:
+    raw = annotations.get(key)
+    if raw is None:
+        if default is None:
+            raise AnnotationError(key, "is required on a VM pod")
+        return default
+    text = raw.strip()
+    if not text.isdigit():
+        raise AnnotationError(key, f"{raw!r} is not a whole number")
+    value = int(text)
+    if not 1 <= value <= MAX_SANE_VCPUS:
+        raise AnnotationError(key, f"{value} is outside 1..{MAX_SANE_VCPUS}")
+    return value
+
+
+def _memory(annotations: dict[str, str], key: str, default: int | None) -> int:
+    raw = annotations.get(key)
+    if raw is None:
+        if default is None:
+            raise AnnotationError(key, "is required (the pod requests no memory to default to)")
+        return default
+    try:
+        value = memory_bytes(raw)
+    except QuantityError as e:
+        raise AnnotationError(key, str(e)) from e
+    if value <= 0:
+        raise AnnotationError(key, f"{raw!r} must be positive")
+    return value
+
+
+def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) -> VmSpec:
+    """Read a VM pod's bounds; raises AnnotationError naming the first bad key."""
+    ann = annotations or {}
+    min_vcpus = _whole(ann, MIN_VCPUS, None)
+    max_vcpus = _whole(ann, MAX_VCPUS, None)
+    if max_vcpus < min_vcpus:
+        raise AnnotationError(MAX_VCPUS, f"{max_vcpus} is below {MIN_VCPUS} ({min_vcpus})")
+    unit = _whole(ann, SCALING_UNIT, 1)
+    min_mem = _memory(ann, MIN_MEMORY, pod_memory_bytes or None)
+    max_mem = _memory(ann, MAX_MEMORY, min_mem)
+    if max_mem < min_mem:
+        raise AnnotationError(MAX_MEMORY, f"{max_mem} bytes is below {MIN_MEMORY} ({min_mem})")
+    mem_unit = _memory(ann, MEMORY_UNIT, DEFAULT_MEMORY_UNIT)
+    return VmSpec(
+        min_vcpus=min_vcpus,
+        max_vcpus=max_vcpus,
+        scaling_unit=unit,
+        min_memory_bytes=min_mem,
+        max_memory_bytes=max_mem,
+        memory_unit_bytes=mem_unit,
+        hypervisor=ann.get(HYPERVISOR) or None,
+        metrics_url=ann.get(METRICS_URL) or None,
+    )
+
+
+def parse_permitted(annotations: dict[str, str] | None) -> tuple[int | None, int | None]:
+    """The durable permit the extender wrote, if any and if well-formed.
+
+    Malformed values are ignored rather than fatal: this is our own record, and falling back to
+    the VM's minimum (or the agent's lastPermit) is safe.
+    """
+    ann = annotations or {}
+    vcpus_raw = ann.get(PERMITTED_VCPUS, "").strip()
+    vcpus = int(vcpus_raw) if vcpus_raw.isdigit() else None
+    mem: int | None
+    try:
+        mem = memory_bytes(ann[PERMITTED_MEMORY]) if PERMITTED_MEMORY in ann else None
+    except QuantityError:
+        mem = None
+    return vcpus, mem

@@ -1,0 +1,41 @@
+"""One cached msgspec Encoder/Decoder per type, and decode errors with a ``$.path``.
+
+Pure. Building a msgspec Decoder is not free; handlers on the hot path reuse these.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+ENCODER = msgspec.json.Encoder()
+
+
+class ProtocolError(ValueError):
+    """A body that is not valid JSON or does not match the expected type.
+
+    The message is msgspec's, which names the offending location, e.g.
+    ``Expected `int` >= 0, got `-1` - at `$.requests[0].current.vcpus```.
+    """
+
+
+@functools.cache
+def decoder(type_: type[T]) -> msgspec.json.Decoder[T]:
+    return msgspec.json.Decoder(type_)
+
+
+def decode(type_: type[T], data: bytes | str) -> T:
+    try:
+        return decoder(type_).decode(data)
+    except msgspec.ValidationError as e:
+        raise ProtocolError(str(e)) from e
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"malformed JSON: {e}") from e
+
+
+def encode(value: Any) -> bytes:
+    return ENCODER.encode(value)

@@ -1,0 +1,183 @@
+"""The subset of Kubernetes API objects this project reads, as msgspec structs.
+
+Pure. A tolerant reader: unknown fields are ignored (new Kubernetes versions add fields all the
+time), and every optional field accepts ``null`` because the API server and kube-scheduler both
+send it (a watch BOOKMARK carries ``"containers": null``). Keys are the API's camelCase.
+
+Only what some component needs is declared; decoding skips the rest cheaply, which matters on
+the extender's hot path where kube-scheduler sends a whole Pod on every call.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+StrMap = dict[str, str]
+
+
+class _Obj(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """Base for API objects: camelCase keys, keyword construction, defaults not written."""
+
+
+class OwnerReference(_Obj, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
+class ObjectMeta(_Obj):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int | None = None
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    labels: StrMap | None = None
+    annotations: StrMap | None = None
+    owner_references: list[OwnerReference] | None = None
+
+
+class ResourceRequirements(_Obj):
+    requests: StrMap | None = None
+    limits: StrMap | None = None
+
+
+class Container(_Obj):
+    name: str = ""
+    resources: ResourceRequirements | None = None
+    # Only meaningful for init containers: "Always" makes it a sidecar that runs beside the
+    # main containers, which changes how the pod's requests add up.
+    restart_policy: str | None = None
+
+
+class Toleration(_Obj, frozen=True):
+    key: str | None = None
+    operator: str | None = None
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+class NodeSelectorRequirement(_Obj, frozen=True):
+    key: str
+    operator: str
+    values: list[str] | None = None
+
+
+class NodeSelectorTerm(_Obj):
+    match_expressions: list[NodeSelectorRequirement] | None = None
+    match_fields: list[NodeSelectorRequirement] | None = None
+
+
+class NodeSelector(_Obj):
+    node_selector_terms: list[NodeSelectorTerm] | None = None
+
+
+class NodeAffinity(_Obj):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+
+
+class Affinity(_Obj):
+    node_affinity: NodeAffinity | None = None
+
+
+class PodSpec(_Obj):
+    node_name: str | None = None
+    scheduler_name: str | None = None
+    containers: list[Container] | None = None
+    init_containers: list[Container] | None = None
+    overhead: StrMap | None = None
+    priority: int | None = None
+    priority_class_name: str | None = None
+    node_selector: StrMap | None = None
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] | None = None
+
+
+class ContainerStatus(_Obj):
+    name: str = ""
+    # In-place resize: what the kubelet has admitted; may differ from spec while resizing.
+    allocated_resources: StrMap | None = None
+    resources: ResourceRequirements | None = None
+
+
+class PodStatus(_Obj):
+    phase: str | None = None
+    resize: str | None = None
+    container_statuses: list[ContainerStatus] | None = None
+    init_container_statuses: list[ContainerStatus] | None = None
+
+
+class Pod(_Obj):
+    api_version: str | None = None
+    kind: str | None = None
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+class Taint(_Obj, frozen=True):
+    key: str
+    value: str | None = None
+    effect: str = ""
+
+
+class NodeSpec(_Obj):
+    unschedulable: bool | None = None
+    taints: list[Taint] | None = None
+
+
+class NodeCondition(_Obj):
+    type: str
+    status: str
+
+
+class NodeStatus(_Obj):
+    allocatable: StrMap | None = None
+    capacity: StrMap | None = None
+    conditions: list[NodeCondition] | None = None
+
+
+class Node(_Obj):
+    api_version: str | None = None
+    kind: str | None = None
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec = msgspec.field(default_factory=NodeSpec)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+
+class ListMeta(_Obj):
+    resource_version: str = ""
+    # ``continue`` is a Python keyword.
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class PodList(_Obj):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[Pod] | None = None
+
+
+class NodeList(_Obj):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[Node] | None = None
+
+
+class Status(_Obj):
+    """``meta/v1 Status``: the body of API errors, of Binding's 201, and of watch ERROR events."""
+
+    kind: str | None = None
+    api_version: str | None = None
+    status: str | None = None
+    message: str | None = None
+    reason: str | None = None
+    code: int | None = None
+
+
+class WatchEvent(msgspec.Struct, kw_only=True):
+    """One line of a watch stream. ``object`` stays raw until the type says what it is."""
+
+    type: str
+    object: msgspec.Raw

@@ -1,0 +1,113 @@
+"""The agent<->extender permit protocol (see ``versions`` for the changelog).
+
+Pure. How to read a ResourceRequest, per resource (vCPUs and memory independently):
+
+* ``requested < current`` is a *notice*: the agent has already shrunk the VM to
+  ``requested``; the extender frees the difference at once.
+* ``requested == current`` is *steady*: nothing is released, the permit stays as it was.
+* ``requested > current`` is a *request*: the extender grants
+  ``current <= permit <= requested``, rounded down to the VM's scaling unit and limited by
+  what the node (and the namespace quota) has left.
+
+``last_permit`` is the last permit the agent holds. A restarted extender whose durable record
+(the pod annotation) was lost uses it to rebuild, so a restart never takes vCPUs from a VM.
+
+Requests are batched: one HTTP request carries every VM of one node and gets one Permit each,
+so a node with 100 VMs costs one round trip per tick.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+from protocol.versions import VersionRange
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+# A node with more VMs than this is not a node; the cap keeps one request's work bounded.
+MAX_BATCH = 1024
+
+
+class _Wire(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
+    pass
+
+
+class Resources(_Wire):
+    vcpus: NonNegative
+    memory_bytes: NonNegative
+
+
+class PodRef(_Wire):
+    namespace: Name
+    name: Name
+    uid: Name
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class LoadReport(_Wire):
+    """What the agent saw, for the extender's logs, metrics and the recommender."""
+
+    load1: Annotated[float, msgspec.Meta(ge=0)]
+    cpu_busy_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    memory_used_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+
+
+class ResourceRequest(_Wire):
+    pod: PodRef
+    node: Name
+    current: Resources
+    requested: Resources
+    last_permit: Resources | None = None
+    load: LoadReport | None = None
+
+
+class ResourceRequestBatch(_Wire):
+    protocol: VersionRange
+    node: Name
+    requests: Annotated[list[ResourceRequest], msgspec.Meta(max_length=MAX_BATCH)]
+
+
+class PermitStatus(enum.StrEnum):
+    GRANTED = "granted"  # permit == requested (an increase, fully granted)
+    PARTIAL = "partial"  # current < permit < requested
+    DENIED = "denied"  # an increase, but permit == current
+    RELEASED = "released"  # a decrease was recorded
+    STEADY = "steady"  # requested == current
+
+
+class ItemError(_Wire):
+    """Why one VM's request failed; ``status`` is the HTTP status it would have on its own."""
+
+    status: int
+    reason: str
+    message: str
+
+
+class Permit(_Wire):
+    """The answer for one VM: what it may use now, or an error for this VM alone."""
+
+    pod: PodRef
+    permit: Resources | None = None
+    status: PermitStatus | None = None
+    reason: str = ""
+    error: ItemError | None = None
+
+
+class PermitBatch(_Wire):
+    protocol: int
+    node: str
+    permits: list[Permit]
+
+
+class ErrorBody(_Wire):
+    """Body of every non-2xx answer on the permit port."""
+
+    error: str
+    reason: str
+    message: str

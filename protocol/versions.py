@@ -1,0 +1,53 @@
+"""Versions of the agent<->extender permit protocol, and their negotiation.
+
+Pure. Callers ask capability methods rather than compare numbers, so that adding a version is
+one place to change. Each side advertises the range it speaks; the extender answers in the
+newest version both share, or with a 400 that names both ranges.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class ProtocolVersion(enum.IntEnum):
+    # V1: batched ResourceRequest/Permit per node; whole vCPUs and memory in bytes;
+    # decrease = already done (informative), equal = steady, increase = request; lastPermit
+    # lets a restarted extender rebuild.
+    V1 = 1
+
+    def has_batches(self) -> bool:
+        return self >= ProtocolVersion.V1
+
+    def has_memory(self) -> bool:
+        return self >= ProtocolVersion.V1
+
+    def __str__(self) -> str:
+        return f"v{self.value}"
+
+
+class VersionRange(msgspec.Struct, frozen=True, kw_only=True):
+    """An inclusive range of protocol versions, ``{"min": 1, "max": 1}`` on the wire."""
+
+    min: int
+    max: int
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise ValueError("protocol.min must be >= 1")
+        if self.max < self.min:
+            raise ValueError(f"protocol.max ({self.max}) must be >= protocol.min ({self.min})")
+
+    def __str__(self) -> str:
+        return f"v{self.min}..v{self.max}"
+
+    def latest_shared(self, other: VersionRange) -> ProtocolVersion | None:
+        """The newest version in both ranges that this code knows, or None."""
+        top = min(self.max, other.max, max(ProtocolVersion))
+        bottom = max(self.min, other.min)
+        return ProtocolVersion(top) if top >= bottom else None
+
+
+SUPPORTED = VersionRange(min=ProtocolVersion.V1, max=ProtocolVersion.V1)
