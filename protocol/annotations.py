@@ -82,7 +82,9 @@ class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
     def round_memory_down(self, value: int) -> int:
         if value <= self.min_memory_bytes:
             return self.min_memory_bytes
-        steps = (min(value, self.max_memory_bytes) - self.min_memory_bytes) // self.memory_unit_bytes
+        steps = (
+            min(value, self.max_memory_bytes) - self.min_memory_bytes
+        ) // self.memory_unit_bytes
         return self.min_memory_bytes + steps * self.memory_unit_bytes
 
     @property

@@ -5,7 +5,6 @@ Pure. Building a msgspec Decoder is not free; handlers on the hot path reuse the
 
 from __future__ import annotations
 
-import functools
 from typing import Any, TypeVar
 
 import msgspec
@@ -23,14 +22,20 @@ class ProtocolError(ValueError):
     """
 
 
-@functools.cache
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
 def decoder(type_: type[T]) -> msgspec.json.Decoder[T]:
-    return msgspec.json.Decoder(type_)
+    found = _DECODERS.get(type_)
+    if found is None:
+        found = _DECODERS[type_] = msgspec.json.Decoder(type_)
+    return found
 
 
 def decode(type_: type[T], data: bytes | str) -> T:
     try:
-        return decoder(type_).decode(data)
+        value: T = decoder(type_).decode(data)
+        return value
     except msgspec.ValidationError as e:
         raise ProtocolError(str(e)) from e
     except msgspec.DecodeError as e:

@@ -19,7 +19,7 @@ class _Obj(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
     """Base for API objects: camelCase keys, keyword construction, defaults not written."""
 
 
-class OwnerReference(_Obj, frozen=True):
+class OwnerReference(_Obj):
     api_version: str = ""
     kind: str = ""
     name: str = ""
@@ -53,7 +53,7 @@ class Container(_Obj):
     restart_policy: str | None = None
 
 
-class Toleration(_Obj, frozen=True):
+class Toleration(_Obj):
     key: str | None = None
     operator: str | None = None
     value: str | None = None
@@ -61,7 +61,7 @@ class Toleration(_Obj, frozen=True):
     toleration_seconds: int | None = None
 
 
-class NodeSelectorRequirement(_Obj, frozen=True):
+class NodeSelectorRequirement(_Obj):
     key: str
     operator: str
     values: list[str] | None = None
@@ -119,7 +119,7 @@ class Pod(_Obj):
     status: PodStatus = msgspec.field(default_factory=PodStatus)
 
 
-class Taint(_Obj, frozen=True):
+class Taint(_Obj):
     key: str
     value: str | None = None
     effect: str = ""

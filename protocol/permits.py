@@ -35,12 +35,12 @@ class _Wire(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
     pass
 
 
-class Resources(_Wire):
+class Resources(_Wire, frozen=True):
     vcpus: NonNegative
     memory_bytes: NonNegative
 
 
-class PodRef(_Wire):
+class PodRef(_Wire, frozen=True):
     namespace: Name
     name: Name
     uid: Name
@@ -50,7 +50,7 @@ class PodRef(_Wire):
         return f"{self.namespace}/{self.name}"
 
 
-class LoadReport(_Wire):
+class LoadReport(_Wire, frozen=True):
     """What the agent saw, for the extender's logs, metrics and the recommender."""
 
     load1: Annotated[float, msgspec.Meta(ge=0)]
@@ -58,7 +58,7 @@ class LoadReport(_Wire):
     memory_used_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
 
 
-class ResourceRequest(_Wire):
+class ResourceRequest(_Wire, frozen=True):
     pod: PodRef
     node: Name
     current: Resources
@@ -67,7 +67,7 @@ class ResourceRequest(_Wire):
     load: LoadReport | None = None
 
 
-class ResourceRequestBatch(_Wire):
+class ResourceRequestBatch(_Wire, frozen=True):
     protocol: VersionRange
     node: Name
     requests: Annotated[list[ResourceRequest], msgspec.Meta(max_length=MAX_BATCH)]
@@ -81,7 +81,7 @@ class PermitStatus(enum.StrEnum):
     STEADY = "steady"  # requested == current
 
 
-class ItemError(_Wire):
+class ItemError(_Wire, frozen=True):
     """Why one VM's request failed; ``status`` is the HTTP status it would have on its own."""
 
     status: int
@@ -89,7 +89,7 @@ class ItemError(_Wire):
     message: str
 
 
-class Permit(_Wire):
+class Permit(_Wire, frozen=True):
     """The answer for one VM: what it may use now, or an error for this VM alone."""
 
     pod: PodRef
@@ -99,13 +99,13 @@ class Permit(_Wire):
     error: ItemError | None = None
 
 
-class PermitBatch(_Wire):
+class PermitBatch(_Wire, frozen=True):
     protocol: int
     node: str
     permits: list[Permit]
 
 
-class ErrorBody(_Wire):
+class ErrorBody(_Wire, frozen=True):
     """Body of every non-2xx answer on the permit port."""
 
     error: str

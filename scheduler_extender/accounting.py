@@ -1,0 +1,529 @@
+"""The per-node capacity ledger: who holds what on every node.
+
+Pure: no I/O, no awaits, no clock (callers pass ``at``, an informational wall-clock stamp shown
+in ``/state``), no randomness. Because no method awaits, every read-modify-write is atomic with
+respect to the other coroutines of the extender's event loop, and no lock is needed. Keep it so.
+
+Per node, in millicores and bytes:
+
+``usable``     allocatable minus the system reserve (default 20% of CPU). What the node can give.
+``own``        what this extender's pods hold: a VM at its permitted size (at least its pod's
+               requests), any other pod of our scheduler at its requests.
+``foreign``    what pods placed by anyone else hold, at their effective requests; kept in their
+               own table and total, each tagged ``static`` (never preemptible) or ``default``.
+``free``       ``usable - own - foreign``; negative when the node is over-committed.
+
+Invariants (``check_invariants`` verifies them; the property tests call it after every step):
+
+1. ``own`` and ``foreign`` always equal the sums of their per-pod entries, and every entry is in
+   the uid index under the node it names.
+2. Nothing *this extender decides* (a bind, a permit) ever makes ``own + foreign`` exceed
+   ``usable``, or makes an over-committed node more over-committed. Only *reality* may: foreign
+   pods that are already running, a VM the agent reports larger than its permit, a node that
+   shrank. Those are always counted, never hidden, and the node is then reported
+   ``overcommitted``.
+3. A terminated (Succeeded/Failed) or deleted pod holds nothing: when every pod is gone, every
+   node's ``own`` and ``foreign`` are zero. (The design this project follows leaked the space of
+   deleted pods.)
+4. Rebuilding from the API server's state (``replace_pods`` with the same pods and annotations)
+   gives the same ledger.
+
+A node name can be known from pods before (or after) the Node object itself: such a node has
+``is_known == False`` and no capacity, so nothing new fits on it, but what runs there is counted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import msgspec
+
+from protocol.annotations import VmSpec
+from scheduler_extender.podinfo import ZERO, Demand, PodInfo
+
+
+class Owner(enum.StrEnum):
+    OWN = "own"
+    FOREIGN = "foreign"
+
+
+class ForeignTag(enum.StrEnum):
+    STATIC = "static"  # a kubelet's static/mirror pod: never a preemption victim
+    DEFAULT = "default"
+
+
+class Allocation(msgspec.Struct, kw_only=True):
+    """One pod's hold on one node. Mutable only inside this module."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    owner: Owner
+    tag: ForeignTag | None
+    priority: int
+    held: Demand
+    # The pod's own effective requests: a VM never holds less than this.
+    requests: Demand
+    allocated_at: float
+    vm: VmSpec | None = None
+    # A VM's permitted size; ``held`` is at least ``vcpus * 1000`` millicores.
+    vcpus: int | None = None
+    memory_bytes: int | None = None
+    # Reserved by our bind but not yet seen bound by the watch. Only such an entry is released
+    # when the bind fails: once the API server shows the pod on the node, reality decides.
+    is_tentative: bool = False
+    # The agent has spoken for this VM since this ledger was built (so lastPermit no longer
+    # matters: the ledger's own view is fresher).
+    has_agent: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class NodeState(msgspec.Struct, kw_only=True):
+    name: str
+    is_known: bool = False
+    allocatable: Demand = ZERO
+    reserve: Demand = ZERO
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    own: dict[str, Allocation] = msgspec.field(default_factory=dict)
+    foreign: dict[str, Allocation] = msgspec.field(default_factory=dict)
+    own_total: Demand = ZERO
+    foreign_total: Demand = ZERO
+    # Foreign pods that can never be preempted (static pods): bounds what preemption can free.
+    static_total: Demand = ZERO
+
+    @property
+    def usable(self) -> Demand:
+        return Demand(
+            max(0, self.allocatable.cpu_millis - self.reserve.cpu_millis),
+            max(0, self.allocatable.memory_bytes - self.reserve.memory_bytes),
+        )
+
+    @property
+    def allocated(self) -> Demand:
+        return self.own_total + self.foreign_total
+
+    @property
+    def free(self) -> Demand:
+        """Room left; negative components mean over-committed."""
+        u, a = self.usable, self.allocated
+        return Demand(u.cpu_millis - a.cpu_millis, u.memory_bytes - a.memory_bytes)
+
+    @property
+    def is_overcommitted(self) -> bool:
+        f = self.free
+        return f.cpu_millis < 0 or f.memory_bytes < 0
+
+    def fits(self, extra: Demand, *, releasing: Demand = ZERO) -> bool:
+        """Whether ``extra`` fits after ``releasing`` is given back (an entry being resized)."""
+        if not self.is_known:
+            return False
+        f = self.free
+        return (
+            extra.cpu_millis - releasing.cpu_millis <= f.cpu_millis
+            and extra.memory_bytes - releasing.memory_bytes <= f.memory_bytes
+        )
+
+
+class AllocAction(enum.StrEnum):
+    ADD = "add"
+    REMOVE = "remove"
+    RESIZE = "resize"
+
+
+class AllocEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """What changed, for NODE_ALLOC log lines, Kubernetes Events and metrics."""
+
+    action: AllocAction
+    node: str
+    pod: str
+    uid: str
+    is_foreign: bool
+    held: Demand
+    previous: Demand = ZERO
+
+
+class LedgerError(Exception):
+    """Base of the ledger's refusals; the shell maps each to an HTTP status."""
+
+
+class UnknownNode(LedgerError):
+    pass
+
+
+class UnknownPod(LedgerError):
+    pass
+
+
+class NoRoom(LedgerError):
+    pass
+
+
+class Conflict(LedgerError):
+    """The pod is already held elsewhere, or the request names another pod with that uid."""
+
+
+class SystemReserve(msgspec.Struct, frozen=True, kw_only=True):
+    """Fractions of a node's allocatable kept back for the host (the design follows: 20% CPU)."""
+
+    cpu_fraction: float = 0.2
+    memory_fraction: float = 0.0
+
+    def of(self, allocatable: Demand) -> Demand:
+        # Round the reserve up so that usable capacity is never overstated.
+        return Demand(
+            -int(-allocatable.cpu_millis * self.cpu_fraction // 1),
+            -int(-allocatable.memory_bytes * self.memory_fraction // 1),
+        )
+
+
+NodeListener = Callable[[str], None]
+_NO_EVENTS: Final[list[AllocEvent]] = []
+
+
+class Ledger:
+    """All nodes and all pods that hold capacity on them. See the module docstring."""
+
+    def __init__(self, *, reserve: SystemReserve | None = None) -> None:
+        self.reserve = reserve or SystemReserve()
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, Allocation] = {}
+        # Bumped on every change; lets readers cache derived views while it stands still.
+        self.generation = 0
+        self._listeners: list[NodeListener] = []
+
+    # -- change notification -------------------------------------------------------------
+
+    def subscribe(self, listener: NodeListener) -> None:
+        """Call ``listener(node_name)`` after every change to that node (capacity or holds)."""
+        self._listeners.append(listener)
+
+    def _changed(self, node: str) -> None:
+        self.generation += 1
+        for listener in self._listeners:
+            listener(node)
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def _node(self, name: str) -> NodeState:
+        state = self.nodes.get(name)
+        if state is None:
+            state = self.nodes[name] = NodeState(name=name)
+        return state
+
+    def upsert_node(
+        self, name: str, *, allocatable: Demand, labels: dict[str, str] | None = None
+    ) -> None:
+        state = self._node(name)
+        reserve = self.reserve.of(allocatable)
+        new_labels = labels or {}
+        if (
+            state.is_known
+            and state.allocatable == allocatable
+            and state.reserve == reserve
+            and state.labels == new_labels
+        ):
+            return
+        state.is_known = True
+        state.allocatable = allocatable
+        state.reserve = reserve
+        state.labels = new_labels
+        self._changed(name)
+
+    def remove_node(self, name: str) -> None:
+        """The Node object is gone. Pods still bound there keep being counted (reality) until
+        they are deleted; the name stays as an unknown node while they exist."""
+        state = self.nodes.get(name)
+        if state is None:
+            return
+        if state.own or state.foreign:
+            state.is_known = False
+            state.allocatable = state.reserve = ZERO
+            state.labels = {}
+        else:
+            del self.nodes[name]
+        self._changed(name)
+
+    def replace_nodes(self, nodes: Iterable[tuple[str, Demand, dict[str, str]]]) -> None:
+        """A fresh list: add or update every node given, remove every node not given."""
+        seen = set()
+        for name, allocatable, labels in nodes:
+            seen.add(name)
+            self.upsert_node(name, allocatable=allocatable, labels=labels)
+        for name in [n for n, s in self.nodes.items() if s.is_known and n not in seen]:
+            self.remove_node(name)
+
+    # -- holds -------------------------------------------------------------------------------
+
+    def _add(self, entry: Allocation) -> AllocEvent:
+        state = self._node(entry.node)
+        table = state.own if entry.owner is Owner.OWN else state.foreign
+        table[entry.uid] = entry
+        if entry.owner is Owner.OWN:
+            state.own_total = state.own_total + entry.held
+        else:
+            state.foreign_total = state.foreign_total + entry.held
+            if entry.tag is ForeignTag.STATIC:
+                state.static_total = state.static_total + entry.held
+        self.pods[entry.uid] = entry
+        self._changed(entry.node)
+        return AllocEvent(
+            action=AllocAction.ADD,
+            node=entry.node,
+            pod=entry.key,
+            uid=entry.uid,
+            is_foreign=entry.owner is Owner.FOREIGN,
+            held=entry.held,
+        )
+
+    def _remove(self, entry: Allocation) -> AllocEvent:
+        state = self.nodes[entry.node]
+        if entry.owner is Owner.OWN:
+            del state.own[entry.uid]
+            state.own_total = _minus(state.own_total, entry.held)
+        else:
+            del state.foreign[entry.uid]
+            state.foreign_total = _minus(state.foreign_total, entry.held)
+            if entry.tag is ForeignTag.STATIC:
+                state.static_total = _minus(state.static_total, entry.held)
+        del self.pods[entry.uid]
+        if not state.is_known and not state.own and not state.foreign:
+            del self.nodes[entry.node]
+        self._changed(entry.node)
+        return AllocEvent(
+            action=AllocAction.REMOVE,
+            node=entry.node,
+            pod=entry.key,
+            uid=entry.uid,
+            is_foreign=entry.owner is Owner.FOREIGN,
+            held=ZERO,
+            previous=entry.held,
+        )
+
+    def _set_held(self, entry: Allocation, held: Demand) -> AllocEvent | None:
+        if held == entry.held:
+            return None
+        state = self.nodes[entry.node]
+        delta_cpu = held.cpu_millis - entry.held.cpu_millis
+        delta_mem = held.memory_bytes - entry.held.memory_bytes
+        delta = Demand(delta_cpu, delta_mem)
+        if entry.owner is Owner.OWN:
+            state.own_total = _plus_signed(state.own_total, delta)
+        else:
+            state.foreign_total = _plus_signed(state.foreign_total, delta)
+            if entry.tag is ForeignTag.STATIC:
+                state.static_total = _plus_signed(state.static_total, delta)
+        previous = entry.held
+        entry.held = held
+        self._changed(entry.node)
+        return AllocEvent(
+            action=AllocAction.RESIZE,
+            node=entry.node,
+            pod=entry.key,
+            uid=entry.uid,
+            is_foreign=entry.owner is Owner.FOREIGN,
+            held=held,
+            previous=previous,
+        )
+
+    def release(self, uid: str) -> list[AllocEvent]:
+        entry = self.pods.get(uid)
+        return [self._remove(entry)] if entry is not None else []
+
+    # -- what the API server says ------------------------------------------------------------
+
+    def observe_pod(self, pod: PodInfo, *, at: float) -> list[AllocEvent]:
+        """An ADDED/MODIFIED pod from the watch (or a list). Idempotent."""
+        entry = self.pods.get(pod.uid)
+        if pod.is_terminated:
+            return self.release(pod.uid)
+        if pod.node_name is None:
+            # Not bound (yet). A tentative hold from our own bind stays until the bind answers.
+            if entry is not None and not entry.is_tentative:
+                return self.release(pod.uid)
+            return _NO_EVENTS
+        events: list[AllocEvent] = []
+        if entry is not None and (entry.node != pod.node_name or _owner(pod) is not entry.owner):
+            events.extend(self.release(pod.uid))
+            entry = None
+        if entry is None:
+            events.append(self._add(self._new_entry(pod, pod.node_name, at=at)))
+            return events
+        entry.is_tentative = False
+        entry.priority = pod.priority
+        entry.requests = pod.requests
+        if entry.vm is None and pod.vm is not None:
+            entry.vm = pod.vm
+        held = _held_for(entry)
+        change = self._set_held(entry, held)
+        if change is not None:
+            events.append(change)
+        return events
+
+    def forget_pod(self, uid: str) -> list[AllocEvent]:
+        """A DELETED pod: it holds nothing any more."""
+        return self.release(uid)
+
+    def replace_pods(self, pods: Iterable[PodInfo], *, at: float) -> list[AllocEvent]:
+        """A fresh list after a (re)list: reconcile whatever the watch missed.
+
+        Pods absent from the list are gone, except our tentative binds still in flight.
+        """
+        events: list[AllocEvent] = []
+        seen: set[str] = set()
+        for pod in pods:
+            seen.add(pod.uid)
+            events.extend(self.observe_pod(pod, at=at))
+        for uid in [u for u, e in self.pods.items() if u not in seen and not e.is_tentative]:
+            events.extend(self.release(uid))
+        return events
+
+    def _new_entry(self, pod: PodInfo, node: str, *, at: float) -> Allocation:
+        owner = _owner(pod)
+        entry = Allocation(
+            uid=pod.uid,
+            namespace=pod.namespace,
+            name=pod.name,
+            node=node,
+            owner=owner,
+            tag=None
+            if owner is Owner.OWN
+            else (ForeignTag.STATIC if pod.is_static else ForeignTag.DEFAULT),
+            priority=pod.priority,
+            held=ZERO,
+            requests=pod.requests,
+            allocated_at=at,
+            vm=pod.vm if owner is Owner.OWN else None,
+        )
+        if entry.vm is not None:
+            entry.vcpus = (
+                pod.permitted_vcpus if pod.permitted_vcpus is not None else entry.vm.min_vcpus
+            )
+            entry.memory_bytes = (
+                pod.permitted_memory_bytes
+                if pod.permitted_memory_bytes is not None
+                else entry.vm.min_memory_bytes
+            )
+        entry.held = _held_for(entry)
+        return entry
+
+    # -- what this extender decides ------------------------------------------------------------
+
+    def reserve_for_bind(self, pod: PodInfo, node: str, *, at: float) -> AllocEvent | None:
+        """Reserve ``pod`` on ``node`` before the Binding is posted (the commit point).
+
+        Re-checks the fit: another pod may have been bound since this one was filtered.
+        Returns None when the pod is already held on that node (a retried bind, or the watch
+        was faster than the bind answer).
+        """
+        entry = self.pods.get(pod.uid)
+        if entry is not None:
+            if entry.node == node:
+                return None
+            if not entry.is_tentative:
+                raise Conflict(f"pod {pod.key} is already bound to node {entry.node}")
+            self.release(pod.uid)
+        state = self.nodes.get(node)
+        if state is None or not state.is_known:
+            raise UnknownNode(f"node {node} is not known to the extender")
+        new = self._new_entry(pod, node, at=at)
+        new.owner = Owner.OWN
+        new.tag = None
+        new.is_tentative = True
+        if not state.fits(new.held):
+            raise NoRoom(_no_room_reason(state, new.held))
+        return self._add(new)
+
+    def cancel_bind(self, uid: str) -> list[AllocEvent]:
+        """The Binding failed: drop the tentative hold (not one the watch has confirmed)."""
+        entry = self.pods.get(uid)
+        if entry is None or not entry.is_tentative:
+            return _NO_EVENTS
+        return [self._remove(entry)]
+
+    def set_vm_size(self, uid: str, *, vcpus: int, memory_bytes: int) -> AllocEvent | None:
+        """Record a VM's new permitted size (the permit logic has checked that it fits)."""
+        entry = self.pods[uid]
+        entry.vcpus = vcpus
+        entry.memory_bytes = memory_bytes
+        entry.has_agent = True
+        return self._set_held(entry, _held_for(entry))
+
+    # -- checks ------------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant (1 and 3 of the docstring)."""
+        indexed = 0
+        for name, state in self.nodes.items():
+            if state.name != name:
+                raise AssertionError(f"node {name} stored under another name {state.name}")
+            for table, owner in ((state.own, Owner.OWN), (state.foreign, Owner.FOREIGN)):
+                for uid, entry in table.items():
+                    if self.pods.get(uid) is not entry or entry.node != name:
+                        raise AssertionError(f"pod {uid} on {name} is not indexed there")
+                    if entry.owner is not owner:
+                        raise AssertionError(f"pod {uid} is in the wrong table on {name}")
+                    if entry.held != _held_for(entry):
+                        raise AssertionError(f"pod {uid} holds {entry.held}, not its size")
+                    indexed += 1
+            own = _sum(e.held for e in state.own.values())
+            foreign = _sum(e.held for e in state.foreign.values())
+            static = _sum(e.held for e in state.foreign.values() if e.tag is ForeignTag.STATIC)
+            if own != state.own_total or foreign != state.foreign_total:
+                raise AssertionError(
+                    f"node {name}: totals {state.own_total}/{state.foreign_total} "
+                    f"!= sums {own}/{foreign}"
+                )
+            if static != state.static_total:
+                raise AssertionError(f"node {name}: static total {state.static_total} != {static}")
+            if not state.is_known and not state.own and not state.foreign:
+                raise AssertionError(f"unknown node {name} with no pods was kept")
+        if indexed != len(self.pods):
+            raise AssertionError(f"{len(self.pods)} pods indexed but {indexed} held on nodes")
+
+    def totals(self) -> Demand:
+        return _sum(s.allocated for s in self.nodes.values())
+
+
+def _owner(pod: PodInfo) -> Owner:
+    return Owner.OWN if pod.is_ours else Owner.FOREIGN
+
+
+def _held_for(entry: Allocation) -> Demand:
+    if entry.vm is None or entry.vcpus is None or entry.memory_bytes is None:
+        return entry.requests
+    return entry.requests.max(Demand(entry.vcpus * 1000, entry.memory_bytes))
+
+
+def _sum(items: Iterable[Demand]) -> Demand:
+    cpu = mem = 0
+    for d in items:
+        cpu += d.cpu_millis
+        mem += d.memory_bytes
+    return Demand(cpu, mem)
+
+
+def _minus(a: Demand, b: Demand) -> Demand:
+    return Demand(a.cpu_millis - b.cpu_millis, a.memory_bytes - b.memory_bytes)
+
+
+def _plus_signed(a: Demand, delta: Demand) -> Demand:
+    return Demand(a.cpu_millis + delta.cpu_millis, a.memory_bytes + delta.memory_bytes)
+
+
+def _no_room_reason(state: NodeState, need: Demand) -> str:
+    free = state.free
+    if need.cpu_millis > free.cpu_millis:
+        return (
+            f"insufficient cpu: needs {need.cpu_millis}m, {max(0, free.cpu_millis)}m free "
+            f"of {state.usable.cpu_millis}m usable"
+        )
+    return (
+        f"insufficient memory: needs {need.memory_bytes} bytes, "
+        f"{max(0, free.memory_bytes)} free of {state.usable.memory_bytes} usable"
+    )

@@ -1,0 +1,207 @@
+"""Answering agents' ResourceRequests with Permits (the rules of ``protocol.permits``).
+
+Pure: no I/O, no awaits. ``decide_batch`` validates the whole batch first, so a request that
+is refused as a whole (another node's pod) leaves the ledger exactly as it was, and then applies
+each VM's request in order. Because nothing awaits, a batch is atomic for its node.
+
+Each resource (vCPUs, memory) is decided on its own, because a VM holds, per resource, the larger
+of its pod's requests and its permitted size:
+
+* decrease (``requested < current``): the agent already shrank; hold ``requested`` from now on.
+* steady (``requested == current``): release nothing; the permit is ``max(current, held)``.
+* increase: ``permit = max(current, min(round_down(requested), round_down(fit)))`` where ``fit``
+  is the largest size the node can hold for this VM after giving back what it holds now, and
+  ``round_down`` goes to ``min + k * unit``. So ``current <= permit <= requested``, and a grant
+  never makes the node over-committed. ``current`` is reality and is always counted.
+
+After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
+were lost, the agent's ``lastPermit`` is adopted when it fits, so a restart never shrinks a VM's
+entitlement behind its back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, NamedTuple
+
+from protocol.annotations import VmSpec
+from protocol.permits import (
+    ItemError,
+    Permit,
+    PermitStatus,
+    ResourceRequest,
+    Resources,
+)
+from scheduler_extender.accounting import Allocation, AllocEvent, Ledger, Owner
+
+CPU_MILLIS_PER_VCPU: Final = 1000
+
+
+class BatchRefused(Exception):
+    """The whole batch is refused; nothing was applied. ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class Decision(NamedTuple):
+    permit: Permit
+    events: list[AllocEvent]
+
+
+def _error(req: ResourceRequest, status: int, reason: str, message: str) -> Decision:
+    error = ItemError(status=status, reason=reason, message=message)
+    return Decision(Permit(pod=req.pod, error=error), [])
+
+
+def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> None:
+    """Refuse the whole batch if any request speaks for a pod on another node.
+
+    An agent may only speak for VMs on its own node; one that does not is misconfigured or
+    hostile, and none of its batch is applied.
+    """
+    for req in requests:
+        if req.node != node:
+            raise BatchRefused(
+                400,
+                "NodeMismatch",
+                f"request for {req.pod.key} names node {req.node} inside a batch for node {node}",
+            )
+        entry = ledger.pods.get(req.pod.uid)
+        if entry is not None and entry.node != node:
+            raise BatchRefused(
+                403,
+                "WrongNode",
+                f"pod {req.pod.key} runs on node {entry.node}, not on {node}",
+            )
+
+
+def decide(ledger: Ledger, req: ResourceRequest) -> Decision:
+    """Apply one VM's request to the ledger and return its Permit (or its error)."""
+    entry = ledger.pods.get(req.pod.uid)
+    if entry is None:
+        return _error(
+            req, 404, "UnknownPod", f"pod {req.pod.key} (uid {req.pod.uid}) holds nothing here"
+        )
+    if entry.namespace != req.pod.namespace or entry.name != req.pod.name:
+        return _error(
+            req, 409, "StaleRequest", f"uid {req.pod.uid} belongs to {entry.key}, not {req.pod.key}"
+        )
+    if entry.owner is not Owner.OWN or entry.vm is None:
+        return _error(req, 404, "NotAVm", f"pod {req.pod.key} is not a VM of this scheduler")
+    if entry.node != req.node:
+        return _error(req, 403, "WrongNode", f"pod {req.pod.key} runs on node {entry.node}")
+    if entry.is_tentative:
+        return _error(req, 409, "NotBound", f"pod {req.pod.key} is still being bound")
+    vm = entry.vm
+    bad = _bounds_error(vm, req)
+    if bad is not None:
+        return _error(req, 400, "OutOfBounds", bad)
+    state = ledger.nodes[entry.node]
+    free = state.free
+    # What this VM could hold at most, per resource, after giving back what it holds now.
+    room_cpu = free.cpu_millis + entry.held.cpu_millis
+    room_mem = free.memory_bytes + entry.held.memory_bytes
+    held_vcpus = entry.vcpus if entry.vcpus is not None else vm.min_vcpus
+    held_mem = entry.memory_bytes if entry.memory_bytes is not None else vm.min_memory_bytes
+    if not entry.has_agent and req.last_permit is not None:
+        held_vcpus, held_mem = _adopt_last_permit(entry, req.last_permit, room_cpu, room_mem)
+    vcpus = _decide_one(
+        req.current.vcpus,
+        req.requested.vcpus,
+        held_vcpus,
+        fit=room_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= room_cpu else 0,
+        round_down=vm.round_vcpus_down,
+    )
+    memory = _decide_one(
+        req.current.memory_bytes,
+        req.requested.memory_bytes,
+        held_mem,
+        fit=room_mem if entry.requests.memory_bytes <= room_mem else 0,
+        round_down=vm.round_memory_down,
+    )
+    change = ledger.set_vm_size(entry.uid, vcpus=vcpus, memory_bytes=memory)
+    status, reason = _status(req, vcpus, memory, state.name, free.cpu_millis)
+    permit = Permit(
+        pod=req.pod,
+        permit=Resources(vcpus=vcpus, memory_bytes=memory),
+        status=status,
+        reason=reason,
+    )
+    return Decision(permit, [change] if change is not None else [])
+
+
+def decide_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> list[Decision]:
+    check_batch(ledger, node, requests)
+    return [decide(ledger, req) for req in requests]
+
+
+def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
+    want = req.requested
+    if not vm.min_vcpus <= want.vcpus <= vm.max_vcpus:
+        return (
+            f"requested {want.vcpus} vCPUs is outside this VM's bounds"
+            f" {vm.min_vcpus}..{vm.max_vcpus}"
+        )
+    if not vm.min_memory_bytes <= want.memory_bytes <= vm.max_memory_bytes:
+        return (
+            f"requested {want.memory_bytes} bytes of memory is outside this VM's bounds"
+            f" {vm.min_memory_bytes}..{vm.max_memory_bytes}"
+        )
+    return None
+
+
+def _adopt_last_permit(
+    entry: Allocation, last: Resources, room_cpu: int, room_mem: int
+) -> tuple[int, int]:
+    """A rebuilt ledger meets the agent for the first time: keep the larger of our record and
+    the agent's last permit, where it fits (it did fit before the restart, unless the node
+    changed meanwhile)."""
+    assert entry.vm is not None and entry.vcpus is not None and entry.memory_bytes is not None
+    vm = entry.vm
+    vcpus, mem = entry.vcpus, entry.memory_bytes
+    if vcpus < last.vcpus <= vm.top_vcpus and last.vcpus * CPU_MILLIS_PER_VCPU <= room_cpu:
+        vcpus = last.vcpus
+    if mem < last.memory_bytes <= vm.top_memory_bytes and last.memory_bytes <= room_mem:
+        mem = last.memory_bytes
+    return vcpus, mem
+
+
+def _decide_one(
+    current: int, requested: int, held: int, *, fit: int, round_down: Callable[[int], int]
+) -> int:
+    if requested < current:
+        return requested
+    if requested == current:
+        return max(current, held)
+    limit = round_down(fit)
+    if limit > fit:  # not even the VM's minimum fits
+        limit = current
+    return max(current, min(round_down(requested), limit))
+
+
+def _status(
+    req: ResourceRequest, vcpus: int, memory: int, node: str, free_cpu_before: int
+) -> tuple[PermitStatus, str]:
+    cur, want = req.current, req.requested
+    pairs = ((cur.vcpus, want.vcpus, vcpus), (cur.memory_bytes, want.memory_bytes, memory))
+    increases = [(c, w, g) for c, w, g in pairs if w > c]
+    if increases:
+        if all(g == w for _, w, g in increases):
+            return PermitStatus.GRANTED, f"granted {vcpus} vCPUs, {memory} bytes"
+        if all(g == c for c, _, g in increases):
+            return (
+                PermitStatus.DENIED,
+                f"node {node} has no room to grow ({max(0, free_cpu_before)}m cpu free)",
+            )
+        return (
+            PermitStatus.PARTIAL,
+            f"granted {vcpus} of {want.vcpus} vCPUs: node {node} had"
+            f" {max(0, free_cpu_before)}m cpu free",
+        )
+    if want.vcpus < cur.vcpus or want.memory_bytes < cur.memory_bytes:
+        return PermitStatus.RELEASED, f"released down to {vcpus} vCPUs, {memory} bytes"
+    return PermitStatus.STEADY, f"steady at {vcpus} vCPUs"

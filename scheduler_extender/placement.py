@@ -1,0 +1,226 @@
+"""Filter, prioritize and preempt decisions over the ledger.
+
+Pure: no I/O. A node that does not fit is *data* (a reason string), never an exception.
+
+Speed. kube-scheduler calls filter for every pod with every candidate node, so the answer must
+not cost a pass over thousands of nodes in Python. ``FitIndex`` keeps, for each pod size it has
+been asked about (few: VMs come in a handful of shapes), the set of nodes that reject that size
+and why. The ledger tells it which node changed after every mutation, and it re-checks only that
+node for each cached size. A filter call is then a set intersection done in C; when no candidate
+is rejected (the common case) the request's own list is the answer.
+
+Scoring (prioritize), 0..10, for a pod needing ``d`` with growth ``g`` (a VM's
+``(max_vcpus - min_vcpus) * 1000`` millicores; 0 for other pods) on a node with usable capacity
+``U`` and, after placing the pod at ``d``, free room ``F``::
+
+    headroom = 1                       if g == 0
+             = min(1, F.cpu / g)       otherwise  (can the VM grow to its maximum here?)
+    spread   = mean(F.cpu / U.cpu, F.mem / U.mem)  (emptier nodes first)
+    pack     = 1 - spread                          (fuller nodes first, keep others empty)
+    score    = round(10 * (headroom + balance) / 2), balance = spread or pack by strategy
+
+so a node where the VM can reach its maximum always beats one where it cannot, at equal fill.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Final, NamedTuple
+
+from scheduler_extender.accounting import ForeignTag, Ledger, NodeState
+from scheduler_extender.podinfo import Demand
+
+MAX_SCORE: Final = 10
+
+
+class Strategy(enum.StrEnum):
+    SPREAD = "spread"
+    PACK = "pack"
+
+
+class Rejection(NamedTuple):
+    reason: str
+    # No amount of preemption could help (the pod is bigger than the node can ever give).
+    is_unresolvable: bool
+
+
+class FilterResult(NamedTuple):
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+def rejection(state: NodeState, demand: Demand) -> Rejection | None:
+    """Why ``demand`` does not fit on ``state`` now, or None if it fits."""
+    if not state.is_known:
+        return Rejection(f"node {state.name} is not known to the extender yet", False)
+    free, usable, static = state.free, state.usable, state.static_total
+    if demand.cpu_millis > free.cpu_millis:
+        return _rejection(
+            "cpu", demand.cpu_millis, free.cpu_millis, usable.cpu_millis, static.cpu_millis
+        )
+    if demand.memory_bytes > free.memory_bytes:
+        return _rejection(
+            "memory",
+            demand.memory_bytes,
+            free.memory_bytes,
+            usable.memory_bytes,
+            static.memory_bytes,
+        )
+    return None
+
+
+def _rejection(unit: str, need: int, free: int, usable: int, static: int) -> Rejection:
+    if need > usable - static:
+        return Rejection(
+            f"pod needs {_fmt(unit, need)} {unit} but the node can never give more than"
+            f" {_fmt(unit, usable - static)} ({_fmt(unit, usable)} usable after the system"
+            f" reserve, {_fmt(unit, static)} held by static pods)",
+            True,
+        )
+    return Rejection(
+        f"insufficient {unit}: pod needs {_fmt(unit, need)},"
+        f" node has {_fmt(unit, max(free, 0))} free of {_fmt(unit, usable)}",
+        False,
+    )
+
+
+def _fmt(unit: str, value: int) -> str:
+    if unit == "cpu":
+        return f"{value}m"
+    return f"{value // 2**20}Mi" if value % 2**20 == 0 else f"{value}B"
+
+
+class FitIndex:
+    """Per pod size, the nodes that reject it; kept current node by node. See module doc."""
+
+    def __init__(self, ledger: Ledger, *, max_sizes: int = 128) -> None:
+        self._ledger = ledger
+        self._max_sizes = max_sizes
+        self._by_size: OrderedDict[Demand, dict[str, Rejection]] = OrderedDict()
+        self.known: set[str] = {n for n, s in ledger.nodes.items() if s.is_known}
+        ledger.subscribe(self._node_changed)
+
+    def _node_changed(self, name: str) -> None:
+        state = self._ledger.nodes.get(name)
+        if state is None or not state.is_known:
+            self.known.discard(name)
+        else:
+            self.known.add(name)
+        for size, rejected in self._by_size.items():
+            r = rejection(state, size) if state is not None else None
+            if r is None or state is None or not state.is_known:
+                # Unknown nodes are rejected by their absence from ``known``.
+                rejected.pop(name, None)
+            else:
+                rejected[name] = r
+
+    def rejections(self, size: Demand) -> dict[str, Rejection]:
+        rejected = self._by_size.get(size)
+        if rejected is not None:
+            self._by_size.move_to_end(size)
+            return rejected
+        rejected = {}
+        for name, state in self._ledger.nodes.items():
+            if state.is_known:
+                r = rejection(state, size)
+                if r is not None:
+                    rejected[name] = r
+        self._by_size[size] = rejected
+        if len(self._by_size) > self._max_sizes:
+            self._by_size.popitem(last=False)
+        return rejected
+
+    def filter(self, size: Demand, names: list[str]) -> FilterResult:
+        rejected = self.rejections(size)
+        if (not rejected or rejected.keys().isdisjoint(names)) and self.known.issuperset(names):
+            return FilterResult(names, {}, {})
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        known = self.known
+        for name in names:
+            r = rejected.get(name)
+            if r is not None:
+                (unresolvable if r.is_unresolvable else failed)[name] = r.reason
+            elif name in known:
+                passed.append(name)
+            else:
+                failed[name] = f"node {name} is not known to the extender yet"
+        return FilterResult(passed, failed, unresolvable)
+
+
+def reject_all(names: Iterable[str], reason: str) -> FilterResult:
+    """Every node fails for a reason that is the pod's, not the node's (bad annotations)."""
+    return FilterResult([], {}, dict.fromkeys(names, reason))
+
+
+def score(state: NodeState | None, size: Demand, growth_millis: int, strategy: Strategy) -> int:
+    if state is None or not state.is_known:
+        return 0
+    usable = state.usable
+    free = state.free
+    free_cpu = max(0, free.cpu_millis - size.cpu_millis)
+    free_mem = max(0, free.memory_bytes - size.memory_bytes)
+    headroom = 1.0 if growth_millis <= 0 else min(1.0, free_cpu / growth_millis)
+    spread = (
+        (free_cpu / usable.cpu_millis if usable.cpu_millis else 0.0)
+        + (free_mem / usable.memory_bytes if usable.memory_bytes else 0.0)
+    ) / 2
+    balance = spread if strategy is Strategy.SPREAD else 1.0 - spread
+    return max(0, min(MAX_SCORE, round(MAX_SCORE * (headroom + balance) / 2)))
+
+
+def score_nodes(
+    ledger: Ledger, names: Sequence[str], size: Demand, *, growth_millis: int, strategy: Strategy
+) -> list[tuple[str, int]]:
+    nodes = ledger.nodes
+    return [(n, score(nodes.get(n), size, growth_millis, strategy)) for n in names]
+
+
+class VictimChoice(NamedTuple):
+    victims: list[str] | None  # None: drop the node
+    num_pdb_violations: int
+    reason: str
+
+
+def choose_victims(
+    ledger: Ledger, node: str, size: Demand, victim_uids: Sequence[str], num_pdb_violations: int
+) -> VictimChoice:
+    """Filter kube-scheduler's proposed victims on ``node``.
+
+    Static pods are never victims. The node is dropped when the remaining victims no longer free
+    enough room for ``size`` by our own accounting (kube-scheduler may also have counted the
+    static pod's room, which will never come back).
+    """
+    state = ledger.nodes.get(node)
+    if state is None or not state.is_known:
+        return VictimChoice(None, 0, f"node {node} is not known to the extender")
+    kept: list[str] = []
+    freed_cpu = freed_mem = 0
+    dropped_static = 0
+    for uid in victim_uids:
+        entry = ledger.pods.get(uid)
+        if entry is not None and entry.tag is ForeignTag.STATIC:
+            dropped_static += 1
+            continue
+        kept.append(uid)
+        if entry is not None and entry.node == node:
+            freed_cpu += entry.held.cpu_millis
+            freed_mem += entry.held.memory_bytes
+    free = state.free
+    if free.cpu_millis + freed_cpu < size.cpu_millis or (
+        free.memory_bytes + freed_mem < size.memory_bytes
+    ):
+        return VictimChoice(
+            None,
+            0,
+            f"preempting the allowed victims on {node} would not free enough room"
+            f" ({dropped_static} static pod(s) excluded)",
+        )
+    pdb = (
+        num_pdb_violations if len(kept) == len(victim_uids) else min(num_pdb_violations, len(kept))
+    )
+    return VictimChoice(kept, pdb, f"{len(kept)} victim(s), {dropped_static} static excluded")
