@@ -1,0 +1,163 @@
+"""Wire structs for the API calls ``kube_io`` makes that ``protocol.kube`` does not model.
+
+Pure: declarations only. ``protocol.kube`` holds the objects both services *read* (Pod, Node,
+lists, watch events); this module holds what only the I/O layer sends or receives: Binding,
+Event, TokenReview. Keys are the API's camelCase; readers are tolerant (unknown fields ignored)
+because every Kubernetes release adds fields.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.kube import Node, Pod
+
+
+class _Wire(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True):
+    """camelCase keys; defaults left out so that the bodies we send stay minimal."""
+
+
+# --- Binding ------------------------------------------------------------------------------
+
+
+class BindingMeta(_Wire, frozen=True, kw_only=True):
+    name: str
+    namespace: str
+    # A precondition: the API refuses (409) to bind a pod whose UID differs, so a pod deleted
+    # and recreated under the same name is never bound by a decision made for its predecessor.
+    uid: str
+
+
+class ObjectReference(_Wire, frozen=True, kw_only=True):
+    """``core/v1 ObjectReference``: a Binding's target and an Event's involvedObject."""
+
+    api_version: str = "v1"
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+    @classmethod
+    def to_pod(cls, pod: Pod) -> ObjectReference:
+        meta = pod.metadata
+        return cls(kind="Pod", name=meta.name, namespace=meta.namespace, uid=meta.uid or None)
+
+    @classmethod
+    def to_node(cls, node: Node) -> ObjectReference:
+        return cls(kind="Node", name=node.metadata.name, uid=node.metadata.uid or None)
+
+
+class Binding(_Wire, frozen=True, kw_only=True):
+    api_version: str = "v1"
+    kind: str = "Binding"
+    metadata: BindingMeta
+    target: ObjectReference
+
+
+# --- Event --------------------------------------------------------------------------------
+
+
+class EventMeta(_Wire, frozen=True, kw_only=True):
+    namespace: str
+    # The server appends a random suffix: two events in the same second never collide.
+    generate_name: str
+
+
+class EventSource(_Wire, frozen=True, kw_only=True):
+    component: str
+    host: str | None = None
+
+
+class Event(_Wire, frozen=True, kw_only=True):
+    """``core/v1 Event`` (what ``kubectl describe`` shows)."""
+
+    api_version: str = "v1"
+    kind: str = "Event"
+    metadata: EventMeta
+    involved_object: ObjectReference
+    reason: str
+    message: str
+    type: str
+    source: EventSource
+    # Wall-clock RFC 3339 instants: the API defines them so; they are only shown to humans.
+    first_timestamp: str
+    last_timestamp: str
+    count: int = 1
+    reporting_component: str | None = None
+    reporting_instance: str | None = None
+
+
+# --- TokenReview --------------------------------------------------------------------------
+
+
+class TokenReviewSpec(_Wire, frozen=True, kw_only=True):
+    token: str
+    audiences: list[str]
+
+
+class TokenReviewRequest(_Wire, frozen=True, kw_only=True):
+    api_version: str = "authentication.k8s.io/v1"
+    kind: str = "TokenReview"
+    spec: TokenReviewSpec
+
+
+class UserInfo(_Wire, frozen=True, kw_only=True):
+    username: str | None = None
+    uid: str | None = None
+    groups: list[str] | None = None
+    # e.g. ``authentication.kubernetes.io/node-name: ["node-a"]`` for a pod-bound token.
+    extra: dict[str, list[str]] | None = None
+
+
+class TokenReviewStatus(_Wire, frozen=True, kw_only=True):
+    authenticated: bool = False
+    user: UserInfo | None = None
+    audiences: list[str] | None = None
+    error: str | None = None
+
+
+class TokenReview(_Wire, frozen=True, kw_only=True):
+    """What ``POST /apis/authentication.k8s.io/v1/tokenreviews`` answers (spec echoed back)."""
+
+    api_version: str | None = None
+    kind: str | None = None
+    spec: TokenReviewSpec | None = None
+    status: TokenReviewStatus = msgspec.field(default_factory=TokenReviewStatus)
+
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+
+
+class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
+    """The parts of a TokenReview an authorizer needs, flattened.
+
+    ``node_name`` and ``pod_name`` are set only for tokens bound to a pod: they name the pod the
+    token was issued for and the node that pod runs on, which is what lets the extender check
+    that an agent speaks only for its own node.
+    """
+
+    authenticated: bool
+    username: str | None = None
+    node_name: str | None = None
+    pod_name: str | None = None
+    groups: tuple[str, ...] = ()
+    error: str | None = None
+
+    @classmethod
+    def from_review(cls, review: TokenReview) -> TokenReviewResult:
+        status = review.status
+        user = status.user or UserInfo()
+        extra = user.extra or {}
+        return cls(
+            authenticated=status.authenticated,
+            username=user.username or None,
+            node_name=_first(extra.get(NODE_NAME_EXTRA)),
+            pod_name=_first(extra.get(POD_NAME_EXTRA)),
+            groups=tuple(user.groups or ()),
+            error=status.error or None,
+        )
+
+
+def _first(values: list[str] | None) -> str | None:
+    return values[0] if values else None
