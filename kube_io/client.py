@@ -1,0 +1,440 @@
+"""``KubeClient``: the only code that talks to the Kubernetes API.
+
+Shell: thin I/O, no policy. It sends one request per method, decodes the answer into the frozen
+``protocol.kube`` structs, and turns every failure into a typed ``kube_io.errors`` exception,
+so that nobody above it inspects an HTTP status. It must not retry (callers know whether a
+retry makes sense; the watch does its own), cache objects, or hold any scheduling state.
+
+Why not the generated kubernetes-asyncio API classes: their models are built attribute by
+attribute in Python, which is far too slow for a 50k-pod list or a busy watch, and the generated
+``create_namespaced_binding`` fails to decode the API's 201 answer (a ``Status``, not a
+Binding; see shared/reference/kube/README.md) *although the bind happened*. So
+kubernetes-asyncio is used for configuration (kubeconfig / in-cluster, TLS, token refresh) and
+transport only: every call goes through ``ApiClient.call_api(..., _preload_content=False)``,
+which applies auth and returns the raw aiohttp response, and msgspec decodes the bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Final, Literal, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import (
+    ConfigException,
+    load_incluster_config,
+    new_client_from_config,
+)
+
+from kube_io.errors import (
+    BadResponse,
+    Gone,
+    NotFound,
+    NotSupported,
+    Unavailable,
+    error_from_response,
+)
+from kube_io.objects import (
+    Binding,
+    BindingMeta,
+    Event,
+    EventMeta,
+    EventSource,
+    ObjectReference,
+    TokenReview,
+    TokenReviewRequest,
+    TokenReviewResult,
+    TokenReviewSpec,
+)
+from protocol.codec import ProtocolError, decode
+from protocol.kube import Node, NodeList, Pod, PodList, WatchEvent
+
+__all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
+
+ResourceKind = Literal["pods", "nodes"]
+
+DEFAULT_PAGE_SIZE: Final = 500
+"""Items per list page: the API server's own recommendation; bounds one response's memory."""
+
+_PATHS: Final[dict[ResourceKind, str]] = {"pods": "/api/v1/pods", "nodes": "/api/v1/nodes"}
+_JSON: Final = "application/json"
+_MERGE_PATCH: Final = "application/merge-patch+json"
+_STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
+# An expired ``continue`` token (410) restarts the whole list; more than this means the
+# cluster compacts faster than we can page, which no retry here will fix.
+_LIST_RESTARTS: Final = 2
+
+_L = TypeVar("_L", PodList, NodeList)
+_T = TypeVar("_T")
+
+
+class KubeClient:
+    """A connection to one API server. Create with ``connect`` or ``for_url``; ``close`` it."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        request_timeout_seconds: float = 30.0,
+        connect_timeout_seconds: float = 10.0,
+    ) -> None:
+        self._api = api
+        self._request_timeout = aiohttp.ClientTimeout(
+            total=request_timeout_seconds, sock_connect=connect_timeout_seconds
+        )
+        self._connect_timeout_seconds = connect_timeout_seconds
+        api.user_agent = "vm-autoscaling/kube_io"
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None, *, context: str | None = None) -> KubeClient:
+        """From a kubeconfig file, or from the pod's service account when ``kubeconfig`` is None.
+
+        In-cluster, kubernetes-asyncio re-reads the (rotated) token file before requests.
+        Raises ``kubernetes_asyncio.config.ConfigException`` when there is no usable config: that
+        is a deployment error for ``__main__`` to report, not an API error.
+        """
+        if kubeconfig is None:
+            configuration = Configuration()
+            # Untyped upstream; it fills ``configuration`` and installs the token-refresh hook.
+            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return cls(ApiClient(configuration))
+        # persist_config=False: never write refreshed credentials back into the user's file.
+        api = await new_client_from_config(
+            config_file=kubeconfig, context=context, persist_config=False
+        )
+        return cls(api)
+
+    @classmethod
+    def for_url(
+        cls,
+        base_url: str,
+        *,
+        token: str | None = None,
+        request_timeout_seconds: float = 30.0,
+        connect_timeout_seconds: float = 10.0,
+    ) -> KubeClient:
+        """A plain ``http(s)://host:port`` and optional bearer token (tests, standalone runs).
+
+        Must be called inside a running event loop (aiohttp binds its session to it).
+        """
+        configuration = Configuration(host=base_url.rstrip("/"))
+        if token is not None:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return cls(
+            ApiClient(configuration),
+            request_timeout_seconds=request_timeout_seconds,
+            connect_timeout_seconds=connect_timeout_seconds,
+        )
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- lists ----------------------------------------------------------------------------
+
+    async def list_pods(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[list[Pod], str]:
+        """All matching pods and the list's resourceVersion (where a watch continues)."""
+        pages = await self._list(
+            "pods", PodList, field_selector, label_selector, page_size=page_size
+        )
+        return [pod for page in pages for pod in page.items or ()], pages[
+            -1
+        ].metadata.resource_version
+
+    async def list_nodes(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[list[Node], str]:
+        """All matching nodes and the list's resourceVersion."""
+        pages = await self._list(
+            "nodes", NodeList, field_selector, label_selector, page_size=page_size
+        )
+        items = [node for page in pages for node in page.items or ()]
+        return items, pages[-1].metadata.resource_version
+
+    async def _list(
+        self,
+        kind: ResourceKind,
+        list_type: type[_L],
+        field_selector: str | None,
+        label_selector: str | None,
+        *,
+        page_size: int,
+    ) -> list[_L]:
+        selectors: list[tuple[str, str]] = _selectors(field_selector, label_selector)
+        restarts = 0
+        while True:
+            pages: list[_L] = []
+            continue_token: str | None = None
+            try:
+                while True:
+                    query: list[tuple[str, str]] = [*selectors, ("limit", str(page_size))]
+                    if continue_token:
+                        query.append(("continue", continue_token))
+                    _, body = await self._call("GET", _PATHS[kind], query=query)
+                    page = _decode(list_type, body)
+                    pages.append(page)
+                    continue_token = page.metadata.continue_
+                    if not continue_token:
+                        return pages
+            except Gone:
+                # All pages of one list come from one snapshot; once that snapshot is compacted
+                # the pages we hold cannot be completed, only started over.
+                if continue_token is None or restarts >= _LIST_RESTARTS:
+                    raise
+                restarts += 1
+
+    # --- watch ----------------------------------------------------------------------------
+
+    async def watch_events(
+        self,
+        kind: ResourceKind,
+        *,
+        resource_version: str,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """The raw events of one watch stream, until the server ends it.
+
+        Interpreting them (bookmarks, ERROR events, resuming) is ``kube_io.watch``'s job.
+        ``timeout_seconds`` asks the server to end the stream; the client gives up if nothing
+        at all (not even a bookmark) arrives for a minute longer than that.
+        Close the iterator (``contextlib.aclosing``) to release the connection early.
+        """
+        query = [
+            *_selectors(field_selector, label_selector),
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self._connect_timeout_seconds,
+            sock_read=timeout_seconds + 60,
+        )
+        response = await self._send("GET", _PATHS[kind], query=query, client_timeout=timeout)
+        async with response:
+            await _raise_for_status(response)
+            try:
+                async for line in response.content:
+                    if line.strip():
+                        yield _decode(WatchEvent, line)
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise Unavailable(f"watch stream of {kind} broke: {e!r}") from e
+
+    # --- writes ---------------------------------------------------------------------------
+
+    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:
+        """Bind the pod to ``node``, only if it still has ``uid``.
+
+        Raises ``Conflict`` (already bound, or the UID precondition failed) and ``NotFound``,
+        each with the API's message.
+        """
+        binding = Binding(
+            metadata=BindingMeta(name=name, namespace=namespace, uid=uid),
+            target=ObjectReference(kind="Node", name=node),
+        )
+        # 201 with a Status body: success. The body carries nothing else we need.
+        await self._call("POST", f"{_pod_path(namespace, name)}/binding", body=binding)
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> Pod:
+        """JSON merge patch of annotations; a None value removes that key. Returns the pod."""
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        _, body = await self._call(
+            "PATCH", _pod_path(namespace, name), body=patch, content_type=_MERGE_PATCH
+        )
+        return _decode(Pod, body)
+
+    async def resize_pod_cpu(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        container: str,
+        cpu: str,
+        memory: str | None = None,
+    ) -> Pod:
+        """Set one container's CPU (and memory) request and limit in place, via ``pods/resize``.
+
+        Requests and limits move together: a Guaranteed pod must stay Guaranteed (the API
+        rejects a resize that changes the QoS class). Raises ``NotSupported`` when the cluster
+        has no resize subresource (before in-place resize), ``NotFound`` when the pod is gone.
+        """
+        resources = {"cpu": cpu} if memory is None else {"cpu": cpu, "memory": memory}
+        # Strategic merge: containers merge by name, so the other containers stay untouched.
+        patch = {
+            "spec": {
+                "containers": [
+                    {"name": container, "resources": {"requests": resources, "limits": resources}}
+                ]
+            }
+        }
+        try:
+            _, body = await self._call(
+                "PATCH",
+                f"{_pod_path(namespace, name)}/resize",
+                body=patch,
+                content_type=_STRATEGIC_MERGE_PATCH,
+            )
+        except NotFound as e:
+            # A missing pod names itself in ``details``; a missing route has empty details.
+            if e.details is None or e.details.name != name:
+                raise NotSupported(
+                    f"in-place pod resize is not supported by this cluster: {e.message}",
+                    status=e.status,
+                    reason=e.reason,
+                    details=e.details,
+                ) from e
+            raise
+        return _decode(Pod, body)
+
+    async def create_event(
+        self,
+        involved: ObjectReference,
+        *,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",  # the API's own field name
+        component: str,
+        host: str | None = None,
+    ) -> None:
+        """Record a ``core/v1`` Event about ``involved`` (shown by ``kubectl describe``).
+
+        Cluster-scoped objects (nodes) get their events in ``default``, as the kubelet does.
+        """
+        namespace = involved.namespace or "default"
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = Event(
+            metadata=EventMeta(namespace=namespace, generate_name=f"{involved.name}."),
+            involved_object=involved,
+            reason=reason,
+            message=message,
+            type=type,
+            source=EventSource(component=component, host=host),
+            first_timestamp=now,
+            last_timestamp=now,
+            reporting_component=component,
+            reporting_instance=host,
+        )
+        await self._call(
+            "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body=event
+        )
+
+    async def review_token(self, token: str, *, audiences: Sequence[str]) -> TokenReviewResult:
+        """Ask the API who ``token`` belongs to, for these audiences.
+
+        An invalid token is *not* an error: the result says ``authenticated=False`` with the
+        API's reason. Errors mean the review itself failed (e.g. ``Forbidden`` without the
+        ``system:auth-delegator`` role).
+        """
+        review = TokenReviewRequest(spec=TokenReviewSpec(token=token, audiences=list(audiences)))
+        _, body = await self._call(
+            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review
+        )
+        return TokenReviewResult.from_review(_decode(TokenReview, body))
+
+    # --- transport ------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: msgspec.Struct | dict[str, Any] | None = None,
+        content_type: str = _JSON,
+    ) -> tuple[int, bytes]:
+        """One request whose whole answer is read; non-2xx become typed errors."""
+        response = await self._send(method, path, query=query, body=body, content_type=content_type)
+        async with response:
+            await _raise_for_status(response)
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise Unavailable(f"{method} {path}: reading the answer failed: {e!r}") from e
+            return response.status, data
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: msgspec.Struct | dict[str, Any] | None = None,
+        content_type: str = _JSON,
+        client_timeout: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
+        # call_api json.dumps()es dict bodies itself; structs become plain builtins first.
+        payload = msgspec.to_builtins(body) if isinstance(body, msgspec.Struct) else body
+        try:
+            response: aiohttp.ClientResponse = await self._api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": _JSON, "Content-Type": content_type},
+                body=payload,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=client_timeout or self._request_timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise Unavailable(f"{method} {path}: {e!r}") from e
+        except ConfigException as e:
+            # A token file that vanished or an exec plugin that failed: no request was sent.
+            raise Unavailable(f"{method} {path}: credentials unavailable: {e}") from e
+        return response
+
+
+async def _raise_for_status(response: aiohttp.ClientResponse) -> None:
+    if 200 <= response.status < 300:
+        return
+    try:
+        data = await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        data = b""  # The status alone still classifies the error.
+    raise error_from_response(
+        response.status, data, retry_after=response.headers.get("Retry-After")
+    )
+
+
+def _decode(type_: type[_T], data: bytes) -> _T:
+    try:
+        return decode(type_, data)
+    except ProtocolError as e:
+        raise BadResponse(f"cannot decode {type_.__name__}: {e}") from e
+
+
+def _selectors(field_selector: str | None, label_selector: str | None) -> list[tuple[str, str]]:
+    query: list[tuple[str, str]] = []
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    return query
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
