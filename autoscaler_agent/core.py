@@ -1,0 +1,419 @@
+"""The agent's decisions for one VM: a state machine driven by events and an explicit ``now``.
+
+Pure: no I/O, no awaits, no clock, no randomness (backoff jitter arrives as an argument), no
+logging. The runner (``runner.py``) asks ``VmState.next_actions(now)`` what to do, marks each
+action as started, does the I/O, and feeds the outcome back through a past-tense event method.
+
+Why this shape (after neondatabase/autoscaling's ``pkg/agent/core/state.go``): every source of
+truth here is eventually consistent. Metrics are a second old, the extender may have restarted
+and the hypervisor may have refused a resize. Rather than a sequence of steps that assumes each
+one worked, the state records what is *known* and ``next_actions`` works out, from scratch each
+time, which single step brings the VM closer to its goal. A lost answer or a failure therefore
+never wedges the VM: the next call simply proposes the step again (after a backoff).
+
+The rules the actions obey:
+
+* **Grow:** ask the extender first; resize only up to the permit held, never above it; if the
+  permit covers part of the goal, use that part now and ask for the rest later
+  (``permit_retry_seconds``), or at once if the goal has grown since.
+* **Shrink:** resize first, then tell the extender (a decrease request is a notice). Shrinking
+  needs no permit, so it works while the extender is down.
+* **Extender trouble** (unreachable, slow, 5xx, item errors, or a permit that breaks the
+  protocol): keep at or below the last permit, retry with exponential backoff and jitter. A
+  failure never disables growth for good (the old design did, after one scheduler error).
+* **Bounds:** never resize above ``max_vcpus`` (nor the hypervisor's own maximum) or the permit,
+  never below ``min_vcpus``; sizes are always ``min + k * scaling_unit``.
+* **Hypervisor failure:** the agent's view becomes unknown and is re-read from the hypervisor
+  before anything else; retryable errors back off, the others hold that target for a while.
+
+At most one hypervisor-or-extender operation is in flight per VM (scraping runs alongside):
+serialising them keeps every request's ``current`` equal to what the VM really has, which the
+protocol needs, and costs nothing in the common path, where the steps are sequential anyway.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from autoscaler_agent.policy import (
+    Goal,
+    PolicyConfig,
+    PolicyState,
+    Samples,
+    cpu_busy_fraction,
+    goal_vcpus,
+    memory_used_fraction,
+)
+from protocol.annotations import VmSpec
+
+
+class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Timing knobs of the state machine. Units are in the names."""
+
+    scrape_interval_seconds: float = 1.0
+    policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    # After a denied or partial grant, ask again for the same amount no sooner than this.
+    permit_retry_seconds: float = 5.0
+    # Exponential backoff for extender and hypervisor failures: initial * 2**(n-1), capped, and
+    # then shortened by up to ``jitter_fraction`` so that the VMs of a node spread their retries.
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    backoff_jitter_fraction: float = 0.5
+    # After a resize error that retrying will not fix, wait this long before the same target.
+    resize_failure_hold_seconds: float = 60.0
+
+
+class CallKind(enum.StrEnum):
+    REQUEST = "request"  # requested > current: asking for more
+    NOTICE = "notice"  # requested < current: already shrunk, giving back
+
+
+class PermitCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One ResourceRequest the runner should send (the wire form is built by the client)."""
+
+    kind: CallKind
+    current_vcpus: int  # ``current`` on the wire
+    requested_vcpus: int
+    last_permit_vcpus: int | None
+    # The vCPUs the VM has when asking: a valid answer lies in [usage, requested].
+    usage_vcpus: int
+    load1: float | None = None
+    cpu_busy_fraction: float | None = None
+    memory_used_fraction: float | None = None
+    reason: str
+
+
+class Resize(msgspec.Struct, frozen=True, kw_only=True):
+    vcpus: int
+    reason: str
+
+
+class Actions(msgspec.Struct, frozen=True, kw_only=True):
+    """What to do now. ``wait_seconds``: when to ask again if no event comes first (None: only
+    an event can change anything)."""
+
+    scrape: bool = False
+    read_vcpus: bool = False
+    request_permit: PermitCall | None = None
+    resize: Resize | None = None
+    notify_extender: PermitCall | None = None
+    wait_seconds: float | None = None
+
+
+class PermitOutcome(enum.StrEnum):
+    GRANTED = "granted"
+    PARTIAL = "partial"
+    DENIED = "denied"
+    RELEASED = "released"
+    # The answer broke the protocol (above the request or below usage): ignored.
+    REJECTED = "rejected"
+
+
+class _Busy(enum.Enum):
+    READ = "read"
+    RESIZE = "resize"
+    PERMIT = "permit"
+
+
+class VmState:
+    """Everything the agent knows about one VM, and the rules for what to do next.
+
+    Invariants (each may be briefly false only where noted):
+
+    * ``permit_vcpus >= current_vcpus`` whenever both are known, except right after a read that
+      shows the VM larger than any permit we knew of; the first read then adopts the VM's size
+      as the permit (the VM already runs with it, and the extender learns it from lastPermit).
+    * ``current_vcpus`` is None exactly when the hypervisor must be (re-)read: at start and
+      after a failed resize, because a failed resize may have half happened.
+    * At most one of read / resize / permit call is in flight (``_busy``).
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: VmSpec,
+        config: CoreConfig,
+        now: float,
+        permit_vcpus: int | None = None,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.current_vcpus: int | None = None
+        self.hypervisor_max_vcpus: int | None = None
+        self.permit_vcpus: int | None = permit_vcpus
+        self.goal: Goal | None = None
+        self.samples: Samples | None = None
+        self._policy_state = PolicyState()
+        self._cpu_busy: float | None = None
+
+        self._next_scrape_at = now
+        self._scrape_in_flight = False
+        self.scrape_failures = 0
+
+        self._busy: _Busy | None = None
+        self._call: PermitCall | None = None
+        self._resize_target: int | None = None
+
+        self._read_failures = 0
+        self._read_retry_at = now
+
+        self.extender_failures = 0  # consecutive; > 0 means degraded
+        self._extender_retry_at = now
+        self._asked_vcpus: int | None = None  # last request that was not fully granted
+        self._ask_again_at = now
+
+        self._resize_failures = 0
+        self._resize_retry_at = now
+        self._failed_resize_target: int | None = None
+
+    # -- derived values ------------------------------------------------------------------
+
+    @property
+    def top_vcpus(self) -> int:
+        """Largest allowed size: max_vcpus, lowered to the hypervisor's maximum if known."""
+        top = self.spec.top_vcpus
+        if self.hypervisor_max_vcpus is not None:
+            top = min(top, self.spec.round_vcpus_down(self.hypervisor_max_vcpus))
+        return top
+
+    @property
+    def desired_vcpus(self) -> int | None:
+        """The goal clamped to the bounds, or the current size when there is no fresh goal."""
+        current = self.current_vcpus
+        if current is None:
+            return None
+        goal = self.goal
+        # "hold" means keep whatever the VM has now, even if that changed since the sample.
+        is_hold = goal is None or goal.vcpus == goal.current_vcpus
+        target = current if is_hold or goal is None else goal.vcpus
+        return max(self.spec.min_vcpus, min(target, self.top_vcpus))
+
+    @property
+    def is_extender_degraded(self) -> bool:
+        return self.extender_failures > 0
+
+    def _backoff(self, failures: int, jitter: float) -> float:
+        c = self.config
+        delay = min(c.backoff_max_seconds, c.backoff_initial_seconds * 2.0 ** (failures - 1))
+        return delay * (1.0 - c.backoff_jitter_fraction * min(1.0, max(0.0, jitter)))
+
+    # -- the decision --------------------------------------------------------------------
+
+    def next_actions(self, now: float) -> Actions:
+        deadlines: list[float] = []
+        scrape = not self._scrape_in_flight and now >= self._next_scrape_at
+        if scrape:
+            deadlines.append(now + self.config.scrape_interval_seconds)
+        elif not self._scrape_in_flight:
+            deadlines.append(self._next_scrape_at)
+
+        read = False
+        resize: Resize | None = None
+        request: PermitCall | None = None
+        notice: PermitCall | None = None
+        if self._busy is None:
+            if self.current_vcpus is None:
+                if now >= self._read_retry_at:
+                    read = True
+                else:
+                    deadlines.append(self._read_retry_at)
+            else:
+                resize, request, notice = self._decide(now, self.current_vcpus, deadlines)
+
+        wait = max(0.0, min(deadlines) - now) if deadlines else None
+        return Actions(
+            scrape=scrape,
+            read_vcpus=read,
+            request_permit=request,
+            resize=resize,
+            notify_extender=notice,
+            wait_seconds=wait,
+        )
+
+    def _decide(
+        self, now: float, current: int, deadlines: list[float]
+    ) -> tuple[Resize | None, PermitCall | None, PermitCall | None]:
+        desired = self.desired_vcpus
+        assert desired is not None  # current is known
+        permit = self.permit_vcpus if self.permit_vcpus is not None else current
+        why = self.goal.reason if self.goal is not None else "no fresh metrics: hold"
+
+        # 1. A resize, if one is due: a shrink needs no permit; a grow goes as far as the permit.
+        target: int | None = None
+        if desired < current:
+            target, verb = desired, "shrink"
+        elif desired > current:
+            allowed = min(desired, self.spec.round_vcpus_down(permit), self.top_vcpus)
+            if allowed > current:
+                target = allowed
+                verb = "grow" if allowed == desired else f"grow within permit {permit}"
+        if target is not None:
+            if now >= self._resize_retry_at or target != self._failed_resize_target:
+                return Resize(vcpus=target, reason=f"{verb}: {why}"), None, None
+            deadlines.append(self._resize_retry_at)
+
+        # 2. Talk to the extender, unless it is backing off.
+        extender_ready = now >= self._extender_retry_at
+        if desired > permit:
+            asked = self._asked_vcpus
+            if asked is not None and desired <= asked and now < self._ask_again_at:
+                deadlines.append(self._ask_again_at)
+            elif not extender_ready:
+                deadlines.append(self._extender_retry_at)
+            else:
+                return None, self._call_for(CallKind.REQUEST, current, desired, permit, why), None
+        elif permit > current and desired <= current:
+            if extender_ready:
+                reason = f"give back {permit - current} unused vCPUs: {why}"
+                return None, None, self._call_for(CallKind.NOTICE, permit, current, permit, reason)
+            deadlines.append(self._extender_retry_at)
+        return None, None, None
+
+    def _call_for(
+        self, kind: CallKind, wire_current: int, requested: int, permit: int, reason: str
+    ) -> PermitCall:
+        samples = self.samples
+        return PermitCall(
+            kind=kind,
+            current_vcpus=wire_current,
+            requested_vcpus=requested,
+            last_permit_vcpus=permit,
+            usage_vcpus=self.current_vcpus if self.current_vcpus is not None else wire_current,
+            load1=samples.load1 if samples is not None else None,
+            cpu_busy_fraction=self._cpu_busy,
+            memory_used_fraction=memory_used_fraction(samples) if samples is not None else None,
+            reason=reason,
+        )
+
+    # -- events: scraping ----------------------------------------------------------------
+
+    def scrape_started(self, now: float) -> None:
+        self._scrape_in_flight = True
+        # Scheduled from the start, so the interval does not drift by the scrape's duration.
+        self._next_scrape_at = now + self.config.scrape_interval_seconds
+
+    def metrics_scraped(self, now: float, samples: Samples) -> Goal | None:
+        """New samples: recompute the goal. Returns it (None while the size is unknown)."""
+        self._scrape_in_flight = False
+        self.scrape_failures = 0
+        self._cpu_busy = cpu_busy_fraction(self.samples, samples)
+        self.samples = samples
+        if self.current_vcpus is None:
+            self.goal = None
+            return None
+        self.goal = goal_vcpus(
+            samples,
+            self.spec,
+            self._policy_state,
+            current_vcpus=self.current_vcpus,
+            top_vcpus=self.top_vcpus,
+            config=self.config.policy,
+            now=now,
+        )
+        self._policy_state = self.goal.state
+        return self.goal
+
+    def scrape_failed(self, now: float, error: str) -> None:
+        """No metrics: hold the current size (never act on stale data) and restart hysteresis."""
+        self._scrape_in_flight = False
+        self.scrape_failures += 1
+        self.goal = None
+        self._policy_state = PolicyState()
+
+    # -- events: hypervisor --------------------------------------------------------------
+
+    def vcpus_read_started(self, now: float) -> None:
+        self._busy = _Busy.READ
+
+    def vcpus_read(self, now: float, *, current_vcpus: int, max_vcpus: int | None) -> None:
+        self._busy = None
+        self._read_failures = 0
+        self.current_vcpus = current_vcpus
+        self.hypervisor_max_vcpus = max_vcpus
+        if self.permit_vcpus is None or self.permit_vcpus < current_vcpus:
+            self.permit_vcpus = current_vcpus
+
+    def vcpus_read_failed(self, now: float, error: str, *, jitter: float) -> None:
+        self._busy = None
+        self._read_failures += 1
+        self._read_retry_at = now + self._backoff(self._read_failures, jitter)
+
+    def resize_started(self, now: float, vcpus: int) -> None:
+        self._busy = _Busy.RESIZE
+        self._resize_target = vcpus
+
+    def resize_succeeded(self, now: float, *, current_vcpus: int, max_vcpus: int | None) -> None:
+        self._busy = None
+        self._resize_failures = 0
+        self._failed_resize_target = None
+        self.current_vcpus = current_vcpus
+        if max_vcpus is not None:
+            self.hypervisor_max_vcpus = max_vcpus
+
+    def resize_failed(self, now: float, error: str, *, is_retryable: bool, jitter: float) -> None:
+        self._busy = None
+        self._resize_failures += 1
+        self._failed_resize_target = self._resize_target
+        hold = (
+            self._backoff(self._resize_failures, jitter)
+            if is_retryable
+            else self.config.resize_failure_hold_seconds
+        )
+        self._resize_retry_at = now + hold
+        # The resize may have half happened: only the hypervisor knows the size now.
+        self.current_vcpus = None
+
+    # -- events: extender ----------------------------------------------------------------
+
+    def permit_requested(self, now: float, call: PermitCall) -> None:
+        self._busy = _Busy.PERMIT
+        self._call = call
+
+    def permit_granted(self, now: float, vcpus: int, *, jitter: float = 0.0) -> PermitOutcome:
+        """The extender answered ``vcpus`` for the call in flight. Validates it first."""
+        call = self._call
+        self._busy = None
+        self._call = None
+        assert call is not None, "permit_granted without permit_requested"
+        if not call.usage_vcpus <= vcpus <= call.requested_vcpus:
+            # Above the request is a grant we never asked for; below usage would take away
+            # vCPUs the VM is running on. Either way the extender is confused: keep the old
+            # permit and back off as for any other failure.
+            self._extender_failed(now, jitter)
+            return PermitOutcome.REJECTED
+        self.extender_failures = 0
+        self.permit_vcpus = vcpus
+        if call.kind is CallKind.NOTICE:
+            return PermitOutcome.RELEASED
+        if vcpus >= call.requested_vcpus:
+            self._asked_vcpus = None
+            return PermitOutcome.GRANTED
+        self._asked_vcpus = call.requested_vcpus
+        self._ask_again_at = now + self.config.permit_retry_seconds
+        return PermitOutcome.DENIED if vcpus <= call.usage_vcpus else PermitOutcome.PARTIAL
+
+    def permit_failed(self, now: float, error: str, *, jitter: float) -> None:
+        """The call failed (unreachable, timeout, 5xx, 4xx, or an error item for this VM)."""
+        self._busy = None
+        self._call = None
+        self._extender_failed(now, jitter)
+
+    def _extender_failed(self, now: float, jitter: float) -> None:
+        self.extender_failures += 1
+        self._extender_retry_at = now + self._backoff(self.extender_failures, jitter)
+
+    # -- introspection -------------------------------------------------------------------
+
+    def dump(self) -> dict[str, object]:
+        """A plain snapshot for logs and debugging."""
+        return {
+            "current_vcpus": self.current_vcpus,
+            "desired_vcpus": self.desired_vcpus,
+            "permit_vcpus": self.permit_vcpus,
+            "top_vcpus": self.top_vcpus,
+            "busy": self._busy.value if self._busy else None,
+            "extender_failures": self.extender_failures,
+            "goal": self.goal.reason if self.goal else None,
+        }

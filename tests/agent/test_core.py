@@ -1,0 +1,309 @@
+"""Scenario tests of the pure state machine: step through events, assert whole Actions."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoscaler_agent.core import (
+    Actions,
+    CallKind,
+    CoreConfig,
+    PermitCall,
+    PermitOutcome,
+    Resize,
+    VmState,
+)
+from autoscaler_agent.policy import PolicyConfig, Samples
+from protocol.annotations import VmSpec
+from tests.agent.clock import FakeClock
+
+GiB = 2**30
+SPEC = VmSpec(min_vcpus=1, max_vcpus=8, min_memory_bytes=GiB, max_memory_bytes=GiB)
+CONFIG = CoreConfig(
+    scrape_interval_seconds=1.0,
+    policy=PolicyConfig(shrink_after_seconds=3.0),
+    permit_retry_seconds=5.0,
+    backoff_initial_seconds=0.5,
+    backoff_max_seconds=4.0,
+    backoff_jitter_fraction=0.5,
+    resize_failure_hold_seconds=60.0,
+)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def started(clock, *, current=2, permit=None, load1=None, spec=SPEC, config=CONFIG):
+    """A VM whose size has been read (``current``) and, if given, one scrape seen."""
+    vm = VmState(spec=spec, config=config, now=clock.now, permit_vcpus=permit)
+    assert vm.next_actions(clock.now) == Actions(scrape=True, read_vcpus=True, wait_seconds=1.0)
+    vm.scrape_started(clock.now)
+    vm.vcpus_read_started(clock.now)
+    assert vm.next_actions(clock.now) == Actions()  # only an event can change anything now
+    vm.vcpus_read(clock.now, current_vcpus=current, max_vcpus=spec.max_vcpus)
+    if load1 is None:
+        vm.scrape_failed(clock.now, "not yet")
+    else:
+        vm.metrics_scraped(clock.now, Samples(load1=load1))
+    return vm
+
+
+def scrape(vm, clock, load1):
+    """Advance to the next scrape and feed it ``load1``."""
+    clock.advance(1.0)
+    assert vm.next_actions(clock.now).scrape
+    vm.scrape_started(clock.now)
+    return vm.metrics_scraped(clock.now, Samples(load1=load1))
+
+
+def request(vm, *, current, requested, permit, usage=None, kind=CallKind.REQUEST, reason=None):
+    load1 = vm.samples.load1 if vm.samples else None
+    return PermitCall(
+        kind=kind,
+        current_vcpus=current,
+        requested_vcpus=requested,
+        last_permit_vcpus=permit,
+        usage_vcpus=current if usage is None else usage,
+        load1=load1,
+        reason=reason if reason is not None else vm.goal.reason,
+    )
+
+
+def test_grow_asks_first_then_resizes_to_the_permit(clock):
+    vm = started(clock, current=2, load1=5.0)  # ceil(5 / 0.9) = 6
+    assert vm.goal.reason.startswith("grow 2 -> 6")
+    call = request(vm, current=2, requested=6, permit=2)
+    assert vm.next_actions(clock.now) == Actions(request_permit=call, wait_seconds=1.0)
+
+    vm.permit_requested(clock.now, call)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)  # nothing twice
+    clock.advance(0.01)
+    assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
+    resize = Resize(vcpus=6, reason="grow: " + vm.goal.reason)
+    assert vm.next_actions(clock.now) == Actions(resize=resize, wait_seconds=pytest.approx(0.99))
+
+    vm.resize_started(clock.now, 6)
+    clock.advance(0.05)
+    vm.resize_succeeded(clock.now, current_vcpus=6, max_vcpus=8)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.94))
+    assert (vm.current_vcpus, vm.permit_vcpus, vm.desired_vcpus) == (6, 6, 6)
+    # Steady afterwards: 5.0 / 6 = 0.83 per vCPU, no more calls.
+    scrape(vm, clock, 5.0)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+
+
+def test_partial_permit_uses_what_it_got_and_asks_again_later(clock):
+    vm = started(clock, current=2, load1=5.0)
+    vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
+    assert vm.permit_granted(clock.now, 4) is PermitOutcome.PARTIAL
+    reason = "grow within permit 4: " + vm.goal.reason
+    assert vm.next_actions(clock.now) == Actions(
+        resize=Resize(vcpus=4, reason=reason), wait_seconds=1.0
+    )
+    vm.resize_started(clock.now, 4)
+    vm.resize_succeeded(clock.now, current_vcpus=4, max_vcpus=8)
+    # The rest is asked for no sooner than permit_retry_seconds (5 s) after the answer.
+    for _ in range(4):
+        scrape(vm, clock, 5.0)
+        assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    scrape(vm, clock, 5.0)
+    call = request(vm, current=4, requested=6, permit=4)
+    assert vm.next_actions(clock.now) == Actions(request_permit=call, wait_seconds=1.0)
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
+    assert vm.next_actions(clock.now).resize == Resize(vcpus=6, reason="grow: " + vm.goal.reason)
+
+
+def test_partial_then_bigger_goal_asks_at_once(clock):
+    vm = started(clock, current=2, load1=5.0)
+    vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
+    vm.permit_granted(clock.now, 2)  # denied
+    scrape(vm, clock, 7.0)  # needs 8 > the 6 that was denied: no reason to wait
+    assert vm.next_actions(clock.now).request_permit == request(
+        vm, current=2, requested=8, permit=2
+    )
+
+
+def test_denied_permit_keeps_size_and_retries_later(clock):
+    vm = started(clock, current=2, load1=5.0)
+    vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
+    assert vm.permit_granted(clock.now, 2) is PermitOutcome.DENIED
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    for _ in range(4):
+        scrape(vm, clock, 5.0)
+        assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    scrape(vm, clock, 5.0)
+    assert vm.next_actions(clock.now).request_permit is not None
+    assert vm.current_vcpus == 2
+
+
+def shrink_to_two(vm, clock):
+    """8 vCPUs at load 1.0 since the start: shrink size ceil(1 / 0.6) = 2 after 3 s low."""
+    for _ in range(2):
+        goal = scrape(vm, clock, 1.0)
+        assert goal.vcpus == 8 and goal.reason.startswith("hold: shrink to 2 pending")
+        assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    goal = scrape(vm, clock, 1.0)
+    assert goal.vcpus == 2 and goal.reason.startswith("shrink 8 -> 2 after 3s low")
+
+
+def test_shrink_resizes_first_then_notifies(clock):
+    vm = started(clock, current=8, permit=8, load1=1.0)
+    shrink_to_two(vm, clock)
+    resize = Resize(vcpus=2, reason="shrink: " + vm.goal.reason)
+    assert vm.next_actions(clock.now) == Actions(resize=resize, wait_seconds=1.0)
+    vm.resize_started(clock.now, 2)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)  # no notice yet
+    vm.resize_succeeded(clock.now, current_vcpus=2, max_vcpus=8)
+    notice = request(
+        vm,
+        kind=CallKind.NOTICE,
+        current=8,
+        requested=2,
+        permit=8,
+        usage=2,
+        reason="give back 6 unused vCPUs: " + vm.goal.reason,
+    )
+    assert vm.next_actions(clock.now) == Actions(notify_extender=notice, wait_seconds=1.0)
+    vm.permit_requested(clock.now, notice)
+    assert vm.permit_granted(clock.now, 2) is PermitOutcome.RELEASED
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    assert vm.permit_vcpus == 2
+
+
+def test_hysteresis_spike_inside_window_restarts_it(clock):
+    vm = started(clock, current=8, permit=8, load1=1.0)
+    scrape(vm, clock, 1.0)
+    scrape(vm, clock, 6.0)  # shrink size 10 >= 8: not low any more
+    for _ in range(3):
+        assert scrape(vm, clock, 1.0).vcpus == 8
+        assert vm.next_actions(clock.now).resize is None
+    assert scrape(vm, clock, 1.0).vcpus == 2
+
+
+def fail_permit(vm, clock, *, jitter=0.0):
+    call = vm.next_actions(clock.now).request_permit
+    assert call is not None
+    vm.permit_requested(clock.now, call)
+    clock.advance(0.1)
+    vm.permit_failed(clock.now, "connection refused", jitter=jitter)
+    return call
+
+
+def test_extender_down_backs_off_never_exceeds_permit_and_still_shrinks(clock):
+    vm = started(clock, current=4, permit=4, load1=5.0)
+    fail_permit(vm, clock)  # 1st failure: 0.5 s
+    assert vm.is_extender_degraded
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.5))
+    clock.advance(0.5)
+    fail_permit(vm, clock)  # 2nd: 1.0 s
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.3))  # scrape first
+    clock.advance(0.3)
+    vm.scrape_started(clock.now)
+    vm.metrics_scraped(clock.now, Samples(load1=5.0))
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.7))
+    clock.advance(0.7)
+    fail_permit(vm, clock, jitter=1.0)  # 3rd: 2.0 s, jitter 1.0 takes half off: 1.0 s
+    assert vm.next_actions(clock.now).wait_seconds == pytest.approx(0.2)  # next scrape
+    assert vm.current_vcpus == 4 and vm.permit_vcpus == 4  # never above the last permit
+
+    # The load drops: the VM still shrinks, without the extender...
+    for _ in range(3):
+        scrape(vm, clock, 0.5)
+    scrape(vm, clock, 0.5)
+    actions = vm.next_actions(clock.now)
+    assert actions.resize == Resize(vcpus=1, reason="shrink: " + vm.goal.reason)
+    vm.resize_started(clock.now, 1)
+    vm.resize_succeeded(clock.now, current_vcpus=1, max_vcpus=8)
+    # ... and tells it once it is back (the backoff has long passed by now).
+    assert vm.next_actions(clock.now).notify_extender.requested_vcpus == 1
+
+
+def test_growth_resumes_after_errors(clock):
+    """The old design stopped growing a VM for good after one scheduler error."""
+    vm = started(clock, current=2, load1=5.0)
+    for delay in (0.5, 1.0, 2.0, 4.0, 4.0):  # capped at backoff_max_seconds
+        fail_permit(vm, clock)
+        clock.advance(delay)
+    call = vm.next_actions(clock.now).request_permit
+    assert call == request(vm, current=2, requested=6, permit=2)
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
+    assert not vm.is_extender_degraded
+    assert vm.next_actions(clock.now).resize.vcpus == 6
+
+
+@pytest.mark.parametrize(
+    ("granted", "why"),
+    [pytest.param(7, "above-request", id="above-request"), pytest.param(1, "below", id="below")],
+)
+def test_protocol_error_permit_is_rejected(clock, granted, why):
+    vm = started(clock, current=2, load1=5.0)
+    vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
+    assert vm.permit_granted(clock.now, granted) is PermitOutcome.REJECTED
+    assert vm.permit_vcpus == 2  # the old permit stands
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.5))  # backoff
+    clock.advance(0.5)
+    assert vm.next_actions(clock.now).request_permit is not None  # and then it asks again
+
+
+def test_retryable_resize_error_rereads_and_retries_after_backoff(clock):
+    vm = started(clock, current=2, permit=6, load1=5.0)
+    resize = vm.next_actions(clock.now).resize
+    assert resize.vcpus == 6
+    vm.resize_started(clock.now, 6)
+    vm.resize_failed(clock.now, "429 removal pending", is_retryable=True, jitter=0.0)
+    assert vm.current_vcpus is None
+    assert vm.next_actions(clock.now) == Actions(read_vcpus=True, wait_seconds=1.0)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(clock.now, current_vcpus=3, max_vcpus=8)  # half happened
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.5))
+    clock.advance(0.5)
+    assert vm.next_actions(clock.now).resize == resize
+
+
+def test_fatal_resize_error_holds_that_target(clock):
+    vm = started(clock, current=2, permit=6, load1=5.0)
+    vm.resize_started(clock.now, 6)
+    vm.resize_failed(clock.now, "rejected", is_retryable=False, jitter=0.0)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(clock.now, current_vcpus=2, max_vcpus=8)
+    for _ in range(59):
+        scrape(vm, clock, 5.0)
+        assert vm.next_actions(clock.now).resize is None
+    clock.advance(1.0)
+    assert vm.next_actions(clock.now).resize.vcpus == 6
+
+
+def test_hypervisor_read_failure_backs_off(clock):
+    vm = VmState(spec=SPEC, config=CONFIG, now=clock.now)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read_failed(clock.now, "no socket", jitter=0.0)
+    assert vm.next_actions(clock.now) == Actions(scrape=True, wait_seconds=pytest.approx(0.5))
+    clock.advance(0.5)
+    assert vm.next_actions(clock.now).read_vcpus
+
+
+def test_never_above_max_nor_hypervisor_max(clock):
+    vm = VmState(spec=SPEC, config=CONFIG, now=clock.now)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(clock.now, current_vcpus=2, max_vcpus=4)
+    vm.scrape_started(clock.now)
+    vm.metrics_scraped(clock.now, Samples(load1=100.0))
+    assert vm.next_actions(clock.now).request_permit.requested_vcpus == 4
+
+
+def test_scrape_failure_holds_size(clock):
+    vm = started(clock, current=2, load1=5.0)
+    clock.advance(1.0)
+    vm.scrape_started(clock.now)
+    vm.scrape_failed(clock.now, "timeout")
+    assert vm.desired_vcpus == 2
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+
+
+def test_first_read_adopts_a_larger_running_size_as_the_permit(clock):
+    vm = started(clock, current=4, permit=2)
+    assert vm.permit_vcpus == 4
