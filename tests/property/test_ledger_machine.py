@@ -1,0 +1,257 @@
+"""The ledger's invariants over random histories (hypothesis state machine).
+
+The machine keeps two views: the *API server's* (pods with their node, phase and durable
+permit annotation, which is what a restarted extender lists) and the extender's ledger. Rules
+are what happens in a cluster: nodes come, change and go; foreign pods and VMs appear, get
+bound (or the bind fails), are resized by agents, terminate or are deleted; the extender
+restarts. After every step the ledger's invariants hold, the fit index agrees with a fresh
+computation, and nothing this extender decided over-committed a node.
+"""
+
+import msgspec
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from protocol import annotations as ann
+from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
+from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
+from scheduler_extender.permits import decide
+from scheduler_extender.placement import FitIndex, rejection
+from scheduler_extender.podinfo import Demand, PodInfo
+
+GI = 2**30
+NODES = ["n1", "n2", "n3"]
+SIZES = [Demand(1000, GI), Demand(2000, GI), Demand(500, 0), Demand(4000, 2 * GI)]
+
+
+def overcommit(ledger: Ledger, node: str) -> tuple[int, int]:
+    state = ledger.nodes.get(node)
+    if state is None:
+        return (0, 0)
+    free = state.free
+    return (max(0, -free.cpu_millis), max(0, -free.memory_bytes))
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.ledger = Ledger(reserve=SystemReserve(cpu_fraction=0.2))
+        self.index = FitIndex(self.ledger)
+        self.api_nodes: dict[str, Demand] = {}
+        self.api_pods: dict[str, PodInfo] = {}
+        self.current: dict[str, int] = {}  # vCPUs each VM really runs with
+        self.counter = 0
+        self.at = 0.0
+
+    def _uid(self, prefix):
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def _observe(self, pod: PodInfo):
+        self.api_pods[pod.uid] = pod
+        self.ledger.observe_pod(pod, at=self.at)
+
+    def _pick(self, data, prefix, *, bound=None):
+        uids = sorted(
+            u
+            for u, p in self.api_pods.items()
+            if u.startswith(prefix) and (bound is None or (p.node_name is not None) == bound)
+        )
+        return data.draw(st.sampled_from(uids)) if uids else None
+
+    @initialize(cpus=st.lists(st.integers(2000, 10000), min_size=3, max_size=3))
+    def nodes_listed(self, cpus):
+        for node, cpu in zip(NODES, cpus, strict=True):
+            self.node_added_or_changed(node, cpu, 16)
+
+    @rule(node=st.sampled_from(NODES), cpu=st.integers(1000, 10000), mem=st.integers(1, 32))
+    def node_added_or_changed(self, node, cpu, mem):
+        self.api_nodes[node] = Demand(cpu, mem * GI)
+        self.ledger.upsert_node(node, allocatable=Demand(cpu, mem * GI))
+
+    @rule(node=st.sampled_from(NODES))
+    def node_removed(self, node):
+        self.api_nodes.pop(node, None)
+        self.ledger.remove_node(node)
+
+    @rule(
+        node=st.sampled_from(NODES),
+        cpu=st.integers(0, 1500),
+        mem=st.integers(0, 8),
+        static=st.booleans(),
+    )
+    def foreign_pod_started(self, node, cpu, mem, static):
+        uid = self._uid("f")
+        pod = PodInfo(
+            uid=uid,
+            namespace="ns",
+            name=uid,
+            node_name=node,
+            scheduler_name="default-scheduler",
+            requests=Demand(cpu, mem * GI),
+            priority=0,
+            is_ours=False,
+            is_vm=False,
+            is_static=static,
+            is_terminated=False,
+        )
+        self._observe(pod)
+
+    @rule(lo=st.integers(1, 3), extra=st.integers(0, 6), unit=st.integers(1, 3))
+    def vm_created(self, lo, extra, unit):
+        uid = self._uid("v")
+        spec = ann.VmSpec(
+            min_vcpus=lo,
+            max_vcpus=lo + extra,
+            scaling_unit=unit,
+            min_memory_bytes=GI,
+            max_memory_bytes=GI,
+        )
+        pod = PodInfo(
+            uid=uid,
+            namespace="ns",
+            name=uid,
+            node_name=None,
+            scheduler_name="vm-scheduler",
+            requests=Demand(lo * 1000, GI),
+            priority=0,
+            is_ours=True,
+            is_vm=True,
+            is_static=False,
+            is_terminated=False,
+            vm=spec,
+        )
+        self._observe(pod)
+
+    @rule(node=st.sampled_from(NODES), succeeds=st.booleans(), data=st.data())
+    def vm_bound(self, node, succeeds, data):
+        uid = self._pick(data, "v", bound=False)
+        if uid is None:
+            return
+        pod = self.api_pods[uid]
+        before = overcommit(self.ledger, node)
+        fits = self.index.filter(pod.initial_demand(), [node]).passed == [node]
+        try:
+            self.ledger.reserve_for_bind(pod, node, at=self.at)
+        except LedgerError:
+            assert not fits, "the fit index said it fits but the bind refused"
+            return
+        assert fits, "the bind reserved on a node the fit index rejects"
+        after = overcommit(self.ledger, node)
+        assert after[0] <= before[0] and after[1] <= before[1], (before, after)
+        if succeeds:
+            self.current[uid] = pod.initial_demand().cpu_millis // 1000
+            self._observe(msgspec.structs.replace(pod, node_name=node))
+        else:
+            self.ledger.cancel_bind(uid)
+
+    @rule(want=st.integers(1, 9), data=st.data())
+    def agent_asked(self, want, data):
+        uid = self._pick(data, "v", bound=True)
+        entry = self.ledger.pods.get(uid) if uid is not None else None
+        if entry is None or entry.is_tentative or entry.vm is None:
+            return
+        vm = entry.vm
+        current = self.current.get(uid, vm.min_vcpus)
+        requested = max(vm.min_vcpus, min(vm.max_vcpus, want))
+        before = overcommit(self.ledger, entry.node)
+        last = data.draw(st.sampled_from([None, entry.vcpus]))
+        d = decide(
+            self.ledger,
+            ResourceRequest(
+                pod=PodRef(namespace="ns", name=uid, uid=uid),
+                node=entry.node,
+                current=Resources(vcpus=current, memory_bytes=GI),
+                requested=Resources(vcpus=requested, memory_bytes=GI),
+                last_permit=Resources(vcpus=last, memory_bytes=GI) if last else None,
+            ),
+        )
+        assert uid is not None
+        assert d.permit.error is None and d.permit.permit is not None
+        granted = d.permit.permit.vcpus
+        if requested > current:
+            assert current <= granted <= requested
+            if granted > current:
+                assert (granted - vm.min_vcpus) % vm.scaling_unit == 0
+                # a grant above reality never creates or deepens an over-commit
+                after = overcommit(self.ledger, entry.node)
+                assert after[0] <= before[0] and after[1] <= before[1], (before, after)
+        elif requested < current:
+            assert granted == requested and d.permit.status is PermitStatus.RELEASED
+        else:
+            assert granted >= current
+        # The agent resizes to the permit (or stays, when it asked for less); the extender
+        # records it durably on the pod.
+        self.current[uid] = min(granted, requested) if requested >= current else requested
+        pod = self.api_pods[uid]
+        self.api_pods[uid] = msgspec.structs.replace(pod, permitted_vcpus=entry.vcpus)
+
+    @rule(data=st.data())
+    def vm_deleted(self, data):
+        uid = self._pick(data, "v")
+        if uid is None:
+            return
+        self.api_pods.pop(uid, None)
+        self.current.pop(uid, None)
+        self.ledger.forget_pod(uid)
+
+    @rule(delete=st.booleans(), data=st.data())
+    def foreign_pod_finished(self, delete, data):
+        uid = self._pick(data, "f")
+        if uid is None:
+            return
+        pod = self.api_pods.pop(uid, None)
+        if delete or pod is None:
+            self.ledger.forget_pod(uid)
+        else:
+            self.ledger.observe_pod(msgspec.structs.replace(pod, is_terminated=True), at=self.at)
+
+    @precondition(lambda self: not any(e.is_tentative for e in self.ledger.pods.values()))
+    @rule()
+    def extender_restarted(self):
+        rebuilt = Ledger(reserve=self.ledger.reserve)
+        rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
+        rebuilt.replace_pods(self.api_pods.values(), at=self.at)
+        old = {u: (e.node, e.held) for u, e in self.ledger.pods.items()}
+        new = {u: (e.node, e.held) for u, e in rebuilt.pods.items()}
+        assert new == old
+        for name, state in self.ledger.nodes.items():
+            assert rebuilt.nodes[name].allocated == state.allocated
+        self.ledger = rebuilt
+        self.index = FitIndex(rebuilt)
+
+    @rule(data=st.data())
+    def everything_deleted(self, data):
+        # rare: otherwise histories never grow long enough to fill nodes
+        if data.draw(st.integers(0, 9)) != 0:
+            return
+        for uid in list(self.api_pods):
+            self.ledger.forget_pod(uid)
+        self.api_pods.clear()
+        self.current.clear()
+        assert self.ledger.totals() == Demand(0, 0)
+        assert not self.ledger.pods
+        assert all(s.is_known for s in self.ledger.nodes.values())
+
+    @invariant()
+    def ledger_is_consistent(self):
+        self.ledger.check_invariants()
+
+    @invariant()
+    def fit_index_matches_a_fresh_computation(self):
+        for size in SIZES:
+            result = self.index.filter(size, NODES)
+            for node in NODES:
+                state = self.ledger.nodes.get(node)
+                fresh = rejection(state, size) if state is not None else "unknown"
+                assert (node in result.passed) == (fresh is None), (node, size, fresh)
+
+
+TestLedgerMachine = LedgerMachine.TestCase
+TestLedgerMachine.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
