@@ -1,0 +1,35 @@
+#!/bin/sh
+# Runs inside the debootstrapped root (chroot) to finish the full image. Idempotent enough to rerun.
+set -eu
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C
+
+# Nothing may start services inside the build chroot; PostgreSQL is started by hand below.
+printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+chmod 755 /usr/sbin/policy-rc.d
+
+apt-get install -y --no-install-recommends \
+    linux-image-cloud-amd64 initramfs-tools systemd-sysv udev iproute2 procps \
+    postgresql postgresql-contrib prometheus-node-exporter
+apt-get clean
+
+echo vm > /etc/hostname
+echo '/dev/vda / ext4 defaults,noatime 0 1' > /etc/fstab
+passwd -d root
+systemctl enable systemd-networkd cpu-onliner.service prometheus-node-exporter.service postgresql.service
+# Root shell on the serial console without a password: the console is the test's keyboard.
+mkdir -p /etc/systemd/system/serial-getty@ttyS0.service.d
+printf '[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --keep-baud 115200 %%I $TERM\n' \
+    > /etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf
+
+# PostgreSQL reachable from the host through the user-net forward (host appears as 10.0.2.2).
+PGVER=$(ls /etc/postgresql)
+CONF=/etc/postgresql/$PGVER/main
+echo "listen_addresses = '*'" > "$CONF/conf.d/listen.conf"
+echo 'host all all 10.0.2.0/24 scram-sha-256' >> "$CONF/pg_hba.conf"
+pg_ctlcluster "$PGVER" main start
+su postgres -c "psql -q -c \"CREATE ROLE bench LOGIN PASSWORD 'bench'\""
+su postgres -c "createdb -O bench pgbench"
+su postgres -c "PGPASSWORD=bench /usr/lib/postgresql/$PGVER/bin/pgbench -i -s ${PGBENCH_SCALE:-10} -h 127.0.0.1 -U bench pgbench"
+pg_ctlcluster "$PGVER" main stop
+
+rm -f /usr/sbin/policy-rc.d
