@@ -252,8 +252,10 @@ class KubeClient:
         each with the API's message.
         """
         binding = Binding(
+            api_version="v1",
+            kind="Binding",
             metadata=BindingMeta(name=name, namespace=namespace, uid=uid),
-            target=ObjectReference(kind="Node", name=node),
+            target=ObjectReference(api_version="v1", kind="Node", name=node),
         )
         # 201 with a Status body: success. The body carries nothing else we need.
         await self._call("POST", f"{_pod_path(namespace, name)}/binding", body=binding)
@@ -328,6 +330,8 @@ class KubeClient:
         namespace = involved.namespace or "default"
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = Event(
+            api_version="v1",
+            kind="Event",
             metadata=EventMeta(namespace=namespace, generate_name=f"{involved.name}."),
             involved_object=involved,
             reason=reason,
@@ -336,6 +340,7 @@ class KubeClient:
             source=EventSource(component=component, host=host),
             first_timestamp=now,
             last_timestamp=now,
+            count=1,
             reporting_component=component,
             reporting_instance=host,
         )
@@ -350,7 +355,11 @@ class KubeClient:
         API's reason. Errors mean the review itself failed (e.g. ``Forbidden`` without the
         ``system:auth-delegator`` role).
         """
-        review = TokenReviewRequest(spec=TokenReviewSpec(token=token, audiences=list(audiences)))
+        review = TokenReviewRequest(
+            api_version="authentication.k8s.io/v1",
+            kind="TokenReview",
+            spec=TokenReviewSpec(token=token, audiences=list(audiences)),
+        )
         _, body = await self._call(
             "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review
         )

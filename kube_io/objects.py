@@ -14,7 +14,11 @@ from protocol.kube import Node, Pod
 
 
 class _Wire(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True):
-    """camelCase keys; defaults left out so that the bodies we send stay minimal."""
+    """camelCase keys; defaults left out so that the bodies we send stay minimal.
+
+    Hence ``apiVersion`` and ``kind`` have no defaults where we send them: a default would be
+    omitted from the body, and the API needs them.
+    """
 
 
 # --- Binding ------------------------------------------------------------------------------
@@ -31,7 +35,7 @@ class BindingMeta(_Wire, frozen=True, kw_only=True):
 class ObjectReference(_Wire, frozen=True, kw_only=True):
     """``core/v1 ObjectReference``: a Binding's target and an Event's involvedObject."""
 
-    api_version: str = "v1"
+    api_version: str
     kind: str
     name: str
     namespace: str | None = None
@@ -40,16 +44,24 @@ class ObjectReference(_Wire, frozen=True, kw_only=True):
     @classmethod
     def to_pod(cls, pod: Pod) -> ObjectReference:
         meta = pod.metadata
-        return cls(kind="Pod", name=meta.name, namespace=meta.namespace, uid=meta.uid or None)
+        return cls(
+            api_version="v1",
+            kind="Pod",
+            name=meta.name,
+            namespace=meta.namespace,
+            uid=meta.uid or None,
+        )
 
     @classmethod
     def to_node(cls, node: Node) -> ObjectReference:
-        return cls(kind="Node", name=node.metadata.name, uid=node.metadata.uid or None)
+        return cls(
+            api_version="v1", kind="Node", name=node.metadata.name, uid=node.metadata.uid or None
+        )
 
 
 class Binding(_Wire, frozen=True, kw_only=True):
-    api_version: str = "v1"
-    kind: str = "Binding"
+    api_version: str
+    kind: str
     metadata: BindingMeta
     target: ObjectReference
 
@@ -71,8 +83,8 @@ class EventSource(_Wire, frozen=True, kw_only=True):
 class Event(_Wire, frozen=True, kw_only=True):
     """``core/v1 Event`` (what ``kubectl describe`` shows)."""
 
-    api_version: str = "v1"
-    kind: str = "Event"
+    api_version: str
+    kind: str
     metadata: EventMeta
     involved_object: ObjectReference
     reason: str
@@ -82,7 +94,7 @@ class Event(_Wire, frozen=True, kw_only=True):
     # Wall-clock RFC 3339 instants: the API defines them so; they are only shown to humans.
     first_timestamp: str
     last_timestamp: str
-    count: int = 1
+    count: int
     reporting_component: str | None = None
     reporting_instance: str | None = None
 
@@ -96,8 +108,8 @@ class TokenReviewSpec(_Wire, frozen=True, kw_only=True):
 
 
 class TokenReviewRequest(_Wire, frozen=True, kw_only=True):
-    api_version: str = "authentication.k8s.io/v1"
-    kind: str = "TokenReview"
+    api_version: str
+    kind: str
     spec: TokenReviewSpec
 
 
