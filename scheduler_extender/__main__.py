@@ -1,0 +1,124 @@
+"""``scheduler-extender``: the command line.
+
+Shell: parse arguments, load the config (exit 2 on any config error, naming ``$.path``),
+configure logging once, serve until SIGTERM. Subcommands leave room for offline tools
+(``simulate``, ``recommend``) next to ``serve``, which is the default when none is named, so
+``scheduler-extender --config FILE`` keeps working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from kube_io.client import KubeClient
+from scheduler_extender.config import ConfigError, load_config
+from scheduler_extender.http.app import Deps, serve
+from scheduler_extender.log import configure_logging
+from scheduler_extender.standalone import load_cluster
+
+EXIT_CONFIG: Final = 2
+EXIT_STARTUP: Final = 1
+COMMANDS: Final = ("serve",)
+
+_DESCRIPTION = """\
+Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs live.
+
+Commands:
+  serve   (default) answer kube-scheduler's filter/prioritize/bind/preempt on the verbs
+          listener and the agents' permit requests on the permit listener.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scheduler-extender",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve the extender (the default command)",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve_parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="YAML config file (see examples/extender-config.yaml); every key has a default, "
+        "so it may be omitted",
+    )
+    source = serve_parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig for the API server; without it (and without --standalone) the pod's "
+        "in-cluster service account is used",
+    )
+    source.add_argument(
+        "--standalone",
+        type=Path,
+        metavar="FILE",
+        help="no API server: nodes and pods come from this YAML file "
+        "(see examples/standalone-cluster.yaml); bind only records; needs auth.mode static",
+    )
+    serve_parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="lowest level logged (default: info); JSON lines unless stderr is a terminal",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    args = list(argv)
+    if not args or args[0] not in COMMANDS:
+        # ``serve`` is the default: ``scheduler-extender --config F`` and ``--help`` both
+        # reach the serve parser, whose help lists every flag.
+        args = ["serve", *args]
+    return build_parser().parse_args(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(args.config)
+        cluster = load_cluster(args.standalone) if args.standalone is not None else None
+    except ConfigError as e:
+        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(level=args.log_level)
+    kubeconfig: str | None = args.kubeconfig
+
+    async def connect() -> KubeClient:
+        return await KubeClient.connect(kubeconfig)
+
+    deps = Deps(
+        registry=CollectorRegistry(),
+        connect_kube=None if cluster is not None else connect,
+        standalone=cluster,
+    )
+    try:
+        asyncio.run(serve(config, deps))
+    except ConfigError as e:
+        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception:
+        # The process boundary: say why we could not start (e.g. no kubeconfig) and exit 1.
+        structlog.get_logger(__name__).exception("startup_failed")
+        return EXIT_STARTUP
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

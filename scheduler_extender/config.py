@@ -1,0 +1,188 @@
+"""The extender's configuration: one YAML file -> one frozen, typed tree.
+
+Pure apart from ``load_config`` reading the file. Every section forbids unknown keys, so a typo
+is an error rather than a silently ignored setting; every error names its ``$.path`` (msgspec
+derives the paths from the decoder, so they cannot drift from the field names). Cross-field
+rules live in ``__post_init__``: msgspec reports their ``ValueError`` with the path of the
+section that raised it. ``__main__`` exits with status 2 on ``ConfigError``.
+
+Units are in the key names (``_seconds``, ``_bytes``, ``_fraction``).
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Final
+
+import msgspec
+import yaml
+
+from scheduler_extender.accounting import SystemReserve
+from scheduler_extender.placement import Strategy
+
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0.0)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
+CONTAINER_ANNOTATION: Final = "vm-autoscaling.io/vm-container"
+
+
+class ConfigError(Exception):
+    """The file is missing, not YAML, or does not match the schema; the message names where."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Listen(_Section, frozen=True):
+    port: Port
+    host: NonEmpty = "0.0.0.0"
+
+
+class ListenConfig(_Section, frozen=True):
+    """Two listeners so they can be exposed differently: kube-scheduler reaches ``verbs`` over
+    loopback or a ClusterIP; every node's agent reaches ``permits``."""
+
+    verbs: Listen = Listen(port=10298)
+    permits: Listen = Listen(port=10299)
+
+    def __post_init__(self) -> None:
+        if self.verbs == self.permits:
+            raise ValueError("verbs and permits must listen on different addresses")
+
+
+class SystemReserveConfig(_Section, frozen=True):
+    """Fractions of each node's allocatable kept back for the host (never given to pods)."""
+
+    cpu_fraction: Fraction = 0.2
+    memory_fraction: Fraction = 0.0
+
+    def to_reserve(self) -> SystemReserve:
+        return SystemReserve(cpu_fraction=self.cpu_fraction, memory_fraction=self.memory_fraction)
+
+
+class ScoringConfig(_Section, frozen=True):
+    strategy: Strategy = Strategy.SPREAD
+
+
+class AuthMode(enum.StrEnum):
+    TOKENREVIEW = "tokenreview"
+    STATIC = "static"
+
+
+class AuthConfig(_Section, frozen=True):
+    """How agents prove which node they speak for on the permit port.
+
+    ``tokenreview`` (production): the agent sends a pod-bound ServiceAccount token for
+    ``audience``; the API server's TokenReview names the node the agent's pod runs on.
+    ``static``: one shared token authenticates *any* node. Only for local runs and tests.
+    """
+
+    mode: AuthMode = AuthMode.TOKENREVIEW
+    audience: NonEmpty = DEFAULT_AUDIENCE
+    static_token: str | None = None
+    # How long a verified token is trusted without asking the API server again. Pod-bound
+    # tokens live an hour and are refreshed at 80%; five minutes bounds how long a revoked token
+    # keeps working, while keeping TokenReviews to one per agent per five minutes.
+    identity_cache_ttl_seconds: PositiveSeconds = 300.0
+    # Rejected tokens are remembered briefly so that a misconfigured agent cannot turn every
+    # one of its requests into a TokenReview.
+    negative_cache_ttl_seconds: PositiveSeconds = 10.0
+    identity_cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+
+    def __post_init__(self) -> None:
+        if self.mode is AuthMode.STATIC and not self.static_token:
+            raise ValueError("auth.static_token is required when auth.mode is static")
+        if self.mode is AuthMode.TOKENREVIEW and self.static_token is not None:
+            raise ValueError("auth.static_token is only used with auth.mode static")
+
+
+class DurabilityConfig(_Section, frozen=True):
+    """Where permits are recorded so that a restarted extender rebuilds them.
+
+    Writes happen off the request path, coalesced per pod (latest wins), retried with backoff.
+    """
+
+    write_annotations: bool = True
+    # Patch the VM container's CPU request/limit through ``pods/resize`` so that the kubelet
+    # and kube-scheduler see the VM's real size. Switched off for good on the first 404 from a
+    # cluster without in-place resize.
+    resize_pods: bool = True
+    # The container to resize is named by this pod annotation, else the pod's first container.
+    container_annotation: NonEmpty = CONTAINER_ANNOTATION
+    retry_initial_seconds: PositiveSeconds = 0.5
+    retry_max_seconds: PositiveSeconds = 30.0
+    # Writes in flight at once (each is one PATCH); bounds the load on the API server.
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+
+    def __post_init__(self) -> None:
+        if self.retry_max_seconds < self.retry_initial_seconds:
+            raise ValueError("retry_max_seconds must be >= retry_initial_seconds")
+
+
+class LimitsConfig(_Section, frozen=True):
+    """Largest request bodies accepted (413 above). Non-cache filter calls carry every Node
+    object, a few KiB each, so the verbs limit is generous."""
+
+    verbs_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 2**20
+    permits_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 2**20
+
+
+class KubeConfig(_Section, frozen=True):
+    """The API connection. The kubeconfig path comes from ``--kubeconfig`` (in-cluster when
+    absent), not from here, so that one config file serves every environment."""
+
+    request_timeout_seconds: PositiveSeconds = 30.0
+    watch_timeout_seconds: Annotated[int, msgspec.Meta(ge=1)] = 300
+    # Post a Kubernetes Event (reason NODE_ALLOC) when one of our pods gets or loses its place.
+    post_events: bool = True
+
+
+class Config(_Section, frozen=True):
+    scheduler_name: NonEmpty = "vm-scheduler"
+    listen: ListenConfig = ListenConfig()
+    system_reserve: SystemReserveConfig = SystemReserveConfig()
+    scoring: ScoringConfig = ScoringConfig()
+    auth: AuthConfig = AuthConfig()
+    durability: DurabilityConfig = DurabilityConfig()
+    limits: LimitsConfig = LimitsConfig()
+    kube: KubeConfig = KubeConfig()
+    # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
+    # finish before the kubelet kills the process.
+    shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0
+    # Retry-After sent with 503 while the first lists are loading.
+    not_synced_retry_after_seconds: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+def parse_config(data: object) -> Config:
+    """A YAML document (already parsed) -> Config, or ConfigError naming ``$.path``."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Expected `object`, got `{type(data).__name__}` - at `$`")
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(str(e)) from e
+
+
+def load_config(path: Path | None) -> Config:
+    """Read ``path`` (None: all defaults)."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e

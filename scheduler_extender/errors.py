@@ -1,0 +1,130 @@
+"""The extender's HTTP-facing errors; each class knows its status.
+
+Pure: declarations only. Handlers raise these; the error middleware turns them into a JSON
+``ErrorBody`` (``{"error", "reason", "message"}``) with the class's status. Anything that is not
+an ``ExtenderError`` is a bug: 500 with a generic body, and the traceback logged with the
+request id.
+
+::
+
+    ExtenderError                 500
+     ├── ProtocolError            400  body is not JSON or not the expected type
+     │    └── UnsupportedVersion  400  no protocol version in common (names both ranges)
+     ├── Unauthenticated          401  no bearer token, or one that does not verify
+     ├── WrongNode                403  the batch speaks for another node than the token's
+     ├── UnknownNode              404
+     ├── UnknownPod               404
+     ├── StaleRequest             409  the request refers to a pod that changed meanwhile
+     ├── BodyTooLarge             413
+     └── Unavailable              503  + Retry-After: retrying later will help
+          └── NotSynced           503  the first node and pod lists are not in yet
+
+For kube-scheduler's verbs a node that does not fit is *data* (``FailedNodes``), and a failed
+bind is an ``Error`` string in a 200: kube-scheduler treats any other status as a failure of
+the whole call. These classes are for malformed requests and for the permit port.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from protocol.versions import VersionRange
+
+
+class ExtenderError(Exception):
+    status: ClassVar[int] = 500
+    # A stable CamelCase word for machines; the message is for humans.
+    default_reason: ClassVar[str] = "InternalError"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class ProtocolError(ExtenderError):
+    status = 400
+    default_reason = "BadRequest"
+
+
+class UnsupportedVersion(ProtocolError):
+    default_reason = "UnsupportedVersion"
+
+    def __init__(self, *, theirs: VersionRange, ours: VersionRange, who: str = "agent") -> None:
+        super().__init__(
+            f"no protocol version in common: {who} speaks {theirs}, extender speaks {ours}"
+        )
+        self.theirs = theirs
+        self.ours = ours
+
+
+class Unauthenticated(ExtenderError):
+    status = 401
+    default_reason = "Unauthenticated"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="vm-autoscaling-extender"'}
+
+
+class WrongNode(ExtenderError):
+    status = 403
+    default_reason = "WrongNode"
+
+
+class UnknownNode(ExtenderError):
+    status = 404
+    default_reason = "UnknownNode"
+
+
+class UnknownPod(ExtenderError):
+    status = 404
+    default_reason = "UnknownPod"
+
+
+class StaleRequest(ExtenderError):
+    status = 409
+    default_reason = "StaleRequest"
+
+
+class BodyTooLarge(ExtenderError):
+    status = 413
+    default_reason = "BodyTooLarge"
+
+
+class Unavailable(ExtenderError):
+    status = 503
+    default_reason = "Unavailable"
+
+    def __init__(
+        self, message: str, *, retry_after_seconds: int = 1, reason: str | None = None
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after_seconds = retry_after_seconds
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class NotSynced(Unavailable):
+    default_reason = "NotSynced"
+
+
+_BY_STATUS: dict[int, type[ExtenderError]] = {
+    400: ProtocolError,
+    401: Unauthenticated,
+    403: WrongNode,
+    404: UnknownPod,
+    409: StaleRequest,
+    413: BodyTooLarge,
+}
+
+
+def error_for_status(status: int, message: str, *, reason: str) -> ExtenderError:
+    """The class for a status decided by the pure core (``permits.BatchRefused``)."""
+    return _BY_STATUS.get(status, ExtenderError)(message, reason=reason)

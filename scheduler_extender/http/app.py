@@ -1,0 +1,219 @@
+"""Building and serving the extender's two listeners.
+
+Shell. ``make_app(config, deps)`` builds kube-scheduler's listener (verbs, probes, metrics,
+state); it owns the lifecycle through ``cleanup_ctx``: connect the kube client, start the
+watches, the durability writer and the Event poster; on teardown, give pending permit writes a
+moment, cancel the tasks (reverse order), close the client. ``make_permits_app`` builds the
+agents' listener over the same ``Extender``; it has no lifecycle of its own and must be started
+after, and stopped before, the verbs app (``serve`` does so).
+
+Nothing is global: every dependency arrives in ``Deps`` or the config and is stored under a
+typed ``AppKey``, so a test builds as many independent apps as it likes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from kube_io.client import KubeClient
+from scheduler_extender.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
+from scheduler_extender.config import AuthMode, Config, ConfigError
+from scheduler_extender.durability import PermitRecorder
+from scheduler_extender.http import ops, permit_port, verbs
+from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
+from scheduler_extender.http.middleware import METRICS, context_middleware, error_middleware
+from scheduler_extender.kube_link import KubeLink
+from scheduler_extender.metrics import Metrics
+from scheduler_extender.node_alloc import NodeAllocReporter
+from scheduler_extender.service import Extender
+from scheduler_extender.standalone import StandaloneCluster
+from scheduler_extender.sync import follow_cluster
+
+log = structlog.get_logger(__name__)
+
+KubeConnector = Callable[[], Awaitable[KubeClient]]
+# How long teardown waits for pending permit writes before cancelling them (the agents'
+# lastPermit covers anything lost).
+_FLUSH_SECONDS: Final = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deps:
+    """What the app needs from outside. Exactly one of ``connect_kube``/``standalone``."""
+
+    registry: CollectorRegistry
+    connect_kube: KubeConnector | None = None
+    standalone: StandaloneCluster | None = None
+    # Wall-clock seconds, only for the allocation times shown in /state and logs.
+    wall_clock: Callable[[], float] = time.time
+
+
+def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> Authenticator:
+    auth = config.auth
+    if auth.mode is AuthMode.STATIC:
+        assert auth.static_token is not None  # Config.__post_init__ checked it
+        return StaticTokenAuth(auth.static_token)
+    if link is None:
+        raise ConfigError(
+            "standalone mode has no API server for TokenReviews: set auth.mode static"
+        )
+    audiences = [auth.audience]
+    return TokenReviewAuth(
+        lambda token: link.review_token(token, audiences=audiences),
+        ttl_seconds=auth.identity_cache_ttl_seconds,
+        negative_ttl_seconds=auth.negative_cache_ttl_seconds,
+        max_entries=auth.identity_cache_max_entries,
+        metrics=metrics,
+    )
+
+
+def make_app(config: Config, deps: Deps) -> web.Application:
+    """kube-scheduler's listener; owns the lifecycle of everything shared with the permit port."""
+    if (deps.connect_kube is None) == (deps.standalone is None):
+        raise ValueError("Deps needs exactly one of connect_kube and standalone")
+    metrics = Metrics(deps.registry)
+    link = KubeLink() if deps.connect_kube is not None else None
+    reporter = NodeAllocReporter(metrics, link if config.kube.post_events else None)
+    durability = config.durability
+    recorder = (
+        PermitRecorder(link, durability, metrics)
+        if link is not None and (durability.write_annotations or durability.resize_pods)
+        else None
+    )
+    extender = Extender(
+        config,
+        metrics=metrics,
+        reporter=reporter,
+        recorder=recorder,
+        binder=link,
+        wall_clock=deps.wall_clock,
+    )
+    app = web.Application(
+        middlewares=[context_middleware, error_middleware],
+        client_max_size=config.limits.verbs_max_body_bytes,
+    )
+    app[EXTENDER] = extender
+    app[AUTHENTICATOR] = _authenticator(config, link, metrics)
+    app[METRICS] = metrics
+    app[TASKS] = []
+    app.router.add_post("/filter", verbs.filter_nodes, name="filter")
+    app.router.add_post("/prioritize", verbs.prioritize, name="prioritize")
+    app.router.add_post("/bind", verbs.bind, name="bind")
+    app.router.add_post("/preempt", verbs.preempt, name="preempt")
+    _add_ops(app)
+    app.router.add_get("/metrics", ops.metrics, name="metrics")
+    app.router.add_get("/state", ops.state, name="state")
+
+    if deps.standalone is not None:
+        cluster = deps.standalone
+
+        async def load_standalone(app: web.Application) -> AsyncIterator[None]:
+            extender.nodes_listed(cluster.node_objects())
+            extender.pods_listed(cluster.pod_objects(scheduler_name=config.scheduler_name))
+            log.info("standalone_loaded", nodes=len(cluster.nodes), pods=len(cluster.pods))
+            yield
+
+        app.cleanup_ctx.append(load_standalone)
+    else:
+        assert deps.connect_kube is not None and link is not None
+        connect = deps.connect_kube
+
+        async def run_kube(app: web.Application) -> AsyncIterator[None]:
+            client = await connect()
+            link.client = client
+            tasks = app[TASKS]
+            tasks.append(_start(follow_cluster(client, extender), "cluster-watch"))
+            if recorder is not None:
+                tasks.append(_start(recorder.run(), "durability-writer"))
+            if config.kube.post_events:
+                tasks.append(_start(reporter.run(), "node-alloc-events"))
+            try:
+                yield
+            finally:
+                if recorder is not None:
+                    try:
+                        async with asyncio.timeout(_FLUSH_SECONDS):
+                            await recorder.wait_idle()
+                    except TimeoutError:
+                        log.warning("permit_writes_abandoned", pending=recorder.pending_count)
+                for task in reversed(tasks):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                tasks.clear()
+                link.client = None
+                await client.close()
+
+        app.cleanup_ctx.append(run_kube)
+    return app
+
+
+def make_permits_app(config: Config, verbs_app: web.Application) -> web.Application:
+    """The agents' listener, sharing ``verbs_app``'s Extender (start it after that one)."""
+    app = web.Application(
+        middlewares=[context_middleware, error_middleware],
+        client_max_size=config.limits.permits_max_body_bytes,
+    )
+    app[EXTENDER] = verbs_app[EXTENDER]
+    app[AUTHENTICATOR] = verbs_app[AUTHENTICATOR]
+    app[METRICS] = verbs_app[METRICS]
+    app[TASKS] = verbs_app[TASKS]
+    app.router.add_post("/v1/permits", permit_port.permits, name="permits")
+    _add_ops(app)
+    return app
+
+
+def _add_ops(app: web.Application) -> None:
+    app.router.add_get("/healthz", ops.healthz, name="healthz")
+    app.router.add_get("/readyz", ops.readyz, name="readyz")
+
+
+def _start(coro: Awaitable[None], name: str) -> asyncio.Task[None]:
+    async def supervised() -> None:
+        try:
+            await coro
+        except Exception:
+            # Task boundary: /healthz reports the dead task; the log says why.
+            log.exception("background_task_failed", task=name)
+            raise
+
+    return asyncio.get_running_loop().create_task(supervised(), name=name)
+
+
+async def serve(config: Config, deps: Deps) -> None:
+    """Run both listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
+    verbs_app = make_app(config, deps)
+    permits_app = make_permits_app(config, verbs_app)
+    runners: list[web.AppRunner] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for app, listen in (
+            (verbs_app, config.listen.verbs),
+            (permits_app, config.listen.permits),
+        ):
+            runner = web.AppRunner(
+                app, handle_signals=False, shutdown_timeout=config.shutdown_timeout_seconds
+            )
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, listen.host, listen.port).start()
+            log.info("listening", host=listen.host, port=listen.port)
+        await stop.wait()
+        log.info("shutting_down")
+    finally:
+        # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
+        for runner in reversed(runners):
+            await runner.cleanup()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,115 @@
+"""Request context and error mapping for both listeners.
+
+Shell. ``context_middleware`` clears structlog's contextvars, binds ``request_id`` (from
+``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
+canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
+``reason``). ``error_middleware`` (inside it) turns ``ExtenderError``s into JSON error bodies
+with their status, aiohttp's 413 into ``BodyTooLarge``, and anything else into a generic 500
+whose traceback is logged with the request id: the boundary where ``except Exception`` belongs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+import structlog
+from aiohttp import web
+
+from protocol import codec
+from protocol.permits import ErrorBody
+from scheduler_extender.errors import BodyTooLarge, ExtenderError, ProtocolError
+from scheduler_extender.metrics import Metrics
+
+log = structlog.get_logger("scheduler_extender.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+
+METRICS = web.AppKey("metrics", Metrics)
+# Routes named like this are timed per verb; the rest (probes, metrics) are not.
+TIMED_ROUTES: Final = frozenset({"filter", "prioritize", "bind", "preempt", "permits"})
+_JSON: Final = "application/json"
+
+
+def json_response(value: object, *, status: int = 200) -> web.Response:
+    return web.Response(body=codec.encode(value), status=status, content_type=_JSON)
+
+
+def error_response(error: ExtenderError) -> web.Response:
+    body = ErrorBody(error=type(error).__name__, reason=error.reason, message=error.message)
+    response = json_response(body, status=error.status)
+    response.headers.update(error.headers)
+    return response
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body; aiohttp enforces ``client_max_size`` here (413)."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise BodyTooLarge(f"request body is too large: {e.text}") from e
+
+
+def decode(type_: type[T], body: bytes) -> T:
+    try:
+        return codec.decode(type_, body)
+    except codec.ProtocolError as e:
+        raise ProtocolError(f"{type_.__name__}: {e}") from e
+
+
+@web.middleware
+async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    structlog.contextvars.clear_contextvars()
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    route = request.match_info.route.name
+    metrics = request.app[METRICS]
+    start = _now(request)
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        response.headers["X-Request-Id"] = request_id
+        return response
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    finally:
+        duration = _now(request) - start
+        if route in TIMED_ROUTES:
+            metrics.verb_duration.labels(route).observe(duration)
+            if status != 200:
+                metrics.verb_errors.labels(route).inc()
+        level = log.info if route in TIMED_ROUTES or status >= 400 else log.debug
+        level(
+            "request",
+            method=request.method,
+            path=request.path,
+            status=status,
+            duration_seconds=round(duration, 6),
+        )
+
+
+def _now(request: web.Request) -> float:
+    # The loop's clock: monotonic, and virtual under looptime in tests.
+    return asyncio.get_running_loop().time()
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ExtenderError as e:
+        structlog.contextvars.bind_contextvars(reason=e.message)
+        return error_response(e)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(BodyTooLarge(e.text or "request body too large"))
+    except web.HTTPException:
+        raise  # aiohttp's own answers (404 for unknown routes, 405)
+    except Exception:
+        # Task boundary: a bug must cost one request, not the process; a human must see it.
+        log.exception("internal_error")
+        return error_response(ExtenderError("internal error; see the extender's log"))

@@ -1,0 +1,126 @@
+"""Every Prometheus metric of the extender, defined once on a registry that is passed in.
+
+Shell. Per-node gauges are kept cheap: the ledger calls ``node_changed(name)`` after each
+mutation, which only marks the node dirty; the gauges of dirty nodes are refreshed when
+``/metrics`` is scraped. So a permit costs a set insertion, and nothing ever scans every node.
+Series of nodes that disappear are removed (``node`` is the only per-object label).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler_extender.accounting import Ledger
+
+PREFIX: Final = "vmautoscale_extender_"
+_LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.verb_duration = Histogram(
+            PREFIX + "verb_duration_seconds",
+            "Time to answer one call, by verb (filter, prioritize, bind, preempt, permits).",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.verb_errors = Counter(
+            PREFIX + "verb_errors_total",
+            "Calls answered with an HTTP error or a bind Error, by verb.",
+            ["verb"],
+            registry=registry,
+        )
+        self.permits = Counter(
+            PREFIX + "permits_total",
+            "Permits answered, by status (granted, partial, denied, released, steady, error).",
+            ["status"],
+            registry=registry,
+        )
+        self.binds = Counter(
+            PREFIX + "binds_total",
+            "Bind calls, by outcome (bound, refused, failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.token_reviews = Counter(
+            PREFIX + "token_reviews_total",
+            "TokenReviews sent to the API server, by outcome (authenticated, rejected, error).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.durable_writes = Counter(
+            PREFIX + "durable_writes_total",
+            "Writes of permits to pods, by kind (annotations, resize) and outcome.",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.durable_pending = Gauge(
+            PREFIX + "durable_pending_pods",
+            "Pods whose latest permit is not yet written to the API server.",
+            registry=registry,
+        )
+        self.events_dropped = Counter(
+            PREFIX + "kube_events_dropped_total",
+            "NODE_ALLOC Kubernetes Events not posted because the queue was full or the API failed.",
+            registry=registry,
+        )
+        self.synced = Gauge(
+            PREFIX + "synced",
+            "1 once the first node and pod lists are in (the verbs answer 503 before).",
+            registry=registry,
+        )
+        self.node_reserved = Gauge(
+            PREFIX + "node_reserved_vcpus",
+            "vCPUs held on the node by this scheduler's pods.",
+            ["node"],
+            registry=registry,
+        )
+        self.node_free = Gauge(
+            PREFIX + "node_free_vcpus",
+            "vCPUs left on the node after the system reserve and every pod (negative: over).",
+            ["node"],
+            registry=registry,
+        )
+        self.foreign_vcpus = Gauge(
+            PREFIX + "foreign_vcpus",
+            "vCPUs held by pods of other schedulers, all nodes together.",
+            registry=registry,
+        )
+        self.foreign_memory = Gauge(
+            PREFIX + "foreign_memory_bytes",
+            "Memory held by pods of other schedulers, all nodes together.",
+            registry=registry,
+        )
+        self._dirty: set[str] = set()
+        self._foreign_cpu_by_node: dict[str, int] = {}
+        self._foreign_mem_by_node: dict[str, int] = {}
+
+    def node_changed(self, name: str) -> None:
+        """A ledger listener: cheap, called on every mutation."""
+        self._dirty.add(name)
+
+    def refresh(self, ledger: Ledger) -> None:
+        """Bring the per-node gauges of the nodes changed since the last scrape up to date."""
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            state = ledger.nodes.get(name)
+            if state is None:
+                for gauge in (self.node_reserved, self.node_free):
+                    # KeyError: never exported, the node came and went between two scrapes.
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(name)
+                self._foreign_cpu_by_node.pop(name, None)
+                self._foreign_mem_by_node.pop(name, None)
+                continue
+            self.node_reserved.labels(name).set(state.own_total.cpu_millis / 1000)
+            self.node_free.labels(name).set(state.free.cpu_millis / 1000)
+            self._foreign_cpu_by_node[name] = state.foreign_total.cpu_millis
+            self._foreign_mem_by_node[name] = state.foreign_total.memory_bytes
+        if dirty:
+            self.foreign_vcpus.set(sum(self._foreign_cpu_by_node.values()) / 1000)
+            self.foreign_memory.set(sum(self._foreign_mem_by_node.values()))

@@ -1,0 +1,283 @@
+"""``Extender``: the ledger and everything that feeds it or acts on it, wired together.
+
+Shell, but with no I/O of its own: the kube calls sit behind the ``Binder``, ``PermitRecorder``
+and ``NodeAllocReporter`` it is given. The methods that touch the ledger never ``await`` between
+reading it and writing it (see the house style); ``bind`` awaits only *after* its reservation is
+in the ledger, and undoes it if the Binding fails.
+
+Reserve/unreserve. kube-scheduler's extender protocol has no reserve or unreserve verb. This
+extender reserves at ``bind`` (the commit point: the fit is checked again there) and releases
+when the Binding fails or when the pod watch shows the pod deleted or finished. A node that
+passed ``filter`` but was never bound holds nothing, so there is nothing to unreserve.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol
+
+import msgspec
+import structlog
+
+from kube_io.errors import KubeError
+from protocol.kube import Node, Pod
+from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
+from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from protocol.versions import SUPPORTED
+from scheduler_extender.accounting import Ledger, LedgerError
+from scheduler_extender.auth import Identity
+from scheduler_extender.config import Config
+from scheduler_extender.durability import PermitRecorder, PermitWrite
+from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
+from scheduler_extender.metrics import Metrics
+from scheduler_extender.node_alloc import NodeAllocReporter
+from scheduler_extender.permits import BatchRefused, decide_batch
+from scheduler_extender.placement import FitIndex
+from scheduler_extender.podinfo import Demand, PodError, PodInfo, pod_info
+
+log = structlog.get_logger(__name__)
+
+WallClock = Callable[[], float]
+_STATUS_NAMES: Final = {s: s.value for s in PermitStatus}
+
+
+class Binder(Protocol):
+    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None: ...
+
+
+class Extender:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics,
+        reporter: NodeAllocReporter,
+        recorder: PermitRecorder | None,
+        binder: Binder | None,
+        wall_clock: WallClock = time.time,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.reporter = reporter
+        self.recorder = recorder
+        # None: standalone mode, where a bind only records (there is no API server).
+        self.binder = binder
+        self.wall_clock = wall_clock
+        self.ledger = Ledger(reserve=config.system_reserve.to_reserve())
+        self.index = FitIndex(self.ledger)
+        self.ledger.subscribe(metrics.node_changed)
+        # Our pods that wait for a node, by "namespace/name": bind needs their PodInfo, and
+        # kube-scheduler's bind call carries only names.
+        self.unbound: dict[str, PodInfo] = {}
+        # uid -> the VM's container, resized in place by the durability writer.
+        self.vm_containers: dict[str, str] = {}
+        self.binds_in_flight: set[str] = set()
+        self.has_nodes = False
+        self.has_pods = False
+
+    # -- readiness ---------------------------------------------------------------------------
+
+    @property
+    def is_synced(self) -> bool:
+        return self.has_nodes and self.has_pods
+
+    def require_synced(self) -> None:
+        if not self.is_synced:
+            missing = [
+                w for w, ok in (("nodes", self.has_nodes), ("pods", self.has_pods)) if not ok
+            ]
+            raise NotSynced(
+                f"the extender has not loaded the {' and '.join(missing)} list yet",
+                retry_after_seconds=self.config.not_synced_retry_after_seconds,
+            )
+
+    def _synced_changed(self) -> None:
+        self.metrics.synced.set(1 if self.is_synced else 0)
+
+    # -- what the API server says (from sync.py or standalone.py) ---------------------------
+
+    def nodes_listed(self, nodes: Iterable[Node]) -> None:
+        self.ledger.replace_nodes(n for n in map(_node_tuple, nodes) if n is not None)
+        self.has_nodes = True
+        self._synced_changed()
+
+    def node_changed(self, change: str, node: Node) -> None:
+        if change == "DELETED":
+            self.ledger.remove_node(node.metadata.name)
+            return
+        found = _node_tuple(node)
+        if found is not None:
+            name, allocatable, labels = found
+            self.ledger.upsert_node(name, allocatable=allocatable, labels=labels)
+
+    def pods_listed(self, pods: Iterable[Pod]) -> None:
+        infos: list[PodInfo] = []
+        self.unbound.clear()
+        self.vm_containers.clear()
+        for pod in pods:
+            info = self._info(pod)
+            if info is not None:
+                infos.append(info)
+                self._track(info, pod)
+        events = self.ledger.replace_pods(infos, at=self.wall_clock())
+        self.reporter.report(events, is_initial=not self.has_pods)
+        self.has_pods = True
+        self._synced_changed()
+
+    def pod_changed(self, change: str, pod: Pod) -> None:
+        if change == "DELETED":
+            self._forget(pod.metadata.uid, f"{pod.metadata.namespace}/{pod.metadata.name}")
+            return
+        info = self._info(pod)
+        if info is None:
+            return
+        self._track(info, pod)
+        self.reporter.report(self.ledger.observe_pod(info, at=self.wall_clock()))
+
+    def _forget(self, uid: str, key: str) -> None:
+        found = self.unbound.get(key)
+        if found is not None and found.uid == uid:
+            del self.unbound[key]
+        self.vm_containers.pop(uid, None)
+        if self.recorder is not None:
+            self.recorder.forget(uid)
+        self.reporter.report(self.ledger.forget_pod(uid))
+
+    def _info(self, pod: Pod) -> PodInfo | None:
+        try:
+            return pod_info(pod, scheduler_name=self.config.scheduler_name)
+        except PodError as e:
+            # The API server validates quantities, so this is a pod we cannot reason about;
+            # counting it as zero would be a lie, but refusing the whole list would be worse.
+            log.warning("pod_unreadable", error=str(e))
+            return None
+
+    def _track(self, info: PodInfo, pod: Pod) -> None:
+        key = info.key
+        if info.is_ours and info.node_name is None and not info.is_terminated:
+            self.unbound[key] = info
+        else:
+            found = self.unbound.get(key)
+            if found is not None and found.uid == info.uid:
+                del self.unbound[key]
+        if info.is_ours and info.vm is not None and not info.is_terminated:
+            container = self._vm_container(pod)
+            if container is not None:
+                self.vm_containers[info.uid] = container
+            if self.recorder is not None:
+                self.recorder.observed(info.uid, info.permitted_vcpus, info.permitted_memory_bytes)
+
+    def _vm_container(self, pod: Pod) -> str | None:
+        annotations = pod.metadata.annotations or {}
+        named = annotations.get(self.config.durability.container_annotation)
+        if named:
+            return named
+        containers = pod.spec.containers or []
+        return containers[0].name if containers else None
+
+    # -- bind: the commit point ------------------------------------------------------------
+
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> str:
+        """Reserve, then POST the Binding; returns "" or the error for kube-scheduler."""
+        key = f"{namespace}/{name}"
+        log_ = log.bind(pod=key, node=node)
+        held = self.ledger.pods.get(uid)
+        info = self.unbound.get(key)
+        if held is None and (info is None or info.uid != uid):
+            self.metrics.binds.labels("refused").inc()
+            return (
+                f"pod {key} (uid {uid}) is not known to the extender yet: its pod watch has not"
+                " seen it; kube-scheduler will retry"
+            )
+        if held is not None and held.node == node:
+            if uid in self.binds_in_flight:
+                return f"pod {key} is already being bound to node {node}"
+            # A retried bind whose first attempt succeeded (or the watch was faster).
+            return ""
+        if info is None or info.uid != uid:
+            assert held is not None
+            self.metrics.binds.labels("refused").inc()
+            return f"pod {key} is already bound to node {held.node}"
+        try:
+            event = self.ledger.reserve_for_bind(info, node, at=self.wall_clock())
+        except LedgerError as e:
+            self.metrics.binds.labels("refused").inc()
+            log_.info("bind_refused", reason=str(e))
+            return f"cannot bind {key} to {node}: {e}"
+        self.reporter.report([event] if event is not None else [])
+        if self.binder is None:
+            # Standalone: no API server to ask; the pod is bound as soon as it is reserved.
+            self.unbound.pop(key, None)
+            bound = msgspec.structs.replace(info, node_name=node)
+            self.reporter.report(self.ledger.observe_pod(bound, at=self.wall_clock()))
+            self.metrics.binds.labels("bound").inc()
+            return ""
+        is_bound = False
+        self.binds_in_flight.add(uid)
+        try:
+            await self.binder.bind_pod(namespace, name, uid=uid, node=node)
+            is_bound = True
+        except KubeError as e:
+            log_.info("bind_failed", error=e.message, status=e.status)
+            return f"binding {key} to {node} failed: {e.message}"
+        finally:
+            self.binds_in_flight.discard(uid)
+            if not is_bound:
+                # Also on cancellation: a reservation nobody will confirm must not stay.
+                self.reporter.report(self.ledger.cancel_bind(uid))
+                self.metrics.binds.labels("failed").inc()
+        self.metrics.binds.labels("bound").inc()
+        return ""
+
+    # -- permits -----------------------------------------------------------------------------
+
+    def permits(self, batch: ResourceRequestBatch, identity: Identity) -> PermitBatch:
+        """Authorise, negotiate, decide, record. Raises ExtenderErrors; applies all or nothing."""
+        if identity.node is not None and batch.node != identity.node:
+            raise WrongNode(
+                f"this token speaks for node {identity.node}, not for node {batch.node}"
+            )
+        version = SUPPORTED.latest_shared(batch.protocol)
+        if version is None:
+            raise UnsupportedVersion(theirs=batch.protocol, ours=SUPPORTED)
+        self.require_synced()
+        try:
+            decisions = decide_batch(self.ledger, batch.node, batch.requests)
+        except BatchRefused as e:
+            raise error_for_status(e.status, e.message, reason=e.reason) from e
+        counts: dict[str, int] = {}
+        permits = []
+        pods = self.ledger.pods
+        recorder = self.recorder
+        for decision in decisions:
+            permit = decision.permit
+            permits.append(permit)
+            status = _STATUS_NAMES[permit.status] if permit.status is not None else "error"
+            counts[status] = counts.get(status, 0) + 1
+            if recorder is not None and permit.permit is not None:
+                entry = pods[permit.pod.uid]
+                assert entry.vcpus is not None and entry.memory_bytes is not None
+                recorder.record(
+                    entry.uid,
+                    PermitWrite(
+                        namespace=entry.namespace,
+                        name=entry.name,
+                        container=self.vm_containers.get(entry.uid),
+                        vcpus=entry.vcpus,
+                        memory_bytes=entry.memory_bytes,
+                    ),
+                )
+        for status, count in counts.items():
+            self.metrics.permits.labels(status).inc(count)
+        return PermitBatch(protocol=int(version), node=batch.node, permits=permits)
+
+
+def _node_tuple(node: Node) -> tuple[str, Demand, dict[str, str]] | None:
+    alloc = node.status.allocatable or {}
+    try:
+        demand = Demand(cpu_millis(alloc.get("cpu", "0")), memory_bytes(alloc.get("memory", "0")))
+    except QuantityError as e:
+        log.warning("node_unreadable", node=node.metadata.name, error=str(e))
+        return None
+    return node.metadata.name, demand, dict(node.metadata.labels or {})

@@ -1,0 +1,65 @@
+"""``/state``: the whole ledger as plain JSON-ready values, for humans and for tests.
+
+Pure: no I/O. Keys are camelCase like the rest of the JSON this project shows. Nodes and pods
+are sorted so that two ledgers built from the same cluster dump to the same bytes (the restart
+test compares them).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from scheduler_extender.accounting import Allocation, Ledger, NodeState
+from scheduler_extender.podinfo import Demand
+
+
+def _resources(d: Demand) -> dict[str, int]:
+    return {"cpuMillis": d.cpu_millis, "memoryBytes": d.memory_bytes}
+
+
+def _iso(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def _entry(e: Allocation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "pod": e.key,
+        "uid": e.uid,
+        "resources": _resources(e.held),
+        "requests": _resources(e.requests),
+        "priority": e.priority,
+        "tags": {"foreign": e.tag.value} if e.tag is not None else {},
+        "allocatedAt": _iso(e.allocated_at),
+    }
+    if e.vm is not None:
+        out["vm"] = {
+            "vcpus": e.vcpus,
+            "memoryBytes": e.memory_bytes,
+            "minVcpus": e.vm.min_vcpus,
+            "maxVcpus": e.vm.max_vcpus,
+        }
+    if e.is_tentative:
+        out["tentative"] = True
+    return out
+
+
+def dump_node(state: NodeState) -> dict[str, Any]:
+    return {
+        "name": state.name,
+        "known": state.is_known,
+        "capacity": _resources(state.allocatable),
+        "systemReserve": _resources(state.reserve),
+        "allocated": _resources(state.own_total),
+        "occupied": _resources(state.foreign_total),
+        "free": _resources(state.free),
+        "overcommitted": state.is_overcommitted,
+        "allocations": [_entry(e) for e in sorted(state.own.values(), key=lambda e: e.key)],
+        "foreignAllocations": [
+            _entry(e) for e in sorted(state.foreign.values(), key=lambda e: e.key)
+        ],
+    }
+
+
+def dump_state(ledger: Ledger) -> dict[str, Any]:
+    return {"nodes": [dump_node(ledger.nodes[name]) for name in sorted(ledger.nodes)]}
