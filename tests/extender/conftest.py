@@ -1,0 +1,104 @@
+"""Fixtures for the extender's shell tests: a fake API server and running extender apps.
+
+Everything goes over real HTTP: the extender's two listeners through ``aiohttp_client``, and
+the extender's own kube client against ``tests.fakes.kube_api.FakeKubeApi``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client import CollectorRegistry
+
+from kube_io.client import KubeClient
+from scheduler_extender.config import Config, parse_config
+from scheduler_extender.http.app import Deps, make_app, make_permits_app
+from scheduler_extender.http.keys import EXTENDER
+from scheduler_extender.service import Extender
+from tests.fakes.kube_api import FakeKubeApi
+
+STATIC_TOKEN = "local-test-token"
+# A round wall-clock instant, so that /state (which shows allocation times) is reproducible.
+WALL_CLOCK = 1_800_000_000.0
+
+
+def shared_dir() -> Path:
+    override = os.environ.get("VMA_SHARED_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def make_config(**sections: Any) -> Config:
+    """Test defaults (static token, fast retries) with ``sections`` merged over them."""
+    base: dict[str, Any] = {
+        "auth": {"mode": "static", "static_token": STATIC_TOKEN},
+        "durability": {"retry_initial_seconds": 0.01, "retry_max_seconds": 0.05},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+            if key == "auth" and value.get("mode") == "tokenreview":
+                base[key].pop("static_token", None)
+        else:
+            base[key] = value
+    return parse_config(copy.deepcopy(base))
+
+
+@dataclass
+class Running:
+    verbs: TestClient[Any, Any]
+    permits: TestClient[Any, Any]
+    extender: Extender
+
+    async def state(self) -> dict[str, Any]:
+        response = await self.verbs.get("/state")
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+StartExtender = Callable[..., Awaitable[Running]]
+
+
+async def wait_until(predicate: Callable[[], bool], *, timeout_seconds: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_seconds):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def kube_api() -> AsyncIterator[FakeKubeApi]:
+    async with FakeKubeApi() as api:
+        yield api
+
+
+@pytest.fixture
+def start_extender(kube_api: FakeKubeApi, aiohttp_client: Any) -> StartExtender:
+    async def start(config: Config | None = None, *, wait_synced: bool = True) -> Running:
+        config = config or make_config()
+
+        async def connect() -> KubeClient:
+            return KubeClient.for_url(kube_api.url)
+
+        deps = Deps(
+            registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK
+        )
+        verbs_app = make_app(config, deps)
+        verbs = await aiohttp_client(verbs_app)
+        permits = await aiohttp_client(make_permits_app(config, verbs_app))
+        extender = verbs_app[EXTENDER]
+        if wait_synced:
+            await wait_until(lambda: extender.is_synced)
+            await kube_api.wait_for_watches(2)
+        return Running(verbs=verbs, permits=permits, extender=extender)
+
+    return start

@@ -1,0 +1,77 @@
+"""Builders for VM pods and filter/bind/permit bodies used by several extender tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.fakes.kube_api import pod_object
+
+VM_LABELS = {"vm-autoscaling.io/vm": "true"}
+
+
+def vm_pod(
+    name: str,
+    *,
+    uid: str,
+    node: str | None = None,
+    min_vcpus: int = 1,
+    max_vcpus: int = 4,
+    extra: dict[str, str] | None = None,
+    drop: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    annotations = {
+        "vm-autoscaling.io/min-vcpus": str(min_vcpus),
+        "vm-autoscaling.io/max-vcpus": str(max_vcpus),
+        **(extra or {}),
+    }
+    for key in drop:
+        annotations.pop(key)
+    return pod_object(
+        name,
+        namespace="vms",
+        uid=uid,
+        node_name=node,
+        labels=VM_LABELS,
+        annotations=annotations,
+        cpu=str(min_vcpus),
+        memory="1Gi",
+        phase="Running" if node else "Pending",
+    )
+
+
+def filter_body(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def bind_body(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
+def permit_batch(
+    node: str,
+    *,
+    uid: str,
+    name: str = "vm-1",
+    current: int = 1,
+    requested: int = 2,
+    protocol: tuple[int, int] = (1, 1),
+) -> dict[str, Any]:
+    gib = 2**30
+    return {
+        "protocol": {"min": protocol[0], "max": protocol[1]},
+        "node": node,
+        "requests": [
+            {
+                "pod": {"namespace": "vms", "name": name, "uid": uid},
+                "node": node,
+                "current": {"vcpus": current, "memoryBytes": gib},
+                "requested": {"vcpus": requested, "memoryBytes": gib},
+            }
+        ],
+    }

@@ -1,0 +1,170 @@
+"""The permit port: authentication, authorisation, validation, and that refusals change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config
+from tests.extender.helpers import permit_batch, vm_pod
+from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object
+
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+AGENT = "system:serviceaccount:vm-autoscaling:autoscaler-agent"
+
+
+def _cluster(kube_api: FakeKubeApi) -> None:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    kube_api.add_node(node_object("node-b", cpu="8"))
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
+    kube_api.add_token("agent-a", TokenIdentity(username=AGENT, node_name="node-a"))
+    kube_api.add_token(
+        "other-audience",
+        TokenIdentity(username=AGENT, node_name="node-a", audiences=("someone-else",)),
+    )
+    kube_api.add_token("unbound", TokenIdentity(username="system:serviceaccount:x:y"))
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def _post(running: Running, body: Any, token: str | None, **kw: Any) -> Any:
+    headers = _auth(token) if token is not None else {}
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return await running.permits.post("/v1/permits", data=data, headers=headers, **kw)
+
+
+TOKENREVIEW = {"auth": {"mode": "tokenreview"}}
+
+
+async def test_grant_with_tokenreview(kube_api: FakeKubeApi, start_extender: StartExtender) -> None:
+    _cluster(kube_api)
+    running = await start_extender(make_config(**TOKENREVIEW))
+    response = await _post(running, permit_batch("node-a", uid="u-1"), "agent-a")
+    assert response.status == 200, await response.text()
+    answer = await response.json()
+    assert answer["protocol"] == 1 and answer["node"] == "node-a"
+    (permit,) = answer["permits"]
+    assert permit["status"] == "granted"
+    assert permit["permit"] == {"vcpus": 2, "memoryBytes": 2**30}
+    assert running.extender.ledger.pods["u-1"].vcpus == 2
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "says"),
+    [
+        (None, 401, "missing Authorization"),
+        ("nobody-knows-me", 401, "invalid token"),
+        ("other-audience", 401, "is invalid for the target audiences"),
+        ("unbound", 403, "not bound to a pod on a node"),
+    ],
+    ids=["missing", "bad", "wrong-audience", "not-node-bound"],
+)
+async def test_unauthenticated_is_refused_and_changes_nothing(
+    token: str | None,
+    status: int,
+    says: str,
+    kube_api: FakeKubeApi,
+    start_extender: StartExtender,
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender(make_config(**TOKENREVIEW))
+    before = await running.state()
+    response = await _post(running, permit_batch("node-a", uid="u-1"), token)
+    assert response.status == status
+    body = await response.json()
+    assert says in body["message"]
+    assert await running.state() == before
+
+
+async def test_batch_for_another_node_is_403(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender(make_config(**TOKENREVIEW))
+    before = await running.state()
+    response = await _post(running, permit_batch("node-b", uid="u-1"), "agent-a")
+    assert response.status == 403
+    assert "speaks for node node-a, not for node node-b" in (await response.json())["message"]
+    assert await running.state() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"{nope", "malformed JSON"),
+        (
+            json.dumps({"protocol": {"min": 1, "max": 1}, "node": 5, "requests": []}).encode(),
+            "$.node",
+        ),
+        (
+            json.dumps(permit_batch("node-a", uid="u-1", current=-1)).encode(),
+            "$.requests[0].current.vcpus",
+        ),
+        (
+            json.dumps(permit_batch("node-a", uid="u-1", protocol=(2, 3))).encode(),
+            "agent speaks v2..v3, extender speaks v1..v1",
+        ),
+    ],
+    ids=["malformed-json", "wrong-type", "negative", "version-mismatch"],
+)
+async def test_bad_requests_are_400_naming_the_problem(
+    body: bytes, says: str, kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender()
+    before = await running.state()
+    response = await _post(running, body, STATIC_TOKEN)
+    assert response.status == 400
+    assert says in (await response.json())["message"]
+    assert await running.state() == before
+
+
+async def test_oversized_body_is_413(kube_api: FakeKubeApi, start_extender: StartExtender) -> None:
+    _cluster(kube_api)
+    running = await start_extender(make_config(limits={"permits_max_body_bytes": 1024}))
+    before = await running.state()
+    response = await _post(running, b" " * 4096, STATIC_TOKEN)
+    assert response.status == 413
+    assert (await response.json())["reason"] == "BodyTooLarge"
+    assert await running.state() == before
+
+
+async def test_everything_is_503_before_the_first_lists(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    kube_api.fail_next(503, path="/api/v1/pods", times=10_000)
+    running = await start_extender(wait_synced=False)
+    response = await _post(running, permit_batch("node-a", uid="u-1"), STATIC_TOKEN)
+    assert response.status == 503
+    assert response.headers["Retry-After"] == "1"
+    assert (await response.json())["reason"] == "NotSynced"
+    for verb in ("filter", "prioritize", "bind", "preempt"):
+        assert (await running.verbs.post(f"/{verb}", data=b"{}")).status == 503
+    assert (await running.verbs.get("/readyz")).status == 503
+    assert (await running.permits.get("/readyz")).status == 503
+    assert (await running.verbs.get("/healthz")).status == 200
+    assert (await running.state())["nodes"][0]["allocations"] == []
+
+
+async def test_identity_cache_reviews_each_token_once(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender(make_config(**TOKENREVIEW))
+    body = permit_batch("node-a", uid="u-1", current=1, requested=1)
+    # Concurrent first requests share one review; later ones hit the cache.
+    first = await asyncio.gather(*(_post(running, body, "agent-a") for _ in range(10)))
+    rest = [await _post(running, body, "agent-a") for _ in range(20)]
+    assert {r.status for r in [*first, *rest]} == {200}
+    # A bad token is remembered too (negative cache).
+    bad = [await _post(running, body, "nobody-knows-me") for _ in range(5)]
+    assert {r.status for r in bad} == {401}
+    reviews = [r for r in kube_api.requests if r.path == TOKENREVIEWS]
+    assert len(reviews) == 2
+    assert reviews[0].body["spec"]["audiences"] == ["vm-autoscaling-extender"]
