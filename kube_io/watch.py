@@ -268,11 +268,13 @@ class _Watcher(Generic[T]):
         self.settings = settings
         self.cursor = _Cursor()
         self.backoff = Backoff(settings, rng or random.Random())
-        self.log = log.bind(
-            kind=kind,
-            field_selector=selectors.field_selector,
-            label_selector=selectors.label_selector,
-        )
+        # Passed on every call rather than bound once: a logger bound here would keep the
+        # processors configured at this moment (and miss structlog.testing.capture_logs).
+        self.log_fields = {
+            "kind": kind,
+            "field_selector": selectors.field_selector,
+            "label_selector": selectors.label_selector,
+        }
 
     async def run(self) -> AsyncGenerator[WatchItem[T], None]:
         # Kept trivial on purpose (as in kopf): an endless loop cannot be tested to its end, so
@@ -307,9 +309,9 @@ class _Watcher(Generic[T]):
             label_selector=self.selectors.label_selector,
         )
         self.cursor.resource_version = rv
+        # No backoff reset here: a list that works while every watch fails is no progress.
         self.cursor.has_progressed = False
-        self.backoff.reset()
-        self.log.info("watch_listed", count=len(objects), resource_version=rv)
+        log.info("watch_listed", **self.log_fields, count=len(objects), resource_version=rv)
         return Listed(objects=objects, resource_version=rv)
 
     async def stream(self, resource_version: str) -> AsyncGenerator[Changed[T], None]:
@@ -340,13 +342,13 @@ class _Watcher(Generic[T]):
     async def stream_ended(self) -> None:
         rv = self.cursor.resource_version
         if self.cursor.has_progressed:
-            self.log.debug("watch_resumed", resource_version=rv)
+            log.debug("watch_resumed", **self.log_fields, resource_version=rv)
             self.cursor.has_progressed = False
             return
         # A stream that ended without a single event (not even a bookmark) may be a server
         # closing streams at once; back off so that it cannot become a hot loop.
         delay = self.backoff.next_delay()
-        self.log.debug("watch_resumed", resource_version=rv, delay_seconds=delay)
+        log.debug("watch_resumed", **self.log_fields, resource_version=rv, delay_seconds=delay)
         await asyncio.sleep(delay)
 
     async def relist_needed(self, error: Gone) -> None:
@@ -356,8 +358,12 @@ class _Watcher(Generic[T]):
         # we can list and watch; wait rather than relist in a tight loop.
         delay = 0.0 if self.cursor.has_progressed else self.backoff.next_delay()
         self.cursor.has_progressed = False
-        self.log.info(
-            "watch_relisted", resource_version=rv, error=error.message, delay_seconds=delay
+        log.info(
+            "watch_relisted",
+            **self.log_fields,
+            resource_version=rv,
+            error=error.message,
+            delay_seconds=delay,
         )
         if delay:
             await asyncio.sleep(delay)
@@ -366,8 +372,9 @@ class _Watcher(Generic[T]):
         delay = self.backoff.next_delay()
         if error.retry_after_seconds is not None:
             delay = max(delay, error.retry_after_seconds)
-        self.log.warning(
+        log.warning(
             "watch_failed",
+            **self.log_fields,
             resource_version=self.cursor.resource_version,
             error=repr(error),
             delay_seconds=delay,

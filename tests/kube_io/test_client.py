@@ -136,7 +136,10 @@ async def test_resize_pod_cpu_patches_the_resize_subresource(kube_api, client):
         }
     }
     pod = await client.resize_pod_cpu("vms", "vm-1", container="vm", cpu="2", memory="2Gi")
-    assert pod.spec.containers[0].resources.limits == {"cpu": "2", "memory": "2Gi"}  # type: ignore[union-attr]
+    assert pod.spec.containers is not None
+    resources = pod.spec.containers[0].resources
+    assert resources is not None
+    assert resources.limits == {"cpu": "2", "memory": "2Gi"}
 
 
 async def test_resize_of_a_missing_pod_is_not_found(client):
@@ -233,3 +236,62 @@ async def test_connection_refused_is_unavailable():
             await client.list_pods()
     assert info.value.is_retryable
     assert info.value.status == 0
+
+
+async def test_connect_reads_a_kubeconfig(tmp_path):
+    async with FakeKubeApi(token="from-kubeconfig") as api:
+        api.add_node(node_object("node-a"))
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            f"""
+apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster: {{server: "{api.url}"}}
+users:
+- name: tester
+  user: {{token: from-kubeconfig}}
+contexts:
+- name: other
+  context: {{cluster: fake, user: nobody}}
+- name: fake
+  context: {{cluster: fake, user: tester}}
+current-context: other
+"""
+        )
+        client = await KubeClient.connect(str(kubeconfig), context="fake")
+        try:
+            nodes, _ = await client.list_nodes()
+        finally:
+            await client.close()
+    assert [n.metadata.name for n in nodes] == ["node-a"]
+    assert api.requests[-1].authorization == "Bearer from-kubeconfig"
+
+
+def test_public_names_are_pinned():
+    import kube_io
+
+    assert sorted(kube_io.__all__) == [
+        "BadResponse",
+        "Changed",
+        "Conflict",
+        "Expired",
+        "Forbidden",
+        "Gone",
+        "Invalid",
+        "KubeClient",
+        "KubeError",
+        "Listed",
+        "NotFound",
+        "NotSupported",
+        "ObjectReference",
+        "ServerError",
+        "TokenReviewResult",
+        "Unauthorized",
+        "Unavailable",
+        "WatchItem",
+        "WatchSettings",
+        "watch_objects",
+    ]
+    assert all(hasattr(kube_io, name) for name in kube_io.__all__)
