@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     inputs: tuple[str, ...]

@@ -1,0 +1,185 @@
+"""Command line for ``python -m vm_runner``: flags to a ``VmSpec``, then ``supervisor.run``.
+
+Bad flags exit with status 2 (argparse's convention) before QEMU starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+import structlog
+
+from vm_runner import supervisor
+from vm_runner.cmdline import (
+    Accel,
+    Forward,
+    VmSpec,
+    parse_forward,
+    parse_memory,
+    resolve_accel,
+)
+
+log = structlog.get_logger(__name__)
+
+NODE_EXPORTER_PORT = 9100
+POSTGRES_PORT = 5432
+KVM_DEVICE = "/dev/kvm"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m vm_runner",
+        description="Boot one guest VM under QEMU with hot-pluggable vCPUs, and shut it down "
+        "cleanly on SIGTERM (ACPI powerdown, then QMP quit, then kill).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    image = parser.add_argument_group("guest image (see vm_image/README.md)")
+    image.add_argument("--kernel", required=True, help="guest kernel (bzImage), e.g. vmlinuz")
+    image.add_argument("--initrd", help="initramfs; the whole guest for the minimal image")
+    image.add_argument(
+        "--disk",
+        help="raw disk image attached as virtio /dev/vda and used as the root file system "
+        "(adds root=/dev/vda rw to the kernel arguments); the full image",
+    )
+    image.add_argument(
+        "--kernel-args",
+        default="",
+        help="extra kernel arguments, appended to 'console=ttyS0 panic=-1 quiet'",
+    )
+    sizing = parser.add_argument_group("sizing")
+    sizing.add_argument(
+        "--min-vcpus", type=int, required=True, help="vCPUs at boot; also the scale-down floor"
+    )
+    sizing.add_argument(
+        "--max-vcpus",
+        type=int,
+        required=True,
+        help="hot-plug ceiling (QEMU maxcpus); the autoscaler adds vCPUs up to this",
+    )
+    sizing.add_argument(
+        "--memory", default="512Mi", help="guest RAM: bytes, or with a Ki, Mi or Gi suffix"
+    )
+    machine = parser.add_argument_group("machine")
+    machine.add_argument(
+        "--accel",
+        choices=[a.value for a in Accel],
+        default=Accel.AUTO.value,
+        help="auto picks tcg unless KVM is known to boot guests here (--kvm-boots): on nested "
+        "virtualisation /dev/kvm can open yet hang the guest kernel at boot",
+    )
+    machine.add_argument(
+        "--kvm-boots",
+        action="store_true",
+        default=os.environ.get("VM_RUNNER_KVM_BOOTS") == "1",
+        help="declare that KVM boots guests on this host, so --accel auto uses it when /dev/kvm "
+        "is usable (also VM_RUNNER_KVM_BOOTS=1)",
+    )
+    machine.add_argument("--qemu-binary", default="qemu-system-x86_64", help="QEMU to run")
+    sockets = parser.add_argument_group("sockets and ports")
+    sockets.add_argument(
+        "--qmp-socket",
+        required=True,
+        help="QMP unix socket for the autoscaler agent (its directory is created); in a pod, "
+        "a hostPath directory shared with the agent",
+    )
+    sockets.add_argument(
+        "--serial-socket",
+        help="expose the guest's serial console (a root shell on the minimal image) on this unix "
+        "socket; without it the console goes to stdout",
+    )
+    sockets.add_argument(
+        "--forward",
+        action="append",
+        metavar="[ADDRESS:]HOSTPORT:GUESTPORT",
+        help=f"forward a host TCP port to the guest (repeatable); default: "
+        f"{NODE_EXPORTER_PORT}:{NODE_EXPORTER_PORT} (node_exporter) and "
+        f"{POSTGRES_PORT}:{POSTGRES_PORT} (PostgreSQL, full image)",
+    )
+    sockets.add_argument(
+        "--listen-address",
+        default="127.0.0.1",
+        help="host address for forwards that name none; 0.0.0.0 in a pod, so the agent can "
+        "scrape the pod IP",
+    )
+    shutdown = parser.add_argument_group("shutdown")
+    shutdown.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=20.0,
+        help="after SIGTERM, how long the guest gets to power off before QMP quit",
+    )
+    shutdown.add_argument(
+        "--quit-timeout-seconds",
+        type=float,
+        default=5.0,
+        help="after QMP quit, how long QEMU gets to exit before SIGKILL",
+    )
+    return parser
+
+
+def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_socket: str) -> VmSpec:
+    """Raises ``ValueError`` with a message fit for the user on any inconsistent flag."""
+    forward_texts: list[str] = args.forward or [
+        f"{NODE_EXPORTER_PORT}:{NODE_EXPORTER_PORT}",
+        f"{POSTGRES_PORT}:{POSTGRES_PORT}",
+    ]
+    forwards: tuple[Forward, ...] = tuple(
+        parse_forward(text, default_address=args.listen_address) for text in forward_texts
+    )
+    accel = resolve_accel(
+        Accel(args.accel), is_kvm_usable=is_kvm_usable, is_kvm_boot_known=args.kvm_boots
+    )
+    return VmSpec(
+        qemu_binary=args.qemu_binary,
+        kernel=args.kernel,
+        initrd=args.initrd,
+        disk=args.disk,
+        kernel_args=tuple(args.kernel_args.split()),
+        min_vcpus=args.min_vcpus,
+        max_vcpus=args.max_vcpus,
+        memory_bytes=parse_memory(args.memory),
+        accel=accel,
+        qmp_socket=args.qmp_socket,
+        control_socket=control_socket,
+        serial_socket=args.serial_socket,
+        forwards=forwards,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    is_kvm_usable = os.access(KVM_DEVICE, os.R_OK | os.W_OK)
+    # The runner's private QMP socket: never in the shared directory, where the agent might
+    # mistake it for the VM's (see cmdline.build_qemu_command).
+    with tempfile.TemporaryDirectory(prefix="vm-runner-") as private_dir:
+        try:
+            spec = spec_from_args(
+                args,
+                is_kvm_usable=is_kvm_usable,
+                control_socket=str(Path(private_dir) / "control.sock"),
+            )
+        except ValueError as e:
+            parser.error(str(e))  # exits 2
+        for path in (spec.qmp_socket, spec.serial_socket):
+            if path is not None:
+                # QEMU creates the socket (replacing a stale one) but not its directory.
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "vm_runner_configured",
+            accel_requested=args.accel,
+            accel=spec.accel.value,
+            is_kvm_usable=is_kvm_usable,
+            is_kvm_boot_known=args.kvm_boots,
+        )
+        return asyncio.run(
+            supervisor.run(
+                spec,
+                grace_seconds=args.grace_seconds,
+                quit_timeout_seconds=args.quit_timeout_seconds,
+            )
+        )

@@ -1,0 +1,167 @@
+"""Pure: turns a ``VmSpec`` into the exact QEMU argv. No I/O, no environment, no clock.
+
+Every QEMU flag the project relies on is chosen here, with the reason next to it, so the unit
+tests can pin the command line without starting QEMU.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import msgspec
+
+MIB = 1024 * 1024
+_MEMORY_UNITS = {"": 1, "Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
+
+# Kernel arguments every guest gets. console=ttyS0: the serial port is the only console (no VGA).
+# panic=-1: reboot at once on a kernel panic, which -no-reboot turns into QEMU exiting, so the pod
+# restarts instead of hanging. quiet: under TCG every console byte is emulated UART work.
+BASE_KERNEL_ARGS = ("console=ttyS0", "panic=-1", "quiet")
+DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
+
+
+class Accel(enum.Enum):
+    """Requested accelerator. ``AUTO`` is resolved by ``resolve_accel`` before building argv."""
+
+    AUTO = "auto"
+    KVM = "kvm"
+    TCG = "tcg"
+
+
+class Forward(msgspec.Struct, frozen=True, kw_only=True):
+    """A user-net host forward: ``address:host_port`` on the host to ``guest_port`` in the guest."""
+
+    address: str
+    host_port: int
+    guest_port: int
+
+
+class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything that shapes the QEMU command line.
+
+    Invariants (checked in ``__post_init__``): ``1 <= min_vcpus <= max_vcpus``; memory is a
+    whole number of MiB (QEMU's ``-m`` unit); ``accel`` is already resolved (never ``AUTO``).
+    """
+
+    qemu_binary: str = "qemu-system-x86_64"
+    kernel: str
+    initrd: str | None = None
+    disk: str | None = None
+    kernel_args: tuple[str, ...] = ()
+    min_vcpus: int
+    max_vcpus: int
+    memory_bytes: int
+    accel: Accel
+    qmp_socket: str
+    control_socket: str
+    serial_socket: str | None = None
+    forwards: tuple[Forward, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_vcpus <= self.max_vcpus:
+            raise ValueError(
+                f"need 1 <= min_vcpus <= max_vcpus, got {self.min_vcpus} and {self.max_vcpus}"
+            )
+        if self.memory_bytes <= 0 or self.memory_bytes % MIB:
+            raise ValueError(
+                f"memory must be a positive whole number of MiB, got {self.memory_bytes}"
+            )
+        if self.accel is Accel.AUTO:
+            raise ValueError("accel must be resolved (resolve_accel) before building a VmSpec")
+
+
+def parse_memory(text: str) -> int:
+    """Bytes from a Kubernetes-style binary quantity: ``512Mi``, ``1Gi``, ``65536Ki`` or bytes."""
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", text.strip())
+    if match is None:
+        raise ValueError(f"memory {text!r}: expected a number with an optional Ki, Mi or Gi suffix")
+    return int(match.group(1)) * _MEMORY_UNITS[match.group(2) or ""]
+
+
+def parse_forward(text: str, *, default_address: str) -> Forward:
+    """``[ADDRESS:]HOSTPORT:GUESTPORT`` to a ``Forward``."""
+    parts = text.rsplit(":", 2)
+    if len(parts) == 2:
+        parts = [default_address, *parts]
+    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        raise ValueError(f"forward {text!r}: expected [ADDRESS:]HOSTPORT:GUESTPORT")
+    address, host_port, guest_port = parts[0], int(parts[1]), int(parts[2])
+    for port in (host_port, guest_port):
+        if not 1 <= port <= 65535:
+            raise ValueError(f"forward {text!r}: port {port} is outside 1..65535")
+    return Forward(address=address, host_port=host_port, guest_port=guest_port)
+
+
+def resolve_accel(requested: Accel, *, is_kvm_usable: bool, is_kvm_boot_known: bool) -> Accel:
+    """The accelerator to use; ``AUTO`` means TCG unless KVM is *known* to boot guests here.
+
+    Why not "KVM whenever /dev/kvm opens": on this project's CI machines (nested virtualisation)
+    /dev/kvm opens and a paused QEMU runs, yet a guest kernel hangs silently right after "Probing
+    EDD" (shared/reference/qemu-guest.md). A hang is worse than slowness, so KVM is opt-in: the
+    operator states that it boots (``--kvm-boots`` / ``VM_RUNNER_KVM_BOOTS=1``).
+    """
+    if requested is Accel.KVM and not is_kvm_usable:
+        raise ValueError("--accel kvm requested but /dev/kvm is not usable (missing or no access)")
+    if requested is not Accel.AUTO:
+        return requested
+    return Accel.KVM if is_kvm_usable and is_kvm_boot_known else Accel.TCG
+
+
+def _escape(value: str) -> str:
+    # QEMU option values are comma-separated; a literal comma in a path is written ",,".
+    return value.replace(",", ",,")
+
+
+def _socket_chardev(chardev_id: str, path: str) -> str:
+    # server=on: QEMU creates the socket; wait=off: boot does not wait for a client to connect.
+    return f"socket,id={chardev_id},path={_escape(path)},server=on,wait=off"
+
+
+def build_qemu_command(spec: VmSpec) -> list[str]:
+    """The full argv (binary first) that runs ``spec``."""
+    argv = [
+        spec.qemu_binary,
+        # No default devices (VGA, default NIC, parallel port...) and no host config file: the
+        # command line alone describes the machine, so it is reproducible and testable.
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        # q35 has ACPI CPU hot-plug, which is how vCPUs are added and removed live.
+        "-machine",
+        f"q35,accel={spec.accel.value}",
+        # Boot with min_vcpus; the rest are empty hot-plug slots for QMP device_add.
+        "-smp",
+        f"{spec.min_vcpus},maxcpus={spec.max_vcpus}",
+        "-m",
+        f"{spec.memory_bytes // MIB}M",
+        "-kernel",
+        spec.kernel,
+    ]
+    if spec.initrd is not None:
+        argv += ["-initrd", spec.initrd]
+    kernel_args = [*BASE_KERNEL_ARGS, *(DISK_KERNEL_ARGS if spec.disk else ()), *spec.kernel_args]
+    argv += ["-append", " ".join(kernel_args)]
+    if spec.disk is not None:
+        argv += ["-drive", f"file={_escape(spec.disk)},if=virtio,format=raw,cache=none,aio=threads"]
+    hostfwd = "".join(
+        f",hostfwd=tcp:{f.address}:{f.host_port}-:{f.guest_port}" for f in spec.forwards
+    )
+    # User networking needs no privileges or host bridge; the guest is 10.0.2.15 behind QEMU's NAT.
+    argv += ["-netdev", f"user,id=net0{hostfwd}", "-device", "virtio-net-pci,netdev=net0"]
+    # Two QMP monitors: a QMP socket serves one client at a time, and the autoscaler agent may hold
+    # the shared one open for as long as it likes. The runner's own (private) one is for shutdown.
+    for chardev_id, path in (("qmp", spec.qmp_socket), ("control", spec.control_socket)):
+        argv += ["-chardev", _socket_chardev(chardev_id, path)]
+        argv += ["-mon", f"chardev={chardev_id},mode=control"]
+    if spec.serial_socket is not None:
+        argv += ["-chardev", _socket_chardev("serial0", spec.serial_socket)]
+    else:
+        # signal=off: a ^C on the runner's terminal must reach the runner (clean powerdown), not
+        # kill QEMU through its stdio.
+        argv += ["-chardev", "stdio,id=serial0,signal=off"]
+    argv += ["-serial", "chardev:serial0"]
+    # A guest reboot or panic ends QEMU, the runner and the pod: restarting is Kubernetes' job.
+    argv += ["-no-reboot"]
+    return argv

@@ -1,0 +1,118 @@
+"""Runs QEMU as a child and ends it cleanly: the imperative shell around ``build_qemu_command``.
+
+Shutdown ladder on SIGTERM/SIGINT, each step only if the previous one did not end QEMU:
+
+1. QMP ``system_powerdown`` (ACPI power button): the guest shuts down its services and powers
+   off, and QEMU exits by itself. Waits ``grace_seconds``.
+2. QMP ``quit``: QEMU stops at once (the guest sees a power cut). Waits ``quit_timeout_seconds``.
+3. SIGKILL.
+
+Keep ``grace_seconds + quit_timeout_seconds`` below the pod's ``terminationGracePeriodSeconds``,
+or the kubelet's own SIGKILL takes the last step for us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import signal
+
+import structlog
+
+from vm_runner.cmdline import VmSpec, build_qemu_command
+from vm_runner.qmp import QmpClient, QmpError
+
+log = structlog.get_logger(__name__)
+
+
+class Shutdown(enum.Enum):
+    """How QEMU ended, reported in the final log line."""
+
+    GUEST = "guest"  # QEMU exited on its own (guest poweroff, panic or reboot, or a QEMU error)
+    POWERDOWN = "powerdown"
+    QUIT = "quit"
+    KILL = "kill"
+
+
+async def _wait(process: asyncio.subprocess.Process, timeout_seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(process.wait(), timeout_seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _qmp(spec: VmSpec, command: str) -> bool:
+    try:
+        async with await QmpClient.connect(spec.control_socket) as qmp:
+            await qmp.execute(command)
+    except (OSError, QmpError) as e:
+        log.warning("qmp_command_failed", command=command, error=str(e))
+        return False
+    return True
+
+
+async def stop(
+    process: asyncio.subprocess.Process,
+    spec: VmSpec,
+    *,
+    grace_seconds: float,
+    quit_timeout_seconds: float,
+) -> Shutdown:
+    """Walk the shutdown ladder (module docstring) and say which step ended QEMU."""
+    if process.returncode is not None:
+        return Shutdown.GUEST
+    log.info("powerdown_requested", grace_seconds=grace_seconds)
+    if await _qmp(spec, "system_powerdown") and await _wait(process, grace_seconds):
+        return Shutdown.POWERDOWN
+    log.warning("guest_ignored_powerdown", grace_seconds=grace_seconds)
+    if await _qmp(spec, "quit") and await _wait(process, quit_timeout_seconds):
+        return Shutdown.QUIT
+    log.error("qemu_ignored_quit", timeout_seconds=quit_timeout_seconds)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+    return Shutdown.KILL
+
+
+async def run(spec: VmSpec, *, grace_seconds: float, quit_timeout_seconds: float) -> int:
+    """Run the VM until it ends or we are told to stop; returns the process exit status."""
+    argv = build_qemu_command(spec)
+    log.info("qemu_starting", argv=argv, accel=spec.accel.value)
+    # New session: a ^C on the terminal goes to the runner only, which then powers down cleanly
+    # instead of QEMU dying from the same SIGINT.
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+    )
+    log.info("qemu_started", pid=process.pid)
+
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    try:
+        exited = asyncio.create_task(process.wait())
+        stopping = asyncio.create_task(stop_requested.wait())
+        await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        how = Shutdown.GUEST
+        if not exited.done():
+            how = await stop(
+                process,
+                spec,
+                grace_seconds=grace_seconds,
+                quit_timeout_seconds=quit_timeout_seconds,
+            )
+        returncode = await exited
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        if process.returncode is None:  # only on an unexpected error above: never leak QEMU
+            process.kill()
+            await process.wait()
+    log.info("qemu_exited", how=how.value, returncode=returncode)
+    if how is Shutdown.GUEST:
+        return returncode
+    # We were asked to stop: success if the guest went down cleanly or at least QEMU did.
+    return 0 if how in (Shutdown.POWERDOWN, Shutdown.QUIT) else 1
