@@ -1,0 +1,279 @@
+"""The QEMU command line, the accelerator choice and the flag parsing: pure, no QEMU needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from vm_runner import cli
+from vm_runner.cmdline import (
+    Accel,
+    Forward,
+    VmSpec,
+    build_qemu_command,
+    parse_forward,
+    parse_memory,
+    resolve_accel,
+)
+
+MIB = 1024 * 1024
+
+
+def make_spec(**overrides: object) -> VmSpec:
+    fields: dict[str, object] = {
+        "kernel": "/img/vmlinuz",
+        "initrd": "/img/initramfs.cpio.gz",
+        "min_vcpus": 1,
+        "max_vcpus": 4,
+        "memory_bytes": 512 * MIB,
+        "accel": Accel.TCG,
+        "qmp_socket": "/run/vm/qmp.sock",
+        "control_socket": "/tmp/private/control.sock",
+    }
+    fields.update(overrides)
+    return VmSpec(**fields)  # type: ignore[arg-type]
+
+
+def option(argv: list[str], flag: str) -> list[str]:
+    """Every value given to ``flag``, in order."""
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == flag]
+
+
+def test_minimal_spec_gives_the_whole_command_line():
+    assert build_qemu_command(make_spec()) == [
+        "qemu-system-x86_64",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-machine",
+        "q35,accel=tcg",
+        "-smp",
+        "1,maxcpus=4",
+        "-m",
+        "512M",
+        "-kernel",
+        "/img/vmlinuz",
+        "-initrd",
+        "/img/initramfs.cpio.gz",
+        "-append",
+        "console=ttyS0 panic=-1 quiet",
+        "-netdev",
+        "user,id=net0",
+        "-device",
+        "virtio-net-pci,netdev=net0",
+        "-chardev",
+        "socket,id=qmp,path=/run/vm/qmp.sock,server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-chardev",
+        "socket,id=control,path=/tmp/private/control.sock,server=on,wait=off",
+        "-mon",
+        "chardev=control,mode=control",
+        "-chardev",
+        "stdio,id=serial0,signal=off",
+        "-serial",
+        "chardev:serial0",
+        "-no-reboot",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag", "expected"),
+    [
+        ({"accel": Accel.KVM}, "-machine", ["q35,accel=kvm"]),
+        ({"min_vcpus": 2, "max_vcpus": 8}, "-smp", ["2,maxcpus=8"]),
+        ({"min_vcpus": 3, "max_vcpus": 3}, "-smp", ["3,maxcpus=3"]),
+        ({"memory_bytes": 2048 * MIB}, "-m", ["2048M"]),
+        ({"initrd": None}, "-initrd", []),
+        (
+            {"kernel_args": ("loglevel=7", "nokaslr")},
+            "-append",
+            ["console=ttyS0 panic=-1 quiet loglevel=7 nokaslr"],
+        ),
+        (
+            {"forwards": (Forward(address="127.0.0.1", host_port=19100, guest_port=9100),)},
+            "-netdev",
+            ["user,id=net0,hostfwd=tcp:127.0.0.1:19100-:9100"],
+        ),
+        (
+            {
+                "forwards": (
+                    Forward(address="0.0.0.0", host_port=9100, guest_port=9100),
+                    Forward(address="0.0.0.0", host_port=5432, guest_port=5432),
+                )
+            },
+            "-netdev",
+            ["user,id=net0,hostfwd=tcp:0.0.0.0:9100-:9100,hostfwd=tcp:0.0.0.0:5432-:5432"],
+        ),
+        (
+            {"serial_socket": "/tmp/s/serial.sock"},
+            "-chardev",
+            [
+                "socket,id=qmp,path=/run/vm/qmp.sock,server=on,wait=off",
+                "socket,id=control,path=/tmp/private/control.sock,server=on,wait=off",
+                "socket,id=serial0,path=/tmp/s/serial.sock,server=on,wait=off",
+            ],
+        ),
+        (
+            {"qmp_socket": "/run/a,b/qmp.sock"},
+            "-chardev",
+            [
+                "socket,id=qmp,path=/run/a,,b/qmp.sock,server=on,wait=off",
+                "socket,id=control,path=/tmp/private/control.sock,server=on,wait=off",
+                "stdio,id=serial0,signal=off",
+            ],
+        ),
+        (
+            {"disk": "/img/disk.img"},
+            "-drive",
+            ["file=/img/disk.img,if=virtio,format=raw,cache=none,aio=threads"],
+        ),
+        (
+            {"disk": "/img/disk.img", "initrd": "/img/initrd.img"},
+            "-append",
+            ["console=ttyS0 panic=-1 quiet root=/dev/vda rw"],
+        ),
+    ],
+    ids=[
+        "kvm",
+        "smp-min-and-max",
+        "smp-fixed-size",
+        "memory-in-mib",
+        "no-initrd",
+        "extra-kernel-args-last",
+        "one-forward",
+        "forwards-in-order",
+        "serial-socket",
+        "comma-in-path-doubled",
+        "disk-as-virtio",
+        "disk-sets-root",
+    ],
+)
+def test_spec_field_shapes_its_flag(overrides, flag, expected):
+    assert option(build_qemu_command(make_spec(**overrides)), flag) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"min_vcpus": 0}, "1 <= min_vcpus <= max_vcpus"),
+        ({"min_vcpus": 5, "max_vcpus": 4}, "1 <= min_vcpus <= max_vcpus"),
+        ({"memory_bytes": 512 * MIB + 1}, "whole number of MiB"),
+        ({"memory_bytes": 0}, "whole number of MiB"),
+        ({"accel": Accel.AUTO}, "must be resolved"),
+    ],
+    ids=["zero-vcpus", "min-above-max", "memory-not-mib", "memory-zero", "accel-unresolved"],
+)
+def test_inconsistent_spec_is_rejected(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_spec(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("requested", "is_kvm_usable", "is_kvm_boot_known", "expected"),
+    [
+        (Accel.AUTO, False, False, Accel.TCG),
+        (Accel.AUTO, True, False, Accel.TCG),
+        (Accel.AUTO, False, True, Accel.TCG),
+        (Accel.AUTO, True, True, Accel.KVM),
+        (Accel.TCG, True, True, Accel.TCG),
+        (Accel.KVM, True, False, Accel.KVM),
+    ],
+    ids=[
+        "auto-no-kvm",
+        "auto-kvm-opens-but-unproven",
+        "auto-proven-but-no-device",
+        "auto-kvm-proven",
+        "tcg-forced",
+        "kvm-forced",
+    ],
+)
+def test_resolve_accel(requested, is_kvm_usable, is_kvm_boot_known, expected):
+    resolved = resolve_accel(
+        requested, is_kvm_usable=is_kvm_usable, is_kvm_boot_known=is_kvm_boot_known
+    )
+    assert resolved is expected
+
+
+def test_forced_kvm_without_device_is_an_error():
+    with pytest.raises(ValueError, match="/dev/kvm is not usable"):
+        resolve_accel(Accel.KVM, is_kvm_usable=False, is_kvm_boot_known=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("512Mi", 512 * MIB), ("1Gi", 1024 * MIB), ("65536Ki", 64 * MIB), ("1048576", MIB)],
+    ids=["mebibytes", "gibibytes", "kibibytes", "bytes"],
+)
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["512M", "1.5Gi", "-1Mi", "lots"], ids=str)
+def test_parse_memory_rejects(text):
+    with pytest.raises(ValueError, match="Ki, Mi or Gi"):
+        parse_memory(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("19100:9100", Forward(address="127.0.0.1", host_port=19100, guest_port=9100)),
+        ("0.0.0.0:5432:5432", Forward(address="0.0.0.0", host_port=5432, guest_port=5432)),
+    ],
+    ids=["default-address", "explicit-address"],
+)
+def test_parse_forward(text, expected):
+    assert parse_forward(text, default_address="127.0.0.1") == expected
+
+
+@pytest.mark.parametrize("text", ["9100", "a:b", "0:9100", "9100:70000"], ids=str)
+def test_parse_forward_rejects(text):
+    with pytest.raises(ValueError, match="forward"):
+        parse_forward(text, default_address="127.0.0.1")
+
+
+def parse_args(*extra: str):
+    base = ["--kernel", "k", "--min-vcpus", "1", "--max-vcpus", "2", "--qmp-socket", "/q"]
+    return cli.make_parser().parse_args([*base, *extra])
+
+
+def test_default_forwards_cover_node_exporter_and_postgres():
+    spec = cli.spec_from_args(parse_args(), is_kvm_usable=False, control_socket="/c")
+    assert spec.forwards == (
+        Forward(address="127.0.0.1", host_port=9100, guest_port=9100),
+        Forward(address="127.0.0.1", host_port=5432, guest_port=5432),
+    )
+    assert spec.memory_bytes == 512 * MIB
+    assert spec.accel is Accel.TCG
+
+
+def test_listen_address_applies_to_forwards_without_one():
+    args = parse_args("--listen-address", "0.0.0.0", "--forward", "9100:9100")
+    spec = cli.spec_from_args(args, is_kvm_usable=False, control_socket="/c")
+    assert spec.forwards == (Forward(address="0.0.0.0", host_port=9100, guest_port=9100),)
+
+
+def test_kvm_boots_flag_lets_auto_pick_kvm():
+    args = parse_args("--kvm-boots")
+    spec = cli.spec_from_args(args, is_kvm_usable=True, control_socket="/c")
+    assert spec.accel is Accel.KVM
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.make_parser().parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    parser = cli.make_parser()
+    for action in parser._actions:
+        assert action.help, f"{action.option_strings} has no help"
+        for flag in action.option_strings:
+            assert flag in text
+
+
+def test_bad_flags_exit_with_status_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--kernel", "k", "--min-vcpus", "3", "--max-vcpus", "2", "--qmp-socket", "/q"])
+    assert exit_info.value.code == 2
+    assert "1 <= min_vcpus <= max_vcpus" in capsys.readouterr().err
