@@ -354,8 +354,8 @@ class _Watcher(Generic[T]):
     async def relist_needed(self, error: Gone) -> None:
         rv = self.cursor.resource_version
         self.cursor.resource_version = None
-        # A 410 on the very first stream after a list means the server compacts faster than
-        # we can list and watch; wait rather than relist in a tight loop.
+        # A 410 before this stream delivered anything: if that repeats, the server compacts
+        # faster than we can list and watch; wait rather than relist in a tight loop.
         delay = 0.0 if self.cursor.has_progressed else self.backoff.next_delay()
         self.cursor.has_progressed = False
         log.info(
