@@ -73,12 +73,13 @@ class QmpErrorBody(msgspec.Struct, frozen=True):
 class QmpMessage(msgspec.Struct, frozen=True):
     """Any line QEMU sends: greeting (``QMP``), reply (``return``/``error`` + ``id``) or event."""
 
-    QMP: msgspec.Raw | None = None
+    # Raw cannot sit in a union with None; UNSET marks "absent".
+    QMP: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     return_: msgspec.Raw | msgspec.UnsetType = msgspec.field(name="return", default=msgspec.UNSET)
     error: QmpErrorBody | None = None
     id: str | int | None = None
     event: str | None = None
-    data: msgspec.Raw | None = None
+    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class QmpEvent(msgspec.Struct, frozen=True):
@@ -213,7 +214,7 @@ class QmpClient:
                 f"{self.socket_path} did not greet like QMP",
                 detail=line[:200].decode(errors="replace") or "(closed)",
             ) from e
-        if greeting.QMP is None:
+        if isinstance(greeting.QMP, msgspec.UnsetType):
             raise UnexpectedResponse(
                 f"{self.socket_path} did not greet like QMP",
                 detail=line[:200].decode(errors="replace"),
@@ -227,7 +228,8 @@ class QmpClient:
             while line := await reader.readline():
                 message = _MESSAGE_DECODER.decode(line)
                 if message.event is not None:
-                    event = QmpEvent(name=message.event, data=message.data)
+                    data = None if isinstance(message.data, msgspec.UnsetType) else message.data
+                    event = QmpEvent(name=message.event, data=data)
                     log.debug("qmp_event", qmp_event=event.name)
                     for queue in self._subscribers:
                         queue.put_nowait(event)

@@ -1,0 +1,90 @@
+"""QmpClient against a real QEMU (no guest OS: hot-plug works, unplug cannot complete)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import pytest
+
+from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.errors import ResizeRejected, UnplugNotCompleted
+from autoscaler_agent.hypervisor.qmp import QmpClient
+from tests.support import require_binary
+
+pytestmark = pytest.mark.qemu
+
+
+@pytest.fixture
+def qemu_socket(sock_dir):
+    qemu = require_binary("qemu-system-x86_64")
+    sock = sock_dir / "qmp.sock"
+    proc = subprocess.Popen(
+        [
+            qemu,
+            "-machine",
+            "q35,accel=tcg",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-m",
+            "128",
+            "-smp",
+            "1,maxcpus=4",
+            "-qmp",
+            f"unix:{sock},server=on,wait=off",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield sock, proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stderr.close()
+
+
+@pytest.fixture
+async def client(qemu_socket):
+    sock, proc = qemu_socket
+    for _ in range(100):  # QEMU creates the socket within a fraction of a second
+        if sock.exists() or proc.poll() is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert proc.poll() is None, "QEMU exited at start"
+    c = QmpClient(sock, command_timeout_seconds=5, unplug_timeout_seconds=1)
+    yield c
+    await c.close()
+
+
+async def test_grow_to_three_then_shrink_without_a_guest(client):
+    assert await client.vcpus() == VcpuState(current=1, max=4)
+
+    assert await client.resize(3) == VcpuState(current=3, max=4)
+    slots = json.loads(await client.execute("query-hotpluggable-cpus"))
+    occupied = {s["props"]["core-id"]: s.get("qom-path") for s in slots}
+    assert occupied == {
+        0: "/machine/unattached/device[0]",
+        1: "/machine/peripheral/vcpu-s0-c1-t0",
+        2: "/machine/peripheral/vcpu-s0-c2-t0",
+        3: None,
+    }
+
+    with pytest.raises(ResizeRejected, match="maxcpus=4"):
+        await client.resize(5)
+
+    with pytest.raises(UnplugNotCompleted) as info:
+        await client.resize(2)
+    assert info.value.state == VcpuState(current=3, max=4)
+    assert "a running guest must release the vCPU" in str(info.value)
+    assert "acpi: device unplug request for not supported device type" in info.value.detail
+    assert await client.vcpus() == VcpuState(current=3, max=4)
+
+
+async def test_reconnects_after_the_connection_drops(client):
+    assert await client.vcpus() == VcpuState(current=1, max=4)
+    await client.close()  # QEMU serves one QMP client at a time; a new one must handshake again
+    assert await client.resize(2) == VcpuState(current=2, max=4)
