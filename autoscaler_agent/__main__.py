@@ -1,0 +1,226 @@
+"""``autoscaler-agent``: the per-node agent that keeps each VM's vCPUs matched to its load.
+
+Shell: parse the flags, load the config (exit 2 if unusable), configure logging once, then run
+the HTTP endpoints (``/healthz``, ``/metrics``) and the supervisor of the VM loops until SIGTERM
+or SIGINT. No policy here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from autoscaler_agent.config import Config, ConfigError, load_config
+from autoscaler_agent.discovery import (
+    DiscoveryError,
+    KubeSource,
+    StandaloneSource,
+    VmSource,
+    VmTarget,
+)
+from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, TokenFile
+from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
+from autoscaler_agent.metrics import AgentMetrics
+from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+
+log = structlog.get_logger("autoscaler_agent")
+
+EXIT_CONFIG = 2
+
+DESCRIPTION = """\
+Keep the vCPUs of each VM on this node matched to its load. Every scrape interval the agent
+reads each VM's node_exporter, asks the scheduler extender for a permit before growing, resizes
+the VM through its hypervisor, and tells the extender after shrinking.
+
+The node is taken from the NODE_NAME environment variable (set it from the downward API:
+spec.nodeName); in standalone mode it defaults to this host's name.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autoscaler-agent",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="agent config (YAML): scrape, policy, extender, retry, hypervisor, http and log"
+        " sections; every key is optional (an empty file gives the defaults). Unknown keys and"
+        " bad values exit with status 2 and the $.path of the problem.",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="kubeconfig used to watch this node's pods; default: in-cluster service account"
+        " (or $KUBECONFIG). Ignored with --standalone.",
+    )
+    p.add_argument(
+        "--standalone",
+        metavar="VMS.yaml",
+        default=None,
+        help="manage the VMs listed in this file instead of watching Kubernetes (one machine,"
+        " no cluster). Each entry: name, namespace, uid, node, min_vcpus, max_vcpus,"
+        " scaling_unit, memory, hypervisor, metrics_url. The file is re-read when it changes.",
+    )
+    return p
+
+
+def configure_logging(level: str, *, json: bool) -> None:
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+HEALTH = web.AppKey("registry", CollectorRegistry)
+
+
+def make_app(registry: CollectorRegistry) -> web.Application:
+    """``/healthz`` (the process and its loop are alive) and ``/metrics``."""
+    app = web.Application()
+    app[HEALTH] = registry
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(request.app[HEALTH])
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[None]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("http_listening", host=host, port=port)
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry)
+    root = Path(config.hypervisor.socket_root)
+
+    def hypervisor_for(target: VmTarget) -> Hypervisor:
+        return hypervisor_from_url(
+            target.hypervisor_url,
+            root=root,
+            timeout_seconds=config.hypervisor.timeout_seconds,
+            unplug_timeout_seconds=config.hypervisor.unplug_timeout_seconds,
+        )
+
+    token = TokenFile(Path(config.extender.token_file) if config.extender.token_file else None)
+    # One pool per node for every scrape: hundreds of VMs, each one short GET per second.
+    connector = aiohttp.TCPConnector(limit=256)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        serving(make_app(registry), config.http.host, config.http.port),
+    ):
+        client = ExtenderClient(
+            session,
+            base_url=config.extender.url,
+            node=node,
+            token=token,
+            timeout_seconds=config.extender.timeout_seconds,
+        )
+        batcher = PermitBatcher(client, window_seconds=config.extender.batch_window_seconds)
+        deps = RunnerDeps(
+            core=config.core(),
+            node=node,
+            session=session,
+            permits=batcher,
+            hypervisor_for=hypervisor_for,
+            metrics=metrics,
+            scrape_timeout_seconds=config.scrape.timeout_seconds,
+        )
+        supervisor = Supervisor(make_run_vm(deps), node=node, metrics=metrics)
+        try:
+            await supervisor.run(source)
+        finally:
+            await batcher.close()
+
+
+async def _main_async(config: Config, *, node: str, source: VmSource) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await run_agent(config, node=node, source=source)
+    log.info("agent_stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"autoscaler-agent: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(config.log.level, json=not sys.stderr.isatty())
+    node = os.environ.get("NODE_NAME", "")
+    source: VmSource
+    if args.standalone:
+        node = node or socket.gethostname()
+        source = StandaloneSource(Path(args.standalone), node=node)
+        try:
+            source.load()  # fail fast (exit 2) on a broken file, before anything starts
+        except DiscoveryError as e:
+            print(f"autoscaler-agent: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+    else:
+        if not node:
+            print(
+                "autoscaler-agent: NODE_NAME is not set (downward API spec.nodeName)",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
+        source = KubeSource(kubeconfig=args.kubeconfig, node=node)
+    structlog.contextvars.bind_contextvars(node=node)
+    log.info("agent_starting", standalone=bool(args.standalone), config=args.config)
+    asyncio.run(_main_async(config, node=node, source=source))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The agent's configuration: one YAML file to a frozen, typed tree.
+
+Shell (reads one file). Unknown keys are errors (a typo must not silently become a default),
+and every error names its location as msgspec reports it, e.g.
+``Expected `float` > 0.0, got `0` - at `$.scrape.interval_seconds```. Cross-field rules live in
+``__post_init__``; msgspec turns their ValueError into the same kind of message with the path.
+``__main__`` exits with status 2 on any ``ConfigError``.
+
+Every key and its default (all optional; an empty file is a valid config)::
+
+    scrape:
+      interval_seconds: 1.0          # how often each VM's node_exporter is read
+      timeout_seconds: 0.8           # a slower scrape counts as failed; the VM keeps its size
+    policy:
+      target_load_per_vcpu: 0.9      # load1 one vCPU should carry; grow to ceil(load1/this)
+      shrink_load_per_vcpu: 0.6      # sizes a shrink; must be below the target (no flapping)
+      shrink_after_seconds: 30.0     # how long the load must stay low before shrinking
+    extender:
+      url: http://127.0.0.1:10299    # the extender's permit port
+      token_file: null               # bearer token (projected SA token); null sends none
+      timeout_seconds: 2.0           # per batch; slower counts as unavailable
+      batch_window_seconds: 0.005    # requests arriving this close together share a POST
+      permit_retry_seconds: 5.0      # after a denied/partial grant, ask again this much later
+    retry:
+      backoff_initial_seconds: 0.5   # extender/hypervisor failures: initial * 2**(n-1) ...
+      backoff_max_seconds: 30.0      # ... capped here ...
+      jitter_fraction: 0.5           # ... and shortened by up to this fraction at random
+      resize_failure_hold_seconds: 60.0  # after a resize error that retrying will not fix
+    hypervisor:
+      socket_root: /                 # host paths in `hypervisor` URLs are below this
+      timeout_seconds: 5.0           # per hypervisor call
+      unplug_timeout_seconds: 10.0   # how long a QEMU shrink waits for the guest
+    http:
+      host: 0.0.0.0                  # /healthz and /metrics
+      port: 10301
+    log:
+      level: info                    # debug logs every tick
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+import yaml
+
+from autoscaler_agent.core import CoreConfig
+from autoscaler_agent.policy import PolicyConfig
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+LoadPerVcpu = Annotated[float, msgspec.Meta(gt=0)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ScrapeSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    interval_seconds: Seconds = 1.0
+    timeout_seconds: Seconds = 0.8
+
+
+class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    target_load_per_vcpu: LoadPerVcpu = 0.9
+    shrink_load_per_vcpu: LoadPerVcpu = 0.6
+    shrink_after_seconds: NonNegativeSeconds = 30.0
+
+    def __post_init__(self) -> None:
+        if self.shrink_load_per_vcpu >= self.target_load_per_vcpu:
+            raise ValueError(
+                f"shrink_load_per_vcpu ({self.shrink_load_per_vcpu}) must be below"
+                f" target_load_per_vcpu ({self.target_load_per_vcpu}), or a VM would shrink"
+                " into a size that immediately asks to grow again"
+            )
+
+
+class ExtenderSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    url: str = "http://127.0.0.1:10299"
+    token_file: str | None = None
+    timeout_seconds: Seconds = 2.0
+    batch_window_seconds: NonNegativeSeconds = 0.005
+    permit_retry_seconds: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+
+
+class RetrySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    backoff_initial_seconds: Seconds = 0.5
+    backoff_max_seconds: Seconds = 30.0
+    jitter_fraction: Fraction = 0.5
+    resize_failure_hold_seconds: Seconds = 60.0
+
+    def __post_init__(self) -> None:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ValueError("backoff_max_seconds must be >= backoff_initial_seconds")
+
+
+class HypervisorSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    socket_root: str = "/"
+    timeout_seconds: Seconds = 5.0
+    unplug_timeout_seconds: Seconds = 10.0
+
+
+class HttpSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: str = "0.0.0.0"
+    port: Port = 10301
+
+
+class LogSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    scrape: ScrapeSection = msgspec.field(default_factory=ScrapeSection)
+    policy: PolicySection = msgspec.field(default_factory=PolicySection)
+    extender: ExtenderSection = msgspec.field(default_factory=ExtenderSection)
+    retry: RetrySection = msgspec.field(default_factory=RetrySection)
+    hypervisor: HypervisorSection = msgspec.field(default_factory=HypervisorSection)
+    http: HttpSection = msgspec.field(default_factory=HttpSection)
+    log: LogSection = msgspec.field(default_factory=LogSection)
+
+    def core(self) -> CoreConfig:
+        """The slice of the config the pure core needs."""
+        return CoreConfig(
+            scrape_interval_seconds=self.scrape.interval_seconds,
+            policy=PolicyConfig(
+                target_load_per_vcpu=self.policy.target_load_per_vcpu,
+                shrink_load_per_vcpu=self.policy.shrink_load_per_vcpu,
+                shrink_after_seconds=self.policy.shrink_after_seconds,
+            ),
+            permit_retry_seconds=self.extender.permit_retry_seconds,
+            backoff_initial_seconds=self.retry.backoff_initial_seconds,
+            backoff_max_seconds=self.retry.backoff_max_seconds,
+            backoff_jitter_fraction=self.retry.jitter_fraction,
+            resize_failure_hold_seconds=self.retry.resize_failure_hold_seconds,
+        )
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the ``$.path``."""
+
+
+def parse_config(text: str, *, source: str = "<config>") -> Config:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from e
+    if raw is None:
+        raw = {}
+    try:
+        return msgspec.convert(raw, Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def load_config(path: str | Path) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from e
+    return parse_config(text, source=str(path))

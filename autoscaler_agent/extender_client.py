@@ -1,0 +1,251 @@
+"""The agent's side of the permit protocol: one batched ``POST /v1/permits`` per tick.
+
+Shell: HTTP only, no policy. ``ExtenderClient.post_batch`` sends one ``ResourceRequestBatch``
+and returns each VM's ``Permit``; ``PermitBatcher`` lets every VM loop ask for its own permit
+while the node still pays one round trip per tick, by gathering the requests that arrive within
+a few milliseconds of each other.
+
+Errors (callers catch the class, never look at a status)::
+
+    ExtenderError
+    ├── ExtenderUnavailable     connection refused/reset, timeout, 5xx: retry with backoff
+    ├── ExtenderRejected        4xx on the whole batch (401 token, 403 node, 400 malformed or
+    │                           version mismatch); ``status`` and the body's message
+    ├── ExtenderProtocolError   an answer we cannot read, or one that misses our VM
+    └── PermitItemError         the batch worked, but this VM's item carries an ``error``
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+from protocol.codec import ProtocolError, decode, encode
+from protocol.permits import (
+    MAX_BATCH,
+    ErrorBody,
+    ItemError,
+    Permit,
+    PermitBatch,
+    ResourceRequest,
+    ResourceRequestBatch,
+)
+from protocol.versions import SUPPORTED
+
+PERMITS_PATH = "/v1/permits"
+
+
+class ExtenderError(Exception):
+    """Base class. Every extender error is worth retrying later (with backoff): tokens rotate,
+    extenders restart and resync; none of them disables growth for good."""
+
+    kind = "error"
+
+
+class ExtenderUnavailable(ExtenderError):
+    kind = "unavailable"
+
+
+class ExtenderRejected(ExtenderError):
+    kind = "rejected"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class ExtenderProtocolError(ExtenderError):
+    kind = "protocol"
+
+
+class PermitItemError(ExtenderError):
+    kind = "item"
+
+    def __init__(self, item: ItemError) -> None:
+        super().__init__(f"{item.status} {item.reason}: {item.message}")
+        self.item = item
+
+
+class TokenFile:
+    """A bearer token read from a file, re-read whenever the file changes.
+
+    The kubelet rotates projected ServiceAccount tokens by swapping a symlink, so the file's
+    (inode, mtime) changes; a stat per batch is far cheaper than the HTTP call it guards.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._token: str | None = None
+
+    def token(self) -> str | None:
+        if self._path is None:
+            return None
+        try:
+            st = self._path.stat()
+        except OSError as e:
+            raise ExtenderRejected(401, f"cannot read token file {self._path}: {e}") from e
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if stamp != self._stamp:
+            self._token = self._path.read_text(encoding="utf-8").strip()
+            self._stamp = stamp
+        return self._token
+
+
+class ExtenderClient:
+    """POSTs batches to one extender for one node."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        base_url: str,
+        node: str,
+        token: TokenFile,
+        timeout_seconds: float,
+    ) -> None:
+        self._session = session
+        self._url = base_url.rstrip("/") + PERMITS_PATH
+        self._node = node
+        self._token = token
+        self._timeout = timeout_seconds
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    async def post_batch(self, requests: Sequence[ResourceRequest]) -> dict[str, Permit]:
+        """Send one batch; the answers keyed by pod UID. Raises ExtenderError for the batch."""
+        body = encode(
+            ResourceRequestBatch(protocol=SUPPORTED, node=self._node, requests=list(requests))
+        )
+        headers = {"Content-Type": "application/json"}
+        token = self._token.token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._session.post(self._url, data=body, headers=headers) as resp:
+                    status = resp.status
+                    data = await resp.read()
+        except TimeoutError as e:
+            raise ExtenderUnavailable(f"POST {self._url}: no answer in {self._timeout}s") from e
+        except aiohttp.ClientError as e:
+            raise ExtenderUnavailable(f"POST {self._url}: {e}") from e
+        if status >= 500:
+            raise ExtenderUnavailable(f"POST {self._url}: HTTP {status}: {_message(data)}")
+        if status != 200:
+            raise ExtenderRejected(status, _message(data))
+        try:
+            batch = decode(PermitBatch, data)
+        except ProtocolError as e:
+            raise ExtenderProtocolError(f"POST {self._url}: {e}") from e
+        if not SUPPORTED.min <= batch.protocol <= SUPPORTED.max:
+            raise ExtenderProtocolError(
+                f"answer in protocol v{batch.protocol}, we speak {SUPPORTED}"
+            )
+        return {p.pod.uid: p for p in batch.permits}
+
+
+def _message(data: bytes) -> str:
+    try:
+        body = decode(ErrorBody, data)
+    except ProtocolError:
+        return data[:200].decode("utf-8", "replace") or "(empty body)"
+    return f"{body.error} ({body.reason}): {body.message}"
+
+
+class PermitBatcher:
+    """Coalesces the VM loops' requests into one batch per window.
+
+    The first request to arrive opens a window of ``window_seconds``; everything that arrives
+    before it closes goes in the same POST. VM loops on a node tick on the same interval, so
+    after their first ticks their requests line up and one POST serves them all.
+    """
+
+    def __init__(self, client: ExtenderClient, *, window_seconds: float) -> None:
+        self._client = client
+        self._window = window_seconds
+        self._pending: list[tuple[ResourceRequest, asyncio.Future[Permit]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.batches_sent = 0
+
+    async def request(self, request: ResourceRequest) -> Permit:
+        """This VM's permit; raises ExtenderError (including PermitItemError for its item)."""
+        fut: asyncio.Future[Permit] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, fut))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_later(), name="permit-batch")
+        # shield: one VM loop being cancelled must not cancel the batch the others wait on.
+        return await asyncio.shield(fut)
+
+    async def close(self) -> None:
+        task, self._flusher = self._flusher, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                # Only re-raise if *we* are being cancelled, not the task we just cancelled.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+        for _, fut in self._pending:
+            if not fut.done():
+                fut.set_exception(ExtenderUnavailable("agent shutting down"))
+                fut.exception()  # mark retrieved: nobody may be left waiting on it
+        self._pending.clear()
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._window)
+        self._flusher = None
+        pending, self._pending = self._pending, []
+        # Only the latest request per VM counts; an older one was superseded while waiting.
+        latest: dict[str, ResourceRequest] = {}
+        for req, _ in pending:
+            latest[req.pod.uid] = req
+        reqs = list(latest.values())
+        results: dict[str, Permit] = {}
+        error: ExtenderError | None = None
+        for start in range(0, len(reqs), MAX_BATCH):
+            try:
+                results.update(await self._client.post_batch(reqs[start : start + MAX_BATCH]))
+            except ExtenderError as e:
+                error = e
+        self.batches_sent += 1
+        for req, fut in pending:
+            if fut.done():
+                continue
+            permit = results.get(req.pod.uid)
+            if permit is not None and permit.error is not None:
+                fut.set_exception(PermitItemError(permit.error))
+            elif permit is not None and permit.permit is not None:
+                fut.set_result(permit)
+            elif error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_exception(
+                    ExtenderProtocolError(f"answer has no permit for {req.pod.key} ({req.pod.uid})")
+                )
+
+
+def permit_vcpus(permit: Permit) -> int:
+    """The granted vCPUs of an answer that carries a permit (checked by the batcher)."""
+    assert permit.permit is not None
+    return permit.permit.vcpus
+
+
+__all__ = [
+    "ExtenderClient",
+    "ExtenderError",
+    "ExtenderProtocolError",
+    "ExtenderRejected",
+    "ExtenderUnavailable",
+    "PermitBatcher",
+    "PermitItemError",
+    "TokenFile",
+    "permit_vcpus",
+]

@@ -1,0 +1,120 @@
+"""Every metric of the agent, defined once, on a CollectorRegistry passed in.
+
+Shell: prometheus_client only. Prefix ``vmautoscale_agent_``, base units, counters end in
+``_total``. The per-VM gauges carry a ``vm`` label (namespace/name): acceptable only because
+``forget_vm`` removes those series when the VM leaves the node, so cardinality stays the number
+of VMs on one node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "vmautoscale_agent_"
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = PREFIX
+        self.registry = registry
+        self.vms = Gauge(p + "vms", "VMs this agent manages now", registry=registry)
+        self.current_vcpus = Gauge(
+            p + "vm_current_vcpus",
+            "vCPUs the VM has, as its hypervisor reports",
+            ["vm"],
+            registry=registry,
+        )
+        self.desired_vcpus = Gauge(
+            p + "vm_desired_vcpus",
+            "vCPUs the policy wants the VM to have",
+            ["vm"],
+            registry=registry,
+        )
+        self.permitted_vcpus = Gauge(
+            p + "vm_permitted_vcpus", "vCPUs the last permit allows", ["vm"], registry=registry
+        )
+        self.permit_requests = Counter(
+            p + "permit_requests_total",
+            "Permit calls to the extender, by kind (request, notice)",
+            ["kind"],
+            registry=registry,
+        )
+        self.permit_outcomes = Counter(
+            p + "permit_outcomes_total",
+            "Answers to permit calls: granted, partial, denied, released, rejected (a permit"
+            " that broke the protocol), error (no permit)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.permit_denials = Counter(
+            p + "permit_denials_total", "Increase requests granted nothing", registry=registry
+        )
+        self.permit_partial_grants = Counter(
+            p + "permit_partial_grants_total",
+            "Increase requests granted part of what was asked",
+            registry=registry,
+        )
+        self.permit_protocol_errors = Counter(
+            p + "permit_protocol_errors_total",
+            "Permits rejected for breaking the protocol (above the request or below usage)",
+            registry=registry,
+        )
+        self.extender_errors = Counter(
+            p + "extender_errors_total",
+            "Failed permit calls, by kind (unavailable, rejected, protocol, item)",
+            ["kind"],
+            registry=registry,
+        )
+        self.extender_batches = Counter(
+            p + "extender_batches_total", "POSTs of permit batches", registry=registry
+        )
+        self.resizes = Counter(
+            p + "resizes_total",
+            "Resizes by direction (grow, shrink) and result (ok, error)",
+            ["direction", "result"],
+            registry=registry,
+        )
+        self.resize_duration = Histogram(
+            p + "resize_duration_seconds",
+            "Time a hypervisor resize call took",
+            ["direction"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.hypervisor_errors = Counter(
+            p + "hypervisor_errors_total",
+            "Hypervisor call failures by error class",
+            ["error"],
+            registry=registry,
+        )
+        self.scrape_errors = Counter(
+            p + "scrape_errors_total",
+            "Failed metric scrapes, by kind (timeout, unreachable, http_status, malformed...)",
+            ["kind"],
+            registry=registry,
+        )
+        self.scrapes = Counter(p + "scrapes_total", "Metric scrapes attempted", registry=registry)
+        self.vm_loop_restarts = Counter(
+            p + "vm_loop_restarts_total",
+            "VM loops restarted after an unexpected error",
+            registry=registry,
+        )
+
+    def observe_vm(
+        self, vm: str, *, current: int | None, desired: int | None, permitted: int | None
+    ) -> None:
+        for gauge, value in (
+            (self.current_vcpus, current),
+            (self.desired_vcpus, desired),
+            (self.permitted_vcpus, permitted),
+        ):
+            if value is not None:
+                gauge.labels(vm=vm).set(value)
+
+    def forget_vm(self, vm: str) -> None:
+        """Drop the VM's series; safe to call for a VM that has none."""
+        for gauge in (self.current_vcpus, self.desired_vcpus, self.permitted_vcpus):
+            with contextlib.suppress(KeyError):
+                gauge.remove(vm)

@@ -1,0 +1,386 @@
+"""The imperative shell around ``core.VmState``: one loop per VM, and their supervisor.
+
+Shell: I/O and logging only; no policy. Each VM loop follows the executor shape of
+neondatabase/autoscaling (STYLE.md §2): take a snapshot of the state, ask ``next_actions(now)``,
+mark each action as started (so the next call does not propose it again), run its I/O in a
+task, and feed the outcome back through the matching past-tense event with the time it
+finished. The loop then sleeps until a task reports (``changed``) or ``wait_seconds`` passes.
+It never decides anything itself: if a question starts with "should we", it belongs in core.
+
+``Supervisor`` starts a loop when a VM appears on this node and stops it when it goes. It binds
+``vm`` and ``node`` in structlog's contextvars *before* ``create_task``, because a task copies
+the context when it is created; every line a VM's loop logs then says which VM it is about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import aiohttp
+import structlog
+
+from autoscaler_agent.core import (
+    Actions,
+    CoreConfig,
+    PermitCall,
+    PermitOutcome,
+    Resize,
+    VmState,
+)
+from autoscaler_agent.discovery import Snapshot, VmSource, VmTarget
+from autoscaler_agent.extender_client import ExtenderError, permit_vcpus
+from autoscaler_agent.hypervisor import Hypervisor, HypervisorError
+from autoscaler_agent.metrics import AgentMetrics
+from autoscaler_agent.scrape import ScrapeError, fetch_samples
+from protocol.permits import LoadReport, Permit, ResourceRequest, Resources
+
+log = structlog.get_logger(__name__)
+
+
+class PermitClient(Protocol):
+    """Sends one VM's ResourceRequest (batched with the others by the implementation)."""
+
+    async def request(self, request: ResourceRequest) -> Permit: ...
+
+
+HypervisorFactory = Callable[[VmTarget], Hypervisor]
+
+
+class RunnerDeps:
+    """What every VM loop shares. Plain attributes: this is wiring, not state."""
+
+    def __init__(
+        self,
+        *,
+        core: CoreConfig,
+        node: str,
+        session: aiohttp.ClientSession,
+        permits: PermitClient,
+        hypervisor_for: HypervisorFactory,
+        metrics: AgentMetrics,
+        scrape_timeout_seconds: float,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.core = core
+        self.node = node
+        self.session = session
+        self.permits = permits
+        self.hypervisor_for = hypervisor_for
+        self.metrics = metrics
+        self.scrape_timeout_seconds = scrape_timeout_seconds
+        # Jitter only: seeded in tests and benchmarks, so runs are repeatable.
+        self.rng = rng or random.Random()
+
+
+class VmRunner:
+    """The loop of one VM. ``state`` is exposed for debugging and tests."""
+
+    def __init__(self, target: VmTarget, deps: RunnerDeps) -> None:
+        self.target = target
+        self._deps = deps
+        self._loop = asyncio.get_running_loop()
+        self.state = VmState(
+            spec=target.spec,
+            config=deps.core,
+            now=self._loop.time(),
+            permit_vcpus=target.permitted_vcpus,
+        )
+        self._changed = asyncio.Event()
+
+    def _now(self) -> float:
+        return self._loop.time()
+
+    async def run(self) -> None:
+        hypervisor = self._deps.hypervisor_for(self.target)
+        log.info("vm_loop_started", spec=self.target.spec, metrics_url=self.target.metrics_url)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                while True:
+                    # Clear before deciding: a task finishing from here on sets it again, so
+                    # the wait below cannot miss an event.
+                    self._changed.clear()
+                    actions = self.state.next_actions(self._now())
+                    self._start(actions, tasks, hypervisor)
+                    self._observe()
+                    await self._sleep(actions.wait_seconds)
+        finally:
+            # Shielded: a cancelled loop still closes its hypervisor connection exactly once.
+            await asyncio.shield(hypervisor.close())
+
+    async def _sleep(self, seconds: float | None) -> None:
+        if seconds is None:
+            await self._changed.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._changed.wait()
+
+    def _start(self, actions: Actions, tasks: asyncio.TaskGroup, hypervisor: Hypervisor) -> None:
+        now = self._now()
+        state = self.state
+        if actions.scrape:
+            state.scrape_started(now)
+            tasks.create_task(self._scrape())
+        if actions.read_vcpus:
+            state.vcpus_read_started(now)
+            tasks.create_task(self._read(hypervisor))
+        if actions.resize is not None:
+            state.resize_started(now, actions.resize.vcpus)
+            tasks.create_task(self._resize(hypervisor, actions.resize))
+        for call in (actions.request_permit, actions.notify_extender):
+            if call is not None:
+                state.permit_requested(now, call)
+                tasks.create_task(self._permit(call))
+
+    def _observe(self) -> None:
+        s = self.state
+        self._deps.metrics.observe_vm(
+            self.target.key,
+            current=s.current_vcpus,
+            desired=s.desired_vcpus,
+            permitted=s.permit_vcpus,
+        )
+
+    def _jitter(self) -> float:
+        return self._deps.rng.random()
+
+    # -- the I/O of each action; each ends by feeding its outcome back --------------------
+
+    async def _scrape(self) -> None:
+        m = self._deps.metrics
+        m.scrapes.inc()
+        try:
+            samples = await fetch_samples(
+                self._deps.session, self.target.metrics_url, self._deps.scrape_timeout_seconds
+            )
+        except ScrapeError as e:
+            m.scrape_errors.labels(kind=e.kind).inc()
+            self.state.scrape_failed(self._now(), str(e))
+            log.warning(
+                "scrape_failed",
+                error=str(e),
+                failures=self.state.scrape_failures,
+                reason="holding the current size",
+            )
+        else:
+            before = self.state.desired_vcpus
+            goal = self.state.metrics_scraped(self._now(), samples)
+            after = self.state.desired_vcpus
+            if goal is not None:
+                # info only when the decision changes: one line per decision, not per tick.
+                level = log.info if after != before else log.debug
+                level("goal", desired_vcpus=after, load1=goal.load1, reason=goal.reason)
+        finally:
+            self._changed.set()
+
+    async def _read(self, hypervisor: Hypervisor) -> None:
+        try:
+            vcpus = await hypervisor.vcpus()
+        except HypervisorError as e:
+            self._deps.metrics.hypervisor_errors.labels(error=type(e).__name__).inc()
+            self.state.vcpus_read_failed(self._now(), str(e), jitter=self._jitter())
+            log.warning("vcpus_read_failed", error=str(e), error_class=type(e).__name__)
+        else:
+            self.state.vcpus_read(self._now(), current_vcpus=vcpus.current, max_vcpus=vcpus.max)
+            log.info("vcpus_read", current_vcpus=vcpus.current, max_vcpus=vcpus.max)
+        finally:
+            self._changed.set()
+
+    async def _resize(self, hypervisor: Hypervisor, resize: Resize) -> None:
+        m = self._deps.metrics
+        before = self.state.current_vcpus or 0
+        direction = "grow" if resize.vcpus > before else "shrink"
+        log.info("resize_started", from_vcpus=before, to_vcpus=resize.vcpus, reason=resize.reason)
+        started = self._now()
+        try:
+            result = await hypervisor.resize(resize.vcpus)
+        except HypervisorError as e:
+            m.resize_duration.labels(direction=direction).observe(self._now() - started)
+            m.resizes.labels(direction=direction, result="error").inc()
+            m.hypervisor_errors.labels(error=type(e).__name__).inc()
+            self.state.resize_failed(
+                self._now(), str(e), is_retryable=e.is_retryable, jitter=self._jitter()
+            )
+            log.warning(
+                "resize_failed",
+                to_vcpus=resize.vcpus,
+                error=str(e),
+                error_class=type(e).__name__,
+                is_retryable=e.is_retryable,
+                reason="re-reading the size from the hypervisor",
+            )
+        else:
+            m.resize_duration.labels(direction=direction).observe(self._now() - started)
+            m.resizes.labels(direction=direction, result="ok").inc()
+            self.state.resize_succeeded(
+                self._now(), current_vcpus=result.current, max_vcpus=result.max
+            )
+            log.info("resize_succeeded", current_vcpus=result.current, to_vcpus=resize.vcpus)
+        finally:
+            self._changed.set()
+
+    def _wire_request(self, call: PermitCall) -> ResourceRequest:
+        # The agent does not resize memory: it reports the VM's memory as steady.
+        memory = self.target.spec.min_memory_bytes
+        load = (
+            LoadReport(
+                load1=call.load1,
+                cpu_busy_fraction=call.cpu_busy_fraction,
+                memory_used_fraction=call.memory_used_fraction,
+            )
+            if call.load1 is not None and call.load1 >= 0
+            else None
+        )
+        return ResourceRequest(
+            pod=self.target.pod,
+            node=self._deps.node,
+            current=Resources(vcpus=call.current_vcpus, memory_bytes=memory),
+            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=memory),
+            last_permit=(
+                Resources(vcpus=call.last_permit_vcpus, memory_bytes=memory)
+                if call.last_permit_vcpus is not None
+                else None
+            ),
+            load=load,
+        )
+
+    async def _permit(self, call: PermitCall) -> None:
+        m = self._deps.metrics
+        m.permit_requests.labels(kind=call.kind.value).inc()
+        log.info(
+            "permit_requested",
+            kind=call.kind.value,
+            current_vcpus=call.current_vcpus,
+            requested_vcpus=call.requested_vcpus,
+            reason=call.reason,
+        )
+        try:
+            answer = await self._deps.permits.request(self._wire_request(call))
+        except ExtenderError as e:
+            m.extender_errors.labels(kind=e.kind).inc()
+            m.permit_outcomes.labels(outcome="error").inc()
+            self.state.permit_failed(self._now(), str(e), jitter=self._jitter())
+            log.warning(
+                "permit_failed",
+                error=str(e),
+                error_kind=e.kind,
+                failures=self.state.extender_failures,
+                reason="staying within the last permit; shrinking still allowed",
+            )
+        else:
+            vcpus = permit_vcpus(answer)
+            outcome = self.state.permit_granted(self._now(), vcpus, jitter=self._jitter())
+            m.permit_outcomes.labels(outcome=outcome.value).inc()
+            if outcome is PermitOutcome.REJECTED:
+                m.permit_protocol_errors.inc()
+                log.error(
+                    "permit_rejected",
+                    permit_vcpus=vcpus,
+                    usage_vcpus=call.usage_vcpus,
+                    requested_vcpus=call.requested_vcpus,
+                    extender_reason=answer.reason,
+                    reason="permit outside [usage, requested] breaks the protocol; ignored",
+                )
+            else:
+                if outcome is PermitOutcome.DENIED:
+                    m.permit_denials.inc()
+                elif outcome is PermitOutcome.PARTIAL:
+                    m.permit_partial_grants.inc()
+                log.info(
+                    "permit_answered",
+                    outcome=outcome.value,
+                    permit_vcpus=vcpus,
+                    requested_vcpus=call.requested_vcpus,
+                    extender_reason=answer.reason,
+                )
+        finally:
+            self._changed.set()
+
+
+RunVm = Callable[[VmTarget], Awaitable[None]]
+
+
+class Supervisor:
+    """Keeps exactly one loop running per VM in the latest snapshot.
+
+    A loop that crashes (a bug, or a hypervisor URL that cannot be used) is logged and
+    restarted after ``restart_delay_seconds`` with fresh state: re-reading the VM from the
+    hypervisor is always safe, and the state machine needs no memory of the crash.
+    """
+
+    def __init__(
+        self,
+        run_vm: RunVm,
+        *,
+        node: str,
+        metrics: AgentMetrics,
+        restart_delay_seconds: float = 5.0,
+    ) -> None:
+        self._run_vm = run_vm
+        self._node = node
+        self._metrics = metrics
+        self._restart_delay = restart_delay_seconds
+        self._loops: dict[str, tuple[VmTarget, asyncio.Task[None]]] = {}
+
+    @property
+    def vms(self) -> dict[str, VmTarget]:
+        return {key: target for key, (target, _) in self._loops.items()}
+
+    async def run(self, source: VmSource) -> None:
+        try:
+            async for snapshot in source.snapshots():
+                await self.apply(snapshot)
+        finally:
+            await asyncio.shield(self.close())
+
+    async def apply(self, snapshot: Snapshot) -> None:
+        for key, (target, _) in list(self._loops.items()):
+            if snapshot.get(key) != target:
+                # Gone, or changed (bounds, URLs, a new pod under the same name): the loop's
+                # state was built for the old target, so restart it.
+                await self._stop(key, why="gone" if key not in snapshot else "changed")
+        for key, target in snapshot.items():
+            if key not in self._loops:
+                self._start(target)
+        self._metrics.vms.set(len(self._loops))
+
+    async def close(self) -> None:
+        for key in list(self._loops):
+            await self._stop(key, why="shutdown")
+        self._metrics.vms.set(0)
+
+    def _start(self, target: VmTarget) -> None:
+        with structlog.contextvars.bound_contextvars(vm=target.key, node=self._node):
+            task = asyncio.create_task(self._keep_running(target), name=f"vm {target.key}")
+        self._loops[target.key] = (target, task)
+        log.info("vm_added", vm=target.key, node=self._node, uid=target.uid)
+
+    async def _stop(self, key: str, *, why: str) -> None:
+        # pop first: whatever happens next, this VM is never stopped (or forgotten) twice.
+        _, task = self._loops.pop(key)
+        task.cancel()
+        await asyncio.wait([task])
+        self._metrics.forget_vm(key)
+        log.info("vm_removed", vm=key, node=self._node, why=why)
+
+    async def _keep_running(self, target: VmTarget) -> None:
+        while True:
+            try:
+                await self._run_vm(target)
+                return
+            except Exception:
+                # A task boundary: log it, and try again later with a fresh state.
+                self._metrics.vm_loop_restarts.inc()
+                log.exception("vm_loop_crashed", restart_in_seconds=self._restart_delay)
+            await asyncio.sleep(self._restart_delay)
+
+
+def make_run_vm(deps: RunnerDeps) -> RunVm:
+    async def run_vm(target: VmTarget) -> None:
+        await VmRunner(target, deps).run()
+
+    return run_vm

@@ -1,0 +1,103 @@
+"""Reading a guest's node_exporter: ``fetch_samples`` (I/O) and ``parse_samples`` (pure).
+
+``parse_samples`` is pure: no I/O. It keeps only the few series the policy uses, summed over
+CPUs, so the parse result is small whatever the exporter exposes. ``fetch_samples`` is the
+thin aiohttp shell around it; every way a scrape can fail comes out as ``ScrapeError`` with a
+short ``kind`` for the error counter, so the caller keeps the VM's size and moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from autoscaler_agent.policy import Samples
+
+# A node_exporter page is ~100 KiB with every collector on; anything far larger is not one, and
+# reading it all would cost the agent more CPU than the VM is worth.
+MAX_BODY_BYTES = 8 * 2**20
+# With a ``# TYPE ... counter`` line the parser names the family without "_total"; without one
+# (an untyped series) it keeps the full name.
+_CPU_FAMILIES = frozenset({"node_cpu_seconds", "node_cpu_seconds_total"})
+
+
+class ScrapeError(Exception):
+    """A scrape that gave no usable samples. ``kind`` is a low-cardinality label value."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+def parse_samples(text: str) -> Samples:
+    """The policy's inputs from Prometheus text exposition; raises ScrapeError if malformed.
+
+    A page without ``node_load1`` is not an error here (the policy then holds); a page that does
+    not parse is, because nothing on it can be trusted.
+    """
+    load1: float | None = None
+    cpu_total: float | None = None
+    cpu_idle: float | None = None
+    mem_avail: float | None = None
+    mem_total: float | None = None
+    try:
+        for family in text_string_to_metric_families(text):
+            name = family.name
+            if name == "node_load1":
+                for s in family.samples:
+                    load1 = s.value
+            elif name in _CPU_FAMILIES:
+                for s in family.samples:
+                    if s.name != "node_cpu_seconds_total":
+                        continue
+                    cpu_total = (cpu_total or 0.0) + s.value
+                    if s.labels.get("mode") == "idle":
+                        cpu_idle = (cpu_idle or 0.0) + s.value
+            elif name == "node_memory_MemAvailable_bytes":
+                for s in family.samples:
+                    mem_avail = s.value
+            elif name == "node_memory_MemTotal_bytes":
+                for s in family.samples:
+                    mem_total = s.value
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        # prometheus_client raises plain ValueError (and, on some garbage, IndexError or
+        # KeyError) rather than one parse error type.
+        raise ScrapeError("malformed", str(e) or type(e).__name__) from e
+    if cpu_total is not None and cpu_idle is None:
+        cpu_idle = 0.0  # a fully busy guest may expose no idle series at all
+    return Samples(
+        load1=load1,
+        cpu_seconds_total=cpu_total,
+        cpu_idle_seconds_total=cpu_idle,
+        memory_available_bytes=mem_avail,
+        memory_total_bytes=mem_total,
+    )
+
+
+# The deadline is the scrape's own and enforced inside; callers pass the configured one.
+async def fetch_samples(
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,  # noqa: ASYNC109
+) -> Samples:
+    """GET ``url`` and parse it; raises ScrapeError (never hangs longer than ``timeout``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.get(url, headers={"Accept": "text/plain"}) as resp:
+                if resp.status != 200:
+                    raise ScrapeError("http_status", f"GET {url}: HTTP {resp.status}")
+                body = await resp.content.read(MAX_BODY_BYTES + 1)
+                if len(body) > MAX_BODY_BYTES:
+                    raise ScrapeError("too_large", f"GET {url}: body over {MAX_BODY_BYTES} B")
+                charset = resp.charset or "utf-8"
+    except TimeoutError as e:
+        raise ScrapeError("timeout", f"GET {url}: no answer within {timeout}s") from e
+    except aiohttp.ClientError as e:
+        raise ScrapeError("unreachable", f"GET {url}: {e}") from e
+    try:
+        text = body.decode(charset)
+    except (UnicodeDecodeError, LookupError) as e:
+        raise ScrapeError("malformed", f"GET {url}: {e}") from e
+    return parse_samples(text)

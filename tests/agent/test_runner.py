@@ -1,0 +1,158 @@
+"""The VM loops and their supervisor over real loopback HTTP (fake extender and metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from autoscaler_agent.hypervisor import ResizeInProgress, ResizeRejected
+from autoscaler_agent.runner import Supervisor
+from tests.agent.conftest import CORE, NODE, eventually
+
+
+async def test_load_step_leads_to_a_permit_and_a_resize(world):
+    target = world.vm("vm-1", current=2, load=0.5)
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await asyncio.sleep(0.25)  # a couple of quiet ticks: nothing to do at load 0.5 on 2 vCPUs
+    assert hv.calls == []
+
+    loop = asyncio.get_running_loop()
+    stepped_at = loop.time()
+    world.metrics_app.loads["vm-1"] = 5.0  # needs ceil(5 / 0.9) = 6
+    await eventually(lambda: hv.current == 6)
+    latency = hv.resized_at[-1][0] - stepped_at
+    assert latency <= CORE.scrape_interval_seconds + 0.2, latency
+    assert hv.calls == [6]  # one step, not doubling
+    assert world.extender.reserved["uid-vm-1"] == 6
+    req = world.extender.batches[-1].requests[0]
+    assert (req.current.vcpus, req.requested.vcpus, req.last_permit.vcpus) == (2, 6, 2)
+    assert req.load.load1 == 5.0 and req.load.memory_used_fraction == 0.5
+    await eventually(
+        lambda: world.sample("vmautoscale_agent_vm_current_vcpus", ("vm", target.key)) == 6
+    )
+    assert world.sample("vmautoscale_agent_vm_permitted_vcpus", ("vm", target.key)) == 6
+
+
+async def test_vms_share_one_batch_and_a_full_node_gives_partial_and_denied(world):
+    world.extender.capacity_vcpus = 8
+    a = world.vm("a", current=2, load=0.5)
+    b = world.vm("b", current=2, load=0.5)
+    world.extender.reserved.update({"uid-a": 2, "uid-b": 2})
+    await world.supervisor.apply({a.key: a, b.key: b})
+    await asyncio.sleep(0.15)
+    world.metrics_app.loads.update(a=5.0, b=5.0)  # both want 6: 4 more each, 4 free in total
+    await eventually(lambda: sum(world.extender.reserved.values()) == 8)
+    await eventually(
+        lambda: world.hypervisors[a.key].current + world.hypervisors[b.key].current == 8
+    )
+    assert any(len(batch.requests) == 2 for batch in world.extender.batches)
+    assert max(h.current for h in world.hypervisors.values()) <= 6
+    denied = world.sample("vmautoscale_agent_permit_denials_total") or 0
+    partial = world.sample("vmautoscale_agent_permit_partial_grants_total") or 0
+    assert denied + partial >= 1
+
+
+async def test_growth_resumes_after_the_extender_comes_back(world):
+    target = world.vm("vm-1", current=2, load=5.0)
+    hv = world.hypervisors[target.key]
+    world.extender.fail_status = 503
+    await world.supervisor.apply({target.key: target})
+    await eventually(
+        lambda: (
+            (world.sample("vmautoscale_agent_extender_errors_total", ("kind", "unavailable")) or 0)
+            >= 3
+        )
+    )
+    assert hv.current == 2  # never above the last permit while it is down
+    world.extender.fail_status = None
+    await eventually(lambda: hv.current == 6)
+
+
+async def test_shrink_resizes_then_gives_back(world):
+    target = world.vm("vm-1", current=6, load=0.5, permitted=6)
+    world.extender.reserved["uid-vm-1"] = 6
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: hv.current == 1)
+    await eventually(lambda: world.extender.reserved["uid-vm-1"] == 1)
+    notice = world.extender.batches[-1].requests[0]
+    assert (notice.current.vcpus, notice.requested.vcpus) == (6, 1)
+
+
+async def test_protocol_error_permit_is_rejected_and_counted(world):
+    target = world.vm("vm-1", current=2, load=5.0)
+    world.extender.override["uid-vm-1"] = 7  # more than the 6 asked for
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(
+        lambda: (world.sample("vmautoscale_agent_permit_protocol_errors_total") or 0) >= 2
+    )
+    assert hv.calls == []
+    del world.extender.override["uid-vm-1"]
+    await eventually(lambda: hv.current == 6)
+
+
+async def test_hypervisor_errors_reread_and_retry(world):
+    target = world.vm("vm-1", current=2, load=5.0, permitted=6)
+    hv = world.hypervisors[target.key]
+    hv.errors = [ResizeInProgress("busy"), ResizeRejected("no")]
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: hv.current == 6)
+    assert hv.calls == [6, 6, 6]
+    assert (
+        world.sample("vmautoscale_agent_resizes_total", ("direction", "grow"), ("result", "error"))
+        == 2
+    )
+
+
+async def test_malformed_metrics_keep_the_size_and_count(world):
+    target = world.vm("vm-1", current=2, load=5.0)
+    world.metrics_app.broken.add("vm-1")
+    await world.supervisor.apply({target.key: target})
+    await eventually(
+        lambda: (
+            (world.sample("vmautoscale_agent_scrape_errors_total", ("kind", "malformed")) or 0) >= 2
+        )
+    )
+    assert world.hypervisors[target.key].calls == []
+    assert world.extender.batches == []
+
+
+async def test_supervisor_stops_removed_vms_once_and_forgets_their_series(world):
+    target = world.vm("vm-1", current=2, load=0.5)
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(
+        lambda: world.sample("vmautoscale_agent_vm_current_vcpus", ("vm", target.key)) == 2
+    )
+    assert world.sample("vmautoscale_agent_vms") == 1
+    await world.supervisor.apply({})
+    await world.supervisor.apply({})
+    assert hv.closed == 1
+    assert world.sample("vmautoscale_agent_vm_current_vcpus", ("vm", target.key)) is None
+    assert world.sample("vmautoscale_agent_vms") == 0
+
+
+async def test_supervisor_binds_vm_and_node_and_restarts_crashed_loops(world):
+    seen = []
+
+    async def run_vm(target):
+        seen.append(structlog.contextvars.get_contextvars())
+        if len(seen) == 1:
+            raise RuntimeError("boom")
+        await asyncio.Event().wait()
+
+    sup = Supervisor(run_vm, node=NODE, metrics=world.metrics, restart_delay_seconds=0.01)
+    target = world.vm("vm-1")
+    await sup.apply({target.key: target})
+    await eventually(lambda: len(seen) == 2)
+    assert seen[0] == {"vm": "default/vm-1", "node": NODE}
+    assert world.sample("vmautoscale_agent_vm_loop_restarts_total") == 1
+    # A changed target (here: new bounds) restarts the loop with fresh state.
+    changed = world.vm("vm-1", max_vcpus=4)
+    await sup.apply({changed.key: changed})
+    await eventually(lambda: len(seen) == 3)
+    await sup.close()
+    assert sup.vms == {}

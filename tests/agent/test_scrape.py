@@ -1,0 +1,143 @@
+"""Parsing node_exporter pages (pure) and fetching them over HTTP, incl. a real node_exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from autoscaler_agent.scrape import ScrapeError, fetch_samples, parse_samples
+from tests.agent.fakes import serving
+from tests.support import free_port, require_binary
+
+PAGE = """\
+# HELP node_cpu_seconds_total Seconds the CPUs spent in each mode.
+# TYPE node_cpu_seconds_total counter
+node_cpu_seconds_total{cpu="0",mode="idle"} 100.5
+node_cpu_seconds_total{cpu="0",mode="user"} 20
+node_cpu_seconds_total{cpu="1",mode="idle"} 99.5
+node_cpu_seconds_total{cpu="1",mode="system"} 10
+# HELP node_load1 1m load average.
+# TYPE node_load1 gauge
+node_load1 2.25
+# TYPE node_memory_MemAvailable_bytes gauge
+node_memory_MemAvailable_bytes 2.5e+08
+# TYPE node_memory_MemTotal_bytes gauge
+node_memory_MemTotal_bytes 1e+09
+# TYPE go_goroutines gauge
+go_goroutines 8
+"""
+
+
+def test_parse_full_page():
+    s = parse_samples(PAGE)
+    assert s.load1 == 2.25
+    assert s.cpu_seconds_total == 230.0
+    assert s.cpu_idle_seconds_total == 200.0
+    assert (s.memory_available_bytes, s.memory_total_bytes) == (2.5e8, 1e9)
+
+
+def test_parse_untyped_counter_and_missing_series():
+    s = parse_samples('node_cpu_seconds_total{cpu="0",mode="user"} 5\n')
+    assert (s.load1, s.cpu_seconds_total, s.cpu_idle_seconds_total) == (None, 5.0, 0.0)
+    assert parse_samples("") == parse_samples("# nothing here\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("node_load1 abc\n", id="value-not-a-number"),
+        pytest.param("node_load1{ 1\n", id="broken-labels"),
+        pytest.param("<html>502 Bad Gateway</html>\n", id="html"),
+        pytest.param('node_load1{a="b"} \n', id="missing-value"),
+    ],
+)
+def test_parse_malformed(text):
+    with pytest.raises(ScrapeError) as e:
+        parse_samples(text)
+    assert e.value.kind == "malformed"
+
+
+def _app(handler):
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    return app
+
+
+async def test_fetch_ok_and_http_errors():
+    async def ok(request):
+        return web.Response(text=PAGE)
+
+    async def fail(request):
+        return web.Response(status=500, text="oops")
+
+    async with (
+        serving(_app(ok)) as ok_url,
+        serving(_app(fail)) as fail_url,
+        aiohttp.ClientSession() as session,
+    ):
+        assert (await fetch_samples(session, ok_url + "/metrics", 1.0)).load1 == 2.25
+        with pytest.raises(ScrapeError) as e:
+            await fetch_samples(session, fail_url + "/metrics", 1.0)
+        assert e.value.kind == "http_status"
+
+
+async def test_fetch_timeout_and_unreachable():
+    async def slow(request):
+        await asyncio.sleep(0.4)  # longer than the 0.1 s timeout; short for the cleanup
+        return web.Response(text=PAGE)
+
+    async with serving(_app(slow)) as base, aiohttp.ClientSession() as session:
+        url = base + "/metrics"
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(ScrapeError) as e:
+            await fetch_samples(session, url, 0.1)
+        assert e.value.kind == "timeout"
+        assert loop.time() - start < 1.0
+        with pytest.raises(ScrapeError) as e:
+            await fetch_samples(session, f"http://127.0.0.1:{free_port()}/metrics", 1.0)
+        assert e.value.kind == "unreachable"
+
+
+@pytest.mark.node_exporter
+async def test_real_node_exporter():
+    binary = require_binary("prometheus-node-exporter", "/usr/bin")
+    port = free_port()
+    # Popen only forks; the exporter then runs on its own while the loop scrapes it.
+    proc = subprocess.Popen(  # noqa: ASYNC220
+        [
+            binary,
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--collector.disable-defaults",
+            "--collector.loadavg",
+            "--collector.cpu",
+            "--collector.meminfo",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with aiohttp.ClientSession() as session:
+            samples = None
+
+            async def try_fetch():
+                nonlocal samples
+                try:
+                    samples = await fetch_samples(session, url, 1.0)
+                except ScrapeError:
+                    await asyncio.sleep(0.05)
+
+            async with asyncio.timeout(10):
+                while samples is None:
+                    await try_fetch()
+        assert samples.load1 is not None and samples.load1 >= 0
+        assert samples.cpu_seconds_total > 0 and samples.cpu_idle_seconds_total >= 0
+        assert samples.memory_total_bytes > samples.memory_available_bytes > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
