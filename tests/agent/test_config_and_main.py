@@ -1,0 +1,157 @@
+"""Config loading (paths in errors), standalone discovery, pod conversion, and the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autoscaler_agent.__main__ import EXIT_CONFIG, build_parser, main
+from autoscaler_agent.config import Config, ConfigError, parse_config
+from autoscaler_agent.discovery import (
+    DiscoveryError,
+    parse_standalone,
+    targets_from_pods,
+    vm_target_from_pod,
+)
+from protocol.kube import ObjectMeta as Meta
+from protocol.kube import Pod, PodSpec, PodStatus
+
+
+def test_empty_config_gives_defaults():
+    c = parse_config("")
+    assert c == Config()
+    assert c.scrape.interval_seconds == 1.0
+    assert c.policy.target_load_per_vcpu == 0.9
+    assert c.core().policy.shrink_after_seconds == 30.0
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        pytest.param("scrape: {interval_seconds: 0}", "$.scrape.interval_seconds", id="range"),
+        pytest.param("scrape: {intervl_seconds: 1}", "intervl_seconds", id="typo"),
+        pytest.param("http: {port: x}", "$.http.port", id="type"),
+        pytest.param("policy: {shrink_load_per_vcpu: 0.95}", "must be below", id="cross-field"),
+        pytest.param("a: [", "not valid YAML", id="yaml"),
+    ],
+)
+def test_config_errors_name_the_path(text, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, source="agent.yaml")
+    assert needle in str(e.value) and "agent.yaml" in str(e.value)
+
+
+def test_main_exits_2_on_bad_config(tmp_path, capsys):
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("extender: {url: ftp://x}\n")
+    assert main(["--config", str(bad)]) == EXIT_CONFIG
+    assert "$.extender" in capsys.readouterr().err
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == EXIT_CONFIG
+
+
+def test_main_exits_2_without_node_name(tmp_path, monkeypatch):
+    ok = tmp_path / "agent.yaml"
+    ok.write_text("")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["--config", str(ok)]) == EXIT_CONFIG
+
+
+def test_help_explains_every_flag():
+    text = build_parser().format_help()
+    for flag in ("--config", "--kubeconfig", "--standalone", "NODE_NAME"):
+        assert flag in text
+    out = subprocess.run(
+        [sys.executable, "-m", "autoscaler_agent", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "--standalone" in out.stdout
+
+
+STANDALONE = """
+vms:
+  - name: web
+    uid: u1
+    min_vcpus: 1
+    max_vcpus: 8
+    hypervisor: qmp:///run/web.sock
+    metrics_url: http://127.0.0.1:9100/metrics
+  - name: db
+    namespace: prod
+    uid: u2
+    node: other-node
+    min_vcpus: 2
+    max_vcpus: 4
+    memory: 2Gi
+    hypervisor: cloud-hypervisor:///run/db.sock
+    metrics_url: http://127.0.0.1:9101/metrics
+"""
+
+
+def test_standalone_file_keeps_this_nodes_vms():
+    targets = parse_standalone(STANDALONE, node="n1")
+    assert list(targets) == ["default/web"]
+    web = targets["default/web"]
+    assert (web.spec.min_vcpus, web.spec.max_vcpus, web.node) == (1, 8, "n1")
+    assert list(parse_standalone(STANDALONE, node="other-node")) == ["default/web", "prod/db"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        pytest.param("vms: [{name: a}]", "$.vms[0]", id="missing-fields"),
+        pytest.param(STANDALONE.replace("max_vcpus: 8", "max_vcpus: 0"), "$.vms[0]", id="range"),
+        pytest.param(
+            STANDALONE.replace("uid: u1", "uid: u1\n    colour: red"), "colour", id="typo"
+        ),
+    ],
+)
+def test_standalone_errors(text, needle):
+    with pytest.raises(DiscoveryError) as e:
+        parse_standalone(text, node="n1")
+    assert needle in str(e.value)
+
+
+def pod(**annotations):
+    base = {
+        "vm-autoscaling.io/min-vcpus": "1",
+        "vm-autoscaling.io/max-vcpus": "8",
+        "vm-autoscaling.io/min-memory": "1Gi",
+        "vm-autoscaling.io/hypervisor": "qmp:///run/vm.sock",
+        "vm-autoscaling.io/metrics-url": "http://10.0.0.5:9100/metrics",
+        "vm-autoscaling.io/permitted-vcpus": "3",
+    }
+    base.update(annotations)
+    return Pod(
+        metadata=Meta(
+            name="vm",
+            namespace="ns",
+            uid="u",
+            labels={"vm-autoscaling.io/vm": "true"},
+            annotations={k: v for k, v in base.items() if v is not None},
+        ),
+        spec=PodSpec(node_name="n1"),
+        status=PodStatus(phase="Running"),
+    )
+
+
+def test_vm_pod_to_target():
+    t = vm_target_from_pod(pod(), node="n1")
+    assert (t.key, t.permitted_vcpus, t.metrics_url) == (
+        "ns/vm",
+        3,
+        "http://10.0.0.5:9100/metrics",
+    )
+    assert vm_target_from_pod(pod(), node="n2") is None  # another node's pod
+
+
+def test_unusable_vm_pods_are_skipped():
+    with pytest.raises(DiscoveryError, match="max-vcpus"):
+        vm_target_from_pod(pod(**{"vm-autoscaling.io/max-vcpus": "x"}), node="n1")
+    no_url = pod(**{"vm-autoscaling.io/metrics-url": None})
+    with pytest.raises(DiscoveryError, match="pod IP"):
+        vm_target_from_pod(no_url, node="n1")
+    assert targets_from_pods({"a": no_url, "b": pod()}, node="n1").keys() == {"ns/vm"}
