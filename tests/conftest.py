@@ -1,0 +1,29 @@
+"""Suite-wide fixtures."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _close_loop_opened_for_sync_tests(request):
+    """Close the event loop looptime's plugin opens around *sync* tests.
+
+    looptime 0.9 calls ``policy.get_event_loop()`` in ``pytest_pyfunc_call`` for every test that
+    has pytest-asyncio's ``event_loop_policy`` fixture; for a sync test that creates a loop nobody
+    closes, and its ResourceWarning later fails an unrelated test (filterwarnings=error).
+    """
+    yield
+    if inspect.iscoroutinefunction(request.function):
+        return
+    policy = asyncio.get_event_loop_policy()
+    try:
+        loop = policy.get_event_loop()
+    except RuntimeError:  # no loop, and the policy will not make one: nothing to close
+        return
+    if not loop.is_running():
+        loop.close()
+    policy.set_event_loop(None)
