@@ -36,6 +36,7 @@ already the ``/state`` dump. They are versioned input, so unknown fields are err
 from __future__ import annotations
 
 import enum
+import heapq
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -963,8 +964,136 @@ def _admission(c: _Constraints, host: _Host) -> str | None:
 
 @dataclass(slots=True)
 class _Trial:
+    """One new node's simulated contents. Shared by the candidates with the same signature,
+    and reused across rounds while none of its pods has been taken (see ``_Pass``)."""
+
     placed: list[int]  # pass-local indices, in placement order
     requested: Demand
+    keys: list[str]  # the placed pods' names, built once for the diagnostics
+    # Per candidate index: the rank key and the displayed score, computed once (Fractions).
+    ranks: dict[int, tuple[object, ...]] = field(default_factory=dict)
+    scores: dict[int, Score] = field(default_factory=dict)
+
+    def rank_key(self, sim: _Sim, cand: _Candidate) -> tuple[object, ...]:
+        found = self.ranks.get(cand.index)
+        if found is None:
+            found = self.ranks[cand.index] = sim.rank_key(cand, self)
+        return found
+
+    def score_of(self, sim: _Sim, cand: _Candidate) -> Score:
+        found = self.scores.get(cand.index)
+        if found is None:
+            found = self.scores[cand.index] = sim.score(cand, self)
+        return found
+
+
+@dataclass(slots=True)
+class _Group:
+    """Pending pods of one pass with the same constraints and size: identical for every fit
+    and feasibility question. Members taken by a winner always form a prefix (a trial takes a
+    group's members in order while they fit), so ``head`` is all the bookkeeping needed."""
+
+    cls: int
+    demand: Demand
+    members: list[int]
+    head: int = 0
+
+
+class _Pass:
+    """Phase 3 for one pass, made cheap.
+
+    Done naively, every round tries every candidate against every pending pod: rounds x
+    candidates x pods (about 1 s for the benchmark). Instead:
+
+    * pods are grouped by (constraints, size), and each candidate's feasible groups are found
+      once per pass (the constraint check is per group, not per pod and round);
+    * candidates with the same usable size and feasible groups (a pool's zones, when no pod
+      cares about zones) share one trial: their simulations are identical;
+    * a trial is a heap merge over the groups' heads in scheduling order, which is exactly
+      first fit in that order, but drops a whole group the first time its size no longer fits
+      (room only shrinks), so it costs O(pods placed x log groups), not O(pods pending);
+    * a trial stays valid until a pod it placed is taken: removing a pod it skipped cannot
+      change a first fit that skipped it.
+    """
+
+    def __init__(self, sim: _Sim, pods: list[_Pending]) -> None:
+        self.pods = pods
+        self.done = [False] * len(pods)
+        by_key: dict[tuple[int, Demand], int] = {}
+        self.groups: list[_Group] = []
+        self.group_of: list[int] = []  # pod -> group
+        for i, p in enumerate(pods):
+            n = by_key.get((p.cls, p.demand))
+            if n is None:
+                n = by_key[(p.cls, p.demand)] = len(self.groups)
+                self.groups.append(_Group(p.cls, p.demand, []))
+            self.groups[n].members.append(i)
+            self.group_of.append(n)
+        sigs: dict[tuple[Demand, tuple[int, ...]], int] = {}
+        self.sig_groups: list[tuple[int, ...]] = []
+        self.sig_usable: list[Demand] = []
+        self.sig_of: list[int] = []
+        for cand in sim.candidates:
+            u = cand.usable
+            feasible = tuple(
+                n
+                for n, g in enumerate(self.groups)
+                if g.demand.cpu_millis <= u.cpu_millis
+                and g.demand.memory_bytes <= u.memory_bytes
+                and sim.admits(g.cls, cand) is None
+            )
+            sig = sigs.get((u, feasible))
+            if sig is None:
+                sig = sigs[(u, feasible)] = len(self.sig_groups)
+                self.sig_groups.append(feasible)
+                self.sig_usable.append(u)
+            self.sig_of.append(sig)
+        self.cache: dict[int, _Trial] = {}
+
+    def trial(self, cand: _Candidate) -> _Trial:
+        sig = self.sig_of[cand.index]
+        cached = self.cache.get(sig)
+        done = self.done
+        if cached is not None and not any(done[i] for i in cached.placed):
+            return cached
+        free_cpu, free_mem = self.sig_usable[sig].cpu_millis, self.sig_usable[sig].memory_bytes
+        groups = self.groups
+        heap: list[tuple[int, int, int]] = []
+        for n in self.sig_groups[sig]:
+            g = groups[n]
+            d = g.demand
+            if g.head < len(g.members) and d.cpu_millis <= free_cpu and d.memory_bytes <= free_mem:
+                heap.append((g.members[g.head], n, g.head))
+        heapq.heapify(heap)
+        placed: list[int] = []
+        while heap:
+            i, n, pos = heapq.heappop(heap)
+            g = groups[n]
+            d = g.demand
+            if d.cpu_millis > free_cpu or d.memory_bytes > free_mem:
+                continue  # and never again in this trial: room only shrinks
+            placed.append(i)
+            free_cpu -= d.cpu_millis
+            free_mem -= d.memory_bytes
+            pos += 1
+            if pos < len(g.members):
+                heapq.heappush(heap, (g.members[pos], n, pos))
+        usable = self.sig_usable[sig]
+        t = _Trial(
+            placed=placed,
+            requested=Demand(usable.cpu_millis - free_cpu, usable.memory_bytes - free_mem),
+            keys=[self.pods[i].key for i in placed],
+        )
+        self.cache[sig] = t
+        return t
+
+    def taken(self, t: _Trial) -> None:
+        for i in t.placed:
+            self.done[i] = True
+        for i in t.placed:
+            g = self.groups[self.group_of[i]]
+            while g.head < len(g.members) and self.done[g.members[g.head]]:
+                g.head += 1
 
 
 @dataclass(slots=True)
@@ -1067,23 +1196,6 @@ class _Sim:
     def pool_count(self, pool: _Pool) -> int:
         return pool.count + sum(self.added.get(f"{pool.name}/{z}", 0) for z in pool.zones)
 
-    def trial(self, cand: _Candidate, pods: Sequence[_Pending], done: list[bool]) -> _Trial:
-        """First fit of the pods still unscheduled onto one new node of ``cand``."""
-        free_cpu, free_mem = cand.usable.cpu_millis, cand.usable.memory_bytes
-        placed: list[int] = []
-        req_cpu = req_mem = 0
-        for i, p in enumerate(pods):
-            if done[i] or self.admits(p.cls, cand) is not None:
-                continue
-            d = p.demand
-            if d.cpu_millis <= free_cpu and d.memory_bytes <= free_mem:
-                placed.append(i)
-                free_cpu -= d.cpu_millis
-                free_mem -= d.memory_bytes
-                req_cpu += d.cpu_millis
-                req_mem += d.memory_bytes
-        return _Trial(placed, Demand(req_cpu, req_mem))
-
     def rank_key(self, cand: _Candidate, t: _Trial) -> tuple[object, ...]:
         """Smaller is better; exact values so that no float rounding decides a tie."""
         key: list[object] = []
@@ -1123,7 +1235,8 @@ class _Sim:
         return f"{winner} ranks higher"  # pragma: no cover - keys are unique by name
 
     def run_rounds(self, pods: list[_Pending], pass_priority: int | None) -> list[_Pending]:
-        done = [False] * len(pods)
+        state = _Pass(self, pods)
+        done = state.done
         left = len(pods)
         while left:
             trials: list[tuple[tuple[object, ...], _Candidate, _Trial]] = []
@@ -1133,17 +1246,17 @@ class _Sim:
                 if block is not None:
                     entries.append((cand, block[0], block[1], None))
                     continue
-                t = self.trial(cand, pods, done)
+                t = state.trial(cand)
                 if not t.placed:
                     entries.append(
                         (cand, CandidateOutcome.PLACES_NOTHING, "no unscheduled pod fits", t)
                     )
                     continue
-                trials.append((self.rank_key(cand, t), cand, t))
+                trials.append((t.rank_key(self, cand), cand, t))
                 entries.append((cand, CandidateOutcome.LOST, "", t))
             if not trials:
                 if entries:
-                    self.rounds.append(self.round_record(pods, entries, pass_priority, None, None))
+                    self.rounds.append(self.round_record(entries, pass_priority, None, None))
                 break
             best_key, winner, won = min(trials, key=lambda x: x[0])
             keys = {c.index: k for k, c, _ in trials}
@@ -1155,15 +1268,13 @@ class _Sim:
                         why = self.lost_reason(keys[cand.index], best_key, winner.label)
                         entries[n] = (cand, CandidateOutcome.LOST, why, tried)
             name = self.commit(winner, [pods[i] for i in won.placed])
-            for i in won.placed:
-                done[i] = True
+            state.taken(won)
             left -= len(won.placed)
-            self.rounds.append(self.round_record(pods, entries, pass_priority, winner, name))
+            self.rounds.append(self.round_record(entries, pass_priority, winner, name))
         return [p for i, p in enumerate(pods) if not done[i]]
 
     def round_record(
         self,
-        pods: Sequence[_Pending],
         entries: list[tuple[_Candidate, CandidateOutcome, str, _Trial | None]],
         pass_priority: int | None,
         winner: _Candidate | None,
@@ -1179,8 +1290,8 @@ class _Sim:
                     instance_type=cand.pool.instance_type,
                     outcome=outcome,
                     reason=reason,
-                    score=self.score(cand, t) if t is not None and has_pods else None,
-                    pods=[pods[i].key for i in t.placed] if t is not None else [],
+                    score=t.score_of(self, cand) if t is not None and has_pods else None,
+                    pods=t.keys if t is not None else [],
                 )
             )
         return Round(
@@ -1448,7 +1559,7 @@ def _cheaper_plans(sim: _Sim, notes: list[str]) -> tuple[float | None, list[Chea
         pool = cands[0].pool
         if pool.price is None:
             continue
-        packed = _pack_on_pool(sim, cands, sim.greedy_pods)
+        packed = _pack_on_pool(sim, cands, sim.greedy_pods, price=pool.price, greedy=greedy)
         if packed is None:
             continue
         zones, count, proven = packed
@@ -1478,9 +1589,11 @@ def _cheaper_plans(sim: _Sim, notes: list[str]) -> tuple[float | None, list[Chea
 
 
 def _pack_on_pool(
-    sim: _Sim, cands: list[_Candidate], pods: list[_Pending]
+    sim: _Sim, cands: list[_Candidate], pods: list[_Pending], *, price: Fraction, greedy: Fraction
 ) -> tuple[dict[str, int], int, bool] | None:
-    """The fewest nodes of one pool holding ``pods``; None if some pod cannot go there.
+    """The fewest nodes of one pool holding ``pods``; None if some pod cannot go there, or if
+    even the volume bound costs no less than ``greedy`` (then no packing can be cheaper, and
+    searching would only burn the budget: most pools end here).
 
     Zones: all in the first zone that admits every pod, else each pod in its first zone.
     """
@@ -1498,6 +1611,9 @@ def _pack_on_pool(
     for p, zones in zip(pods, feasible, strict=True):
         zone = common[0] if common else zones[0]
         by_zone.setdefault(zone, []).append(p.demand)
+    bound = sum(_volume_bound(items, usable) for items in by_zone.values())
+    if bound * price >= greedy:
+        return None
     counts: dict[str, int] = {}
     proven = True
     budget = [sim.config.plan_search_steps]
@@ -1522,13 +1638,7 @@ def _fewest_bins(items: list[Demand], cap: Demand, budget: list[int]) -> tuple[i
         else:
             bins.append([cap.cpu_millis - d.cpu_millis, cap.memory_bytes - d.memory_bytes])
     best = len(bins)
-    total_cpu = sum(d.cpu_millis for d in order)
-    total_mem = sum(d.memory_bytes for d in order)
-    lower = max(
-        -(-total_cpu // cap.cpu_millis) if cap.cpu_millis else 0,
-        -(-total_mem // cap.memory_bytes) if cap.memory_bytes else 0,
-        1 if order else 0,
-    )
+    lower = _volume_bound(order, cap)
     proven = True
     for k in range(lower, best):
         found, exhausted = _fits_in(order, cap, k, budget)
@@ -1538,6 +1648,17 @@ def _fewest_bins(items: list[Demand], cap: Demand, budget: list[int]) -> tuple[i
         if found:
             return k, True
     return best, proven
+
+
+def _volume_bound(items: Sequence[Demand], cap: Demand) -> int:
+    """No packing uses fewer bins than the total size over one bin's size, per resource."""
+    total_cpu = sum(d.cpu_millis for d in items)
+    total_mem = sum(d.memory_bytes for d in items)
+    return max(
+        -(-total_cpu // cap.cpu_millis) if cap.cpu_millis else 0,
+        -(-total_mem // cap.memory_bytes) if cap.memory_bytes else 0,
+        1 if items else 0,
+    )
 
 
 def _fits_in(order: list[Demand], cap: Demand, k: int, budget: list[int]) -> tuple[bool, bool]:

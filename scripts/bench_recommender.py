@@ -1,0 +1,210 @@
+"""Benchmark the scale-up recommender against decoding the same snapshot.
+
+1,000 pending pods, 500 existing nodes, 10 pools x 3 zones, generated deterministically (a
+seeded ``random.Random``: the same snapshot on every run). Prints one JSON object: the best of
+several runs of (a) decoding the snapshot bytes only, (b) ``load_snapshot`` (decode and
+validate), (c) ``recommend``, (d) ``encode_recommendation``; and the ratio of (c) to (a).
+
+    .venv/bin/python scripts/bench_recommender.py [--repeat N] [--write PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from scheduler_extender.recommender import (
+    API_VERSION,
+    KIND,
+    POOL_LABEL,
+    ZONE_LABEL,
+    ClusterSnapshot,
+    RecommenderConfig,
+    Scorer,
+    encode_recommendation,
+    load_snapshot,
+    recommend,
+)
+
+ZONES = ["zone-a", "zone-b", "zone-c"]
+GI = 2**30
+# (cpu cores, GiB per core, price per hour)
+POOL_SHAPES = [
+    (4, 4, 0.19),
+    (8, 4, 0.38),
+    (16, 4, 0.76),
+    (32, 4, 1.52),
+    (8, 8, 0.50),
+    (16, 8, 1.00),
+    (32, 8, 2.00),
+    (64, 4, 3.04),
+    (16, 2, 0.68),
+    (8, 2, 0.34),
+]
+POD_SHAPES = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1", "4Gi"), ("2", "4Gi"),
+              ("2", "8Gi"), ("4", "8Gi"), ("4", "16Gi"), ("8", "16Gi")]  # fmt: skip
+
+
+def generate(seed: int = 42) -> dict[str, Any]:
+    rng = random.Random(seed)
+    pools = []
+    for i, (cores, gib, price) in enumerate(POOL_SHAPES):
+        template: dict[str, Any] = {
+            "instanceType": f"t{i}-{cores}x{cores * gib}",
+            "allocatable": {"cpu": str(cores), "memory": f"{cores * gib}Gi"},
+            "labels": {"tier": "gpu" if i in (7,) else ("high-mem" if gib == 8 else "general")},
+        }
+        if i == 7:
+            template["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+        pools.append(
+            {
+                "name": f"pool-{i:02d}",
+                "zones": ZONES,
+                "template": template,
+                "currentCount": 50,
+                "maxCount": 150,
+                "price": price,
+                "priority": rng.choice([0, 0, 5]),
+                **({"limits": {"cpu": "2400"}} if i == 3 else {}),
+            }
+        )
+    nodes = []
+    pods: list[dict[str, Any]] = []
+    for i in range(500):
+        pool = pools[i % 10]
+        zone = ZONES[(i // 10) % 3]
+        t = pool["template"]
+        name = f"node-{i:03d}"
+        nodes.append(
+            {
+                "name": name,
+                "labels": {**t["labels"], POOL_LABEL: pool["name"], ZONE_LABEL: zone},
+                "allocatable": t["allocatable"],
+                "taints": t.get("taints", []),
+            }
+        )
+        cores = int(t["allocatable"]["cpu"])
+        used = 0.0
+        for j in range(6):
+            cpu = max(0.25, round(cores * rng.uniform(0.05, 0.2), 2))
+            if used + cpu > cores * 0.78:
+                break
+            used += cpu
+            pods.append(
+                {
+                    "namespace": "running",
+                    "name": f"{name}-p{j}",
+                    "uid": f"uid-{name}-{j}",
+                    "nodeName": name,
+                    "requests": {"cpu": f"{int(cpu * 1000)}m", "memory": f"{int(cpu)}Gi"},
+                    "priority": 100,
+                    **({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+                       if "taints" in t else {}),
+                }  # fmt: skip
+            )
+    classes = [("critical", 1000), ("standard", 100), ("batch", 10)]
+    for i in range(1000):
+        cpu, mem = rng.choice(POD_SHAPES)
+        pc, _ = rng.choices(classes, weights=[1, 3, 6])[0]
+        pod: dict[str, Any] = {
+            "namespace": f"team-{i % 7}",
+            "name": f"pending-{i:04d}",
+            "uid": f"uid-pending-{i:04d}",
+            "requests": {"cpu": cpu, "memory": mem},
+            "priorityClassName": pc,
+            "creationTimestamp": f"2024-05-01T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z",
+        }
+        r = rng.random()
+        if r < 0.10:
+            zone = rng.choice(ZONES)
+            pod["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [
+                                {"key": ZONE_LABEL, "operator": "In", "values": [zone]}]}
+                        ]
+                    }
+                }
+            }  # fmt: skip
+        elif r < 0.15:
+            pod["nodeSelector"] = {"tier": "gpu"}
+            pod["tolerations"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+        elif r < 0.25:
+            pod["nodeSelector"] = {"tier": "high-mem"}
+        pods.append(pod)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "priorityClasses": [{"name": n, "value": v} for n, v in classes],
+        "nodePools": pools,
+        "nodes": nodes,
+        "pods": pods,
+    }
+
+
+def best_millis(fn: Any, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--write", type=Path, help="also write the snapshot JSON here")
+    args = parser.parse_args()
+    data = msgspec.json.encode(generate())
+    if args.write:
+        args.write.write_bytes(data)
+    decoder = msgspec.json.Decoder(ClusterSnapshot)
+    snapshot = load_snapshot(data)
+    results = {}
+    for chain in ((Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS), (Scorer.LEAST_COST,)):
+        config = RecommenderConfig(scorers=chain)
+        rec = recommend(snapshot, config=config)
+        encoded = encode_recommendation(rec)
+        decode = best_millis(lambda: decoder.decode(data), args.repeat)
+        load = best_millis(lambda: load_snapshot(data), args.repeat)
+        rec_ms = best_millis(lambda c=config: recommend(snapshot, config=c), args.repeat)
+        enc_ms = best_millis(lambda r=rec: encode_recommendation(r), args.repeat)
+        results["+".join(chain)] = {
+            "decodeMillis": decode,
+            "loadSnapshotMillis": load,
+            "recommendMillis": rec_ms,
+            "encodeMillis": enc_ms,
+            "recommendToDecodeRatio": round(rec_ms / decode, 2),
+            "recommendToLoadRatio": round(rec_ms / load, 2),
+            "newNodes": sum(s.increment_by for s in rec.scale_up),
+            "rounds": len(rec.diagnostics.rounds),
+            "placedOnExisting": len(rec.diagnostics.placed_on_existing),
+            "unscheduled": len(rec.unscheduled_pods),
+            "cheaperPlans": len(rec.diagnostics.cheaper_plans),
+            "answerBytes": len(encoded),
+        }
+    print(
+        json.dumps(
+            {
+                "snapshotBytes": len(data),
+                "pendingPods": 1000,
+                "existingNodes": 500,
+                "pools": 10,
+                "zones": 3,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
