@@ -1,0 +1,100 @@
+"""The images agree with pyproject.toml and with the manifests that run them."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+import pytest
+
+from tests.deploy.render import ROOT, container, pod_spec
+from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG, EXTENDER_POD
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _instructions(name: str) -> list[tuple[str, str]]:
+    text = (ROOT / name).read_text().replace("\\\n", " ")
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            op, _, rest = line.partition(" ")
+            out.append((op.upper(), rest.strip()))
+    return out
+
+
+def _runtime_stage(name: str) -> list[tuple[str, str]]:
+    ins = _instructions(name)
+    last_from = max(i for i, (op, _) in enumerate(ins) if op == "FROM")
+    return ins[last_from:]
+
+
+CASES = [
+    (
+        "Dockerfile.extender",
+        "scheduler-extender",
+        EXTENDER_POD,
+        "extender",
+        EXTENDER_CFG.listen.permits.port,
+    ),
+    ("Dockerfile.agent", "autoscaler-agent", AGENT_DS, "agent", AGENT_CFG.http.port),
+]
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "script", "workload", "cname", "health_port"), CASES, ids=[c[0] for c in CASES]
+)
+def test_image(dockerfile, script, workload, cname, health_port):
+    stage = _runtime_stage(dockerfile)
+    ops = dict(stage)
+    # Slim Python of the project's version, built with the project's own metadata.
+    assert re.search(r"python:3\.11-slim", (ROOT / dockerfile).read_text())
+    assert "pip install ." in (ROOT / dockerfile).read_text()
+    # The runtime stage copies the built venv, not sources or build tools.
+    assert ("COPY", "--from=build /opt/venv /opt/venv") in stage
+    assert not any(op == "RUN" and "pip" in arg for op, arg in stage)
+    # Non-root by number, so runAsNonRoot can verify it.
+    uid, _, gid = ops["USER"].partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid.isdigit()
+    # The entry point is the console script pyproject.toml declares.
+    assert json.loads(ops["ENTRYPOINT"]) == [script]
+    assert script in PYPROJECT["project"]["scripts"]
+    # The default config path is where the manifest mounts it.
+    c = container(workload, cname)
+    assert json.loads(ops["CMD"]) == c["args"]
+    # HEALTHCHECK hits /healthz on the port that serves it.
+    assert f"http://127.0.0.1:{health_port}/healthz" in ops["HEALTHCHECK"]
+    assert "LABEL" in ops and "org.opencontainers.image.title" in ops["LABEL"]
+    if dockerfile == "Dockerfile.extender":
+        assert pod_spec(workload)["securityContext"]["runAsUser"] == int(uid)
+
+
+def test_dockerignore_keeps_the_context_small_but_buildable():
+    entries = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {
+        ".venv",
+        "vm_image/build",
+        ".pytest_cache",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".git",
+    } <= entries
+    # What `pip install .` needs, and the VM runner image's sources, must stay in the context.
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "protocol",
+        "kube_io",
+        "scheduler_extender",
+        "autoscaler_agent",
+        "vm_runner",
+        "vm_image",
+    ):
+        assert needed not in entries
+        assert (ROOT / needed).exists()

@@ -1,0 +1,141 @@
+"""The example VMs are VMs the extender, the agent and the runner all accept, and the
+hypervisor annotation points at the socket the runner really creates."""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+import pytest
+
+from autoscaler_agent.hypervisor.factory import socket_path_from_url
+from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
+from protocol.quantity import memory_bytes
+from tests.deploy.render import (
+    EXAMPLES,
+    MANIFESTS,
+    arg_value,
+    container,
+    mount,
+    pod_spec,
+    render,
+    volume,
+)
+from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG
+from vm_runner.cli import make_parser
+
+VMS = [
+    d
+    for directory in (EXAMPLES, EXAMPLES / "double")
+    for d in render(directory)
+    if d["kind"] == "StatefulSet"
+]
+IDS = [d["metadata"]["name"] for d in VMS]
+
+
+def _env(c: dict, pod: dict) -> dict[str, str]:
+    """The container's environment as the kubelet would fill it from the downward API."""
+    fields = {
+        "metadata.name": f"{pod['name']}-0",  # a StatefulSet of one: ordinal 0
+        "metadata.namespace": pod["namespace"],
+    }
+    out = {}
+    for e in c.get("env", []):
+        path = e["valueFrom"]["fieldRef"]["fieldPath"]
+        ann = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
+        out[e["name"]] = pod["annotations"][ann[1]] if ann else fields[path]
+    return out
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], value)
+
+
+def _pod(sts: dict) -> dict:
+    meta = sts["spec"]["template"]["metadata"]
+    return {
+        "name": sts["metadata"]["name"],
+        "namespace": sts["metadata"]["namespace"],
+        "labels": meta["labels"],
+        "annotations": meta["annotations"],
+    }
+
+
+def test_there_are_three_example_vms():
+    assert sorted(IDS) == ["pg-vm", "pg-vm-a", "pg-vm-b"]
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_example_is_a_vm_for_our_scheduler(sts):
+    pod = _pod(sts)
+    assert is_vm(pod["labels"]) and pod["labels"][VM_LABEL] == "true"
+    assert pod_spec(sts)["schedulerName"] == EXTENDER_CFG.scheduler_name
+    assert sts["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_annotations_parse_and_match_the_pod_resources(sts):
+    vm = container(sts, "vm")
+    limits, requests = vm["resources"]["limits"], vm["resources"]["requests"]
+    spec = parse_vm_spec(
+        _pod(sts)["annotations"], pod_memory_bytes=memory_bytes(requests["memory"])
+    )
+    assert 1 <= spec.min_vcpus < spec.max_vcpus
+    # Placed at its minimum, Guaranteed QoS (resize keeps requests == limits).
+    assert requests == limits
+    assert int(requests["cpu"]) == spec.min_vcpus
+    # The guest's memory fits in the pod with room for QEMU itself.
+    assert spec.max_memory_bytes < memory_bytes(limits["memory"])
+    assert spec.metrics_url is None  # default: pod IP :9100, see the next test
+    assert vm["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_runner_flags_are_accepted_and_agree_with_the_annotations(sts):
+    pod = _pod(sts)
+    vm = container(sts, "vm")
+    env = _env(vm, pod)
+    argv = [_expand(a, env) for a in vm["args"]]
+    args = make_parser().parse_args(argv)
+    spec = parse_vm_spec(pod["annotations"], pod_memory_bytes=0)
+    assert (args.min_vcpus, args.max_vcpus) == (spec.min_vcpus, spec.max_vcpus)
+    assert memory_bytes(args.memory) == spec.min_memory_bytes
+    # Forwards on the pod IP: node_exporter for the agent, PostgreSQL for pgbench.
+    assert args.listen_address == "0.0.0.0"
+    assert {p["containerPort"] for p in vm["ports"]} == {9100, 5432}
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_hypervisor_annotation_names_the_socket_the_runner_creates(sts, tmp_path):
+    pod = _pod(sts)
+    vm = container(sts, "vm")
+    env = _env(vm, pod)
+    qmp_in_container = PurePosixPath(arg_value(vm["args"], "--qmp-socket"))
+    m = mount(vm, "vm-sockets")
+    host_dir = PurePosixPath(volume(sts, "vm-sockets")["hostPath"]["path"])
+    host_socket = (
+        host_dir / _expand(m["subPathExpr"], env) / qmp_in_container.relative_to(m["mountPath"])
+    )
+
+    url = pod["annotations"]["vm-autoscaling.io/hypervisor"]
+    assert url == f"qmp://{host_socket}"
+    # ...and the agent, with its real socket root and mount, resolves it to a path it sees.
+    scheme, resolved = socket_path_from_url(url, root=tmp_path)
+    assert scheme == "qmp"
+    assert resolved == tmp_path / str(host_socket).lstrip("/")
+    agent_mount = mount(container(AGENT_DS, "agent"), "vm-sockets")["mountPath"]
+    agent_view = PurePosixPath(AGENT_CFG.hypervisor.socket_root) / str(host_socket).lstrip("/")
+    assert agent_view.is_relative_to(agent_mount)
+    assert volume(AGENT_DS, "vm-sockets")["hostPath"]["path"] == str(host_dir)
+
+
+def test_each_vm_pod_sees_only_its_own_socket_directory():
+    for sts in VMS:
+        assert (
+            mount(container(sts, "vm"), "vm-sockets")["subPathExpr"]
+            == "$(POD_NAMESPACE)/$(POD_NAME)"
+        )
+
+
+def test_examples_are_not_part_of_the_main_kustomization():
+    assert not any(d["kind"] == "StatefulSet" for d in render(MANIFESTS))

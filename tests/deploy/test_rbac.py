@@ -1,0 +1,157 @@
+"""RBAC grants what the code calls, and (for our own roles) nothing it does not.
+
+``CALLS`` maps every public ``KubeClient`` method to the API request it sends. A new method
+fails ``test_every_client_method_is_mapped`` until someone decides what it needs here, and so
+until the manifests grant it (or the component is shown not to use it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import pytest
+
+from kube_io.client import KubeClient
+from tests.deploy.render import MANIFESTS, render
+
+DOCS = render(MANIFESTS)
+NAMESPACE = "vm-autoscaling"
+
+
+class Access(NamedTuple):
+    verb: str
+    group: str  # "" is the core group
+    resource: str  # "pods/binding" for a subresource
+
+
+LIFECYCLE = {"connect", "for_url", "close"}
+CALLS: dict[str, list[Access]] = {
+    "list_pods": [Access("list", "", "pods")],
+    "list_nodes": [Access("list", "", "nodes")],
+    # watch_events(kind): the extender watches both kinds, the agent only pods.
+    "watch_events": [Access("watch", "", "pods"), Access("watch", "", "nodes")],
+    "bind_pod": [Access("create", "", "pods/binding")],
+    "patch_pod_annotations": [Access("patch", "", "pods")],
+    "resize_pod_cpu": [Access("patch", "", "pods/resize")],
+    "create_event": [Access("create", "", "events")],
+    "review_token": [Access("create", "authentication.k8s.io", "tokenreviews")],
+}
+
+EXTENDER_USES = [a for accesses in CALLS.values() for a in accesses]
+AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
+
+# Grants in our own roles that no client call needs, each with why it is harmless.
+JUSTIFIED_EXTRAS = {
+    # list already discloses every object; get adds no privilege and helps debugging tools.
+    Access("get", "", "pods"),
+    Access("get", "", "nodes"),
+    # The same stored objects as core/v1 events, for recorders using the newer API.
+    Access("create", "events.k8s.io", "events"),
+}
+
+
+def _rules_for(service_account: str, *, own_only: bool) -> list[dict]:
+    """Rules of the roles in our manifests bound to the ServiceAccount (cluster-wide ones)."""
+    roles = {d["metadata"]["name"]: d for d in DOCS if d["kind"] == "ClusterRole"}
+    rules = []
+    for binding in [d for d in DOCS if d["kind"] == "ClusterRoleBinding"]:
+        if {
+            "kind": "ServiceAccount",
+            "name": service_account,
+            "namespace": NAMESPACE,
+        } not in binding["subjects"]:
+            continue
+        name = binding["roleRef"]["name"]
+        if name in roles:
+            rules.extend(roles[name]["rules"])
+        else:
+            assert not own_only or name.startswith("system:"), name
+    return rules
+
+
+def _allows(rules: list[dict], access: Access) -> bool:
+    return any(
+        access.group in r["apiGroups"]
+        and access.resource in r["resources"]
+        and access.verb in r["verbs"]
+        and not r.get("resourceNames")
+        for r in rules
+    )
+
+
+def _granted(rules: list[dict]) -> set[Access]:
+    return {
+        Access(verb, group, resource)
+        for r in rules
+        for verb in r["verbs"]
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+    }
+
+
+def test_every_client_method_is_mapped():
+    public = {
+        name
+        for name, member in inspect.getmembers(KubeClient)
+        if not name.startswith("_") and callable(member)
+    }
+    assert public - LIFECYCLE == set(CALLS)
+
+
+@pytest.mark.parametrize("access", EXTENDER_USES, ids=str)
+def test_extender_may_make_every_call_it_makes(access):
+    assert _allows(_rules_for("vm-scheduler", own_only=True), access)
+
+
+def test_extender_role_grants_nothing_unused():
+    granted = _granted(_rules_for("vm-scheduler", own_only=True))
+    assert granted - set(EXTENDER_USES) - JUSTIFIED_EXTRAS == set()
+
+
+def test_no_wildcards_anywhere():
+    for doc in DOCS:
+        for rule in doc.get("rules", []):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("access", AGENT_USES, ids=str)
+def test_agent_may_read_pods(access):
+    assert _allows(_rules_for("autoscaler-agent", own_only=True), access)
+
+
+def test_agent_gets_exactly_read_access_to_pods():
+    """No writes, no nodes, no secrets, no namespaced extras: a compromised agent learns pod
+    specs and nothing more. Its node scoping is in its code (fieldSelector), see rbac-agent.yaml."""
+    rules = _rules_for("autoscaler-agent", own_only=False)
+    assert _granted(rules) == {Access("get", "", "pods"), *AGENT_USES}
+    agent_bindings = [
+        d
+        for d in DOCS
+        if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        and any(s["name"] == "autoscaler-agent" for s in d["subjects"])
+    ]
+    assert [b["roleRef"]["name"] for b in agent_bindings] == ["vm-autoscaling:autoscaler-agent"]
+
+
+def test_second_scheduler_has_the_official_multi_scheduler_bindings():
+    cluster = {
+        d["roleRef"]["name"]
+        for d in DOCS
+        if d["kind"] == "ClusterRoleBinding"
+        and any(s["name"] == "vm-scheduler" for s in d["subjects"])
+    }
+    assert {"system:kube-scheduler", "system:volume-scheduler"} <= cluster
+    reader = [
+        d
+        for d in DOCS
+        if d["kind"] == "RoleBinding"
+        and d["roleRef"]
+        == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "extension-apiserver-authentication-reader",
+        }
+    ]
+    assert [r["metadata"]["namespace"] for r in reader] == ["kube-system"]

@@ -1,0 +1,210 @@
+"""The pieces agree with each other and with the code: scheduler config vs the extender's
+routes, the configs vs the components' own loaders, ports, probes, token audience, sockets."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from scheduler_extender.http.app import Deps, make_app, make_permits_app
+from tests.deploy.render import MANIFESTS, container, find, mount, pod_spec, volume
+from tests.deploy.system import AGENT_CFG, AGENT_DS, DOCS, EXTENDER_CFG, EXTENDER_POD, SCHED
+from tests.fakes_paths import SHARED
+
+REFERENCE = SHARED / "reference" / "kube" / "scheduler-config" / "sched-extender-cache.yaml"
+
+
+async def _never_connects():
+    raise AssertionError("building the app must not connect to an API server")
+
+
+def _routes(app) -> set[tuple[str, str]]:
+    return {(r.method, r.resource.canonical) for r in app.router.routes()}
+
+
+VERBS_APP = make_app(EXTENDER_CFG, Deps(registry=CollectorRegistry(), connect_kube=_never_connects))
+PERMITS_APP = make_permits_app(EXTENDER_CFG, VERBS_APP)
+
+
+# --- the KubeSchedulerConfiguration -------------------------------------------------------------
+
+
+def test_scheduler_config_is_a_v1_configuration_with_our_profile():
+    assert SCHED["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert SCHED["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in SCHED["profiles"]] == [EXTENDER_CFG.scheduler_name]
+
+
+def test_extender_entry_uses_only_keys_a_real_v136_scheduler_accepted():
+    recorded = yaml.safe_load(REFERENCE.read_text(encoding="utf-8"))["extenders"][0]
+    (ours,) = SCHED["extenders"]
+    assert set(ours) <= set(recorded), set(ours) - set(recorded)
+
+
+def test_extender_entry_semantics():
+    (ext,) = SCHED["extenders"]
+    assert ext["nodeCacheCapable"] is True
+    assert ext["ignorable"] is False
+    assert ext["enableHTTPS"] is False
+    assert isinstance(ext["weight"], int) and ext["weight"] >= 1
+    seconds = int(ext["httpTimeout"].removesuffix("s"))
+    assert 1 <= seconds <= 10
+
+
+def test_extender_verbs_are_exactly_the_routes_the_extender_serves():
+    (ext,) = SCHED["extenders"]
+    verbs = {ext[k] for k in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")}
+    # kube-scheduler POSTs to urlPrefix + "/" + verb.
+    served = {path for method, path in _routes(VERBS_APP) if method == "POST"}
+    assert {f"/{v}" for v in verbs} == served
+
+
+def test_url_prefix_is_the_extenders_loopback_verbs_listener():
+    (ext,) = SCHED["extenders"]
+    url = urlsplit(ext["urlPrefix"])
+    assert (url.scheme, url.hostname, url.port) == (
+        "http",
+        "127.0.0.1",
+        EXTENDER_CFG.listen.verbs.port,
+    )
+    assert url.path in {"", "/"}
+    # Only the kube-scheduler in the same pod may call /bind.
+    assert EXTENDER_CFG.listen.verbs.host == "127.0.0.1"
+
+
+def test_leader_election_uses_the_lease_the_role_allows():
+    le = SCHED["leaderElection"]
+    assert le["leaderElect"] is True
+    role = find(DOCS, "Role", "vm-scheduler-leader-election")
+    assert role["metadata"]["namespace"] == le["resourceNamespace"]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [le["resourceName"]],
+            "verbs": ["get", "update"],
+        }
+    ]
+
+
+# --- the extender pod ---------------------------------------------------------------------------
+
+
+def test_one_extender_replaced_by_recreate():
+    """Two extenders behind one Service would double-count (see extender.yaml)."""
+    assert EXTENDER_POD["spec"]["replicas"] == 1
+    assert EXTENDER_POD["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_kube_scheduler_image_matches_the_cluster_minor():
+    image = container(EXTENDER_POD, "kube-scheduler")["image"]
+    assert image.startswith("registry.k8s.io/kube-scheduler:v1.36.")
+    kind_cfg = yaml.safe_load((MANIFESTS.parent / "kind" / "kind-config.yaml").read_text())
+    assert {n["image"].split(":")[1] for n in kind_cfg["nodes"]} == {image.split(":")[1]}
+
+
+def test_extender_ports_and_probes_match_its_listeners():
+    c = container(EXTENDER_POD, "extender")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {
+        "verbs": EXTENDER_CFG.listen.verbs.port,
+        "permits": EXTENDER_CFG.listen.permits.port,
+    }
+    permit_routes = {path for method, path in _routes(PERMITS_APP) if method == "GET"}
+    for probe, path in [
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ]:
+        assert c[probe]["httpGet"] == {"path": path, "port": "permits"}
+        assert path in permit_routes
+    # The Service exposes the permit port only.
+    svc = find(DOCS, "Service", "scheduler-extender")
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        (EXTENDER_CFG.listen.permits.port, "permits")
+    ]
+
+
+def test_extender_shuts_down_within_the_grace_period():
+    grace = pod_spec(EXTENDER_POD)["terminationGracePeriodSeconds"]
+    assert EXTENDER_CFG.shutdown_timeout_seconds < grace
+
+
+def test_extender_pod_is_non_root_with_read_only_root():
+    spec = pod_spec(EXTENDER_POD)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
+    assert spec["serviceAccountName"] == "vm-scheduler"
+
+
+# --- the agent DaemonSet ------------------------------------------------------------------------
+
+
+def test_agent_knows_its_node_from_the_downward_api():
+    env = {e["name"]: e for e in container(AGENT_DS, "agent")["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_agent_token_is_projected_for_the_extenders_audience():
+    (source,) = volume(AGENT_DS, "extender-token")["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == EXTENDER_CFG.auth.audience == "vm-autoscaling-extender"
+    # The API server's minimum is 10 minutes; longer than a day defeats rotation.
+    assert 600 <= token["expirationSeconds"] <= 86400
+    m = mount(container(AGENT_DS, "agent"), "extender-token")
+    assert AGENT_CFG.extender.token_file == f"{m['mountPath']}/{token['path']}"
+
+
+def test_agent_reaches_the_extender_through_its_service():
+    url = urlsplit(AGENT_CFG.extender.url)
+    svc = find(DOCS, "Service", "scheduler-extender")
+    assert url.hostname == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert url.port == svc["spec"]["ports"][0]["port"]
+
+
+def test_agent_sees_the_host_socket_directory_below_its_socket_root():
+    host_dir = volume(AGENT_DS, "vm-sockets")["hostPath"]["path"]
+    m = mount(container(AGENT_DS, "agent"), "vm-sockets")
+    assert m["mountPath"] == AGENT_CFG.hypervisor.socket_root.rstrip("/") + host_dir
+
+
+def test_agent_probes_and_port_match_its_config():
+    c = container(AGENT_DS, "agent")
+    assert c["ports"] == [{"name": "http", "containerPort": AGENT_CFG.http.port, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+
+
+def test_agent_runs_everywhere_without_capabilities():
+    spec = pod_spec(AGENT_DS)
+    assert {"operator": "Exists"} in spec["tolerations"]
+    sc = container(AGENT_DS, "agent")["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert spec["serviceAccountName"] == "autoscaler-agent"
+
+
+@pytest.mark.parametrize("name", ["scheduler-extender", "autoscaler-agent"])
+def test_images_are_the_ones_kind_up_loads(name):
+    workload = EXTENDER_POD if name == "scheduler-extender" else AGENT_DS
+    images = {c["image"] for c in pod_spec(workload)["containers"]}
+    up = (MANIFESTS.parent / "kind" / "up.sh").read_text()
+    assert f'"vm-autoscaling/{name}:dev"' in up
+    assert f"vm-autoscaling/{name}:dev" in images
+
+
+def test_state_is_served_on_the_verbs_listener_that_watch_vcpus_forwards():
+    """scripts/watch-vcpus and run-bench.sh port-forward 10298 for /state: keep them honest."""
+    assert ("GET", "/state") in _routes(VERBS_APP)
+    assert ("GET", "/state") not in _routes(PERMITS_APP)
