@@ -167,7 +167,9 @@ def parse_config(data: object) -> Config:
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as e:
-        raise ConfigError(str(e)) from e
+        message = str(e)
+        # msgspec leaves the path out for errors at the top level; every error names one.
+        raise ConfigError(message if " - at `$" in message else f"{message} - at `$`") from e
 
 
 def load_config(path: Path | None) -> Config:

@@ -70,8 +70,10 @@ StartExtender = Callable[..., Awaitable[Running]]
 
 
 async def wait_until(predicate: Callable[[], bool], *, timeout_seconds: float = 5.0) -> None:
+    # Polling, not an Event: the conditions are about state owned by code under test, which
+    # has no hook to signal on (and must not grow one for the tests' sake).
     async with asyncio.timeout(timeout_seconds):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
 

@@ -54,7 +54,7 @@ async def test_every_recorded_request_is_answered(
         )
     )
 
-    seen_paths = set()
+    seen_paths: set[str] = set()
     for file_name, sample in samples:
         path, request = sample["path"], sample["request"]
         seen_paths.add(path)
@@ -100,8 +100,7 @@ async def test_every_recorded_request_is_answered(
             for pod in list(kube_api.objects["pods"].values()):
                 if pod["metadata"]["uid"] in victims:
                     kube_api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
-            ledger = running.extender.ledger
-            await wait_until(lambda: not victims & ledger.pods.keys())
+            await wait_until(lambda gone=victims: not gone & running.extender.ledger.pods.keys())
         else:  # pragma: no cover - a new verb in the samples must get a branch here
             pytest.fail(f"unexpected sample path {path}")
     assert seen_paths == {"/filter", "/prioritize", "/bind", "/preempt"}

@@ -1,0 +1,104 @@
+"""Permits are written to the pods off the request path, coalesced, and a restart rebuilds them."""
+
+from __future__ import annotations
+
+from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config, wait_until
+from tests.extender.helpers import permit_batch, vm_pod
+from tests.fakes.kube_api import FakeKubeApi, node_object
+
+POD = "/api/v1/namespaces/vms/pods/vm-1"
+AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
+
+
+def _cluster(kube_api: FakeKubeApi) -> None:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a", max_vcpus=6))
+
+
+def _annotations(kube_api: FakeKubeApi) -> dict[str, str]:
+    found: dict[str, str] = kube_api.get_pod("vms", "vm-1")["metadata"].get("annotations", {})
+    return found
+
+
+def _cpu(kube_api: FakeKubeApi) -> str:
+    container = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"]
+    cpu: str = container["resources"]["requests"]["cpu"]
+    return cpu
+
+
+async def test_permit_is_recorded_in_annotations_and_resized_in_place(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender()
+    body = permit_batch("node-a", uid="u-1", current=1, requested=3)
+    response = await running.permits.post("/v1/permits", json=body, headers=AUTH)
+    assert (await response.json())["permits"][0]["status"] == "granted"
+    recorder = running.extender.recorder
+    assert recorder is not None
+    await recorder.wait_idle()
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-vcpus"] == "3"
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-memory"] == "1Gi"
+    assert _cpu(kube_api) == "3"
+
+
+async def test_writes_are_coalesced_latest_wins(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender(
+        make_config(durability={"retry_initial_seconds": 0.2, "retry_max_seconds": 0.2})
+    )
+    recorder = running.extender.recorder
+    assert recorder is not None
+    # The first write fails and backs off; the permits granted meanwhile replace it.
+    kube_api.fail_next(503, method="PATCH", path=POD)
+    for current, requested in ((1, 2), (2, 3), (3, 4), (4, 5)):
+        body = permit_batch("node-a", uid="u-1", current=current, requested=requested)
+        response = await running.permits.post("/v1/permits", json=body, headers=AUTH)
+        assert response.status == 200
+    await recorder.wait_idle()
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-vcpus"] == "5"
+    assert _cpu(kube_api) == "5"
+    patches = [r for r in kube_api.requests if r.method == "PATCH" and r.path == POD]
+    assert len(patches) <= 3  # the failed one, perhaps one in flight, the latest
+
+
+async def test_resize_not_supported_is_remembered(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    # A cluster without in-place resize: annotations still written, resize tried only once.
+    kube_api.is_resize_supported = False
+    _cluster(kube_api)
+    running = await start_extender()
+    recorder = running.extender.recorder
+    assert recorder is not None
+    for current, requested in ((1, 2), (2, 3)):
+        body = permit_batch("node-a", uid="u-1", current=current, requested=requested)
+        assert (await running.permits.post("/v1/permits", json=body, headers=AUTH)).status == 200
+        await recorder.wait_idle()
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-vcpus"] == "3"
+    assert _cpu(kube_api) == "1"
+    assert len([r for r in kube_api.requests if r.path == POD + "/resize"]) == 1
+
+
+async def test_restart_rebuilds_the_same_state(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api)
+    kube_api.add_pod(vm_pod("vm-2", uid="u-2", node="node-a", min_vcpus=2))
+    first = await start_extender()
+    for uid, name, current, requested in (("u-1", "vm-1", 1, 4), ("u-2", "vm-2", 2, 3)):
+        body = permit_batch("node-a", uid=uid, name=name, current=current, requested=requested)
+        assert (await first.permits.post("/v1/permits", json=body, headers=AUTH)).status == 200
+    assert first.extender.recorder is not None
+    await first.extender.recorder.wait_idle()
+    # The first extender sees its own writes come back through the watch.
+    ledger = first.extender.ledger
+    await wait_until(lambda: ledger.pods["u-1"].requests.cpu_millis == 4000)
+    before = await first.state()
+    second = await start_extender()
+    assert await second.state() == before
+    # 6400m usable: vm-1 got 4, vm-2 stayed at 2 (3 would not fit).
+    assert before["nodes"][0]["allocated"]["cpuMillis"] == 6000
