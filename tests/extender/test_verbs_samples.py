@@ -100,7 +100,11 @@ async def test_every_recorded_request_is_answered(
             for pod in list(kube_api.objects["pods"].values()):
                 if pod["metadata"]["uid"] in victims:
                     kube_api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
-            await wait_until(lambda gone=victims: not gone & running.extender.ledger.pods.keys())
+
+            def victims_gone(gone: set[str] = victims) -> bool:
+                return not gone & running.extender.ledger.pods.keys()
+
+            await wait_until(victims_gone)
         else:  # pragma: no cover - a new verb in the samples must get a branch here
             pytest.fail(f"unexpected sample path {path}")
     assert seen_paths == {"/filter", "/prioritize", "/bind", "/preempt"}
