@@ -3,13 +3,17 @@ hypervisor annotation points at the socket the runner really creates."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import PurePosixPath
 
 import pytest
 
+from autoscaler_agent.discovery import vm_target_from_pod
 from autoscaler_agent.hypervisor.factory import socket_path_from_url
 from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
+from protocol.codec import decode
+from protocol.kube import Pod
 from protocol.quantity import memory_bytes
 from tests.deploy.render import (
     EXAMPLES,
@@ -86,7 +90,6 @@ def test_annotations_parse_and_match_the_pod_resources(sts):
     assert int(requests["cpu"]) == spec.min_vcpus
     # The guest's memory fits in the pod with room for QEMU itself.
     assert spec.max_memory_bytes < memory_bytes(limits["memory"])
-    assert spec.metrics_url is None  # default: pod IP :9100, see the next test
     assert vm["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
 
 
@@ -139,3 +142,37 @@ def test_each_vm_pod_sees_only_its_own_socket_directory():
 
 def test_examples_are_not_part_of_the_main_kustomization():
     assert not any(d["kind"] == "StatefulSet" for d in render(MANIFESTS))
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_the_agent_discovers_the_running_example_pod(sts):
+    """The pod as the API server would show it once running, through the agent's own
+    discovery: the VM it manages, and where it scrapes and resizes it."""
+    pod_name = f"{sts['metadata']['name']}-0"
+    meta = sts["spec"]["template"]["metadata"]
+    pod = {
+        "metadata": {
+            "name": pod_name,
+            "namespace": sts["metadata"]["namespace"],
+            "uid": "0b9c1f6e-0000-4000-8000-000000000001",
+            "labels": meta["labels"],
+            "annotations": meta["annotations"],
+        },
+        "spec": {**pod_spec(sts), "nodeName": "worker"},
+        "status": {"phase": "Running"},
+    }
+    target = vm_target_from_pod(decode(Pod, json.dumps(pod).encode()), node="worker")
+    assert target is not None
+    assert target.hypervisor_url == meta["annotations"]["vm-autoscaling.io/hypervisor"]
+    # Scraped through the headless Service's per-pod record, on the port the runner forwards.
+    svc = sts["spec"]["serviceName"]
+    ns = sts["metadata"]["namespace"]
+    assert target.metrics_url == f"http://{pod_name}.{svc}.{ns}.svc:9100/metrics"
+    (service,) = [
+        d
+        for directory in (EXAMPLES, EXAMPLES / "double")
+        for d in render(directory)
+        if d["kind"] == "Service" and d["metadata"]["name"] == svc
+    ]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
