@@ -41,7 +41,7 @@ class VersionRange(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"protocol.max ({self.max}) must be >= protocol.min ({self.min})")
 
     def __str__(self) -> str:
-        return f"v{self.min}..v{self.max}"
+        return f"v{int(self.min)}..v{int(self.max)}"
 
     def latest_shared(self, other: VersionRange) -> ProtocolVersion | None:
         """The newest version in both ranges that this code knows, or None."""

@@ -24,7 +24,7 @@ from kube_io.errors import KubeError
 from protocol.kube import Node, Pod
 from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
-from protocol.versions import SUPPORTED, VersionRange
+from protocol.versions import SUPPORTED
 from scheduler_extender.accounting import Ledger, LedgerError
 from scheduler_extender.auth import Identity
 from scheduler_extender.config import Config
@@ -39,9 +39,6 @@ from scheduler_extender.podinfo import Demand, PodError, PodInfo, pod_info
 log = structlog.get_logger(__name__)
 
 WallClock = Callable[[], float]
-# SUPPORTED holds ProtocolVersion members, whose str() is already "v1", so VersionRange's
-# f"v{min}" renders "vv1"; plain ints give the intended "v1..v1" in error messages.
-_SUPPORTED_PLAIN: Final = VersionRange(min=int(SUPPORTED.min), max=int(SUPPORTED.max))
 _STATUS_NAMES: Final = {s: s.value for s in PermitStatus}
 
 
@@ -243,7 +240,7 @@ class Extender:
             )
         version = SUPPORTED.latest_shared(batch.protocol)
         if version is None:
-            raise UnsupportedVersion(theirs=batch.protocol, ours=_SUPPORTED_PLAIN)
+            raise UnsupportedVersion(theirs=batch.protocol, ours=SUPPORTED)
         self.require_synced()
         try:
             decisions = decide_batch(self.ledger, batch.node, batch.requests)
