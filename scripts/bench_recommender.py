@@ -53,7 +53,7 @@ POD_SHAPES = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1", "4Gi"), ("
 
 def generate(seed: int = 42) -> dict[str, Any]:
     rng = random.Random(seed)
-    pools = []
+    pools: list[dict[str, Any]] = []
     for i, (cores, gib, price) in enumerate(POOL_SHAPES):
         template: dict[str, Any] = {
             "instanceType": f"t{i}-{cores}x{cores * gib}",
@@ -79,7 +79,7 @@ def generate(seed: int = 42) -> dict[str, Any]:
     for i in range(500):
         pool = pools[i % 10]
         zone = ZONES[(i // 10) % 3]
-        t = pool["template"]
+        t: dict[str, Any] = pool["template"]
         name = f"node-{i:03d}"
         nodes.append(
             {
@@ -104,21 +104,24 @@ def generate(seed: int = 42) -> dict[str, Any]:
                     "nodeName": name,
                     "requests": {"cpu": f"{int(cpu * 1000)}m", "memory": f"{int(cpu)}Gi"},
                     "priority": 100,
-                    **({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
-                       if "taints" in t else {}),
-                }  # fmt: skip
+                    **(
+                        {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+                        if "taints" in t
+                        else {}
+                    ),
+                }
             )
     classes = [("critical", 1000), ("standard", 100), ("batch", 10)]
     for i in range(1000):
-        cpu, mem = rng.choice(POD_SHAPES)
+        shape, mem = rng.choice(POD_SHAPES)
         pc, _ = rng.choices(classes, weights=[1, 3, 6])[0]
         pod: dict[str, Any] = {
             "namespace": f"team-{i % 7}",
             "name": f"pending-{i:04d}",
             "uid": f"uid-pending-{i:04d}",
-            "requests": {"cpu": cpu, "memory": mem},
+            "requests": {"cpu": shape, "memory": mem},
             "priorityClassName": pc,
-            "creationTimestamp": f"2024-05-01T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z",
+            "creationTimestamp": f"2024-05-01T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
         }
         r = rng.random()
         if r < 0.10:
