@@ -52,7 +52,9 @@ def pod(name: str, cpu: str = "1", memory: str = "1Gi", **extra: Any) -> dict[st
     }
 
 
-def node(name: str, pool_name: str, zone: str = "a", cpu: str = "4", **extra: Any) -> dict:
+def node(
+    name: str, pool_name: str, zone: str = "a", cpu: str = "4", **extra: Any
+) -> dict[str, Any]:
     return {
         "name": name,
         "labels": {POOL_LABEL: pool_name, ZONE_LABEL: zone},
