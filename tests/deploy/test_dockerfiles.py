@@ -67,8 +67,10 @@ def test_image(dockerfile, script, workload, cname, health_port):
     # HEALTHCHECK hits /healthz on the port that serves it.
     assert f"http://127.0.0.1:{health_port}/healthz" in ops["HEALTHCHECK"]
     assert "LABEL" in ops and "org.opencontainers.image.title" in ops["LABEL"]
-    if dockerfile == "Dockerfile.extender":
-        assert pod_spec(workload)["securityContext"]["runAsUser"] == int(uid)
+    run_as = c.get("securityContext", {}).get("runAsUser") or pod_spec(workload)[
+        "securityContext"
+    ].get("runAsUser")
+    assert run_as == int(uid)
 
 
 def test_dockerignore_keeps_the_context_small_but_buildable():

@@ -18,6 +18,7 @@ from protocol.quantity import memory_bytes
 from tests.deploy.render import (
     EXAMPLES,
     MANIFESTS,
+    ROOT,
     arg_value,
     container,
     mount,
@@ -93,19 +94,61 @@ def test_annotations_parse_and_match_the_pod_resources(sts):
     assert vm["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
 
 
+def _runner_entrypoint() -> list[str]:
+    """The vm-runner image's ENTRYPOINT after ``python3 -m vm_runner`` (fixed flags)."""
+    text = (ROOT / "vm_runner" / "Dockerfile").read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
+    argv = json.loads(line.removeprefix("ENTRYPOINT "))
+    assert argv[:3] == ["python3", "-m", "vm_runner"]
+    return argv[3:]
+
+
 @pytest.mark.parametrize("sts", VMS, ids=IDS)
 def test_runner_flags_are_accepted_and_agree_with_the_annotations(sts):
     pod = _pod(sts)
     vm = container(sts, "vm")
     env = _env(vm, pod)
-    argv = [_expand(a, env) for a in vm["args"]]
-    args = make_parser().parse_args(argv)
+    pod_args = [_expand(a, env) for a in vm["args"]]
+    entrypoint = _runner_entrypoint()
+    # The pod must not override what the image fixes (argparse: the last one would win).
+    fixed = {a.split("=")[0] for a in entrypoint if a.startswith("--")}
+    assert not fixed & {a.split("=")[0] for a in pod_args if a.startswith("--")}
+    args = make_parser().parse_args(entrypoint + pod_args)
     spec = parse_vm_spec(pod["annotations"], pod_memory_bytes=0)
     assert (args.min_vcpus, args.max_vcpus) == (spec.min_vcpus, spec.max_vcpus)
     assert memory_bytes(args.memory) == spec.min_memory_bytes
     # Forwards on the pod IP: node_exporter for the agent, PostgreSQL for pgbench.
     assert args.listen_address == "0.0.0.0"
     assert {p["containerPort"] for p in vm["ports"]} == {9100, 5432}
+    # The runner's grace (powerdown, then quit) fits in the pod's.
+    grace = args.grace_seconds + args.quit_timeout_seconds
+    assert grace < pod_spec(sts)["terminationGracePeriodSeconds"]
+
+
+def _runner_uid() -> int:
+    text = (ROOT / "vm_runner" / "Dockerfile").read_text()
+    match = re.search(r"useradd [^\n]*--uid (\d+)", text)
+    assert match, "vm_runner/Dockerfile no longer fixes the runner's UID"
+    return int(match[1])
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_socket_directory_belongs_to_the_runner_and_the_agent_shares_its_uid(sts):
+    """The kubelet makes the subPath directory as root; the init container hands it to the
+    runner's UID; the agent runs as that UID so it may connect() to the socket."""
+    uid = _runner_uid()
+    (init,) = pod_spec(sts)["initContainers"]
+    assert init["command"] == [
+        "chown",
+        f"{uid}:{uid}",
+        mount(container(sts, "vm"), "vm-sockets")["mountPath"],
+    ]
+    assert (
+        mount(init, "vm-sockets")["subPathExpr"]
+        == mount(container(sts, "vm"), "vm-sockets")["subPathExpr"]
+    )
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert container(AGENT_DS, "agent")["securityContext"]["runAsUser"] == uid
 
 
 @pytest.mark.parametrize("sts", VMS, ids=IDS)

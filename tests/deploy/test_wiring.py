@@ -189,6 +189,7 @@ def test_agent_runs_everywhere_without_capabilities():
     spec = pod_spec(AGENT_DS)
     assert {"operator": "Exists"} in spec["tolerations"]
     sc = container(AGENT_DS, "agent")["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
