@@ -135,12 +135,18 @@ def parse_quota_config(data: object) -> QuotaConfig:
             try:
                 msgspec.convert(entry, NamespaceQuota)
             except msgspec.ValidationError as e:
-                message = str(e).replace("`$", f"`$.namespaces.{name}", 1)
-                raise QuotaConfigError(message) from e
+                raise QuotaConfigError(_at(str(e), f"$.namespaces.{name}")) from e
     try:
         return msgspec.convert(data, QuotaConfig)
     except msgspec.ValidationError as e:
-        raise QuotaConfigError(str(e)) from e
+        raise QuotaConfigError(_at(str(e), "$")) from e
+
+
+def _at(message: str, root: str) -> str:
+    """Re-root msgspec's path at ``root``; msgspec leaves the path out for the root itself."""
+    if " - at `$" not in message:
+        return f"{message} - at `{root}`"
+    return message.replace(" - at `$", f" - at `{root}", 1)
 
 
 def load_quota_config(raw: bytes) -> QuotaConfig:
