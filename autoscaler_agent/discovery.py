@@ -111,10 +111,8 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         raise DiscoveryError(f"{key}: annotation vm-autoscaling.io/hypervisor is required")
     metrics_url = spec.metrics_url
     if metrics_url is None:
-        # protocol.kube.PodStatus does not model podIP yet; getattr keeps this working the day
-        # it does, and until then such VMs need the metrics-url annotation.
-        pod_ip = getattr(pod.status, "pod_ip", None)
-        if not isinstance(pod_ip, str) or not pod_ip:
+        pod_ip = pod.status.pod_ip
+        if not pod_ip:
             raise DiscoveryError(f"{key}: no metrics-url annotation and no pod IP known")
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"

@@ -106,6 +106,7 @@ class ContainerStatus(_Obj):
 
 class PodStatus(_Obj):
     phase: str | None = None
+    pod_ip: str | None = msgspec.field(default=None, name="podIP")
     resize: str | None = None
     container_statuses: list[ContainerStatus] | None = None
     init_container_statuses: list[ContainerStatus] | None = None

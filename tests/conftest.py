@@ -6,6 +6,7 @@ import asyncio
 import inspect
 
 import pytest
+import structlog
 
 
 @pytest.fixture(autouse=True)
@@ -27,3 +28,16 @@ def _close_loop_opened_for_sync_tests(request):
     if not loop.is_running():
         loop.close()
     policy.set_event_loop(None)
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog_config():
+    """Undo a ``configure_logging`` done by an in-process ``main()`` test.
+
+    The binaries configure structlog with ``cache_logger_on_first_use``; left in place, loggers
+    first used by later tests would bind to that configuration for good and slip past
+    ``structlog.testing.capture_logs``.
+    """
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

@@ -129,16 +129,3 @@ async def world(tmp_path):
         finally:
             await supervisor.close()
             await batcher.close()
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _no_implicit_event_loop():
-    """Work around pytest-asyncio#724 (fixed upstream by PR #1430, not in our 1.5.0).
-
-    When a sync test runs before the first async one, pytest-asyncio's ``get_event_loop()``
-    makes the policy create a loop that nobody closes; with ``filterwarnings = error`` its
-    ResourceWarning at exit fails the run. Marking the policy as "set" (to no loop) stops the
-    implicit creation; async tests get their loops from pytest-asyncio's runner as usual.
-    """
-    asyncio.set_event_loop(None)
-    yield
