@@ -1,0 +1,144 @@
+"""Live mode: a ``ClusterSnapshot`` of the extender's own ledger, for the recommender.
+
+Pure: reads the ledger, never changes it; no I/O, no clock. The shell (``http/recommend.py``)
+passes the pending pods and the node pools from the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import cast
+
+import msgspec
+
+from protocol import kube
+from scheduler_extender.accounting import Ledger
+from scheduler_extender.cluster_snapshot import (
+    API_VERSION,
+    KIND,
+    POOL_LABEL,
+    Affinity,
+    Capacity,
+    ClusterSnapshot,
+    NodePool,
+    PriorityClass,
+    Resources,
+    SnapshotNode,
+    SnapshotPod,
+    Taint,
+    TaintEffect,
+    Toleration,
+)
+from scheduler_extender.podinfo import PodInfo
+from scheduler_extender.snapshot_model import validate_snapshot
+
+__all__ = ["snapshot_from_ledger"]
+
+
+def snapshot_from_ledger(
+    ledger: Ledger,
+    pending: Sequence[PodInfo],
+    pools: Sequence[NodePool],
+    *,
+    pod_specs: Mapping[str, kube.PodSpec] | None = None,
+    node_taints: Mapping[str, Sequence[kube.Taint]] | None = None,
+    unschedulable_nodes: Collection[str] = (),
+    priority_classes: Sequence[PriorityClass] = (),
+    pool_label: str = POOL_LABEL,
+) -> ClusterSnapshot:
+    """A snapshot of the live ledger, for ``recommend``. Reads the ledger, never changes it.
+
+    The ledger knows sizes but not scheduling constraints, so the shell passes them:
+    ``pod_specs`` by pending pod uid (nodeSelector, affinity, tolerations, priorityClassName)
+    and ``node_taints`` by node name. Placed pods are written at what they *hold* (a VM at its
+    permitted size); pending pods at ``initial_demand()``, so VM annotations need not travel.
+    Nodes the ledger knows only from pods (no Node object yet) are left out with their pods:
+    nothing new can be placed there anyway. Pending pods with unusable VM annotations are left
+    out too: the extender rejects them everywhere and no node would change that.
+
+    Raises ``SnapshotError`` when the result is inconsistent (say, an affinity operator this
+    model does not support).
+    """
+    specs = pod_specs or {}
+    taints = node_taints or {}
+    nodes: list[SnapshotNode] = []
+    for name in sorted(ledger.nodes):
+        state = ledger.nodes[name]
+        if not state.is_known:
+            continue
+        nodes.append(
+            SnapshotNode(
+                name=name,
+                labels=dict(state.labels),
+                allocatable=Capacity(
+                    cpu=f"{state.allocatable.cpu_millis}m",
+                    memory=state.allocatable.memory_bytes,
+                ),
+                taints=[
+                    Taint(key=t.key, value=t.value or "", effect=cast(TaintEffect, t.effect))
+                    for t in taints.get(name, ())
+                    if t.effect in ("NoSchedule", "PreferNoSchedule", "NoExecute")
+                ],
+                unschedulable=name in unschedulable_nodes,
+            )
+        )
+    known = {n.name for n in nodes}
+    pods: list[SnapshotPod] = []
+    for entry in sorted(ledger.pods.values(), key=lambda e: (e.node, e.key, e.uid)):
+        if entry.node not in known:
+            continue
+        pods.append(
+            SnapshotPod(
+                namespace=entry.namespace,
+                name=entry.name,
+                uid=entry.uid,
+                node_name=entry.node,
+                requests=Resources(cpu=f"{entry.held.cpu_millis}m", memory=entry.held.memory_bytes),
+                priority=entry.priority,
+            )
+        )
+    for info in pending:
+        if info.vm_error is not None or info.uid in ledger.pods:
+            continue
+        spec = specs.get(info.uid, kube.PodSpec())
+        demand = info.initial_demand()
+        affinity: Affinity | None = None
+        if spec.affinity is not None:
+            affinity = msgspec.convert(msgspec.to_builtins(spec.affinity), Affinity)
+        pods.append(
+            SnapshotPod(
+                namespace=info.namespace,
+                name=info.name,
+                uid=info.uid,
+                requests=Resources(cpu=f"{demand.cpu_millis}m", memory=demand.memory_bytes),
+                priority=info.priority,
+                priority_class_name=spec.priority_class_name,
+                creation_timestamp=_parse_created(info.created),
+                node_selector=dict(spec.node_selector or {}),
+                affinity=affinity,
+                tolerations=[
+                    msgspec.convert(msgspec.to_builtins(t), Toleration)
+                    for t in spec.tolerations or ()
+                ],
+            )
+        )
+    snapshot = ClusterSnapshot(
+        api_version=API_VERSION,
+        kind=KIND,
+        pool_label=pool_label,
+        nodes=nodes,
+        pods=pods,
+        priority_classes=list(priority_classes),
+        node_pools=list(pools),
+    )
+    validate_snapshot(snapshot)
+    return snapshot
+
+
+def _parse_created(text: str) -> datetime | None:
+    try:
+        created = datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+    return created if created is not None and created.tzinfo is not None else None

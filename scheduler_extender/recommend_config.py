@@ -1,0 +1,46 @@
+"""The recommender's settings: the scorer chain and the rules it shares with the extender.
+
+Pure: declarations only. The extender's ``recommender:`` config section builds one of these.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import msgspec
+
+from scheduler_extender.accounting import SystemReserve
+
+__all__ = ["DEFAULT_SCHEDULER_NAME", "RecommenderConfig", "Scorer"]
+
+DEFAULT_SCHEDULER_NAME = "vm-scheduler"
+
+
+class Scorer(enum.StrEnum):
+    """Links of the ranking chain. Each only breaks the ties the links before it left."""
+
+    # The pool's ``priority``: higher wins (cluster-autoscaler's priority expander).
+    PRIORITY = "priority"
+    # Resource units scheduled per price: more wins. Every pool needs a price.
+    LEAST_COST = "least-cost"
+    # cluster-autoscaler's least-waste: sum over cpu and memory of
+    # (allocatable - requested) / allocatable of the new node; less wins.
+    LEAST_WASTE = "least-waste"
+    # Pods scheduled: more wins.
+    MOST_PODS = "most-pods"
+
+
+class RecommenderConfig(msgspec.Struct, frozen=True, kw_only=True):
+    scorers: tuple[Scorer, ...] = (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS)
+    # Whose VM pods reserve their VM size (the extender's own scheduler name).
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    # The extender keeps this share of every node back; the simulation must too, or it would
+    # place pods the extender then refuses.
+    reserve: SystemReserve = msgspec.field(default_factory=SystemReserve)
+    # least-cost's exchange rate between memory and CPU: this many bytes count as one vCPU
+    # (1000 units). Exact: units are Fractions of millicores.
+    memory_bytes_per_cpu: Annotated[int, msgspec.Meta(gt=0)] = 4 * 2**30
+    # Step budget of the exact search in the cheaper-plan check (per pool); beyond it the
+    # first-fit-decreasing packing stands, flagged as not proven fewest.
+    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = 20_000

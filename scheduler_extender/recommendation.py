@@ -1,0 +1,152 @@
+"""The recommender's answer: ``Recommendation`` and its diagnostics, and their JSON encoding.
+
+Pure: no I/O, no clock. camelCase on the wire; every list and map has a deterministic order, so
+equal recommendations encode to equal bytes (the golden test in ``tests/recommender`` pins them).
+``runTimeMillis`` is the caller's measurement, passed in: a clock here would make runs differ.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import msgspec
+
+__all__ = [
+    "CandidateOutcome",
+    "CandidateTrial",
+    "CheaperPlan",
+    "Diagnostics",
+    "ExistingPlacement",
+    "Recommendation",
+    "Round",
+    "ScaleUp",
+    "Score",
+    "UnscheduledPod",
+    "UnscheduledReason",
+    "encode_recommendation",
+]
+
+
+class _Out(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True):
+    pass
+
+
+class ScaleUp(_Out, frozen=True, kw_only=True):
+    node_pool: str
+    zone: str
+    instance_type: str
+    increment_by: int
+    node_names: list[str]
+
+
+class CandidateOutcome(enum.StrEnum):
+    WON = "won"
+    LOST = "lost"
+    PLACES_NOTHING = "placesNothing"
+    AT_MAX = "atMax"
+    OVER_LIMIT = "overLimit"
+
+
+class Score(_Out, frozen=True, kw_only=True):
+    """The values of the chain's links (only the configured ones), as shown to humans; the
+    ranking itself compares exact Fractions."""
+
+    priority: int | None = None
+    least_cost: float | None = None
+    least_waste: float | None = None
+    most_pods: int | None = None
+
+
+class CandidateTrial(_Out, frozen=True, kw_only=True):
+    node_pool: str
+    zone: str
+    instance_type: str
+    outcome: CandidateOutcome
+    reason: str
+    score: Score | None = None
+    pods: list[str] = []
+
+
+class Round(_Out, frozen=True, kw_only=True):
+    round: int
+    # The priority value this pass places (None: a single pass, no priority classes).
+    pass_priority: int | None = None
+    winner: str | None = None
+    new_node: str | None = None
+    candidates: list[CandidateTrial]
+
+
+class UnscheduledReason(enum.StrEnum):
+    NO_MATCHING_POOL = "NoMatchingPool"  # selector / affinity / taints exclude every pool
+    TOO_BIG = "TooBigForAnyTemplate"
+    POOL_AT_MAX = "PoolAtMaxCount"
+    POOL_LIMIT = "PoolResourceLimit"
+    INVALID_VM_SPEC = "InvalidVmSpec"  # the extender rejects it on every node
+
+
+class UnscheduledPod(_Out, frozen=True, kw_only=True):
+    pod: str
+    uid: str
+    priority: int
+    reason: UnscheduledReason
+    message: str
+    # Per pool (or ``pool/zone`` when the zones differ): why it cannot help.
+    pools: dict[str, str] = {}
+
+
+class ExistingPlacement(_Out, frozen=True, kw_only=True):
+    pod: str
+    node: str
+
+
+class CheaperPlan(_Out, frozen=True, kw_only=True):
+    node_pool: str
+    instance_type: str
+    node_count: int
+    zones: dict[str, int]
+    total_price: float
+    greedy_price: float
+    # False when the search budget ran out: fewer nodes may exist.
+    is_fewest_proven: bool
+
+
+class Diagnostics(_Out, frozen=True, kw_only=True):
+    rounds: list[Round] = []
+    placed_on_existing: list[ExistingPlacement] = []
+    new_nodes: dict[str, list[str]] = {}
+    unscheduled: list[UnscheduledPod] = []
+    greedy_price: float | None = None
+    cheaper_plans: list[CheaperPlan] = []
+    notes: list[str] = []
+
+
+class Recommendation(_Out, frozen=True, kw_only=True):
+    scale_up: list[ScaleUp]
+    unscheduled_pods: list[str]
+    diagnostics: Diagnostics
+
+
+class _Envelope(_Out, frozen=True, kw_only=True):
+    """The wire form: the design's three keys first, then the diagnostics."""
+
+    scale_up: list[ScaleUp]
+    unscheduled_pods: list[str]
+    run_time_millis: int | None = None
+    diagnostics: Diagnostics
+
+
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def encode_recommendation(rec: Recommendation, *, run_time_millis: int | None = None) -> bytes:
+    """JSON bytes; identical for equal recommendations. ``run_time_millis`` is measured by the
+    caller (``recommend`` has no clock) and left out when None, so tests compare bytes."""
+    return _ENCODER.encode(
+        _Envelope(
+            scale_up=rec.scale_up,
+            unscheduled_pods=rec.unscheduled_pods,
+            run_time_millis=run_time_millis,
+            diagnostics=rec.diagnostics,
+        )
+    )

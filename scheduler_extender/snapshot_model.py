@@ -1,0 +1,600 @@
+"""Phase 1 of the recommender: check a ``ClusterSnapshot`` and compile it into the model.
+
+Pure: no I/O, no clock, no randomness. msgspec has checked types and shapes while decoding; this
+adds every cross-field check (duplicates, unknown pools and nodes, bad quantities, malformed
+selectors), collecting *all* errors, each with its ``$.path``, into one ``SnapshotError``.
+
+The compiled ``Model`` is what the simulation reads: quantities parsed once, constraints interned
+into classes, pending pods in scheduling order. ``PreparedSnapshot`` keeps it next to the
+snapshot, so a snapshot that was loaded (and so validated) is not compiled a second time by
+``recommend``. The model is never changed after compiling: one prepared snapshot can serve any
+number of ``recommend`` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from fractions import Fraction
+from typing import Final
+
+from protocol import annotations as ann
+from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from scheduler_extender.accounting import NodeState, SystemReserve
+from scheduler_extender.cluster_snapshot import (
+    HOSTNAME_LABEL,
+    ZONE_LABEL,
+    ClusterSnapshot,
+    FieldError,
+    PoolLimits,
+    Quantity,
+    SnapshotError,
+    SnapshotFormat,
+    SnapshotNode,
+    SnapshotPod,
+    Taint,
+    decode_snapshot,
+)
+from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.recommend_config import DEFAULT_SCHEDULER_NAME
+
+__all__ = [
+    "Candidate",
+    "Constraints",
+    "Host",
+    "Model",
+    "Pending",
+    "Pool",
+    "PreparedSnapshot",
+    "admission",
+    "candidates",
+    "compile_snapshot",
+    "load_snapshot",
+    "prepare_snapshot",
+    "usable",
+    "validate_snapshot",
+]
+
+# A pod's scheduling constraints, canonical and hashable, so that pods sharing them share one
+# feasibility check per node (pods come from a handful of controllers: few distinct keys).
+_Expr = tuple[str, str, tuple[str, ...]]  # key, operator, values
+_Term = tuple[tuple[_Expr, ...], tuple[tuple[str, tuple[str, ...]], ...]]  # exprs, name fields
+_TolKey = tuple[str, str, str, str]  # key, operator, value, effect
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    selector: tuple[tuple[str, str], ...]
+    terms: tuple[_Term, ...] | None  # None: no required node affinity
+    tolerations: tuple[_TolKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """What constraint matching looks at on a node (existing or a template in a zone)."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[tuple[str, str, str], ...]  # key, value, effect; NoSchedule/NoExecute only
+
+
+@dataclass(slots=True)
+class Pending:
+    order: int  # position in scheduling order (priority desc, oldest, name)
+    info: PodInfo
+    demand: Demand
+    cls: int  # interned Constraints
+    key: str
+
+
+@dataclass(slots=True)
+class Pool:
+    index: int
+    name: str
+    instance_type: str
+    zones: list[str]
+    allocatable: Demand
+    capacity: Demand
+    labels: dict[str, str]
+    taints: tuple[tuple[str, str, str], ...]
+    count: int
+    max_count: int
+    limit_cpu: int | None
+    limit_memory: int | None
+    price: Fraction | None
+    priority: int
+
+
+@dataclass(slots=True)
+class _Candidate:
+    index: int
+    pool: Pool
+    zone: str
+    host: Host  # name is a placeholder: a new node has no name until committed
+    usable: Demand
+    label: str  # "pool/zone"
+
+
+@dataclass(slots=True)
+class Model:
+    nodes: list[tuple[SnapshotNode, Host]]
+    # Per node (same order as ``nodes``): allocatable, and what its placed pods hold (each at
+    # ``initial_demand()``, which is what the ledger's ``observe_pod`` holds for them too).
+    allocatable: list[Demand]
+    held: list[Demand]
+    placed: list[PodInfo]
+    pending: list[Pending]
+    classes: list[Constraints]
+    pools: list[Pool]
+    has_priority_classes: bool
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[FieldError] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(FieldError(path=path, message=message))
+
+
+def _key_path(base: str, key: str) -> str:
+    return f'{base}["{key}"]'
+
+
+class _Quantities:
+    """Parses each distinct quantity text once per compile; a snapshot repeats a few sizes
+    thousands of times, and parsing goes through Fractions."""
+
+    def __init__(self, errors: _Errors) -> None:
+        self._errors = errors
+        self._cpu: dict[Quantity, int] = {}
+        self._mem: dict[Quantity, int] = {}
+
+    def cpu(self, value: Quantity | None, path: str) -> int:
+        if value is None:
+            return 0
+        found = self._cpu.get(value)
+        if found is None:
+            try:
+                found = self._cpu[value] = cpu_millis(str(value))
+            except QuantityError as e:
+                self._errors.add(path, str(e))
+                return 0
+        return found
+
+    def memory(self, value: Quantity | None, path: str) -> int:
+        if value is None:
+            return 0
+        found = self._mem.get(value)
+        if found is None:
+            try:
+                found = self._mem[value] = memory_bytes(str(value))
+            except QuantityError as e:
+                self._errors.add(path, str(e))
+                return 0
+        return found
+
+
+def _taints(taints: Iterable[Taint]) -> tuple[tuple[str, str, str], ...]:
+    # PreferNoSchedule is a preference: it never makes a pod unschedulable.
+    return tuple((t.key, t.value, t.effect) for t in taints if t.effect != "PreferNoSchedule")
+
+
+def _check_taints(taints: Sequence[Taint], path: str, errors: _Errors) -> None:
+    seen: set[tuple[str, str]] = set()
+    for j, t in enumerate(taints):
+        if (t.key, t.effect) in seen:
+            errors.add(f"{path}[{j}]", f"duplicate taint {t.key}:{t.effect}")
+        seen.add((t.key, t.effect))
+
+
+def _constraints(pod: SnapshotPod, path: str, errors: _Errors) -> Constraints:
+    terms: tuple[_Term, ...] | None = None
+    na = pod.affinity.node_affinity if pod.affinity is not None else None
+    required = na.required_during_scheduling_ignored_during_execution if na else None
+    if required is not None:
+        tpath = f"{path}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        built: list[_Term] = []
+        for j, term in enumerate(required.node_selector_terms):
+            exprs: list[_Expr] = []
+            for k, r in enumerate(term.match_expressions):
+                vpath = f"{tpath}.nodeSelectorTerms[{j}].matchExpressions[{k}].values"
+                if r.operator in ("In", "NotIn") and not r.values:
+                    errors.add(vpath, f"operator {r.operator} needs at least one value")
+                if r.operator in ("Exists", "DoesNotExist") and r.values:
+                    errors.add(vpath, f"operator {r.operator} takes no values")
+                exprs.append((r.key, r.operator, tuple(r.values)))
+            fields: list[tuple[str, tuple[str, ...]]] = []
+            for k, f in enumerate(term.match_fields):
+                if not f.values:
+                    errors.add(
+                        f"{tpath}.nodeSelectorTerms[{j}].matchFields[{k}].values",
+                        f"operator {f.operator} needs at least one value",
+                    )
+                fields.append((f.operator, tuple(f.values)))
+            built.append((tuple(exprs), tuple(fields)))
+        terms = tuple(built)
+    tols: list[_TolKey] = []
+    for j, t in enumerate(pod.tolerations):
+        if t.operator == "Exists" and t.value:
+            errors.add(f"{path}.tolerations[{j}].value", "must be empty when operator is Exists")
+        if t.operator == "Equal" and not t.key:
+            errors.add(f"{path}.tolerations[{j}].key", "an empty key needs operator Exists")
+        tols.append((t.key, t.operator, t.value, t.effect))
+    return Constraints(
+        selector=tuple(sorted(pod.node_selector.items())),
+        terms=terms,
+        tolerations=tuple(tols),
+    )
+
+
+def _pod_info(pod: SnapshotPod, requests: Demand, priority: int, *, scheduler_name: str) -> PodInfo:
+    """``podinfo.pod_info`` for a pod whose effective requests are already summed: the same
+    ownership and VM rules, without rebuilding containers to sum them again."""
+    ours = pod.scheduler_name == scheduler_name
+    is_vm = ann.is_vm(pod.labels)
+    vm: ann.VmSpec | None = None
+    vm_error: str | None = None
+    permitted: tuple[int | None, int | None] = (None, None)
+    if is_vm and ours:
+        try:
+            vm = ann.parse_vm_spec(pod.annotations, pod_memory_bytes=requests.memory_bytes)
+        except ann.AnnotationError as e:
+            vm_error = str(e)
+        permitted = ann.parse_permitted(pod.annotations)
+    created = pod.creation_timestamp
+    return PodInfo(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        node_name=pod.node_name or None,
+        scheduler_name=pod.scheduler_name,
+        requests=requests,
+        priority=priority,
+        is_ours=ours,
+        is_vm=is_vm,
+        is_static=ann.MIRROR_ANNOTATION in pod.annotations,
+        is_terminated=False,
+        vm=vm,
+        vm_error=vm_error,
+        permitted_vcpus=permitted[0],
+        permitted_memory_bytes=permitted[1],
+        created=created.isoformat() if created is not None else "",
+    )
+
+
+def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model:
+    """Check every cross-field rule and build the model; raise ``SnapshotError`` with all."""
+    errors = _Errors()
+    qty = _Quantities(errors)
+
+    # Priority classes.
+    class_values: dict[str, int] = {}
+    default_priority = 0
+    defaults = 0
+    for i, pc in enumerate(snapshot.priority_classes):
+        if pc.name in class_values:
+            errors.add(f"$.priorityClasses[{i}].name", f"duplicate priority class {pc.name!r}")
+        class_values[pc.name] = pc.value
+        if pc.global_default:
+            defaults += 1
+            default_priority = pc.value
+            if defaults > 1:
+                errors.add(f"$.priorityClasses[{i}].globalDefault", "a second global default")
+
+    # Pools.
+    pools: list[Pool] = []
+    pools_by_name: dict[str, Pool] = {}
+    for i, p in enumerate(snapshot.node_pools):
+        path = f"$.nodePools[{i}]"
+        if p.name in pools_by_name:
+            errors.add(f"{path}.name", f"duplicate node pool {p.name!r}")
+        seen_zones: set[str] = set()
+        for j, z in enumerate(p.zones):
+            if z in seen_zones:
+                errors.add(f"{path}.zones[{j}]", f"duplicate zone {z!r}")
+            seen_zones.add(z)
+        t = p.template
+        tpath = f"{path}.template"
+        alloc = Demand(
+            qty.cpu(t.allocatable.cpu, f"{tpath}.allocatable.cpu"),
+            qty.memory(t.allocatable.memory, f"{tpath}.allocatable.memory"),
+        )
+        cap = alloc
+        if t.capacity is not None:
+            cap = Demand(
+                qty.cpu(t.capacity.cpu, f"{tpath}.capacity.cpu"),
+                qty.memory(t.capacity.memory, f"{tpath}.capacity.memory"),
+            )
+            if alloc.cpu_millis > cap.cpu_millis:
+                errors.add(f"{tpath}.allocatable.cpu", "exceeds the template's capacity")
+            if alloc.memory_bytes > cap.memory_bytes:
+                errors.add(f"{tpath}.allocatable.memory", "exceeds the template's capacity")
+        for reserved in (snapshot.pool_label, ZONE_LABEL, HOSTNAME_LABEL):
+            if reserved in t.labels:
+                errors.add(
+                    _key_path(f"{tpath}.labels", reserved),
+                    "set by the recommender for each new node; remove it from the template",
+                )
+        _check_taints(t.taints, f"{tpath}.taints", errors)
+        limits = p.limits or PoolLimits()
+        pool = Pool(
+            index=i,
+            name=p.name,
+            instance_type=t.instance_type,
+            zones=list(p.zones),
+            allocatable=alloc,
+            capacity=cap,
+            labels=dict(t.labels),
+            taints=_taints(t.taints),
+            count=p.current_count or 0,
+            max_count=p.max_count,
+            limit_cpu=None if limits.cpu is None else qty.cpu(limits.cpu, f"{path}.limits.cpu"),
+            limit_memory=None
+            if limits.memory is None
+            else qty.memory(limits.memory, f"{path}.limits.memory"),
+            price=Fraction(p.price) if p.price is not None else None,
+            priority=p.priority,
+        )
+        pools.append(pool)
+        pools_by_name.setdefault(p.name, pool)
+
+    # Nodes.
+    nodes: list[tuple[SnapshotNode, Host]] = []
+    allocatable: list[Demand] = []
+    node_names: set[str] = set()
+    observed: dict[str, int] = {}
+    for i, n in enumerate(snapshot.nodes):
+        path = f"$.nodes[{i}]"
+        if n.name in node_names:
+            errors.add(f"{path}.name", f"duplicate node {n.name!r}")
+        node_names.add(n.name)
+        allocatable.append(
+            Demand(
+                qty.cpu(n.allocatable.cpu, f"{path}.allocatable.cpu"),
+                qty.memory(n.allocatable.memory, f"{path}.allocatable.memory"),
+            )
+        )
+        _check_taints(n.taints, f"{path}.taints", errors)
+        pool_name = n.labels.get(snapshot.pool_label)
+        if pool_name is not None:
+            found = pools_by_name.get(pool_name)
+            if found is None:
+                errors.add(
+                    _key_path(f"{path}.labels", snapshot.pool_label),
+                    f"unknown node pool {pool_name!r}",
+                )
+            else:
+                observed[pool_name] = observed.get(pool_name, 0) + 1
+                zone = n.labels.get(ZONE_LABEL)
+                if zone not in found.zones:
+                    errors.add(
+                        _key_path(f"{path}.labels", ZONE_LABEL),
+                        f"zone {zone!r} is not one of pool {pool_name!r}'s zones {found.zones}",
+                    )
+        nodes.append((n, Host(n.name, n.labels, _taints(n.taints))))
+    for pool in pools:
+        pool.count = max(pool.count, observed.get(pool.name, 0))
+
+    # Pods.
+    placed: list[PodInfo] = []
+    held_by_node: dict[str, Demand] = {}
+    pending: list[tuple[tuple[int, bool, datetime | None, str, str], Pending]] = []
+    classes: list[Constraints] = []
+    class_ids: dict[Constraints, int] = {}
+    uids: set[str] = set()
+    keys: set[str] = set()
+    for i, pod in enumerate(snapshot.pods):
+        path = f"$.pods[{i}]"
+        key = f"{pod.namespace}/{pod.name}"
+        if pod.uid in uids:
+            errors.add(f"{path}.uid", f"duplicate pod uid {pod.uid!r}")
+        if key in keys:
+            errors.add(f"{path}.name", f"duplicate pod {key!r}")
+        uids.add(pod.uid)
+        keys.add(key)
+        requests = Demand(
+            qty.cpu(pod.requests.cpu, f"{path}.requests.cpu"),
+            qty.memory(pod.requests.memory, f"{path}.requests.memory"),
+        )
+        if pod.priority_class_name is not None:
+            value = class_values.get(pod.priority_class_name)
+            if value is None:
+                errors.add(
+                    f"{path}.priorityClassName",
+                    f"unknown priority class {pod.priority_class_name!r}",
+                )
+            elif pod.priority is not None and pod.priority != value:
+                errors.add(
+                    f"{path}.priority",
+                    f"{pod.priority} differs from priority class"
+                    f" {pod.priority_class_name!r} ({value})",
+                )
+            priority = pod.priority if pod.priority is not None else (value or 0)
+        else:
+            priority = pod.priority if pod.priority is not None else default_priority
+        constraints = _constraints(pod, path, errors)
+        info = _pod_info(pod, requests, priority, scheduler_name=scheduler_name)
+        if pod.node_name:
+            if pod.node_name not in node_names:
+                errors.add(f"{path}.nodeName", f"unknown node {pod.node_name!r}")
+            placed.append(info)
+            held_by_node[pod.node_name] = held_by_node.get(pod.node_name, _ZERO) + (
+                info.initial_demand()
+            )
+            continue
+        cls = class_ids.get(constraints)
+        if cls is None:
+            cls = class_ids[constraints] = len(classes)
+            classes.append(constraints)
+        created = pod.creation_timestamp
+        # Scheduling order: highest priority, then oldest (no timestamp: last), then name;
+        # uid last only so that the order is total.
+        order_key = (-priority, created is None, created, key, pod.uid)
+        pending.append((order_key, Pending(0, info, info.initial_demand(), cls, key)))
+
+    if errors.items:
+        raise SnapshotError(errors.items)
+
+    pending.sort(key=_order_sort_key)
+    ordered = [item for _, item in pending]
+    for position, item in enumerate(ordered):
+        item.order = position
+    return Model(
+        nodes=nodes,
+        allocatable=allocatable,
+        held=[held_by_node.get(n.name, _ZERO) for n, _ in nodes],
+        placed=placed,
+        pending=ordered,
+        classes=classes,
+        pools=pools,
+        has_priority_classes=bool(snapshot.priority_classes),
+    )
+
+
+def _order_sort_key(
+    item: tuple[tuple[int, bool, datetime | None, str, str], Pending],
+) -> tuple[int, bool, datetime, str, str]:
+    prio, missing, created, key, uid = item[0]
+    # A placeholder for a missing timestamp; ``missing`` already sorts those last.
+    return prio, missing, created if created is not None else _EPOCH, key, uid
+
+
+_ZERO: Final = Demand(0, 0)
+_EPOCH: Final = datetime.fromisoformat("1970-01-01T00:00:00+00:00")
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraint matching (nodeSelector, required node affinity, taints and tolerations)
+# ---------------------------------------------------------------------------------------------
+
+
+def _expr_matches(expr: _Expr, labels: Mapping[str, str]) -> bool:
+    key, op, values = expr
+    value = labels.get(key)
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    return value is None  # DoesNotExist
+
+
+def _term_matches(term: _Term, host: Host) -> bool:
+    exprs, fields = term
+    if not exprs and not fields:
+        return False  # Kubernetes: an empty term matches no node
+    for op, values in fields:
+        if (host.name in values) != (op == "In"):
+            return False
+    return all(_expr_matches(e, host.labels) for e in exprs)
+
+
+def _tolerates(tols: tuple[_TolKey, ...], taint: tuple[str, str, str]) -> bool:
+    key, value, effect = taint
+    for t_key, t_op, t_value, t_effect in tols:
+        if t_effect and t_effect != effect:
+            continue
+        if t_key and t_key != key:
+            continue
+        if t_op == "Exists" or t_value == value:
+            return True
+    return False
+
+
+def admission(c: Constraints, host: Host) -> str | None:
+    """Why a pod with constraints ``c`` may not run on ``host``, or None if it may."""
+    labels = host.labels
+    for k, v in c.selector:
+        if labels.get(k) != v:
+            return f"nodeSelector {k}={v} does not match"
+    if c.terms is not None and not any(_term_matches(t, host) for t in c.terms):
+        return "required node affinity matches no term"
+    for taint in host.taints:
+        if not _tolerates(c.tolerations, taint):
+            key, value, effect = taint
+            return f"taint {key}={value}:{effect} is not tolerated"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates: one new node of a pool's template, per pool and zone
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    index: int
+    pool: Pool
+    zone: str
+    host: Host  # name is a placeholder: a new node has no name until committed
+    usable: Demand
+    label: str  # "pool/zone"
+
+
+def usable(allocatable: Demand, reserve: SystemReserve) -> Demand:
+    """A node's room for pods. Through ``NodeState`` so that a simulated node is exactly what
+    the extender would see (the reserve is rounded up there)."""
+    return NodeState(
+        name="", is_known=True, allocatable=allocatable, reserve=reserve.of(allocatable)
+    ).usable
+
+
+def candidates(model: Model, *, pool_label: str, reserve: SystemReserve) -> list[Candidate]:
+    """Every (pool, zone), by pool name then zone name: the order ties finally fall to."""
+    found: list[Candidate] = []
+    for pool in sorted(model.pools, key=lambda p: p.name):
+        room = usable(pool.allocatable, reserve)
+        for zone in sorted(pool.zones):
+            labels = {**pool.labels, pool_label: pool.name, ZONE_LABEL: zone}
+            found.append(
+                Candidate(
+                    index=len(found),
+                    pool=pool,
+                    zone=zone,
+                    host=Host("", labels, pool.taints),
+                    usable=room,
+                    label=f"{pool.name}/{zone}",
+                )
+            )
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: decode, check, compile once
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSnapshot:
+    """A checked snapshot with its compiled model (for ``scheduler_name``'s VM rules)."""
+
+    snapshot: ClusterSnapshot
+    scheduler_name: str
+    model: Model
+
+
+def prepare_snapshot(
+    snapshot: ClusterSnapshot, *, scheduler_name: str = DEFAULT_SCHEDULER_NAME
+) -> PreparedSnapshot:
+    """Check and compile; raise ``SnapshotError`` listing every bad path."""
+    model = compile_snapshot(snapshot, scheduler_name=scheduler_name)
+    return PreparedSnapshot(snapshot=snapshot, scheduler_name=scheduler_name, model=model)
+
+
+def load_snapshot(
+    data: bytes, *, fmt: SnapshotFormat = "json", scheduler_name: str = DEFAULT_SCHEDULER_NAME
+) -> PreparedSnapshot:
+    """Decode, check and compile; raise ``SnapshotError`` (400) naming each bad path.
+
+    Nothing is half-applied: the result is a new value or an exception, and no state exists to
+    be left behind.
+    """
+    return prepare_snapshot(decode_snapshot(data, fmt=fmt), scheduler_name=scheduler_name)
+
+
+def validate_snapshot(snapshot: ClusterSnapshot) -> None:
+    """The cross-field checks msgspec cannot do; raise ``SnapshotError`` listing all of them."""
+    compile_snapshot(snapshot, scheduler_name=DEFAULT_SCHEDULER_NAME)

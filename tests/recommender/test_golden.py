@@ -1,0 +1,72 @@
+"""Golden bytes: the recommender's answer must not drift when its code is reorganised or sped up.
+
+``basic.recommendation.json`` is ``encode_recommendation`` of ``examples/snapshots/basic.yaml``
+with the default config. The benchmark snapshot (1,000 pending pods, 500 nodes, 10 pools x 3
+zones) is pinned by the SHA-256 of its answer, taken before the simulation was rewritten (a
+1 MB file is not worth committing). If a change *means* to alter the answer, regenerate both and
+say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import msgspec
+import pytest
+
+from scheduler_extender.recommender import (
+    RecommenderConfig,
+    Scorer,
+    decode_snapshot,
+    encode_recommendation,
+    load_snapshot,
+    recommend,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
+
+
+def bench_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts/bench_recommender.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_basic_example_answer_is_the_golden_bytes():
+    data = (ROOT / "examples/snapshots/basic.yaml").read_bytes()
+    answer = encode_recommendation(
+        recommend(load_snapshot(data, fmt="yaml"), config=RecommenderConfig())
+    )
+    assert answer == (DATA / "basic.recommendation.json").read_bytes()
+
+
+def test_prepared_and_plain_snapshots_give_the_same_bytes():
+    data = (ROOT / "examples/snapshots/basic.yaml").read_bytes()
+    plain = decode_snapshot(data, fmt="yaml")
+    config = RecommenderConfig()
+    assert encode_recommendation(recommend(plain, config=config)) == encode_recommendation(
+        recommend(load_snapshot(data, fmt="yaml"), config=config)
+    )
+
+
+@pytest.mark.parametrize(
+    ("chain", "digest"),
+    [
+        (
+            (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS),
+            "2b44c53c494886b6355bc2f4d0156350af6629c350da41e1b6003eabfb37febb",
+        ),
+        ((Scorer.LEAST_COST,), "c763f2d0633f36041c01cb878b3a4def45e8cfaf75ca54804f93e0a9a780b916"),
+    ],
+    ids=["default-chain", "least-cost"],
+)
+def test_benchmark_snapshot_answer_is_unchanged(chain, digest):
+    prepared = load_snapshot(msgspec.json.encode(bench_module().generate()))
+    answer = encode_recommendation(recommend(prepared, config=RecommenderConfig(scorers=chain)))
+    assert hashlib.sha256(answer).hexdigest() == digest
