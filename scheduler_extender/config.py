@@ -19,7 +19,9 @@ import msgspec
 import yaml
 
 from scheduler_extender.accounting import SystemReserve
+from scheduler_extender.cluster_snapshot import POOL_LABEL, NodePool
 from scheduler_extender.placement import Strategy
+from scheduler_extender.recommend_config import RecommenderConfig, Scorer
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)]
@@ -142,6 +144,42 @@ class KubeConfig(_Section, frozen=True):
     post_events: bool = True
 
 
+class RecommenderSection(_Section, frozen=True):
+    """The scale-up recommender (``POST /v1/recommend``, ``GET /v1/recommendation``).
+
+    ``node_pools`` are what the cluster could add, written exactly like a ClusterSnapshot's
+    ``nodePools`` entries (camelCase: ``maxCount``, ``template.allocatable``...); live mode
+    (an empty ``POST /v1/recommend``, and auto-publish) has no other source for them. Without
+    pools a live recommendation can only place pods on existing nodes.
+    """
+
+    node_pools: list[NodePool] = []
+    # The node label naming a node's pool.
+    pool_label: NonEmpty = POOL_LABEL
+    # The ranking chain; each link only breaks the ties of the links before it.
+    scorers: Annotated[tuple[Scorer, ...], msgspec.Meta(min_length=1)] = RecommenderConfig().scorers
+    # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
+    # once a pod has been refused for capacity by filter, or an agent denied capacity, for
+    # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted
+    # frees room), so the threshold keeps the extender from chasing them.
+    auto_publish: bool = True
+    pending_threshold_seconds: PositiveSeconds = 60.0
+    # How often the auto-publish task looks; also the least time between two publications.
+    check_interval_seconds: PositiveSeconds = 15.0
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.node_pools]
+        if len(set(names)) != len(names):
+            raise ValueError("node pool names must be unique")
+        if len(set(self.scorers)) != len(self.scorers):
+            raise ValueError("a scorer may appear only once in the chain")
+
+    def to_recommender(self, *, scheduler_name: str, reserve: SystemReserve) -> RecommenderConfig:
+        return RecommenderConfig(
+            scorers=self.scorers, scheduler_name=scheduler_name, reserve=reserve
+        )
+
+
 class Config(_Section, frozen=True):
     scheduler_name: NonEmpty = "vm-scheduler"
     listen: ListenConfig = ListenConfig()
@@ -151,11 +189,19 @@ class Config(_Section, frozen=True):
     durability: DurabilityConfig = DurabilityConfig()
     limits: LimitsConfig = LimitsConfig()
     kube: KubeConfig = KubeConfig()
+    recommender: RecommenderSection = RecommenderSection()
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
     # finish before the kubelet kills the process.
     shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0
     # Retry-After sent with 503 while the first lists are loading.
     not_synced_retry_after_seconds: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+    def recommender_config(self) -> RecommenderConfig:
+        """The recommender's settings, with the extender's own scheduler name and reserve (the
+        simulation must count exactly what ``filter`` and ``bind`` count)."""
+        return self.recommender.to_recommender(
+            scheduler_name=self.scheduler_name, reserve=self.system_reserve.to_reserve()
+        )
 
 
 def parse_config(data: object) -> Config:

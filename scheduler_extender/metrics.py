@@ -66,7 +66,8 @@ class Metrics:
         )
         self.events_dropped = Counter(
             PREFIX + "kube_events_dropped_total",
-            "NODE_ALLOC Kubernetes Events not posted because the queue was full or the API failed.",
+            "Kubernetes Events (NODE_ALLOC, ScaleUpRecommended) not posted: queue full or API"
+            " failed.",
             registry=registry,
         )
         self.synced = Gauge(
@@ -94,6 +95,20 @@ class Metrics:
         self.foreign_memory = Gauge(
             PREFIX + "foreign_memory_bytes",
             "Memory held by pods of other schedulers, all nodes together.",
+            registry=registry,
+        )
+        self.recommended_nodes = Gauge(
+            PREFIX + "recommended_nodes",
+            "Nodes the latest auto-published scale-up recommendation adds, by pool and zone"
+            " (0 for the configured pools and zones it leaves alone).",
+            ["pool", "zone"],
+            registry=registry,
+        )
+        self.recommendations = Counter(
+            PREFIX + "recommendations_total",
+            "Scale-up recommendations computed, by trigger (auto, request) and outcome"
+            " (published, failed).",
+            ["trigger", "outcome"],
             registry=registry,
         )
         self._dirty: set[str] = set()

@@ -50,7 +50,7 @@ class NodeAllocReporter:
     def __init__(self, metrics: Metrics, poster: EventPoster | None) -> None:
         self._metrics = metrics
         self._poster = poster
-        self._queue: asyncio.Queue[tuple[ObjectReference, str]] = asyncio.Queue(_QUEUE_SIZE)
+        self._queue: asyncio.Queue[tuple[ObjectReference, str, str]] = asyncio.Queue(_QUEUE_SIZE)
 
     def report(self, events: Iterable[AllocEvent], *, is_initial: bool = False) -> None:
         count = 0
@@ -83,8 +83,15 @@ class NodeAllocReporter:
         involved = ObjectReference(
             api_version="v1", kind="Pod", name=name, namespace=namespace, uid=event.uid
         )
+        self.post(involved, reason=REASON, message=message)
+
+    def post(self, involved: ObjectReference, *, reason: str, message: str) -> None:
+        """Queue one Event (any reason: ``ScaleUpRecommended`` shares this path); dropped and
+        counted when the queue is full, never blocking the caller."""
+        if self._poster is None:
+            return
         try:
-            self._queue.put_nowait((involved, message))
+            self._queue.put_nowait((involved, reason, message))
         except asyncio.QueueFull:
             self._metrics.events_dropped.inc()
 
@@ -93,10 +100,10 @@ class NodeAllocReporter:
         if self._poster is None:
             return
         while True:
-            involved, message = await self._queue.get()
+            involved, reason, message = await self._queue.get()
             try:
                 await self._poster.create_event(
-                    involved, reason=REASON, message=message, component=COMPONENT
+                    involved, reason=reason, message=message, component=COMPONENT
                 )
             except KubeError as e:
                 # An Event is a courtesy to humans; the allocation itself is already done.

@@ -27,6 +27,7 @@ from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import SUPPORTED
 from scheduler_extender.accounting import Ledger, LedgerError
 from scheduler_extender.auth import Identity
+from scheduler_extender.capacity_waits import CapacityWaits
 from scheduler_extender.config import Config
 from scheduler_extender.durability import PermitRecorder, PermitWrite
 from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
@@ -75,6 +76,9 @@ class Extender:
         self.binds_in_flight: set[str] = set()
         self.has_nodes = False
         self.has_pods = False
+        # Who waits for capacity since when (fed by filter and permits): the recommender's
+        # auto-publish trigger (http/recommend.py).
+        self.capacity_waits = CapacityWaits()
 
     # -- readiness ---------------------------------------------------------------------------
 

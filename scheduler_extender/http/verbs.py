@@ -12,6 +12,8 @@ answering in the other field would make kube-scheduler drop every node.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import structlog
 from aiohttp import web
@@ -84,6 +86,10 @@ async def filter_nodes(request: web.Request) -> web.Response:
         result = reject_all(names, f"VM pod {info.key} is invalid: {info.vm_error}")
     else:
         result = extender.index.filter(info.initial_demand(), names)
+        if info.is_ours:
+            extender.capacity_waits.filter_answered(
+                info.uid, info.key, has_room=bool(result.passed), now=_loop_time()
+            )
     structlog.contextvars.bind_contextvars(
         reason=f"{len(result.passed)} of {len(names)} nodes fit"
         + (f" ({info.vm_error})" if info.vm_error else "")
@@ -173,3 +179,7 @@ async def preempt(request: web.Request) -> web.Response:
         reason=f"{len(answer)} of {len(proposed)} nodes kept, {dropped} dropped"
     )
     return json_response(ExtenderPreemptionResult(node_name_to_meta_victims=answer))
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
