@@ -35,6 +35,7 @@ class Overdue:
     """The longest wait past the threshold, and how many waits are past it."""
 
     kind: WaitKind
+    uid: str
     subject: str  # "namespace/name" of the pod (the VM's pod for a denial)
     waited_seconds: float
     count: int
@@ -53,6 +54,7 @@ class Overdue:
 @dataclass(slots=True)
 class _Wait:
     kind: WaitKind
+    uid: str
     subject: str
     since: float
 
@@ -93,6 +95,7 @@ class CapacityWaits:
         first = min(late, key=lambda w: (w.since, w.subject))
         return Overdue(
             kind=first.kind,
+            uid=first.uid,
             subject=first.subject,
             waited_seconds=now - first.since,
             count=len(late),
@@ -101,7 +104,7 @@ class CapacityWaits:
     def _start(self, uid: str, subject: str, kind: WaitKind, now: float) -> None:
         found = self.waits.get(uid)
         if found is None or found.kind is not kind:
-            self.waits[uid] = _Wait(kind, subject, now)
+            self.waits[uid] = _Wait(kind, uid, subject, now)
 
     def _end(self, uid: str, kind: WaitKind) -> None:
         found = self.waits.get(uid)

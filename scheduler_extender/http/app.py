@@ -28,7 +28,7 @@ from kube_io.client import KubeClient
 from scheduler_extender.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
 from scheduler_extender.config import AuthMode, Config, ConfigError
 from scheduler_extender.durability import PermitRecorder
-from scheduler_extender.http import ops, permit_port, verbs
+from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, context_middleware, error_middleware
 from scheduler_extender.kube_link import KubeLink
@@ -112,6 +112,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     _add_ops(app)
     app.router.add_get("/metrics", ops.metrics, name="metrics")
     app.router.add_get("/state", ops.state, name="state")
+    recommend.install(app, config)
 
     if deps.standalone is not None:
         cluster = deps.standalone
