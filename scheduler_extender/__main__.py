@@ -13,7 +13,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -22,11 +22,17 @@ from kube_io.client import KubeClient
 from scheduler_extender.config import ConfigError, load_config
 from scheduler_extender.http.app import Deps, serve
 from scheduler_extender.log import configure_logging
+from scheduler_extender.recommender import (
+    SnapshotError,
+    encode_recommendation,
+    load_snapshot,
+    recommend,
+)
 from scheduler_extender.standalone import load_cluster
 
 EXIT_CONFIG: Final = 2
 EXIT_STARTUP: Final = 1
-COMMANDS: Final = ("serve",)
+COMMANDS: Final = ("serve", "recommend")
 
 _DESCRIPTION = """\
 Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs live.
@@ -34,6 +40,9 @@ Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs l
 Commands:
   serve   (default) answer kube-scheduler's filter/prioritize/bind/preempt on the verbs
           listener and the agents' permit requests on the permit listener.
+  recommend SNAPSHOT.yaml
+          print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON;
+          exit 2 naming each bad $.path (see examples/snapshots/basic.yaml).
 """
 
 
@@ -77,7 +86,49 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="lowest level logged (default: info); JSON lines unless stderr is a terminal",
     )
+    recommend_parser = commands.add_parser(
+        "recommend",
+        help="print the scale-up recommendation for a ClusterSnapshot file",
+        description="Print the scale-up recommendation for SNAPSHOT (YAML, or JSON when the"
+        " name ends in .json) as JSON on stdout. Exit 2 when the snapshot or config is invalid"
+        " (each error names its $.path).",
+    )
+    recommend_parser.add_argument("snapshot", type=Path, metavar="SNAPSHOT")
+    recommend_parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="extender config whose scheduler_name, system_reserve and recommender.scorers apply",
+    )
     return parser
+
+
+def recommend_command(args: argparse.Namespace) -> int:
+    """Offline: read, check, simulate, print. No logging setup: stdout is the JSON alone."""
+    try:
+        config = load_config(args.config).recommender_config()
+    except ConfigError as e:
+        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    path: Path = args.snapshot
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        print(f"scheduler-extender: {path}: cannot read: {e.strerror}", file=sys.stderr)
+        return EXIT_CONFIG
+    fmt: Literal["json", "yaml"] = "json" if path.suffix == ".json" else "yaml"
+    try:
+        prepared = load_snapshot(data, fmt=fmt, scheduler_name=config.scheduler_name)
+        rec = recommend(prepared, config=config)
+    except SnapshotError as e:
+        for error in e.errors:
+            print(
+                f"scheduler-extender: {path}: {error.message} - at `{error.path}`", file=sys.stderr
+            )
+        return EXIT_CONFIG
+    sys.stdout.buffer.write(encode_recommendation(rec) + b"\n")
+    sys.stdout.flush()
+    return 0
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -91,6 +142,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "recommend":
+        return recommend_command(args)
     try:
         config = load_config(args.config)
         cluster = load_cluster(args.standalone) if args.standalone is not None else None
