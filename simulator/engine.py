@@ -1,0 +1,1178 @@
+"""The simulation: the real pure cores of the extender and the agent, in virtual time.
+
+Pure and deterministic: no I/O, no wall clock, no global state. Randomness comes only from a
+``random.Random(scenario.seed)`` owned by the run (the agent's backoff jitter), so the same
+scenario always gives the same ``Report``. The CLI, the plot and the progress bar are the shell
+(``simulator.cli``); this module only returns values.
+
+What is real and what is simulated:
+
+* **Real:** the extender's ``Ledger`` (accounting), ``FitIndex`` + ``score_nodes`` (filter and
+  prioritize), ``Ledger.reserve_for_bind`` (bind), ``permits.decide_batch`` (one batch per node,
+  as the agent's batcher sends them), the admission queue (``admission.admit`` / ``recheck``),
+  the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
+  ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
+  ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
+* **Simulated:** the VMs (load, metrics, resize duration, a hypervisor that fails for a while),
+  the API server (pods, nodes, and the durable ``permitted-*`` annotations written by a
+  durability writer that lags and loses unwritten permits when the extender dies),
+  kube-scheduler's retry loop, the default scheduler placing foreign pods, and new nodes
+  joining when the recommender asks for them.
+
+Event-driven, not ticked. A heap holds the next thing that happens. A VM costs work only when
+its state machine asks to be woken (``wait_seconds``), an operation of it completes, or its load
+trace reaches a breakpoint. A *settled* VM costs nothing between breakpoints: when nothing is
+in flight, it holds a size the policy keeps (``goal == current``, no shrink window open, no
+permit owed to the extender), and the policy would also hold at the level its load is converging
+to, then every scrape until the next breakpoint gives the same decision (load1 moves
+monotonically between two values that both say "hold", and the policy's sizes are monotone in
+load1), so those scrapes are skipped. This changes no decision, only the work.
+
+Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
+what broke, when, and what happened just before:
+
+* **decided over-commit:** no bind or permit makes a node's reservation exceed its usable
+  capacity, nor an over-committed node more so (reality, like a foreign pod, may: counted as
+  over-commit seconds, never hidden);
+* **permit exceeded:** no VM ever runs more vCPUs than the extender last permitted it;
+* **leaked reservation:** a deleted pod holds nothing; the ledger holds exactly the live pods;
+* **ledger:** ``Ledger.check_invariants()`` and the admission queue's ``check_invariants()``.
+
+The cheap checks run at every step; the full ones after every event time, or every
+``timing.check_interval_seconds`` on fleet-sized runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from autoscaler_agent.core import (
+    Actions,
+    CallKind,
+    CoreConfig,
+    PermitCall,
+    PermitOutcome,
+    VmState,
+)
+from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples, goal_vcpus
+from protocol.annotations import VmSpec
+from protocol.permits import LoadReport, PodRef, ResourceRequest, Resources
+from scheduler_extender import admission as adm
+from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
+from scheduler_extender.permits import BatchRefused, decide_batch
+from scheduler_extender.placement import FitIndex, score_nodes
+from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.recommender import (
+    POOL_LABEL,
+    ZONE_LABEL,
+    Capacity,
+    NodePool,
+    NodeTemplate,
+    RecommenderConfig,
+    SnapshotError,
+    recommend,
+    snapshot_from_ledger,
+)
+from simulator import scenario as sc
+from simulator.report import (
+    Counters,
+    LogEntry,
+    NodeSeries,
+    NodeSummary,
+    RecommendationRecord,
+    Report,
+    Series,
+    StepResult,
+    Violation,
+    VmSeries,
+    VmSummary,
+)
+from simulator.world import GuestLoad
+
+SCHEDULER_NAME: Final = "vm-scheduler"
+MAX_PLOTTED: Final = 8
+MAX_LOG: Final = 400
+RECENT: Final = 25
+
+
+class InvariantViolation(Exception):
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant
+        self.message = message
+
+
+class _Vm:
+    """One VM: the scenario's spec, the simulated guest and hypervisor, the agent's VmState."""
+
+    def __init__(self, index: int, spec: sc.Vm, vm_spec: VmSpec, memory: int) -> None:
+        self.index = index
+        self.spec = spec
+        self.vm_spec = vm_spec
+        self.memory = memory
+        self.uid = f"uid-{spec.namespace}-{spec.name}"
+        self.ref = PodRef(namespace=spec.namespace, name=spec.name, uid=self.uid)
+        self.node: str | None = None
+        self.vcpus = spec.min_vcpus  # what the hypervisor really runs
+        self.granted = spec.min_vcpus  # what the extender last permitted (survives restarts)
+        self.agent: VmState | None = None
+        self.guest: GuestLoad | None = None
+        self.op: str | None = None
+        self.op_token = 0
+        self.op_value = 0
+        self.wake_token = 0
+        self.is_settled = False
+        self.settled_at = 0.0
+        self.is_deleted = False
+        self.is_pending = False
+        self.hv_fail_until = -1.0
+        self.hv_retryable = True
+        self.placed_at: float | None = None
+        self.deleted_at: float | None = None
+        self.peak = spec.min_vcpus
+        self.grows = self.shrinks = self.denials = self.permit_errors = self.resize_errors = 0
+        self.steps: list[StepResult] = []
+        # The step being chased: (at, demand, from, target, is_up).
+        self.open_step: tuple[float, float, int, int, bool] | None = None
+
+    def info(self, *, node: str | None, permitted: int | None) -> PodInfo:
+        return PodInfo(
+            uid=self.uid,
+            namespace=self.spec.namespace,
+            name=self.spec.name,
+            node_name=node,
+            scheduler_name=SCHEDULER_NAME,
+            requests=Demand(self.spec.min_vcpus * 1000, self.memory),
+            priority=self.spec.priority,
+            is_ours=True,
+            is_vm=True,
+            is_static=False,
+            is_terminated=False,
+            vm=self.vm_spec,
+            permitted_vcpus=permitted,
+            permitted_memory_bytes=self.memory if permitted is not None else None,
+            created=f"2026-01-01T00:00:00.{self.index:06d}Z",
+        )
+
+
+class _Foreign:
+    def __init__(self, index: int, spec: sc.ForeignPod) -> None:
+        self.index = index
+        self.spec = spec
+        self.uid = f"uid-foreign-{spec.namespace}-{spec.name}"
+        self.demand = Demand(sc.milli(spec.cpu), sc.bytes_of(spec.memory))
+        self.node: str | None = None
+
+    def info(self) -> PodInfo:
+        return PodInfo(
+            uid=self.uid,
+            namespace=self.spec.namespace,
+            name=self.spec.name,
+            node_name=self.node,
+            scheduler_name="default-scheduler",
+            requests=self.demand,
+            priority=0,
+            is_ours=False,
+            is_vm=False,
+            is_static=False,
+            is_terminated=False,
+        )
+
+
+class _Node:
+    def __init__(
+        self, name: str, allocatable: Demand, pool: str, zone: str, joined_at: float
+    ) -> None:
+        self.name = name
+        self.allocatable = allocatable
+        self.usable = SystemReserve().of(allocatable)
+        self.usable = Demand(
+            allocatable.cpu_millis - self.usable.cpu_millis,
+            allocatable.memory_bytes - self.usable.memory_bytes,
+        )
+        self.pool = pool
+        self.zone = zone
+        self.labels = {POOL_LABEL: pool, ZONE_LABEL: zone}
+        self.joined_at = joined_at
+        self.peak_reserved = 0
+        self.reality_millis = 0  # what runs there: VMs at their real size, foreign pods
+        self.overcommit_seconds = 0.0
+        self.overcommit_since: float | None = None
+
+
+class _Extender:
+    """One incarnation of the extender: everything it loses when it dies."""
+
+    def __init__(self, epoch: int, quotas: QuotaConfig) -> None:
+        self.epoch = epoch
+        self.ledger = Ledger()
+        self.fit = FitIndex(self.ledger)
+        self.admission = adm.AdmissionState(self.ledger, quotas)
+
+
+Hook = Callable[["Simulation", float], None]
+
+
+class Simulation:
+    """Runs one scenario. ``run()`` returns the Report; a violation ends the run early."""
+
+    def __init__(self, scenario: sc.Scenario, *, after_step: Hook | None = None) -> None:
+        self.s = scenario
+        self.rng = random.Random(scenario.seed)
+        self.after_step = after_step
+        a = scenario.agent
+        self.core = CoreConfig(
+            scrape_interval_seconds=a.scrape_interval_seconds,
+            permit_retry_seconds=a.permit_retry_seconds,
+            policy=PolicyConfig(
+                target_load_per_vcpu=a.target_load_per_vcpu,
+                shrink_load_per_vcpu=a.shrink_load_per_vcpu,
+                shrink_after_seconds=a.shrink_after_seconds,
+            ),
+        )
+        self.timing = scenario.timing
+        self.quotas = scenario.quotas or QuotaConfig()
+        self.t = 0.0
+        self._heap: list[tuple[float, int, Callable[[int], None], int]] = []
+        self._seq = 0
+        self.nodes: dict[str, _Node] = {}
+        self.node_names: list[str] = []
+        self.vms = [
+            _Vm(
+                i,
+                v,
+                VmSpec(
+                    min_vcpus=v.min_vcpus,
+                    max_vcpus=v.max_vcpus,
+                    scaling_unit=v.scaling_unit,
+                    min_memory_bytes=sc.bytes_of(v.memory),
+                    max_memory_bytes=sc.bytes_of(v.memory),
+                ),
+                sc.bytes_of(v.memory),
+            )
+            for i, v in enumerate(scenario.vms)
+        ]
+        self.vm_by_name = {v.spec.name: v for v in self.vms}
+        self.segments = [
+            sc.segments(
+                sc.trace_of(scenario, v.spec),
+                quantum_seconds=self.timing.load_quantum_seconds,
+                end_seconds=scenario.duration_seconds,
+            )
+            for v in self.vms
+        ]
+        self.foreign = [_Foreign(i, p) for i, p in enumerate(scenario.foreign_pods)]
+        # The API server's durable record: uid -> permitted vCPUs annotation.
+        self.annotations: dict[str, int] = {}
+        self.extender: _Extender | None = None
+        self.epoch = 0
+        self.batches: dict[str, list[tuple[_Vm, PermitCall, int, float]]] = {}
+        self.pending: list[_Vm] = []
+        self._schedule_queued = False
+        self.provisioning = 0
+        self.recommendations: list[RecommendationRecord] = []
+        self.log: list[LogEntry] = []
+        self.recent: deque[LogEntry] = deque(maxlen=RECENT)
+        self.violation: Violation | None = None
+        self._last_full_check = -1.0
+        self.counts = dict.fromkeys(
+            (
+                "events",
+                "scrapes",
+                "scrapes_skipped",
+                "permit_batches",
+                "permit_requests",
+                "resizes",
+                "placements",
+                "full_checks",
+                "extender_restarts",
+            ),
+            0,
+        )
+        names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
+        self.plotted = [self.vm_by_name[n] for n in names[:MAX_PLOTTED]]
+        self.sample_times: list[float] = []
+        self.vm_series: dict[str, tuple[list[float], list[float], list[int], list[int]]] = {
+            v.spec.name: ([], [], [], []) for v in self.plotted
+        }
+        self.node_series: dict[str, list[int]] = {}
+        self._pools = [
+            NodePool(
+                name=p.name,
+                zones=list(p.zones),
+                template=NodeTemplate(
+                    instance_type=f"{p.name}-{p.cpu}cpu",
+                    allocatable=Capacity(cpu=str(p.cpu), memory=str(p.memory)),
+                ),
+                max_count=p.max_count,
+                priority=p.priority,
+            )
+            for p in scenario.node_pools
+        ]
+        self._pool_specs = {p.name: p for p in scenario.node_pools}
+        self._new_nodes = 0
+        self._pending_reason: dict[str, str] = {}
+        self._joining: list[tuple[str, sc.NodePoolSpec, str]] = []
+        # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
+        self._node_ids: dict[str, int] = {}
+        self._node_by_id: list[str] = []
+
+    # -- the event heap --------------------------------------------------------------------
+
+    def at(self, t: float, handler: Callable[[int], None], arg: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, handler, arg))
+
+    def note(self, kind: str, subject: str, detail: str = "", *, keep: bool = True) -> None:
+        entry = LogEntry(at_seconds=round(self.t, 3), kind=kind, subject=subject, detail=detail)
+        self.recent.append(entry)
+        if keep and len(self.log) < MAX_LOG:
+            self.log.append(entry)
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self, *, progress: Callable[[float], None] | None = None) -> Report:
+        s = self.s
+        for n in s.nodes:
+            self._add_node(n.name, Demand(sc.milli(n.cpu), sc.bytes_of(n.memory)), n.pool, n.zone)
+        for vm in self.vms:
+            if vm.spec.node is not None and vm.spec.start_seconds == 0:
+                self._bind(vm, vm.spec.node, decided=False)
+            else:
+                self.at(vm.spec.start_seconds, self._vm_created, vm.index)
+        self._start_extender(0)
+        for f in self.foreign:
+            self.at(f.spec.start_seconds, self._foreign_started, f.index)
+        for i, ev in enumerate(s.events):
+            self.at(ev.at_seconds, self._scenario_event, i)
+        self.at(0.0, self._sample)
+        if s.node_pools:
+            self.at(self.timing.recommend_interval_seconds, self._recommend)
+        end = s.duration_seconds
+        next_progress = 0.0
+        try:
+            while self._heap and self._heap[0][0] <= end:
+                t, _, handler, arg = heapq.heappop(self._heap)
+                if t > self.t:
+                    self._checks_between()
+                self.t = t
+                self.counts["events"] += 1
+                handler(arg)
+                if self.after_step is not None:
+                    self.after_step(self, t)
+                if progress is not None and t >= next_progress:
+                    progress(t)
+                    next_progress = t + end / 200
+            self.t = max(self.t, end)
+            self._last_full_check = -1e18
+            self._checks_between()
+        except InvariantViolation as e:
+            self.violation = Violation(
+                at_seconds=round(self.t, 3),
+                invariant=e.invariant,
+                message=e.message,
+                recent=list(self.recent),
+            )
+        if progress is not None:
+            progress(self.t)
+        return self._report()
+
+    def _checks_between(self) -> None:
+        """Time is about to move on: every event of this instant has been handled."""
+        interval = self.timing.check_interval_seconds
+        if interval <= 0 or self.t - self._last_full_check >= interval:
+            self.full_check()
+            self._last_full_check = self.t
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def _add_node(self, name: str, allocatable: Demand, pool: str, zone: str) -> None:
+        node = _Node(name, allocatable, pool, zone, self.t)
+        self.nodes[name] = node
+        self.node_names = sorted(self.nodes)
+        self._node_ids[name] = len(self._node_by_id)
+        self._node_by_id.append(name)
+        if len(self.node_series) < MAX_PLOTTED:
+            self.node_series[name] = [-1] * len(self.sample_times)
+        if self.extender is not None:
+            self.extender.ledger.upsert_node(name, allocatable=allocatable, labels=node.labels)
+
+    def _reality(self, node_name: str, delta_millis: int) -> None:
+        node = self.nodes[node_name]
+        node.reality_millis += delta_millis
+        over = node.reality_millis > node.usable.cpu_millis
+        if over and node.overcommit_since is None:
+            node.overcommit_since = self.t
+            self.note("overcommitted", node_name, f"{node.reality_millis}m running")
+        elif not over and node.overcommit_since is not None:
+            node.overcommit_seconds += self.t - node.overcommit_since
+            node.overcommit_since = None
+
+    def _ledger_changed(self, name: str) -> None:
+        ext = self.extender
+        node = self.nodes.get(name)
+        if ext is None or node is None:
+            return
+        state = ext.ledger.nodes.get(name)
+        if state is not None:
+            node.peak_reserved = max(node.peak_reserved, state.allocated.cpu_millis)
+
+    # -- the extender's lives ------------------------------------------------------------------
+
+    def _start_extender(self, _: int) -> None:
+        """A fresh extender lists nodes and pods from the API server and rebuilds its ledger."""
+        self.epoch += 1
+        ext = _Extender(self.epoch, self.quotas)
+        ext.ledger.subscribe(self._ledger_changed)
+        ext.ledger.replace_nodes(
+            (n.name, n.allocatable, dict(n.labels)) for n in self.nodes.values()
+        )
+        pods: list[PodInfo] = [
+            vm.info(node=vm.node, permitted=self.annotations.get(vm.uid))
+            for vm in self.vms
+            if vm.node is not None and not vm.is_deleted
+        ]
+        pods.extend(f.info() for f in self.foreign if f.node is not None)
+        ext.ledger.replace_pods(pods, at=self.t)
+        for vm in self.pending:
+            ext.admission.observe_pending(vm.info(node=None, permitted=None))
+        adm.recheck(ext.admission, now=self.t)
+        self.extender = ext
+        if self.epoch > 1:
+            self.counts["extender_restarts"] += 1
+            behind = [
+                vm.spec.name
+                for vm in self.vms
+                if vm.node is not None
+                and not vm.is_deleted
+                and ext.ledger.pods[vm.uid].vcpus != vm.vcpus
+            ]
+            self.note(
+                "extender_started",
+                f"epoch {self.epoch}",
+                f"rebuilt {len(pods)} pods; ledger differs from the VM's size for"
+                f" {len(behind)} VM(s) until their agents speak"
+                + (f": {', '.join(behind[:5])}" if behind else ""),
+            )
+        self._queue_schedule(self.t)
+
+    def _kill_extender(self) -> None:
+        self.extender = None
+        self.note("extender_killed", f"epoch {self.epoch}", "ledger and unwritten permits lost")
+
+    # -- kube-scheduler + the extender's filter/prioritize/bind ---------------------------------
+
+    def _queue_schedule(self, t: float) -> None:
+        if self.pending and not self._schedule_queued:
+            self._schedule_queued = True
+            self.at(t, self._schedule)
+
+    def _schedule(self, _: int) -> None:
+        self._schedule_queued = False
+        ext = self.extender
+        if ext is None:
+            self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
+            return
+        still: list[_Vm] = []
+        for vm in sorted(self.pending, key=lambda v: (-v.spec.priority, v.index)):
+            if vm.is_deleted:
+                continue
+            info = vm.info(node=None, permitted=None)
+            decision = adm.admit(ext.admission, info, now=self.t)
+            if not decision.is_admitted:
+                self._note_pending(vm, "waiting", decision.reason)
+                still.append(vm)
+                continue
+            size = info.initial_demand()
+            result = ext.fit.filter(size, self.node_names)
+            if not result.passed:
+                reasons = sorted({*result.failed.values(), *result.unresolvable.values()})
+                self._note_pending(vm, "unschedulable", "; ".join(reasons[:2]))
+                still.append(vm)
+                continue
+            growth = (vm.spec.max_vcpus - vm.spec.min_vcpus) * 1000
+            scores = score_nodes(
+                ext.ledger, result.passed, size, growth_millis=growth, strategy=self.s.strategy
+            )
+            best = min(scores, key=lambda ns: (-ns[1], ns[0]))[0]
+            if not adm.admit(ext.admission, info, now=self.t).is_admitted:
+                still.append(vm)
+                continue
+            before = ext.ledger.nodes[best].free.cpu_millis
+            try:
+                ext.ledger.reserve_for_bind(info, best, at=self.t)
+            except LedgerError as e:
+                self.note("bind_failed", vm.spec.name, str(e))
+                still.append(vm)
+                continue
+            self._check_decision(best, before, f"bind of {vm.spec.name}")
+            self._bind(vm, best, decided=True)
+        self.pending = still
+        adm.recheck(ext.admission, now=self.t)
+        self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
+
+    def _note_pending(self, vm: _Vm, kind: str, reason: str) -> None:
+        # kube-scheduler retries every few seconds: keep the first of a run of equal reasons.
+        is_new = self._pending_reason.get(vm.uid) != reason
+        self._pending_reason[vm.uid] = reason
+        self.note(kind, vm.spec.name, reason, keep=is_new)
+
+    def _bind(self, vm: _Vm, node: str, *, decided: bool) -> None:
+        """The Binding lands: the pod runs on ``node``, the VM boots, its agent starts."""
+        vm.node = node
+        vm.is_pending = False
+        vm.placed_at = self.t
+        ext = self.extender
+        if ext is not None:
+            ext.ledger.observe_pod(vm.info(node=node, permitted=None), at=self.t)
+            entry = ext.ledger.pods[vm.uid]
+            vm.vcpus = vm.granted = entry.vcpus or vm.spec.min_vcpus
+        vm.peak = max(vm.peak, vm.vcpus)
+        self._reality(node, vm.vcpus * 1000)
+        vm.guest = GuestLoad(
+            self.segments[vm.index],
+            model=self.s.load1_model,
+            vcpus=vm.vcpus,
+            t=self.t,
+            target_load_per_vcpu=self.s.agent.target_load_per_vcpu,
+        )
+        vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t)
+        self.counts["placements"] += 1
+        self.note("placed", vm.spec.name, f"on {node} at {vm.vcpus} vCPUs", keep=decided)
+        self._track_step(vm)
+        bp = vm.guest.next_breakpoint()
+        if bp is not None:
+            self.at(bp, self._breakpoint, vm.index)
+        self._wake(vm)
+
+    def _vm_created(self, i: int) -> None:
+        vm = self.vms[i]
+        if vm.spec.node is not None:
+            # Pre-bound (a running fleet): reality, not a decision of this extender.
+            self._bind(vm, vm.spec.node, decided=False)
+            return
+        vm.is_pending = True
+        self.pending.append(vm)
+        if self.extender is not None:
+            self.extender.admission.observe_pending(vm.info(node=None, permitted=None))
+        self.note("created", vm.spec.name, "pending")
+        self._queue_schedule(self.t)
+
+    # -- foreign pods (the default scheduler) ---------------------------------------------------
+
+    def _foreign_started(self, i: int) -> None:
+        f = self.foreign[i]
+        node = f.spec.node
+        if node is None:
+            fits = [
+                n
+                for n in self.node_names
+                if self.nodes[n].usable.cpu_millis - self.nodes[n].reality_millis
+                >= f.demand.cpu_millis
+            ]
+            if not fits:
+                self.note("foreign_pending", f.spec.name, "no node has room; not placed")
+                return
+            node = max(
+                fits, key=lambda n: self.nodes[n].usable.cpu_millis - self.nodes[n].reality_millis
+            )
+        f.node = node
+        self._reality(node, f.demand.cpu_millis)
+        if self.extender is not None:
+            self.extender.ledger.observe_pod(f.info(), at=self.t)
+        self.note("foreign_started", f.spec.name, f"on {node}, {f.demand.cpu_millis}m")
+        if f.spec.end_seconds is not None:
+            self.at(f.spec.end_seconds, self._foreign_ended, i)
+
+    def _foreign_ended(self, i: int) -> None:
+        f = self.foreign[i]
+        if f.node is None:
+            return
+        self._reality(f.node, -f.demand.cpu_millis)
+        if self.extender is not None:
+            self.extender.ledger.forget_pod(f.uid)
+        self.note("foreign_ended", f.spec.name, f"left {f.node}")
+        f.node = None
+        self._queue_schedule(self.t)
+
+    # -- scenario events -----------------------------------------------------------------------
+
+    def _scenario_event(self, i: int) -> None:
+        ev = self.s.events[i]
+        if isinstance(ev, sc.DeleteVm):
+            self._delete_vm(self.vm_by_name[ev.vm])
+        elif isinstance(ev, sc.ExtenderRestart):
+            self._kill_extender()
+            self.at(self.t + ev.down_seconds, self._start_extender)
+        else:
+            targets = (
+                [self.vm_by_name[ev.vm]]
+                if ev.vm is not None
+                else [v for v in self.vms if v.node == ev.node]
+            )
+            for vm in targets:
+                vm.hv_fail_until = self.t + ev.for_seconds
+                vm.hv_retryable = ev.is_retryable
+            self.note(
+                "hypervisor_failing",
+                ev.vm or ev.node or "",
+                f"for {ev.for_seconds:.0f}s ({'retryable' if ev.is_retryable else 'fatal'})",
+            )
+
+    def _delete_vm(self, vm: _Vm) -> None:
+        vm.is_deleted = True
+        vm.deleted_at = self.t
+        vm.op_token += 1
+        vm.wake_token += 1
+        if vm.guest is not None:
+            vm.guest.finish(self.t)
+        self._close_step(vm, reached=False)
+        self.annotations.pop(vm.uid, None)
+        if vm.node is not None:
+            self._reality(vm.node, -vm.vcpus * 1000)
+        ext = self.extender
+        if ext is not None:
+            ext.ledger.forget_pod(vm.uid)
+            ext.admission.forget(vm.uid)
+            if vm.uid in ext.ledger.pods:
+                raise InvariantViolation(
+                    "leaked reservation", f"{vm.spec.name} was deleted but the ledger holds it"
+                )
+        self.note("deleted", vm.spec.name, f"gave back {vm.vcpus} vCPUs on {vm.node}")
+        vm.agent = None
+        self._queue_schedule(self.t)
+
+    # -- one VM's agent loop (autoscaler_agent.runner, in virtual time) -------------------------
+
+    def _wake(self, vm: _Vm) -> None:
+        vm.wake_token += 1
+        self._step(vm)
+
+    def _wake_event(self, token_and_index: int) -> None:
+        index, token = divmod(token_and_index, 1 << 32)
+        vm = self.vms[index]
+        if token == vm.wake_token & 0xFFFFFFFF and not vm.is_deleted:
+            self._step(vm)
+
+    def _step(self, vm: _Vm) -> None:
+        st = vm.agent
+        guest = vm.guest
+        if st is None or guest is None or vm.is_deleted:
+            return
+        t = self.t
+        if vm.is_settled:
+            gap = t - vm.settled_at
+            self.counts["scrapes_skipped"] += int(gap / self.core.scrape_interval_seconds)
+            vm.is_settled = False
+        actions = st.next_actions(t)
+        for _ in range(3):
+            if actions.scrape:
+                st.scrape_started(t)
+                st.metrics_scraped(t, guest.samples(t))
+                self.counts["scrapes"] += 1
+            started = self._start_op(vm, st, actions)
+            if not actions.scrape or started:
+                break
+            actions = st.next_actions(t)
+        if vm.op is None and self._is_settled(vm, st, guest, actions):
+            vm.is_settled = True
+            vm.settled_at = t
+            return
+        if actions.wait_seconds is not None:
+            vm.wake_token += 1
+            self.at(
+                t + actions.wait_seconds,
+                self._wake_event,
+                (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF),
+            )
+
+    def _is_settled(self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions) -> bool:
+        """See the module docstring: every scrape until the next breakpoint would hold."""
+        goal = st.goal
+        current = st.current_vcpus
+        if (
+            actions.read_vcpus
+            or actions.resize is not None
+            or actions.request_permit is not None
+            or actions.notify_extender is not None
+            or goal is None
+            or current is None
+            or goal.vcpus != current
+            or goal.state != PolicyState()
+            or st.permit_vcpus != current
+            or st.is_extender_degraded
+        ):
+            return False
+        at_level = goal_vcpus(
+            Samples(load1=guest.demand),
+            vm.vm_spec,
+            PolicyState(),
+            current_vcpus=current,
+            top_vcpus=st.top_vcpus,
+            config=self.core.policy,
+            now=self.t,
+        )
+        return at_level.vcpus == current and at_level.state == PolicyState()
+
+    def _start_op(self, vm: _Vm, st: VmState, actions: Actions) -> bool:
+        t = self.t
+        if actions.read_vcpus:
+            st.vcpus_read_started(t)
+            self._op(vm, "read", 0, t + self.timing.read_seconds)
+            return True
+        if actions.resize is not None:
+            target = actions.resize.vcpus
+            st.resize_started(t, target)
+            if target > vm.granted:
+                raise InvariantViolation(
+                    "permit exceeded",
+                    f"{vm.spec.name}: the agent resizes to {target} vCPUs,"
+                    f" but its permit is {vm.granted}",
+                )
+            self._op(vm, "resize", target, t + self.timing.resize_seconds)
+            return True
+        call = actions.request_permit or actions.notify_extender
+        if call is not None:
+            st.permit_requested(t, call)
+            vm.op = "permit"
+            vm.op_token += 1
+            node = vm.node
+            assert node is not None
+            batch = self.batches.get(node)
+            if batch is None:
+                batch = self.batches[node] = []
+                self.at(t + self.timing.extender_latency_seconds, self._flush, self._node_id(node))
+            batch.append((vm, call, vm.op_token, t))
+            self.counts["permit_requests"] += 1
+            return True
+        return False
+
+    def _op(self, vm: _Vm, kind: str, value: int, done_at: float) -> None:
+        vm.op = kind
+        vm.op_value = value
+        vm.op_token += 1
+        self.at(done_at, self._op_done, (vm.index << 32) | (vm.op_token & 0xFFFFFFFF))
+
+    def _op_done(self, token_and_index: int) -> None:
+        index, token = divmod(token_and_index, 1 << 32)
+        vm = self.vms[index]
+        st = vm.agent
+        if vm.is_deleted or st is None or token != vm.op_token & 0xFFFFFFFF:
+            return
+        t = self.t
+        kind = vm.op
+        vm.op = None
+        failing = t < vm.hv_fail_until
+        jitter = self.rng.random()
+        if kind == "read":
+            if failing:
+                st.vcpus_read_failed(t, "simulated hypervisor failure", jitter=jitter)
+            else:
+                st.vcpus_read(t, current_vcpus=vm.vcpus, max_vcpus=vm.spec.max_vcpus)
+        elif kind == "resize":
+            target = vm.op_value
+            if failing:
+                vm.resize_errors += 1
+                st.resize_failed(
+                    t, "simulated hypervisor failure", is_retryable=vm.hv_retryable, jitter=jitter
+                )
+                self.note("resize_failed", vm.spec.name, f"to {target} vCPUs", keep=False)
+            else:
+                self._resized(vm, target)
+                st.resize_succeeded(t, current_vcpus=target, max_vcpus=vm.spec.max_vcpus)
+        self._step(vm)
+
+    def _resized(self, vm: _Vm, target: int) -> None:
+        previous = vm.vcpus
+        if target == previous:
+            return
+        assert vm.guest is not None and vm.node is not None
+        vm.guest.resized(self.t, target)
+        vm.vcpus = target
+        vm.peak = max(vm.peak, target)
+        self.counts["resizes"] += 1
+        if target > previous:
+            vm.grows += 1
+        else:
+            vm.shrinks += 1
+        self._reality(vm.node, (target - previous) * 1000)
+        if target > vm.granted:
+            raise InvariantViolation(
+                "permit exceeded",
+                f"{vm.spec.name} runs {target} vCPUs, its permit is {vm.granted}",
+            )
+        self.note("resized", vm.spec.name, f"{previous} -> {target} vCPUs", keep=False)
+        self._check_step(vm)
+
+    def _node_id(self, name: str) -> int:
+        return self._node_ids[name]
+
+    def _flush(self, node_id: int) -> None:
+        """One batched POST /v1/permits for a node: every VM's request, one decide_batch."""
+        node = self._node_by_id[node_id]
+        batch = self.batches.pop(node, [])
+        live = [
+            (vm, call, token, sent)
+            for vm, call, token, sent in batch
+            if not vm.is_deleted and vm.op_token == token and vm.agent is not None
+        ]
+        if not live:
+            return
+        ext = self.extender
+        t = self.t
+        if ext is None:
+            for vm, _, token, sent in live:
+                fail_at = max(t, sent + self.timing.extender_timeout_seconds)
+                self.at(fail_at, self._permit_timeout, (vm.index << 32) | (token & 0xFFFFFFFF))
+            return
+        self.counts["permit_batches"] += 1
+        requests = [self._request(vm, call, node) for vm, call, _, _ in live]
+        before = ext.ledger.nodes[node].free.cpu_millis
+        try:
+            decisions = decide_batch(ext.ledger, node, requests)
+        except BatchRefused as e:
+            raise InvariantViolation("permit batch refused", e.message) from e
+        self._check_decision(node, before, f"permit batch for {node}")
+        for (vm, call, _, _), decision in zip(live, decisions, strict=True):
+            st = vm.agent
+            assert st is not None
+            vm.op = None
+            permit = decision.permit
+            if permit.error is not None or permit.permit is None:
+                vm.permit_errors += 1
+                error = permit.error.message if permit.error is not None else "no permit"
+                st.permit_failed(t, error, jitter=self.rng.random())
+                self.note("permit_error", vm.spec.name, error)
+            else:
+                vcpus = permit.permit.vcpus
+                vm.granted = vcpus
+                outcome = st.permit_granted(t, vcpus, jitter=self.rng.random())
+                if outcome is PermitOutcome.REJECTED:
+                    raise InvariantViolation(
+                        "permit protocol",
+                        f"{vm.spec.name}: permit {vcpus} outside"
+                        f" [{call.usage_vcpus}, {call.requested_vcpus}]",
+                    )
+                if outcome in (PermitOutcome.DENIED, PermitOutcome.PARTIAL):
+                    vm.denials += 1
+                    self.note("permit_" + outcome.value, vm.spec.name, permit.reason, keep=False)
+                if self.annotations.get(vm.uid) != vcpus:
+                    self.at(
+                        t + self.timing.durability_delay_seconds,
+                        self._durable_write,
+                        (vm.index << 32) | (ext.epoch << 16) | vcpus,
+                    )
+            self._step(vm)
+
+    def _request(self, vm: _Vm, call: PermitCall, node: str) -> ResourceRequest:
+        mem = vm.memory
+        return ResourceRequest(
+            pod=vm.ref,
+            node=node,
+            current=Resources(vcpus=call.current_vcpus, memory_bytes=mem),
+            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=mem),
+            last_permit=(
+                Resources(vcpus=call.last_permit_vcpus, memory_bytes=mem)
+                if call.last_permit_vcpus is not None
+                else None
+            ),
+            load=LoadReport(load1=call.load1 or 0.0, cpu_busy_fraction=call.cpu_busy_fraction)
+            if call.kind is CallKind.REQUEST
+            else None,
+        )
+
+    def _permit_timeout(self, token_and_index: int) -> None:
+        index, token = divmod(token_and_index, 1 << 32)
+        vm = self.vms[index]
+        st = vm.agent
+        if vm.is_deleted or st is None or token != vm.op_token & 0xFFFFFFFF:
+            return
+        vm.op = None
+        vm.permit_errors += 1
+        st.permit_failed(self.t, "extender unreachable (timeout)", jitter=self.rng.random())
+        self.note("permit_failed", vm.spec.name, "extender unreachable", keep=False)
+        self._step(vm)
+
+    def _durable_write(self, packed: int) -> None:
+        index, rest = divmod(packed, 1 << 32)
+        epoch, vcpus = divmod(rest, 1 << 16)
+        vm = self.vms[index]
+        if vm.is_deleted or self.extender is None or self.extender.epoch != epoch:
+            return  # the writer died with its extender: the agent's lastPermit covers it
+        self.annotations[vm.uid] = vcpus
+
+    # -- load --------------------------------------------------------------------------------
+
+    def _breakpoint(self, i: int) -> None:
+        vm = self.vms[i]
+        guest = vm.guest
+        if vm.is_deleted or guest is None:
+            return
+        guest.advance_segment(self.t)
+        self._track_step(vm)
+        bp = guest.next_breakpoint()
+        if bp is not None:
+            self.at(bp, self._breakpoint, i)
+        if vm.is_settled:
+            self._step(vm)
+
+    def _track_step(self, vm: _Vm) -> None:
+        """A new load level: if it changes the size the policy aims at, time how long it takes."""
+        guest = vm.guest
+        assert guest is not None
+        aim = goal_vcpus(
+            Samples(load1=guest.demand),
+            vm.vm_spec,
+            PolicyState(),
+            current_vcpus=vm.vcpus,
+            top_vcpus=vm.vm_spec.top_vcpus,
+            config=self.core.policy,
+            now=self.t,
+        )
+        grow, shrink = aim.grow_vcpus, aim.shrink_vcpus
+        target: int | None = None
+        if grow is not None and grow > vm.vcpus:
+            target = grow
+        elif shrink is not None and shrink < vm.vcpus:
+            target = shrink
+        if vm.open_step is not None:
+            if target is not None and target == vm.open_step[3]:
+                return
+            self._close_step(vm, reached=False)
+        if target is not None:
+            vm.open_step = (self.t, guest.demand, vm.vcpus, target, target > vm.vcpus)
+
+    def _check_step(self, vm: _Vm) -> None:
+        step = vm.open_step
+        if step is None:
+            return
+        target, is_up = step[3], step[4]
+        if (is_up and vm.vcpus >= target) or (not is_up and vm.vcpus <= target):
+            self._close_step(vm, reached=True)
+
+    def _close_step(self, vm: _Vm, *, reached: bool) -> None:
+        step = vm.open_step
+        if step is None:
+            return
+        at, demand, frm, target, _ = step
+        vm.steps.append(
+            StepResult(
+                at_seconds=round(at, 3),
+                demand_vcpus=demand,
+                from_vcpus=frm,
+                target_vcpus=target,
+                reached_after_seconds=round(self.t - at, 3) if reached else None,
+            )
+        )
+        vm.open_step = None
+
+    # -- recommender -------------------------------------------------------------------------
+
+    def _recommend(self, _: int) -> None:
+        self.at(self.t + self.timing.recommend_interval_seconds, self._recommend)
+        ext = self.extender
+        pending = [vm for vm in self.pending if not vm.is_deleted]
+        if ext is None or not pending or self.provisioning:
+            return
+        infos = [vm.info(node=None, permitted=None) for vm in pending]
+        try:
+            snapshot = snapshot_from_ledger(ext.ledger, infos, self._pools)
+            rec = recommend(snapshot, config=RecommenderConfig(scheduler_name=SCHEDULER_NAME))
+        except SnapshotError as e:
+            raise InvariantViolation("recommender snapshot", str(e)) from e
+        record = RecommendationRecord(
+            at_seconds=round(self.t, 3),
+            scale_up=[f"{u.node_pool}/{u.zone} x{u.increment_by}" for u in rec.scale_up],
+            unscheduled=list(rec.unscheduled_pods),
+        )
+        if not record.scale_up and not record.unscheduled:
+            return
+        self.recommendations.append(record)
+        self.note("recommended", "recommender", "; ".join(record.scale_up) or "nothing")
+        for up in rec.scale_up:
+            pool = self._pool_specs[up.node_pool]
+            for _ in range(up.increment_by):
+                self._new_nodes += 1
+                self.provisioning += 1
+                name = f"{pool.name}-{self._new_nodes}"
+                self._joining.append((name, pool, up.zone))
+                self.at(self.t + pool.provision_seconds, self._node_joined, len(self._joining) - 1)
+
+    def _node_joined(self, i: int) -> None:
+        name, pool, zone = self._joining[i]
+        self.provisioning -= 1
+        self._add_node(name, Demand(sc.milli(pool.cpu), sc.bytes_of(pool.memory)), pool.name, zone)
+        self.note("node_joined", name, f"pool {pool.name}, zone {zone}")
+        self._queue_schedule(self.t)
+
+    # -- samples for the plot and the report ----------------------------------------------------
+
+    def _sample(self, _: int) -> None:
+        t = self.t
+        self.sample_times.append(round(t, 3))
+        for vm in self.plotted:
+            demand, load1, vcpus, permit = self.vm_series[vm.spec.name]
+            live = vm.guest is not None and not vm.is_deleted
+            demand.append(vm.guest.demand if live and vm.guest is not None else 0.0)
+            load1.append(round(vm.guest.load1(t), 3) if live and vm.guest is not None else 0.0)
+            vcpus.append(vm.vcpus if live else 0)
+            permit.append(vm.granted if live else 0)
+        ext = self.extender
+        for name, series in self.node_series.items():
+            state = ext.ledger.nodes.get(name) if ext is not None else None
+            series.append(state.allocated.cpu_millis if state is not None else -1)
+        if t + self.timing.sample_interval_seconds <= self.s.duration_seconds:
+            self.at(t + self.timing.sample_interval_seconds, self._sample)
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    def _check_decision(self, node: str, free_before: int, what: str) -> None:
+        ext = self.extender
+        assert ext is not None
+        free = ext.ledger.nodes[node].free.cpu_millis
+        if free < 0 and free < free_before:
+            raise InvariantViolation(
+                "decided over-commit",
+                f"{what} left node {node} {-free}m over its usable cpu (was {free_before}m free)",
+            )
+
+    def full_check(self) -> None:
+        self.counts["full_checks"] += 1
+        ext = self.extender
+        if ext is not None:
+            try:
+                ext.ledger.check_invariants()
+                ext.admission.check_invariants()
+            except AssertionError as e:
+                raise InvariantViolation("ledger", str(e)) from e
+            live = {vm.uid for vm in self.vms if vm.node is not None and not vm.is_deleted}
+            live.update(f.uid for f in self.foreign if f.node is not None)
+            held = set(ext.ledger.pods)
+            leaked = sorted(held - live)
+            if leaked:
+                raise InvariantViolation(
+                    "leaked reservation", f"the ledger holds pods that are gone: {leaked[:5]}"
+                )
+            missing = sorted(live - held)
+            if missing:
+                raise InvariantViolation("lost pod", f"running pods the ledger lost: {missing[:5]}")
+            for vm in self.vms:
+                if vm.node is None or vm.is_deleted:
+                    continue
+                entry = ext.ledger.pods[vm.uid]
+                if entry.has_agent and (entry.vcpus or 0) < vm.vcpus:
+                    raise InvariantViolation(
+                        "ledger behind reality",
+                        f"{vm.spec.name} runs {vm.vcpus} vCPUs but the ledger, which has heard"
+                        f" from its agent, holds {entry.vcpus}",
+                    )
+        for vm in self.vms:
+            if vm.node is not None and not vm.is_deleted and vm.vcpus > vm.granted:
+                raise InvariantViolation(
+                    "permit exceeded", f"{vm.spec.name} runs {vm.vcpus} > permit {vm.granted}"
+                )
+
+    # -- the report --------------------------------------------------------------------------------
+
+    def _report(self) -> Report:
+        end = self.t
+        for node in self.nodes.values():
+            if node.overcommit_since is not None:
+                node.overcommit_seconds += end - node.overcommit_since
+                node.overcommit_since = None
+        vms: list[VmSummary] = []
+        for vm in self.vms:
+            if vm.guest is not None and not vm.is_deleted:
+                vm.guest.finish(end)
+            vms.append(
+                VmSummary(
+                    name=vm.spec.name,
+                    node=vm.node,
+                    min_vcpus=vm.spec.min_vcpus,
+                    max_vcpus=vm.spec.max_vcpus,
+                    final_vcpus=vm.vcpus if vm.node is not None and not vm.is_deleted else 0,
+                    peak_vcpus=vm.peak,
+                    grows=vm.grows,
+                    shrinks=vm.shrinks,
+                    denials=vm.denials,
+                    permit_errors=vm.permit_errors,
+                    resize_errors=vm.resize_errors,
+                    over_target_seconds=round(vm.guest.over_target_seconds, 3)
+                    if vm.guest is not None
+                    else 0.0,
+                    placed_at_seconds=vm.placed_at,
+                    deleted_at_seconds=vm.deleted_at,
+                    steps=vm.steps
+                    + (
+                        [
+                            StepResult(
+                                at_seconds=round(vm.open_step[0], 3),
+                                demand_vcpus=vm.open_step[1],
+                                from_vcpus=vm.open_step[2],
+                                target_vcpus=vm.open_step[3],
+                                reached_after_seconds=None,
+                            )
+                        ]
+                        if vm.open_step is not None
+                        else []
+                    ),
+                )
+            )
+        nodes = [
+            NodeSummary(
+                name=n.name,
+                pool=n.pool,
+                zone=n.zone,
+                usable_millis=n.usable.cpu_millis,
+                peak_reserved_millis=n.peak_reserved,
+                overcommit_seconds=round(n.overcommit_seconds, 3),
+                joined_at_seconds=round(n.joined_at, 3),
+            )
+            for n in sorted(self.nodes.values(), key=lambda n: n.name)
+        ]
+        c = self.counts
+        return Report(
+            scenario=self.s.name,
+            seed=self.s.seed,
+            duration_seconds=self.s.duration_seconds,
+            ended_at_seconds=round(end, 3),
+            is_ok=self.violation is None,
+            violation=self.violation,
+            counters=Counters(**c),
+            vms=vms,
+            nodes=nodes,
+            pending_at_end=sorted(vm.spec.name for vm in self.pending if not vm.is_deleted),
+            recommendations=self.recommendations,
+            log=self.log,
+            series=Series(
+                times_seconds=self.sample_times,
+                vms=[
+                    VmSeries(name=name, demand_vcpus=d, load1=l1, vcpus=v, permit_vcpus=p)
+                    for name, (d, l1, v, p) in self.vm_series.items()
+                ],
+                nodes=[
+                    NodeSeries(
+                        name=name,
+                        usable_millis=self.nodes[name].usable.cpu_millis,
+                        reserved_millis=r,
+                    )
+                    for name, r in self.node_series.items()
+                ],
+            ),
+        )
+
+
+def simulate(
+    scenario: sc.Scenario,
+    *,
+    after_step: Hook | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> Report:
+    """Run ``scenario`` to its end (or its first violation) and return the report."""
+    sim = Simulation(scenario, after_step=after_step)
+    return sim.run(progress=progress)

@@ -1,0 +1,211 @@
+"""What a run produced: the JSON report's types, and the summary table printed in a terminal.
+
+Pure: no I/O, no clock. Nothing here measures wall time, so the same scenario gives the same
+report byte for byte (``encode_report``); the shell prints timings beside it, never inside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Final
+
+import msgspec
+
+
+class _Out(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class StepResult(_Out, frozen=True):
+    """One change of a VM's load that changes the size the policy aims at."""
+
+    at_seconds: float
+    demand_vcpus: float
+    from_vcpus: int
+    target_vcpus: int
+    # Seconds until the VM had the target size; None: not reached before the next step or end.
+    reached_after_seconds: float | None
+
+
+class VmSummary(_Out, frozen=True):
+    name: str
+    node: str | None
+    min_vcpus: int
+    max_vcpus: int
+    final_vcpus: int
+    peak_vcpus: int
+    grows: int
+    shrinks: int
+    denials: int  # permit answers that granted less than asked (denied or partial)
+    permit_errors: int  # failed calls (extender down, item errors)
+    resize_errors: int
+    over_target_seconds: float  # demand above target_load_per_vcpu * vcpus
+    placed_at_seconds: float | None
+    deleted_at_seconds: float | None
+    steps: list[StepResult]
+
+
+class NodeSummary(_Out, frozen=True):
+    name: str
+    pool: str
+    zone: str
+    usable_millis: int
+    peak_reserved_millis: int
+    overcommit_seconds: float
+    joined_at_seconds: float
+
+
+class LogEntry(_Out, frozen=True):
+    at_seconds: float
+    kind: str
+    subject: str
+    detail: str
+
+
+class Violation(_Out, frozen=True):
+    at_seconds: float
+    invariant: str
+    message: str
+    # The last things that happened before it, oldest first.
+    recent: list[LogEntry]
+
+
+class RecommendationRecord(_Out, frozen=True):
+    at_seconds: float
+    scale_up: list[str]  # "pool/zone xN"
+    unscheduled: list[str]
+
+
+class VmSeries(_Out, frozen=True):
+    name: str
+    demand_vcpus: list[float]
+    load1: list[float]
+    vcpus: list[int]
+    permit_vcpus: list[int]
+
+
+class NodeSeries(_Out, frozen=True):
+    name: str
+    usable_millis: int
+    reserved_millis: list[int]
+
+
+class Series(_Out, frozen=True):
+    times_seconds: list[float]
+    vms: list[VmSeries]
+    nodes: list[NodeSeries]
+
+
+class Counters(_Out, frozen=True):
+    events: int
+    scrapes: int
+    scrapes_skipped: int  # scrapes a settled VM did not need (see engine docstring)
+    permit_batches: int
+    permit_requests: int
+    resizes: int
+    placements: int
+    full_checks: int
+    extender_restarts: int
+
+
+class Report(_Out, frozen=True):
+    scenario: str
+    seed: int
+    duration_seconds: float
+    ended_at_seconds: float
+    is_ok: bool
+    violation: Violation | None
+    counters: Counters
+    vms: list[VmSummary]
+    nodes: list[NodeSummary]
+    pending_at_end: list[str]
+    recommendations: list[RecommendationRecord]
+    log: list[LogEntry]
+    series: Series
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+
+
+def encode_report(report: Report) -> bytes:
+    return _ENCODER.encode(report)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}s"
+
+
+def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> str:
+    """The terminal summary: one row per VM and per node (the first ones, if there are many)."""
+    lines: list[str] = []
+    lines.append(
+        f"scenario {report.scenario}: {report.ended_at_seconds:.0f}s of"
+        f" {report.duration_seconds:.0f}s simulated, seed {report.seed},"
+        f" {'OK' if report.is_ok else 'INVARIANT VIOLATED'}"
+    )
+    lines.append("")
+    header = (
+        f"{'vm':<14} {'node':<8} {'vcpus':>9} {'peak':>4} {'grow':>4} {'shrk':>4}"
+        f" {'deny':>4} {'errs':>4} {'over-target':>11}  {'steps reached (time to target)'}"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for vm in report.vms[:max_vms]:
+        reached = [s.reached_after_seconds for s in vm.steps]
+        ok = [r for r in reached if r is not None]
+        steps = (
+            f"{len(ok)}/{len(reached)}"
+            + (f" (median {statistics.median(ok):.0f}s, max {max(ok):.0f}s)" if ok else "")
+            if reached
+            else "none"
+        )
+        gone = " deleted" if vm.deleted_at_seconds is not None else ""
+        lines.append(
+            f"{vm.name:<14} {vm.node or '-':<8}"
+            f" {vm.min_vcpus:>2}..{vm.max_vcpus:<2}={vm.final_vcpus:<2}"
+            f" {vm.peak_vcpus:>4} {vm.grows:>4} {vm.shrinks:>4} {vm.denials:>4}"
+            f" {vm.permit_errors + vm.resize_errors:>4} {_secs(vm.over_target_seconds):>11}"
+            f"  {steps}{gone}"
+        )
+    if len(report.vms) > max_vms:
+        lines.append(f"... and {len(report.vms) - max_vms} more VMs (see the JSON report)")
+    lines.append("")
+    header = (
+        f"{'node':<10} {'pool/zone':<16} {'usable':>7} {'peak reserved':>14} {'overcommit':>10}"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for node in report.nodes[:max_nodes]:
+        pct = 100 * node.peak_reserved_millis / node.usable_millis if node.usable_millis else 0
+        joined = f"  joined at {node.joined_at_seconds:.0f}s" if node.joined_at_seconds else ""
+        lines.append(
+            f"{node.name:<10} {node.pool + '/' + node.zone:<16} {node.usable_millis / 1000:>6.1f}c"
+            f" {node.peak_reserved_millis / 1000:>7.1f}c {pct:>4.0f}%"
+            f" {_secs(node.overcommit_seconds):>10}{joined}"
+        )
+    if len(report.nodes) > max_nodes:
+        lines.append(f"... and {len(report.nodes) - max_nodes} more nodes")
+    if report.recommendations:
+        lines.append("")
+        for rec in report.recommendations:
+            lines.append(
+                f"recommender at {rec.at_seconds:.0f}s: add {', '.join(rec.scale_up) or 'nothing'}"
+                + (f"; cannot place {', '.join(rec.unscheduled)}" if rec.unscheduled else "")
+            )
+    if report.pending_at_end:
+        lines.append(f"pending at the end: {', '.join(report.pending_at_end)}")
+    c = report.counters
+    lines.append("")
+    lines.append(
+        f"{c.events} events, {c.scrapes} scrapes ({c.scrapes_skipped} skipped while settled),"
+        f" {c.permit_requests} permit requests in {c.permit_batches} batches, {c.resizes} resizes,"
+        f" {c.full_checks} full invariant checks, {c.extender_restarts} extender restarts"
+    )
+    if report.violation is not None:
+        v = report.violation
+        lines.append("")
+        lines.append(f"INVARIANT VIOLATED at {v.at_seconds:.1f}s: {v.invariant}: {v.message}")
+        lines.append("what happened just before:")
+        for e in v.recent:
+            lines.append(f"  {e.at_seconds:8.2f}s {e.kind:<18} {e.subject:<16} {e.detail}")
+    return "\n".join(lines)

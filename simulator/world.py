@@ -1,0 +1,113 @@
+"""The only simulated parts: a VM's load and its guest's metrics, and the durable API view.
+
+Pure: no I/O, no clock, no randomness. Time is an explicit ``t`` (virtual seconds).
+
+Load is *demand* in vCPUs (runnable threads), piecewise constant (``scenario.segments``).
+What the agent scrapes is derived from it the way a Linux guest would show it:
+
+* ``node_load1`` counts runnable tasks, so it is **not** capped by the VM's vCPUs (a queue
+  forms; that is how the policy sees that it needs more). Under ``Load1Model.KERNEL`` it is the
+  kernel's 1-minute exponential average, ``load1(t) = L + (l0 - L) * exp(-(t - t0) / 60)`` for
+  the level ``L`` since ``t0``; computed in closed form, so no per-tick state is needed.
+* CPU busy time is capped: the VM can run at most ``vcpus`` threads, so the busy fraction is
+  ``min(1, demand / vcpus)``; the counters are integrated exactly between changes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from autoscaler_agent.policy import Samples
+from simulator.scenario import Load1Model, Segments
+
+LOAD1_TAU_SECONDS: Final = 60.0
+MEMORY_TOTAL_BYTES: Final = 4 * 2**30
+
+
+class GuestLoad:
+    """One VM's demand trace, its smoothed load1 and its CPU counters. Mutable, engine-only."""
+
+    __slots__ = (
+        "busy_seconds",
+        "cpu_seconds",
+        "demand",
+        "index",
+        "l0",
+        "model",
+        "over_target_seconds",
+        "segments",
+        "t0",
+        "target_load_per_vcpu",
+        "updated_at",
+        "vcpus",
+    )
+
+    def __init__(
+        self,
+        segments: Segments,
+        *,
+        model: Load1Model,
+        vcpus: int,
+        t: float,
+        target_load_per_vcpu: float,
+    ) -> None:
+        self.segments = segments
+        self.model = model
+        self.index = 0
+        while self.index + 1 < len(segments) and segments[self.index + 1][0] <= t:
+            self.index += 1
+        self.demand = segments[self.index][1]
+        # The guest boots with load at its current demand (no history before it existed).
+        self.l0 = self.demand
+        self.t0 = t
+        self.vcpus = vcpus
+        self.updated_at = t
+        self.cpu_seconds = 0.0
+        self.busy_seconds = 0.0
+        self.over_target_seconds = 0.0
+        self.target_load_per_vcpu = target_load_per_vcpu
+
+    def next_breakpoint(self) -> float | None:
+        i = self.index + 1
+        return self.segments[i][0] if i < len(self.segments) else None
+
+    def load1(self, t: float) -> float:
+        if self.model is Load1Model.INSTANT:
+            return self.demand
+        return self.demand + (self.l0 - self.demand) * math.exp(-(t - self.t0) / LOAD1_TAU_SECONDS)
+
+    def _integrate(self, t: float) -> None:
+        dt = t - self.updated_at
+        if dt <= 0:
+            return
+        self.cpu_seconds += self.vcpus * dt
+        self.busy_seconds += min(self.demand, self.vcpus) * dt
+        if self.demand > self.target_load_per_vcpu * self.vcpus:
+            self.over_target_seconds += dt
+        self.updated_at = t
+
+    def advance_segment(self, t: float) -> None:
+        """Move to the segment that starts at ``t`` (a breakpoint)."""
+        self._integrate(t)
+        self.l0 = self.load1(t)
+        self.t0 = t
+        self.index += 1
+        self.demand = self.segments[self.index][1]
+
+    def resized(self, t: float, vcpus: int) -> None:
+        self._integrate(t)
+        self.vcpus = vcpus
+
+    def finish(self, t: float) -> None:
+        self._integrate(t)
+
+    def samples(self, t: float) -> Samples:
+        self._integrate(t)
+        return Samples(
+            load1=round(self.load1(t), 4),
+            cpu_seconds_total=self.cpu_seconds,
+            cpu_idle_seconds_total=self.cpu_seconds - self.busy_seconds,
+            memory_available_bytes=MEMORY_TOTAL_BYTES / 2,
+            memory_total_bytes=MEMORY_TOTAL_BYTES,
+        )
