@@ -43,6 +43,10 @@ Commands:
   recommend SNAPSHOT.yaml
           print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON;
           exit 2 naming each bad $.path (see examples/snapshots/basic.yaml).
+  simulate [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]
+          run the extender's and the agent's cores against a simulated fleet in virtual
+          time (no cluster); without a file, the built-in scenario. Prints a summary, writes
+          a JSON report and a PNG plot; exit 1 if an invariant broke, 2 for a bad scenario.
 """
 
 
@@ -140,8 +144,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(args)
 
 
+def simulate_command(argv: Sequence[str]) -> int:
+    # Imported here: the simulator is an offline tool, and ``serve`` must not depend on it.
+    from simulator.cli import main as simulate_main  # noqa: PLC0415
+
+    return simulate_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        return simulate_command(argv[1:])
+    args = parse_args(argv)
     if args.command == "recommend":
         return recommend_command(args)
     try:

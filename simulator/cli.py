@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"where to write NAME.json and NAME.png (default: {DEFAULT_OUT})",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
-    parser.add_argument("--seed", type=int, help="override the scenario's seed (backoff jitter)")
+    parser.add_argument(
+        "--seed", type=int, metavar="N", help="override the scenario's seed (backoff jitter)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
