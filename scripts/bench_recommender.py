@@ -2,8 +2,10 @@
 
 1,000 pending pods, 500 existing nodes, 10 pools x 3 zones, generated deterministically (a
 seeded ``random.Random``: the same snapshot on every run). Prints one JSON object: the best of
-several runs of (a) decoding the snapshot bytes only, (b) ``load_snapshot`` (decode and
-validate), (c) ``recommend``, (d) ``encode_recommendation``; and the ratio of (c) to (a).
+several runs of (a) decoding the snapshot bytes only, (b) ``load_snapshot`` (decode, check and
+compile into a ``PreparedSnapshot``), (c) ``recommend`` on that prepared snapshot, (d)
+``encode_recommendation``, (e) all of b-d from bytes, as ``POST /v1/recommend`` does; and the
+ratios of (c) and (e) to (a).
 
     .venv/bin/python scripts/bench_recommender.py [--repeat N] [--write PATH]
 """
@@ -180,13 +182,19 @@ def main() -> None:
         load = best_millis(lambda: load_snapshot(data), args.repeat)
         rec_ms = best_millis(lambda c=config: recommend(snapshot, config=c), args.repeat)
         enc_ms = best_millis(lambda r=rec: encode_recommendation(r), args.repeat)
+        whole_ms = best_millis(
+            lambda c=config: encode_recommendation(recommend(load_snapshot(data), config=c)),
+            args.repeat,
+        )
         results["+".join(chain)] = {
             "decodeMillis": decode,
             "loadSnapshotMillis": load,
             "recommendMillis": rec_ms,
             "encodeMillis": enc_ms,
+            "bytesToAnswerMillis": whole_ms,
             "recommendToDecodeRatio": round(rec_ms / decode, 2),
             "recommendToLoadRatio": round(rec_ms / load, 2),
+            "bytesToAnswerToDecodeRatio": round(whole_ms / decode, 2),
             "newNodes": sum(s.increment_by for s in rec.scale_up),
             "rounds": len(rec.diagnostics.rounds),
             "placedOnExisting": len(rec.diagnostics.placed_on_existing),
