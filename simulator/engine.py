@@ -45,6 +45,7 @@ The cheap checks run at every step; the full ones after every event time, or eve
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -127,7 +128,7 @@ class _Vm:
         self.op_value = 0
         self.wake_token = 0
         self.is_settled = False
-        self.settled_at = 0.0
+        self.last_scrape_at = 0.0
         self.is_deleted = False
         self.is_pending = False
         self.hv_fail_until = -1.0
@@ -221,8 +222,16 @@ Hook = Callable[["Simulation", float], None]
 class Simulation:
     """Runs one scenario. ``run()`` returns the Report; a violation ends the run early."""
 
-    def __init__(self, scenario: sc.Scenario, *, after_step: Hook | None = None) -> None:
+    def __init__(
+        self,
+        scenario: sc.Scenario,
+        *,
+        after_step: Hook | None = None,
+        skip_settled: bool = True,
+    ) -> None:
         self.s = scenario
+        # Off only in the test that shows skipping changes no decision.
+        self.skip_settled = skip_settled
         self.rng = random.Random(scenario.seed)
         self.after_step = after_step
         a = scenario.agent
@@ -534,6 +543,8 @@ class Simulation:
             vm.vcpus = vm.granted = entry.vcpus or vm.spec.min_vcpus
         vm.peak = max(vm.peak, vm.vcpus)
         self._reality(node, vm.vcpus * 1000)
+        if decided:
+            self._check_reality(node, f"{vm.spec.name} was bound at {vm.vcpus} vCPUs")
         vm.guest = GuestLoad(
             self.segments[vm.index],
             model=self.s.load1_model,
@@ -666,7 +677,7 @@ class Simulation:
             return
         t = self.t
         if vm.is_settled:
-            gap = t - vm.settled_at
+            gap = t - vm.last_scrape_at
             self.counts["scrapes_skipped"] += int(gap / self.core.scrape_interval_seconds)
             vm.is_settled = False
         actions = st.next_actions(t)
@@ -674,22 +685,17 @@ class Simulation:
             if actions.scrape:
                 st.scrape_started(t)
                 st.metrics_scraped(t, guest.samples(t))
+                vm.last_scrape_at = t
                 self.counts["scrapes"] += 1
             started = self._start_op(vm, st, actions)
             if not actions.scrape or started:
                 break
             actions = st.next_actions(t)
-        if vm.op is None and self._is_settled(vm, st, guest, actions):
+        if self.skip_settled and vm.op is None and self._is_settled(vm, st, guest, actions):
             vm.is_settled = True
-            vm.settled_at = t
             return
         if actions.wait_seconds is not None:
-            vm.wake_token += 1
-            self.at(
-                t + actions.wait_seconds,
-                self._wake_event,
-                (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF),
-            )
+            self._wake_at(vm, t + actions.wait_seconds)
 
     def _is_settled(self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions) -> bool:
         """See the module docstring: every scrape until the next breakpoint would hold."""
@@ -801,6 +807,8 @@ class Simulation:
         else:
             vm.shrinks += 1
         self._reality(vm.node, (target - previous) * 1000)
+        if target > previous:
+            self._check_reality(vm.node, f"{vm.spec.name} grew {previous} -> {target} vCPUs")
         if target > vm.granted:
             raise InvariantViolation(
                 "permit exceeded",
@@ -860,7 +868,12 @@ class Simulation:
                     )
                 if outcome in (PermitOutcome.DENIED, PermitOutcome.PARTIAL):
                     vm.denials += 1
-                    self.note("permit_" + outcome.value, vm.spec.name, permit.reason, keep=False)
+                self.note(
+                    "permit_" + outcome.value,
+                    vm.spec.name,
+                    f"asked {call.requested_vcpus} (has {call.usage_vcpus}): {permit.reason}",
+                    keep=False,
+                )
                 if self.annotations.get(vm.uid) != vcpus:
                     self.at(
                         t + self.timing.durability_delay_seconds,
@@ -919,7 +932,15 @@ class Simulation:
         if bp is not None:
             self.at(bp, self._breakpoint, i)
         if vm.is_settled:
-            self._step(vm)
+            # Wake on the scrape grid the VM would have kept had it not skipped, so that
+            # skipping changes when nothing happens, never when something does.
+            interval = self.core.scrape_interval_seconds
+            periods = math.ceil((self.t - vm.last_scrape_at) / interval - 1e-9)
+            self._wake_at(vm, vm.last_scrape_at + periods * interval)
+
+    def _wake_at(self, vm: _Vm, t: float) -> None:
+        vm.wake_token += 1
+        self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
 
     def _track_step(self, vm: _Vm) -> None:
         """A new load level: if it changes the size the policy aims at, time how long it takes."""
@@ -1040,6 +1061,21 @@ class Simulation:
                 "decided over-commit",
                 f"{what} left node {node} {-free}m over its usable cpu (was {free_before}m free)",
             )
+
+    def _check_reality(self, node_name: str, what: str) -> None:
+        """What we decided (a bind, a permitted grow) must fit in what really runs there, not
+        only in what the ledger believes: a stale ledger is how real over-commit happens."""
+        node = self.nodes[node_name]
+        if node.reality_millis <= node.usable.cpu_millis:
+            return
+        ext = self.extender
+        state = ext.ledger.nodes.get(node_name) if ext is not None else None
+        believed = f"; the ledger holds {state.allocated.cpu_millis}m there" if state else ""
+        raise InvariantViolation(
+            "decided over-commit",
+            f"{what} on {node_name}: {node.reality_millis}m now run on"
+            f" {node.usable.cpu_millis}m usable{believed}",
+        )
 
     def full_check(self) -> None:
         self.counts["full_checks"] += 1

@@ -265,6 +265,7 @@ def parse_scenario(text: str | bytes, *, base_dir: Path | None = None) -> Scenar
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise ScenarioError([f"not valid YAML - at `$`: {e}"]) from e
+    _check_traces_first(data)
     try:
         scenario = msgspec.convert(data, Scenario)
     except msgspec.ValidationError as e:
@@ -275,6 +276,19 @@ def parse_scenario(text: str | bytes, *, base_dir: Path | None = None) -> Scenar
     if base_dir is not None:
         scenario = _read_csv_traces(scenario, base_dir)
     return scenario
+
+
+def _check_traces_first(data: object) -> None:
+    """msgspec names a dict entry ``$.traces[...]``; convert each trace alone to say which."""
+    traces = data.get("traces") if isinstance(data, dict) else None
+    if not isinstance(traces, dict):
+        return
+    for name, trace in traces.items():
+        try:
+            msgspec.convert(trace, Trace)
+        except msgspec.ValidationError as e:
+            message = str(e).replace("at `$", f"at `$.traces.{name}", 1)
+            raise ScenarioError([message]) from e
 
 
 def load_scenario_file(path: Path) -> Scenario:

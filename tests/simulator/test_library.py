@@ -1,0 +1,174 @@
+"""The scenario library under examples/scenarios: each shows one property of the policies."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from simulator.builtin import default_scenario
+from simulator.engine import Simulation, simulate
+from simulator.report import Report, encode_report
+from simulator.scenario import Load1Model
+from tests.simulator.helpers import library, series_of, vm, with_timing
+
+
+def assert_sound(report: Report) -> None:
+    """What every scenario must show: no violation, and no second of real over-commit."""
+    assert report.violation is None, report.violation
+    assert report.is_ok
+    for node in report.nodes:
+        assert node.overcommit_seconds == 0, node
+        assert node.peak_reserved_millis <= node.usable_millis, node
+
+
+def test_steady_load_does_not_flap():
+    report = simulate(library("steady"))
+    assert_sound(report)
+    for v in report.vms:
+        # Each VM changes size at most twice in an hour (a grow, and for the wobbling one a
+        # second grow at its first peak); never a shrink: the load never falls that far.
+        assert v.grows + v.shrinks <= 2, v
+        assert v.shrinks == 0, v
+        assert v.denials == 0
+    assert vm(report, "idle").grows == 0
+    # The one sitting exactly on the threshold (1.8 = 2 x 0.9) and the one wobbling across it
+    # settle once and stay.
+    assert vm(report, "at-threshold").final_vcpus == 2
+    assert vm(report, "wobble").grows == 1
+    assert report.counters.permit_requests <= 2 * len(report.vms)
+
+
+def test_burst_grows_to_the_need_without_denial_and_shrinks_after_it():
+    report = simulate(library("burst"))
+    assert_sound(report)
+    db = vm(report, "db")
+    up, down = db.steps
+    assert (up.at_seconds, up.from_vcpus, up.target_vcpus) == (120, 1, 8)  # ceil(6.5 / 0.9)
+    assert up.reached_after_seconds is not None
+    # load1 is the kernel's 1-minute average: the last vCPU waits until load1 > 7 x 0.9 = 6.3,
+    # i.e. 60 s x ln(6.2 / 0.2) = 206 s after the step, plus a permit round trip and a resize.
+    assert 200 < up.reached_after_seconds < 240
+    assert (down.target_vcpus, down.reached_after_seconds is not None) == (1, True)
+    assert db.denials == 0 and db.permit_errors == 0
+    # While the burst lasts the size only goes up; shrinking starts after the load fell.
+    times, vcpus = series_of(report, "db")
+    during = [v for t, v in zip(times, vcpus, strict=True) if 120 <= t < 840]
+    assert during == sorted(during)
+    assert max(vcpus) == 8
+
+
+def test_burst_grows_in_one_step_when_load1_has_no_lag():
+    """The policy itself grows in one step: with load1 equal to demand, one resize to 8."""
+    scenario = msgspec.structs.replace(library("burst"), load1_model=Load1Model.INSTANT)
+    report = simulate(scenario)
+    assert_sound(report)
+    db = vm(report, "db")
+    assert db.grows == 1 and db.shrinks == 1
+    up = db.steps[0]
+    # One scrape (1 s grid), one permit round trip (0.05 s), one resize (2 s).
+    assert up.reached_after_seconds is not None and up.reached_after_seconds <= 3.1
+
+
+def test_contention_shares_the_node_and_the_recommender_asks_for_a_node():
+    report = simulate(library("contention"))
+    assert_sound(report)
+    a, b, c = vm(report, "vm-a"), vm(report, "vm-b"), vm(report, "vm-c")
+    # Both wanted 7 of the 8 usable vCPUs: each got half, and each was told no many times.
+    assert (a.final_vcpus, b.final_vcpus) == (4, 4)
+    assert a.denials > 0 and b.denials > 0
+    node = next(n for n in report.nodes if n.name == "node-1")
+    assert node.peak_reserved_millis == node.usable_millis == 8000
+    # vm-c (4 vCPUs) fits nowhere at 300 s: one node from the pool, and it runs there.
+    assert [r.scale_up for r in report.recommendations] == [["small/zone-a x1"]]
+    assert report.recommendations[0].at_seconds == 300
+    assert c.node is not None and c.node != "node-1"
+    assert c.placed_at_seconds == 420  # the pool's provision_seconds later
+    assert report.pending_at_end == []
+
+
+def test_restart_rebuilds_the_ledger_and_loses_nothing():
+    report = simulate(library("restart"))
+    assert_sound(report)
+    assert report.counters.extender_restarts == 1
+    started = [e for e in report.log if e.kind == "extender_started"]
+    assert len(started) == 1 and started[0].at_seconds == 630
+    # The permit writer lags 30 s: the grant grows-at-kill got just before the crash never
+    # reached its pod, so the rebuilt ledger starts it smaller than it runs ...
+    assert "for 1 VM(s)" in started[0].detail and "grows-at-kill" in started[0].detail
+    # ... and its agent's lastPermit puts that right: it grows on to 7 later, no VM shrinks.
+    at_kill = vm(report, "grows-at-kill")
+    assert at_kill.final_vcpus == 7 and at_kill.shrinks == 0
+    assert at_kill.permit_errors > 0  # it asked while the extender was down
+    assert all(v.shrinks == 0 for v in report.vms)
+    # Created while the extender was down: placed when it is back. Deleted meanwhile: gone
+    # from the rebuilt ledger (the full checks would have stopped the run otherwise).
+    assert vm(report, "newcomer").placed_at_seconds == 630
+    assert vm(report, "doomed").deleted_at_seconds == 615
+    assert vm(report, "grows-later").final_vcpus == 7
+
+
+def test_default_scenario_shows_every_part():
+    report = simulate(default_scenario())
+    assert_sound(report)
+    kinds = {e.kind for e in report.log}
+    assert {
+        "placed",
+        "foreign_started",
+        "hypervisor_failing",
+        "extender_killed",
+        "extender_started",
+        "deleted",
+        "recommended",
+        "node_joined",
+    } <= kinds
+    assert vm(report, "web-6").deleted_at_seconds == 2700
+    assert vm(report, "db-2").resize_errors >= 1  # its hypervisor failed during the burst
+    analytics = vm(report, "analytics")
+    assert analytics.node is not None and analytics.node.startswith("general-")
+    assert vm(report, "db-1").peak_vcpus == 8
+    assert report.pending_at_end == []
+
+
+@pytest.mark.parametrize("name", ["default", "contention", "restart"])
+def test_same_scenario_gives_the_same_report(name):
+    scenario = default_scenario() if name == "default" else library(name)
+    assert encode_report(simulate(scenario)) == encode_report(simulate(scenario))
+
+
+@pytest.mark.parametrize("name", ["default", "steady", "burst", "contention", "restart"])
+def test_skipping_settled_vms_changes_no_decision(name):
+    scenario = default_scenario() if name == "default" else library(name)
+    fast = Simulation(scenario).run()
+    slow = Simulation(scenario, skip_settled=False).run()
+    assert fast.vms == slow.vms
+    assert fast.nodes == slow.nodes
+    assert fast.recommendations == slow.recommendations
+    # Contended VMs never settle (they keep asking), so the saving varies; it is never zero.
+    assert fast.counters.scrapes < slow.counters.scrapes
+
+
+def test_seed_changes_only_the_jitter():
+    scenario = default_scenario()
+    other = msgspec.structs.replace(scenario, seed=scenario.seed + 1)
+    a, b = simulate(scenario), simulate(other)
+    assert a.is_ok and b.is_ok
+    # Without extender or hypervisor failures nothing draws jitter: identical sizes.
+    assert [v.final_vcpus for v in a.vms] == [v.final_vcpus for v in b.vms]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: a rebuilt ledger trusts the pods' permitted-vcpus annotations, and an"
+    " agent sends lastPermit only with its next request; quiet VMs' space is handed out again",
+)
+def test_a_slow_durability_writer_is_covered_by_last_permit():
+    # Every permit of the run is lost with the first extender: the rebuilt ledger knows only
+    # the minimums. It should still over-commit nothing and cut no VM. Today it binds the
+    # newcomer and grants growth into space grown-1 (quiet since the restart) really uses,
+    # and the run stops at ~1005 s with "decided over-commit".
+    scenario = with_timing(library("restart"), durability_delay_seconds=10_000)
+    report = simulate(scenario)
+    assert_sound(report)
+    started = next(e for e in report.log if e.kind == "extender_started")
+    assert "for 4 VM(s)" in started.detail
+    assert all(v.shrinks == 0 for v in report.vms)
