@@ -19,7 +19,7 @@ import math
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from scheduler_extender.accounting import LedgerError, Owner
 from scheduler_extender.admission import admit, quota_room, recheck
@@ -54,12 +54,14 @@ def quota_configs(draw):
     return parse_quota_config({"admission_ttl_seconds": 30, "namespaces": namespaces})
 
 
-def le(a, b):
-    return a.cpu_millis <= b.cpu_millis and a.memory_bytes <= b.memory_bytes
+def queue_key(waiter):
+    """The documented order, computed here rather than trusted from ``Waiter.order``."""
+    w = waiter
+    return (-w.priority, w.requeues, w.created == "", w.created, w.name, w.uid)
 
 
 class AdmissionMachine(RuleBasedStateMachine):
-    @initialize(config=st.one_of(st.none(), quota_configs()))
+    @initialize(config=st.one_of(quota_configs(), quota_configs(), st.none()))
     def start(self, config):
         self.ledger, self.state = cluster(config, nodes=2, cpu=8000, mem=16 * GI)
         self.pods = {}  # uid -> PodInfo as the API server has it
@@ -111,7 +113,9 @@ class AdmissionMachine(RuleBasedStateMachine):
             return None
         room = INF
         for r in rooms:
-            room = Demand(min(room.cpu_millis, r.cpu_millis), min(room.memory_bytes, r.memory_bytes))
+            room = Demand(
+                min(room.cpu_millis, r.cpu_millis), min(room.memory_bytes, r.memory_bytes)
+            )
         return room
 
     def _sum(self, names):
@@ -246,7 +250,11 @@ class AdmissionMachine(RuleBasedStateMachine):
             after = self._sum(names)
             before = self.before.get(names, after)
             for resource in ("cpu_millis", "memory_bytes"):
-                a, b, c = getattr(after, resource), getattr(before, resource), getattr(cap, resource)
+                a, b, c = (
+                    getattr(after, resource),
+                    getattr(before, resource),
+                    getattr(cap, resource),
+                )
                 assert a <= c or a <= b, f"{names} {resource}: {b} -> {a}, limit {c}"
 
     def order_is_respected(self):
@@ -254,9 +262,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         for ns in NAMESPACES:
             quota = None if quotas is None else quotas.namespaces.get(ns)
             waiting = self.state.waiting_in_order(ns)
-            new = [r for r in self.state.reserved_in(ns) if r.waiter.uid not in self.reserved_before]
+            new = [
+                r for r in self.state.reserved_in(ns) if r.waiter.uid not in self.reserved_before
+            ]
             for reservation in new:
-                ahead = [w for w in waiting if w.order < reservation.waiter.order]
+                ahead = [w for w in waiting if queue_key(w) < queue_key(reservation.waiter)]
                 if quota is not None and quota.queueing_strategy is QueueingStrategy.STRICT_FIFO:
                     assert not ahead, f"{reservation.waiter.name} passed {ahead[0].name}"
                 room = self.room(ns)
@@ -266,7 +276,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def nothing_waits_that_fits(self):
         if self.settled and self.state.quotas is not None:
             for ns in NAMESPACES:
-                waiting = self.state.waiting_in_order(ns)
+                waiting = sorted(self.state.waiting_in_order(ns), key=queue_key)
                 room = self.room(ns)
                 if room is None:
                     assert not waiting, f"{ns} is unlimited but {waiting[0].name} waits"
