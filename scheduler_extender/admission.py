@@ -367,11 +367,15 @@ class AdmissionState:
         namespace = self._where.get(pod.uid)
         if namespace is not None:
             ns = self._namespaces[namespace]
-            if pod.uid in ns.reserved:
-                return None
-            waiter = ns.waiting[pod.uid]
             demand = pod.initial_demand()
-            if waiter.demand == demand and waiter.priority == pod.priority:
+            reservation = ns.reserved.get(pod.uid)
+            # An admission covers the demand it was made for: a pod that grew since (its
+            # annotations changed) must be admitted again, or the bind would take more
+            # quota than was reserved.
+            if reservation is not None and reservation.waiter.demand == demand:
+                return None
+            waiter = ns.waiting[pod.uid] if reservation is None else reservation.waiter
+            if reservation is None and waiter.demand == demand and waiter.priority == pod.priority:
                 return waiter
             self._drop(pod.uid)
             waiter.demand = demand

@@ -66,7 +66,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.ledger, self.state = cluster(config, nodes=2, cpu=8000, mem=16 * GI)
         self.pods = {}  # uid -> PodInfo as the API server has it
         self.vcpus = {}  # uid -> vCPUs the VM runs with (agents are honest)
-        self.counter = 0
+        self.counter = 0  # the creation clock, in seconds
+        self.created = 0  # pods ever created: names (and so uids) are never reused
         self.now = T0
         self.settled = False
         self._snapshot()
@@ -147,8 +148,9 @@ class AdmissionMachine(RuleBasedStateMachine):
     )
     def pod_created(self, ns, vcpus, priority, same_second, listed):
         self.counter += 0 if same_second else 1
+        self.created += 1
         pod = vm(
-            f"p{len(self.pods)}",
+            f"p{self.created}",
             ns=ns,
             vcpus=vcpus,
             hi=6,

@@ -17,7 +17,7 @@ from scheduler_extender.admission import (
 from scheduler_extender.podinfo import Demand
 from scheduler_extender.quota import QuotaConfig
 
-from .helpers import GI, T0, cluster, delete, grow, place, quotas, vm
+from .helpers import GI, T0, cluster, delete, grow, place, quotas, vm, vmspec
 
 ADMITTED = AdmissionStatus.ADMITTED
 WAITING = AdmissionStatus.WAITING
@@ -282,3 +282,15 @@ def test_no_quota_config_means_nothing_is_limited():
     _ledger, state = cluster(QuotaConfig())
     assert admit(state, vm("a", vcpus=64), now=T0).is_admitted
     assert quota_room(state, "team-a") is None
+
+
+def test_a_pod_whose_demand_grew_after_admission_is_admitted_again():
+    _ledger, state = cluster(quotas(team_a={"vcpus": 2}))
+    small = vm("a", vcpus=1)
+    assert admit(state, small, now=T0).is_admitted
+    grown = msgspec.structs.replace(small, vm=vmspec(3, 8))
+    assert admit(state, grown, now=T0).reason == (
+        "waiting for quota in namespace team-a (position 1): needs 3000m cpu, 2000m left"
+        " of its quota"
+    )
+    assert state.usage("team-a") == Demand(0, 0)
