@@ -101,21 +101,47 @@ class FitIndex:
         self._max_sizes = max_sizes
         self._by_size: OrderedDict[Demand, dict[str, Rejection]] = OrderedDict()
         self.known: set[str] = {n for n, s in ledger.nodes.items() if s.is_known}
+        # Change stamps for ``version``: one counter, so a stamp is never reused, not even by
+        # a size that was evicted and computed again.
+        self._stamp = 0
+        self._known_stamp = 0
+        self._size_stamps: dict[Demand, int] = {}
         ledger.subscribe(self._node_changed)
+
+    def _bump(self) -> int:
+        self._stamp += 1
+        return self._stamp
 
     def _node_changed(self, name: str) -> None:
         state = self._ledger.nodes.get(name)
+        known = self.known
         if state is None or not state.is_known:
-            self.known.discard(name)
-        else:
-            self.known.add(name)
+            if name in known:
+                known.discard(name)
+                self._known_stamp = self._bump()
+        elif name not in known:
+            known.add(name)
+            self._known_stamp = self._bump()
+        stamps = self._size_stamps
         for size, rejected in self._by_size.items():
             r = rejection(state, size) if state is not None else None
             if r is None or state is None or not state.is_known:
                 # Unknown nodes are rejected by their absence from ``known``.
-                rejected.pop(name, None)
-            else:
+                if rejected.pop(name, None) is not None:
+                    stamps[size] = self._bump()
+            elif rejected.get(name) != r:
+                # Also when only the reason's numbers moved: the reason is part of the answer.
                 rejected[name] = r
+                stamps[size] = self._bump()
+
+    def version(self, size: Demand) -> tuple[int, int]:
+        """Changes whenever ``filter(size, names)`` could answer differently for any ``names``.
+
+        Lets the shell keep an encoded answer while the ledger churns elsewhere: a permit on a
+        node that fits ``size`` before and after leaves this version (and the answer) alone.
+        """
+        self.rejections(size)
+        return self._known_stamp, self._size_stamps[size]
 
     def rejections(self, size: Demand) -> dict[str, Rejection]:
         rejected = self._by_size.get(size)
@@ -129,8 +155,10 @@ class FitIndex:
                 if r is not None:
                     rejected[name] = r
         self._by_size[size] = rejected
+        self._size_stamps[size] = self._bump()
         if len(self._by_size) > self._max_sizes:
-            self._by_size.popitem(last=False)
+            evicted, _ = self._by_size.popitem(last=False)
+            del self._size_stamps[evicted]
         return rejected
 
     def filter(self, size: Demand, names: list[str]) -> FilterResult:

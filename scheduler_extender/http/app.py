@@ -105,6 +105,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     app[AUTHENTICATOR] = _authenticator(config, link, metrics)
     app[METRICS] = metrics
     app[TASKS] = []
+    app[verbs.FILTER_ANSWERS] = verbs.FilterAnswers()
     app.router.add_post("/filter", verbs.filter_nodes, name="filter")
     app.router.add_post("/prioritize", verbs.prioritize, name="prioritize")
     app.router.add_post("/bind", verbs.bind, name="bind")

@@ -31,11 +31,11 @@ T = TypeVar("T")
 METRICS = web.AppKey("metrics", Metrics)
 # Routes named like this are timed per verb; the rest (probes, metrics) are not.
 TIMED_ROUTES: Final = frozenset({"filter", "prioritize", "bind", "preempt", "permits"})
-_JSON: Final = "application/json"
+JSON: Final = "application/json"
 
 
 def json_response(value: object, *, status: int = 200) -> web.Response:
-    return web.Response(body=codec.encode(value), status=status, content_type=_JSON)
+    return web.Response(body=codec.encode(value), status=status, content_type=JSON)
 
 
 def error_response(error: ExtenderError) -> web.Response:
