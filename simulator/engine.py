@@ -286,7 +286,9 @@ class Simulation:
         self.provisioning = 0
         self.recommendations: list[RecommendationRecord] = []
         self.log: list[LogEntry] = []
-        self.recent: deque[LogEntry] = deque(maxlen=RECENT)
+        # The last things that happened, formatted only if a violation needs them: the hot
+        # path (every grant, every resize) must not pay for f-strings nobody reads.
+        self.recent: deque[tuple[float, str, str, str, tuple[object, ...]]] = deque(maxlen=RECENT)
         self.violation: Violation | None = None
         self._last_full_check = -1.0
         self.counts = dict.fromkeys(
@@ -338,10 +340,14 @@ class Simulation:
         heapq.heappush(self._heap, (t, self._seq, handler, arg))
 
     def note(self, kind: str, subject: str, detail: str = "", *, keep: bool = True) -> None:
-        entry = LogEntry(at_seconds=round(self.t, 3), kind=kind, subject=subject, detail=detail)
-        self.recent.append(entry)
+        self.recent.append((self.t, kind, subject, "{}", (detail,)))
         if keep and len(self.log) < MAX_LOG:
+            entry = LogEntry(at_seconds=round(self.t, 3), kind=kind, subject=subject, detail=detail)
             self.log.append(entry)
+
+    def trace(self, kind: str, subject: str, fmt: str, *args: object) -> None:
+        """A note for the violation report only, formatted lazily."""
+        self.recent.append((self.t, kind, subject, fmt, args))
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -385,7 +391,10 @@ class Simulation:
                 at_seconds=round(self.t, 3),
                 invariant=e.invariant,
                 message=e.message,
-                recent=list(self.recent),
+                recent=[
+                    LogEntry(at_seconds=round(t, 3), kind=k, subject=subj, detail=fmt.format(*args))
+                    for t, k, subj, fmt, args in self.recent
+                ],
             )
         if progress is not None:
             progress(self.t)
@@ -691,14 +700,40 @@ class Simulation:
             if not actions.scrape or started:
                 break
             actions = st.next_actions(t)
-        if self.skip_settled and vm.op is None and self._is_settled(vm, st, guest, actions):
-            vm.is_settled = True
-            return
+        if self.skip_settled and vm.op is None:
+            until = self._settled_until(vm, st, guest, actions)
+            if until is not None:
+                vm.is_settled = True
+                if until < math.inf:
+                    self._wake_at(vm, until)
+                return
         if actions.wait_seconds is not None:
             self._wake_at(vm, t + actions.wait_seconds)
 
-    def _is_settled(self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions) -> bool:
-        """See the module docstring: every scrape until the next breakpoint would hold."""
+    def _holds(self, vm: _Vm, st: VmState, current: int, load1: float, at: float) -> bool:
+        """Would the real policy keep ``current`` if it scraped ``load1`` at ``at``?"""
+        goal = goal_vcpus(
+            Samples(load1=load1),
+            vm.vm_spec,
+            PolicyState(),
+            current_vcpus=current,
+            top_vcpus=st.top_vcpus,
+            config=self.core.policy,
+            now=at,
+        )
+        return goal.vcpus == current and goal.state == PolicyState()
+
+    def _settled_until(
+        self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions
+    ) -> float | None:
+        """How long scrapes may be skipped (see the module docstring): None, not at all; inf,
+        until the next breakpoint; else the first scrape time at which the policy would act.
+
+        Within a segment load1 moves monotonically from its value now towards the level, and
+        the policy's sizes are monotone in load1, so the load1 values at which it holds form
+        one interval: the trajectory leaves it at most once, found by bisection over the
+        scrape grid with the real ``goal_vcpus``.
+        """
         goal = st.goal
         current = st.current_vcpus
         if (
@@ -713,17 +748,29 @@ class Simulation:
             or st.permit_vcpus != current
             or st.is_extender_degraded
         ):
-            return False
-        at_level = goal_vcpus(
-            Samples(load1=guest.demand),
-            vm.vm_spec,
-            PolicyState(),
-            current_vcpus=current,
-            top_vcpus=st.top_vcpus,
-            config=self.core.policy,
-            now=self.t,
-        )
-        return at_level.vcpus == current and at_level.state == PolicyState()
+            return None
+        t = self.t
+        if self._holds(vm, st, current, guest.demand, t):
+            return math.inf
+        interval = self.core.scrape_interval_seconds
+        start = vm.last_scrape_at
+        end = guest.next_breakpoint()
+        limit = end if end is not None else self.s.duration_seconds + interval
+        # Grid points start + k * interval with k in [1, last] lie strictly before the end.
+        last = math.ceil((limit - start) / interval - 1e-9) - 1
+        if last < 1:
+            return math.inf
+        lo, hi = 1, last + 1  # find the first k that does not hold; last + 1: none does
+        while lo < hi:
+            mid = (lo + hi) // 2
+            at = start + mid * interval
+            if self._holds(vm, st, current, guest.load1(at), at):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 1:
+            return None
+        return math.inf if lo > last else start + lo * interval
 
     def _start_op(self, vm: _Vm, st: VmState, actions: Actions) -> bool:
         t = self.t
@@ -787,7 +834,7 @@ class Simulation:
                 st.resize_failed(
                     t, "simulated hypervisor failure", is_retryable=vm.hv_retryable, jitter=jitter
                 )
-                self.note("resize_failed", vm.spec.name, f"to {target} vCPUs", keep=False)
+                self.trace("resize_failed", vm.spec.name, "to {} vCPUs", target)
             else:
                 self._resized(vm, target)
                 st.resize_succeeded(t, current_vcpus=target, max_vcpus=vm.spec.max_vcpus)
@@ -814,7 +861,7 @@ class Simulation:
                 "permit exceeded",
                 f"{vm.spec.name} runs {target} vCPUs, its permit is {vm.granted}",
             )
-        self.note("resized", vm.spec.name, f"{previous} -> {target} vCPUs", keep=False)
+        self.trace("resized", vm.spec.name, "{} -> {} vCPUs", previous, target)
         self._check_step(vm)
 
     def _node_id(self, name: str) -> int:
@@ -868,11 +915,13 @@ class Simulation:
                     )
                 if outcome in (PermitOutcome.DENIED, PermitOutcome.PARTIAL):
                     vm.denials += 1
-                self.note(
+                self.trace(
                     "permit_" + outcome.value,
                     vm.spec.name,
-                    f"asked {call.requested_vcpus} (has {call.usage_vcpus}): {permit.reason}",
-                    keep=False,
+                    "asked {} (has {}): {}",
+                    call.requested_vcpus,
+                    call.usage_vcpus,
+                    permit.reason,
                 )
                 if self.annotations.get(vm.uid) != vcpus:
                     self.at(
@@ -908,7 +957,7 @@ class Simulation:
         vm.op = None
         vm.permit_errors += 1
         st.permit_failed(self.t, "extender unreachable (timeout)", jitter=self.rng.random())
-        self.note("permit_failed", vm.spec.name, "extender unreachable", keep=False)
+        self.trace("permit_failed", vm.spec.name, "extender unreachable")
         self._step(vm)
 
     def _durable_write(self, packed: int) -> None:
