@@ -760,16 +760,31 @@ class Simulation:
         last = math.ceil((limit - start) / interval - 1e-9) - 1
         if last < 1:
             return math.inf
-        lo, hi = 1, last + 1  # find the first k that does not hold; last + 1: none does
+
+        # Gallop (k = 1, 2, 4, ...) then bisect: a VM in the middle of an approach usually
+        # leaves the interval within a few scrapes, and this finds that in a call or two.
+        def holds_at(k: int) -> bool:
+            at = start + k * interval
+            return self._holds(vm, st, current, guest.load1(at), at)
+
+        if not holds_at(1):
+            return None
+        lo, step = 1, 1  # holds at lo
+        hi = last + 1  # first k known not to hold; last + 1: none up to the end
+        while lo + step < hi:
+            if holds_at(lo + step):
+                lo += step
+                step *= 2
+            else:
+                hi = lo + step
+                break
+        lo += 1
         while lo < hi:
             mid = (lo + hi) // 2
-            at = start + mid * interval
-            if self._holds(vm, st, current, guest.load1(at), at):
+            if holds_at(mid):
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == 1:
-            return None
         return math.inf if lo > last else start + lo * interval
 
     def _start_op(self, vm: _Vm, st: VmState, actions: Actions) -> bool:
