@@ -2,14 +2,17 @@
 
 Every QEMU flag the project relies on is chosen here, with the reason next to it, so the unit
 tests can pin the command line without starting QEMU.
+
+The specs are frozen dataclasses rather than ``msgspec.Struct`` (the house default): they never
+cross a wire, and the runner's container then needs only Debian's ``python3-structlog``
+(bookworm has no ``python3-msgspec``), so no pip in the VM pod image.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-
-import msgspec
+from dataclasses import dataclass
 
 MIB = 1024 * 1024
 _MEMORY_UNITS = {"": 1, "Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
@@ -29,7 +32,8 @@ class Accel(enum.Enum):
     TCG = "tcg"
 
 
-class Forward(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class Forward:
     """A user-net host forward: ``address:host_port`` on the host to ``guest_port`` in the guest."""
 
     address: str
@@ -37,7 +41,8 @@ class Forward(msgspec.Struct, frozen=True, kw_only=True):
     guest_port: int
 
 
-class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, kw_only=True)
+class VmSpec:
     """Everything that shapes the QEMU command line.
 
     Invariants (checked in ``__post_init__``): ``1 <= min_vcpus <= max_vcpus``; memory is a
