@@ -35,7 +35,6 @@ def make_parser() -> argparse.ArgumentParser:
         prog="python -m vm_runner",
         description="Boot one guest VM under QEMU with hot-pluggable vCPUs, and shut it down "
         "cleanly on SIGTERM (ACPI powerdown, then QMP quit, then kill).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     image = parser.add_argument_group("guest image (see vm_image/README.md)")
     image.add_argument("--kernel", required=True, help="guest kernel (bzImage), e.g. vmlinuz")
@@ -61,7 +60,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="hot-plug ceiling (QEMU maxcpus); the autoscaler adds vCPUs up to this",
     )
     sizing.add_argument(
-        "--memory", default="512Mi", help="guest RAM: bytes, or with a Ki, Mi or Gi suffix"
+        "--memory",
+        default="512Mi",
+        help="guest RAM: bytes, or with a Ki, Mi or Gi suffix (default: %(default)s)",
     )
     machine = parser.add_argument_group("machine")
     machine.add_argument(
@@ -69,7 +70,7 @@ def make_parser() -> argparse.ArgumentParser:
         choices=[a.value for a in Accel],
         default=Accel.AUTO.value,
         help="auto picks tcg unless KVM is known to boot guests here (--kvm-boots): on nested "
-        "virtualisation /dev/kvm can open yet hang the guest kernel at boot",
+        "virtualisation /dev/kvm can open yet hang the guest kernel at boot (default: %(default)s)",
     )
     machine.add_argument(
         "--kvm-boots",
@@ -78,7 +79,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="declare that KVM boots guests on this host, so --accel auto uses it when /dev/kvm "
         "is usable (also VM_RUNNER_KVM_BOOTS=1)",
     )
-    machine.add_argument("--qemu-binary", default="qemu-system-x86_64", help="QEMU to run")
+    machine.add_argument(
+        "--qemu-binary", default="qemu-system-x86_64", help="QEMU to run (default: %(default)s)"
+    )
     sockets = parser.add_argument_group("sockets and ports")
     sockets.add_argument(
         "--qmp-socket",
@@ -103,20 +106,21 @@ def make_parser() -> argparse.ArgumentParser:
         "--listen-address",
         default="127.0.0.1",
         help="host address for forwards that name none; 0.0.0.0 in a pod, so the agent can "
-        "scrape the pod IP",
+        "scrape the pod IP (default: %(default)s)",
     )
     shutdown = parser.add_argument_group("shutdown")
     shutdown.add_argument(
         "--grace-seconds",
         type=float,
         default=20.0,
-        help="after SIGTERM, how long the guest gets to power off before QMP quit",
+        help="after SIGTERM, how long the guest gets to power off before QMP quit "
+        "(default: %(default)s)",
     )
     shutdown.add_argument(
         "--quit-timeout-seconds",
         type=float,
         default=5.0,
-        help="after QMP quit, how long QEMU gets to exit before SIGKILL",
+        help="after QMP quit, how long QEMU gets to exit before SIGKILL (default: %(default)s)",
     )
     return parser
 
