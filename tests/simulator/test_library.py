@@ -8,7 +8,7 @@ import pytest
 from simulator.builtin import default_scenario
 from simulator.engine import Simulation, simulate
 from simulator.report import Report, encode_report
-from simulator.scenario import Load1Model
+from simulator.scenario import Load1Model, parse_scenario
 from tests.simulator.helpers import library, series_of, vm, with_timing
 
 
@@ -172,3 +172,29 @@ def test_a_slow_durability_writer_is_covered_by_last_permit():
     started = next(e for e in report.log if e.kind == "extender_started")
     assert "for 4 VM(s)" in started.detail
     assert all(v.shrinks == 0 for v in report.vms)
+
+
+QUOTA_SCENARIO = """
+name: quota
+duration_seconds: 300
+nodes: [{name: node-1, cpu: 32, memory: 128Gi}]
+quotas: {namespaces: {team: {vcpus: 4, memory_bytes: 68719476736}}}
+vms:
+  - {name: a, namespace: team, min_vcpus: 2, max_vcpus: 2}
+  - {name: b, namespace: team, min_vcpus: 2, max_vcpus: 2}
+  - {name: c, namespace: team, min_vcpus: 2, max_vcpus: 2}
+  - {name: free, min_vcpus: 2, max_vcpus: 2}
+events: [{at_seconds: 100, kind: delete-vm, vm: a}]
+"""
+
+
+def test_the_admission_queue_holds_a_vm_past_its_namespace_quota_until_room_frees():
+    report = simulate(parse_scenario(QUOTA_SCENARIO))
+    assert_sound(report)
+    waiting = [e for e in report.log if e.kind == "waiting"]
+    assert [e.subject for e in waiting] == ["c"]
+    assert "team" in waiting[0].detail
+    # a is deleted at 100 s: its quota goes to c at kube-scheduler's next retry.
+    assert vm(report, "c").placed_at_seconds == 100
+    assert vm(report, "free").placed_at_seconds == 0  # no quota in its namespace
+    assert report.pending_at_end == []
