@@ -904,6 +904,9 @@ class Simulation:
         requests = [self._request(vm, call, node) for vm, call, _, _ in live]
         before = ext.ledger.nodes[node].free.cpu_millis
         try:
+            # Seam: once decide_batch takes ``quota_room`` (in progress), pass
+            # ``functools.partial(adm.quota_room, ext.admission)`` when the scenario has quotas,
+            # so upscales are limited by namespace quotas as in the extender.
             decisions = decide_batch(ext.ledger, node, requests)
         except BatchRefused as e:
             raise InvariantViolation("permit batch refused", e.message) from e
