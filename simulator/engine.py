@@ -21,12 +21,14 @@ What is real and what is simulated:
 
 Event-driven, not ticked. A heap holds the next thing that happens. A VM costs work only when
 its state machine asks to be woken (``wait_seconds``), an operation of it completes, or its load
-trace reaches a breakpoint. A *settled* VM costs nothing between breakpoints: when nothing is
-in flight, it holds a size the policy keeps (``goal == current``, no shrink window open, no
-permit owed to the extender), and the policy would also hold at the level its load is converging
-to, then every scrape until the next breakpoint gives the same decision (load1 moves
-monotonically between two values that both say "hold", and the policy's sizes are monotone in
-load1), so those scrapes are skipped. This changes no decision, only the work.
+trace reaches a breakpoint. A *settled* VM skips scrapes: when nothing is in flight and it
+holds a size the policy keeps (``goal == current``, no shrink window open, no permit owed to
+the extender), its next scrape that matters is the first one at which the real ``goal_vcpus``
+would not hold. Within a segment load1 moves monotonically towards the level and the policy's
+sizes are monotone in load1, so that scrape is found by galloping and bisecting over the
+scrape grid (or there is none before the next breakpoint). The VM is woken on that grid, so
+skipping changes how much work is done, never a decision (``tests/simulator`` runs every
+library scenario both ways and compares).
 
 Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
 what broke, when, and what happened just before:
