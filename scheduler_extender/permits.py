@@ -17,6 +17,11 @@ of its pod's requests and its permitted size:
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
 were lost, the agent's ``lastPermit`` is adopted when it fits, so a restart never shrinks a VM's
 entitlement behind its back.
+
+Quotas. ``decide`` takes ``quota_room`` (namespace -> how much more it may hold, None when it
+has no quota): an increase is limited by the node's room *and* by what the VM holds plus its
+namespace's room, read before the VM's size changes. Upscales are never queued: what does not
+fit the quota is denied (or granted in part) at once, and the agent asks again later.
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ from protocol.permits import (
     Resources,
 )
 from scheduler_extender.accounting import Allocation, AllocEvent, Ledger, Owner
+from scheduler_extender.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
+# namespace -> how much more it may hold now (never negative), or None: no quota.
+QuotaRoom = Callable[[str], Demand | None]
 
 
 class BatchRefused(Exception):
@@ -79,7 +87,7 @@ def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> N
             )
 
 
-def decide(ledger: Ledger, req: ResourceRequest) -> Decision:
+def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = None) -> Decision:
     """Apply one VM's request to the ledger and return its Permit (or its error)."""
     entry = ledger.pods.get(req.pod.uid)
     if entry is None:
@@ -109,22 +117,40 @@ def decide(ledger: Ledger, req: ResourceRequest) -> Decision:
     held_mem = entry.memory_bytes if entry.memory_bytes is not None else vm.min_memory_bytes
     if not entry.has_agent and req.last_permit is not None:
         held_vcpus, held_mem = _adopt_last_permit(entry, req.last_permit, room_cpu, room_mem)
+    # What an increase may reach: the node's room, and the namespace's quota on top of what
+    # the VM holds now. Read before set_vm_size (the ledger, and so the room, moves with it),
+    # and only for increases: a steady or shrinking VM takes no new quota.
+    grow_cpu, grow_mem = room_cpu, room_mem
+    left = None
+    if quota_room is not None and (
+        req.requested.vcpus > req.current.vcpus
+        or req.requested.memory_bytes > req.current.memory_bytes
+    ):
+        left = quota_room(entry.namespace)
+        if left is not None:
+            grow_cpu = min(room_cpu, entry.held.cpu_millis + left.cpu_millis)
+            grow_mem = min(room_mem, entry.held.memory_bytes + left.memory_bytes)
     vcpus = _decide_one(
         req.current.vcpus,
         req.requested.vcpus,
         held_vcpus,
-        fit=room_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= room_cpu else 0,
+        fit=grow_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= grow_cpu else 0,
         round_down=vm.round_vcpus_down,
     )
     memory = _decide_one(
         req.current.memory_bytes,
         req.requested.memory_bytes,
         held_mem,
-        fit=room_mem if entry.requests.memory_bytes <= room_mem else 0,
+        fit=grow_mem if entry.requests.memory_bytes <= grow_mem else 0,
         round_down=vm.round_memory_down,
     )
     change = ledger.set_vm_size(entry.uid, vcpus=vcpus, memory_bytes=memory)
-    status, reason = _status(req, vcpus, memory, state.name, free.cpu_millis)
+    quota = None
+    if left is not None and (grow_cpu < room_cpu or grow_mem < room_mem):
+        quota = _QuotaLimit(entry.namespace, left, is_cpu=grow_cpu < room_cpu)
+    status, reason = _status(
+        req, vcpus, memory, node=state.name, free_cpu_before=free.cpu_millis, quota=quota
+    )
     permit = Permit(
         pod=req.pod,
         permit=Resources(vcpus=vcpus, memory_bytes=memory),
@@ -134,9 +160,29 @@ def decide(ledger: Ledger, req: ResourceRequest) -> Decision:
     return Decision(permit, [change] if change is not None else [])
 
 
-def decide_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> list[Decision]:
+def decide_batch(
+    ledger: Ledger,
+    node: str,
+    requests: list[ResourceRequest],
+    quota_room: QuotaRoom | None = None,
+) -> list[Decision]:
     check_batch(ledger, node, requests)
-    return [decide(ledger, req) for req in requests]
+    return [decide(ledger, req, quota_room) for req in requests]
+
+
+class _QuotaLimit(NamedTuple):
+    """The namespace's quota, not the node, stopped an increase short."""
+
+    namespace: str
+    left: Demand
+    is_cpu: bool
+
+    def __str__(self) -> str:
+        if self.is_cpu:
+            return f"namespace {self.namespace} has {self.left.cpu_millis}m cpu of quota left"
+        return (
+            f"namespace {self.namespace} has {self.left.memory_bytes} bytes of memory of quota left"
+        )
 
 
 def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
@@ -184,8 +230,15 @@ def _decide_one(
 
 
 def _status(
-    req: ResourceRequest, vcpus: int, memory: int, node: str, free_cpu_before: int
+    req: ResourceRequest,
+    vcpus: int,
+    memory: int,
+    *,
+    node: str,
+    free_cpu_before: int,
+    quota: _QuotaLimit | None,
 ) -> tuple[PermitStatus, str]:
+    """The permit's status and reason. The limit's words are built only for a short grant."""
     cur, want = req.current, req.requested
     pairs = ((cur.vcpus, want.vcpus, vcpus), (cur.memory_bytes, want.memory_bytes, memory))
     increases = [(c, w, g) for c, w, g in pairs if w > c]
@@ -193,10 +246,14 @@ def _status(
         if all(g == w for _, w, g in increases):
             return PermitStatus.GRANTED, f"granted {vcpus} vCPUs, {memory} bytes"
         if all(g == c for c, _, g in increases):
+            if quota is not None:
+                return PermitStatus.DENIED, f"no room to grow: {quota}"
             return (
                 PermitStatus.DENIED,
                 f"node {node} has no room to grow ({max(0, free_cpu_before)}m cpu free)",
             )
+        if quota is not None:
+            return PermitStatus.PARTIAL, f"granted {vcpus} of {want.vcpus} vCPUs: {quota}"
         return (
             PermitStatus.PARTIAL,
             f"granted {vcpus} of {want.vcpus} vCPUs: node {node} had"
