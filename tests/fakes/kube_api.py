@@ -43,6 +43,8 @@ from aiohttp import web
 
 Obj = dict[str, Any]
 Kind = Literal["pods", "nodes"]
+# (kind, list resourceVersion, namespace, fieldSelector, labelSelector): one paginated list.
+_SnapshotKey = tuple[Kind, int, str | None, str, str]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 _KIND_NAMES: dict[Kind, str] = {"pods": "Pod", "nodes": "Node"}
@@ -376,7 +378,9 @@ class FakeKubeApi:
         self._stream_opened = asyncio.Event()
         self._injected: list[_Injected] = []
         # Paginated lists answer later pages from the snapshot of their first page, as etcd does.
-        self._snapshots: dict[int, dict[Kind, list[Obj]]] = {}
+        # Keyed by everything that shapes a list, not by resourceVersion alone: a node list
+        # and a pod list started at the same version must not overwrite each other's pages.
+        self._snapshots: dict[_SnapshotKey, list[Obj]] = {}
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
 
@@ -713,16 +717,18 @@ class FakeKubeApi:
         if token:
             state = json.loads(base64.urlsafe_b64decode(token))
             list_rv, start = int(state["rv"]), int(state["start"])
-            if list_rv not in self._snapshots:
+            snapshot_key = self._snapshot_key(request, kind, namespace, list_rv)
+            if snapshot_key not in self._snapshots:
                 return status_response(
                     410,
                     "Expired",
                     "The provided continue parameter is too old to display a consistent list "
                     "result. You can start a new list without the continue parameter.",
                 )
-            candidates = self._snapshots[list_rv][kind]
+            candidates = self._snapshots[snapshot_key]
         else:
             list_rv, start = self.resource_version, 0
+            snapshot_key = self._snapshot_key(request, kind, namespace, list_rv)
             candidates = [
                 copy.deepcopy(obj)
                 for key, obj in sorted(self.objects[kind].items())
@@ -732,13 +738,28 @@ class FakeKubeApi:
         metadata: Obj = {"resourceVersion": str(list_rv)}
         remaining = len(candidates) - start - len(page)
         if remaining > 0:
-            self._snapshots[list_rv] = {kind: candidates}
+            self._snapshots[snapshot_key] = candidates
             next_token = {"v": "meta.k8s.io/v1", "rv": list_rv, "start": start + len(page)}
             metadata["continue"] = base64.urlsafe_b64encode(dumps(next_token)).decode()
             metadata["remainingItemCount"] = remaining
         list_kind = _KIND_NAMES[kind] + "List"
         return _json(
             200, {"kind": list_kind, "apiVersion": "v1", "metadata": metadata, "items": page}
+        )
+
+    @staticmethod
+    def _snapshot_key(
+        request: web.Request, kind: Kind, namespace: str | None, list_rv: int
+    ) -> _SnapshotKey:
+        # A continuing client repeats its selectors (client-go does); a different selector at
+        # the same version is a different list.
+        query = request.query
+        return (
+            kind,
+            list_rv,
+            namespace,
+            query.get("fieldSelector", ""),
+            query.get("labelSelector", ""),
         )
 
     async def _watch(
