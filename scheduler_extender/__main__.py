@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry=CollectorRegistry(),
         connect_kube=None if cluster is not None else connect,
         standalone=cluster,
+        freeze_gc=True,
     )
     try:
         asyncio.run(serve(config, deps))

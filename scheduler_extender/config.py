@@ -21,6 +21,7 @@ import yaml
 from scheduler_extender.accounting import SystemReserve
 from scheduler_extender.cluster_snapshot import POOL_LABEL, NodePool
 from scheduler_extender.placement import Strategy
+from scheduler_extender.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.recommend_config import RecommenderConfig, Scorer
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -180,6 +181,31 @@ class RecommenderSection(_Section, frozen=True):
         )
 
 
+class QuotaSection(QuotaConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-namespace quotas for VM pods and the admission queue (``scheduler_extender.quota``).
+
+    Either written here, in ``quota``'s own format (``admission_ttl_seconds``, ``namespaces``),
+    or kept in a separate ``file`` that is read at start and re-read every
+    ``reload_interval_seconds`` (mount a ConfigMap there: the kubelet updates the file when the
+    ConfigMap changes). A file that fails to load at start stops the extender (exit 2); a bad
+    edit later is logged and the previous quotas stay, so a typo never lifts every limit.
+    Without a ``quota`` section every namespace is unlimited (pods are still queued, in order).
+    """
+
+    file: NonEmpty | None = None
+    reload_interval_seconds: PositiveSeconds = 10.0
+
+    def __post_init__(self) -> None:
+        if self.file is not None and self.namespaces:
+            raise ValueError("quota.file and quota.namespaces are exclusive: keep one source")
+
+    def inline(self) -> QuotaConfig:
+        """The quotas written in this section itself (meaningless when ``file`` is set)."""
+        return QuotaConfig(
+            admission_ttl_seconds=self.admission_ttl_seconds, namespaces=self.namespaces
+        )
+
+
 class Config(_Section, frozen=True):
     scheduler_name: NonEmpty = "vm-scheduler"
     listen: ListenConfig = ListenConfig()
@@ -190,6 +216,7 @@ class Config(_Section, frozen=True):
     limits: LimitsConfig = LimitsConfig()
     kube: KubeConfig = KubeConfig()
     recommender: RecommenderSection = RecommenderSection()
+    quota: QuotaSection | None = None
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
     # finish before the kubelet kills the process.
     shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0
@@ -210,6 +237,15 @@ def parse_config(data: object) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"Expected `object`, got `{type(data).__name__}` - at `$`")
+    quota = data.get("quota")
+    if isinstance(quota, dict):
+        # Checked by the quota module first: its errors name the namespace (msgspec's own
+        # path for a dict entry is ``[...]``, useless with fifty namespaces).
+        inline = {k: v for k, v in quota.items() if k not in ("file", "reload_interval_seconds")}
+        try:
+            parse_quota_config(inline)
+        except QuotaConfigError as e:
+            raise ConfigError(str(e).replace(" - at `$", " - at `$.quota", 1)) from e
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as e:

@@ -4,6 +4,11 @@ Shell. Per-node gauges are kept cheap: the ledger calls ``node_changed(name)`` a
 mutation, which only marks the node dirty; the gauges of dirty nodes are refreshed when
 ``/metrics`` is scraped. So a permit costs a set insertion, and nothing ever scans every node.
 Series of nodes that disappear are removed (``node`` is the only per-object label).
+
+Per-namespace quota gauges (``namespace`` label: as many series as namespaces with VMs or a
+quota, which is low) are likewise set at scrape time from ``admission.queue_numbers``; a
+namespace without a quota exports no quota sample, and a namespace that is gone loses its
+series.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler_extender.accounting import Ledger
+from scheduler_extender.admission import NamespaceNumbers
 
 PREFIX: Final = "vmautoscale_extender_"
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -111,6 +117,37 @@ class Metrics:
             ["trigger", "outcome"],
             registry=registry,
         )
+        self.quota_vcpus = Gauge(
+            PREFIX + "quota_vcpus",
+            "The namespace's vCPU quota for pods of this scheduler (no sample: unlimited).",
+            ["namespace"],
+            registry=registry,
+        )
+        self.quota_memory = Gauge(
+            PREFIX + "quota_memory_bytes",
+            "The namespace's memory quota for pods of this scheduler (no sample: unlimited).",
+            ["namespace"],
+            registry=registry,
+        )
+        self.quota_used_vcpus = Gauge(
+            PREFIX + "quota_used_vcpus",
+            "vCPUs the namespace's pods of this scheduler hold or have been admitted for.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.quota_used_memory = Gauge(
+            PREFIX + "quota_used_memory_bytes",
+            "Memory the namespace's pods of this scheduler hold or have been admitted for.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.queue_length = Gauge(
+            PREFIX + "queue_length",
+            "Pods of this scheduler waiting for their namespace's quota.",
+            ["namespace"],
+            registry=registry,
+        )
+        self._namespaces: set[str] = set()
         self._dirty: set[str] = set()
         self._foreign_cpu_by_node: dict[str, int] = {}
         self._foreign_mem_by_node: dict[str, int] = {}
@@ -139,3 +176,31 @@ class Metrics:
         if dirty:
             self.foreign_vcpus.set(sum(self._foreign_cpu_by_node.values()) / 1000)
             self.foreign_memory.set(sum(self._foreign_mem_by_node.values()))
+
+    def refresh_namespaces(self, numbers: list[NamespaceNumbers]) -> None:
+        """Set the per-namespace gauges; drop the series of namespaces no longer listed."""
+        seen: set[str] = set()
+        for n in numbers:
+            name = n.namespace
+            seen.add(name)
+            if n.quota_cpu_millis is None or n.quota_memory_bytes is None:
+                for gauge in (self.quota_vcpus, self.quota_memory):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(name)
+            else:
+                self.quota_vcpus.labels(name).set(n.quota_cpu_millis / 1000)
+                self.quota_memory.labels(name).set(n.quota_memory_bytes)
+            self.quota_used_vcpus.labels(name).set(n.usage_cpu_millis / 1000)
+            self.quota_used_memory.labels(name).set(n.usage_memory_bytes)
+            self.queue_length.labels(name).set(n.waiting_pods)
+        for name in self._namespaces - seen:
+            for gauge in (
+                self.quota_vcpus,
+                self.quota_memory,
+                self.quota_used_vcpus,
+                self.quota_used_memory,
+                self.queue_length,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+        self._namespaces = seen

@@ -11,6 +11,7 @@ import datetime
 from typing import Any
 
 from scheduler_extender.accounting import Allocation, Ledger, NodeState
+from scheduler_extender.admission import NamespaceNumbers
 from scheduler_extender.podinfo import Demand
 
 
@@ -63,3 +64,23 @@ def dump_node(state: NodeState) -> dict[str, Any]:
 
 def dump_state(ledger: Ledger) -> dict[str, Any]:
     return {"nodes": [dump_node(ledger.nodes[name]) for name in sorted(ledger.nodes)]}
+
+
+def dump_namespaces(numbers: list[NamespaceNumbers]) -> dict[str, Any]:
+    """Per namespace: its quota (None: unlimited), usage, borrowing and queue sizes.
+    ``/v1/queue`` has the pods themselves."""
+    out: dict[str, Any] = {}
+    for n in numbers:
+        quota = (
+            None
+            if n.quota_cpu_millis is None or n.quota_memory_bytes is None
+            else _resources(Demand(n.quota_cpu_millis, n.quota_memory_bytes))
+        )
+        out[n.namespace] = {
+            "quota": quota,
+            "usage": _resources(Demand(n.usage_cpu_millis, n.usage_memory_bytes)),
+            "borrowed": _resources(Demand(n.borrowed_cpu_millis, n.borrowed_memory_bytes)),
+            "admittedPods": n.admitted_pods,
+            "waitingPods": n.waiting_pods,
+        }
+    return out

@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import structlog
@@ -26,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
 from scheduler_extender.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
-from scheduler_extender.config import AuthMode, Config, ConfigError
+from scheduler_extender.config import AuthMode, Config, ConfigError, QuotaSection
 from scheduler_extender.durability import PermitRecorder
 from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
@@ -34,6 +35,8 @@ from scheduler_extender.http.middleware import METRICS, context_middleware, erro
 from scheduler_extender.kube_link import KubeLink
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.node_alloc import NodeAllocReporter
+from scheduler_extender.queue_notices import QueueNotices
+from scheduler_extender.quota_source import follow_quota_file, read_quota_file
 from scheduler_extender.service import Extender
 from scheduler_extender.standalone import StandaloneCluster
 from scheduler_extender.sync import follow_cluster
@@ -55,6 +58,8 @@ class Deps:
     standalone: StandaloneCluster | None = None
     # Wall-clock seconds, only for the allocation times shown in /state and logs.
     wall_clock: Callable[[], float] = time.time
+    # gc.freeze() once the first lists are in (process-wide: the server sets it, tests don't).
+    freeze_gc: bool = False
 
 
 def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> Authenticator:
@@ -89,14 +94,17 @@ def make_app(config: Config, deps: Deps) -> web.Application:
         if link is not None and (durability.write_annotations or durability.resize_pods)
         else None
     )
+    notices = QueueNotices(reporter, link, wall_clock=deps.wall_clock)
     extender = Extender(
         config,
         metrics=metrics,
         reporter=reporter,
         recorder=recorder,
         binder=link,
+        notices=notices,
         wall_clock=deps.wall_clock,
     )
+    extender.freeze_gc_when_synced = deps.freeze_gc
     app = web.Application(
         middlewares=[context_middleware, error_middleware],
         client_max_size=config.limits.verbs_max_body_bytes,
@@ -111,9 +119,12 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     app.router.add_post("/bind", verbs.bind, name="bind")
     app.router.add_post("/preempt", verbs.preempt, name="preempt")
     _add_ops(app)
-    app.router.add_get("/metrics", ops.metrics, name="metrics")
-    app.router.add_get("/state", ops.state, name="state")
+    _add_status(app)
+    app.router.add_get("/v1/queue", ops.queue, name="queue")
     recommend.install(app, config)
+    quota = config.quota
+    if quota is not None and quota.file is not None:
+        app.cleanup_ctx.append(_quota_file_ctx(extender, Path(quota.file), quota))
 
     if deps.standalone is not None:
         cluster = deps.standalone
@@ -138,6 +149,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
                 tasks.append(_start(recorder.run(), "durability-writer"))
             if config.kube.post_events:
                 tasks.append(_start(reporter.run(), "node-alloc-events"))
+            tasks.append(_start(notices.run(), "queue-notices"))
             try:
                 yield
             finally:
@@ -170,12 +182,44 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     app[TASKS] = verbs_app[TASKS]
     app.router.add_post("/v1/permits", permit_port.permits, name="permits")
     _add_ops(app)
+    # Also here: deployments keep the verbs listener on loopback (only kube-scheduler, in the
+    # same pod, calls it), so the permit port is the one Prometheus and humans can reach.
+    _add_status(app)
     return app
 
 
 def _add_ops(app: web.Application) -> None:
     app.router.add_get("/healthz", ops.healthz, name="healthz")
     app.router.add_get("/readyz", ops.readyz, name="readyz")
+
+
+def _add_status(app: web.Application) -> None:
+    app.router.add_get("/metrics", ops.metrics, name="metrics")
+    app.router.add_get("/state", ops.state, name="state")
+
+
+def _quota_file_ctx(
+    extender: Extender, path: Path, quota: QuotaSection
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Load the quota file before serving (ConfigError when it fails), then follow it."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        raw, quotas = read_quota_file(path)
+        extender.quotas_loaded(quotas)
+        task = _start(
+            follow_quota_file(
+                path, extender, loaded=raw, interval_seconds=quota.reload_interval_seconds
+            ),
+            "quota-file",
+        )
+        app[TASKS].append(task)
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    return ctx
 
 
 def _start(coro: Awaitable[None], name: str) -> asyncio.Task[None]:

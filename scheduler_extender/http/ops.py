@@ -1,18 +1,23 @@
-"""Operability endpoints: ``/healthz``, ``/readyz``, ``/metrics``, ``/state``.
+"""Operability endpoints: ``/healthz``, ``/readyz``, ``/metrics``, ``/state``, ``/v1/queue``.
 
 Shell. ``/healthz`` is liveness: it fails only when a background task (the watches, the
 durability writer, the event poster) has died, so that the kubelet restarts the process.
-``/readyz`` turns true once the first node and pod lists are in.
+``/readyz`` turns true once the first node and pod lists are in. ``/v1/queue`` is the
+admission queue as a user sees it: per namespace its quota, usage, admitted and waiting pods in
+order, each with its reason.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from scheduler_extender.admission import queue_numbers, queue_view
 from scheduler_extender.http.keys import EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, json_response
-from scheduler_extender.snapshot import dump_state
+from scheduler_extender.snapshot import dump_namespaces, dump_state
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -31,7 +36,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     found = request.app[METRICS]
-    found.refresh(request.app[EXTENDER].ledger)
+    extender = request.app[EXTENDER]
+    found.refresh(extender.ledger)
+    found.refresh_namespaces(queue_numbers(extender.admission))
     return web.Response(
         body=generate_latest(found.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
@@ -40,5 +47,14 @@ async def metrics(request: web.Request) -> web.Response:
 async def state(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     body = dump_state(extender.ledger)
+    body["namespaces"] = dump_namespaces(queue_numbers(extender.admission))
     body["synced"] = {"nodes": extender.has_nodes, "pods": extender.has_pods}
     return json_response(body)
+
+
+async def queue(request: web.Request) -> web.Response:
+    extender = request.app[EXTENDER]
+    # Expired admissions go back to the queue before the view is taken, like any call would.
+    extender.recheck_queue()
+    now = asyncio.get_running_loop().time()
+    return json_response(queue_view(extender.admission, now=now))

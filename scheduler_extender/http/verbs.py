@@ -8,6 +8,11 @@ requests (400), oversized bodies (413) and the time before the first lists are i
 Which field carries the nodes: the answer to filter uses the field the request used
 (``NodeNames`` in cache mode, ``Nodes`` with the request's own Node objects otherwise);
 answering in the other field would make kube-scheduler drop every node.
+
+Admission comes first in filter, before the answer cache: the cached answers say which nodes
+fit a *size*, and say nothing about whether *this pod* may be placed yet. A pod waiting for its
+namespace's quota gets every node in ``FailedNodes`` (resolvable: it will fit once admitted)
+with the queue's reason, never a cached "these nodes fit".
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class _Cached(NamedTuple):
     version: tuple[int, int]
     body: bytes
     reason: str
+    has_room: bool  # some node passed: the recommender's capacity-wait tracking needs it
 
 
 class FilterAnswers:
@@ -160,8 +166,8 @@ def _listed(args: FilterArgs) -> tuple[bool, bytes]:
 
 def _answer(
     extender: Extender, info: PodInfo, *, is_cache: bool, listed: bytes
-) -> tuple[bytes, str]:
-    """Decode the node list, filter, encode: the uncached path. Returns (body, reason)."""
+) -> tuple[bytes, str, bool]:
+    """Decode the node list, filter, encode: the uncached path. (body, reason, has_room)."""
     raw = None
     if is_cache:
         names = decode(list[str], listed)
@@ -186,7 +192,21 @@ def _answer(
             metadata=raw.metadata,
             items=[item for item, name in zip(raw.items, names, strict=True) if name in passed],
         )
-    return codec.encode(answer), reason
+    return codec.encode(answer), reason, bool(result.passed)
+
+
+def _waiting_answer(*, is_cache: bool, listed: bytes, reason: str) -> bytes:
+    """Every node failed (resolvable) for the pod's own reason: it waits for quota."""
+    answer = _FilterAnswer(failed_nodes={}, failed_and_unresolvable_nodes={})
+    if is_cache:
+        names = decode(list[str], listed)
+        answer.node_names = []
+    else:
+        raw = decode(_RawNodeList, listed)
+        names = [n.metadata.name for n in decode(_NamedNodeList, listed).items]
+        answer.nodes = _RawNodeList(metadata=raw.metadata, items=[])
+    answer.failed_nodes = dict.fromkeys(names, reason)
+    return codec.encode(answer)
 
 
 async def filter_nodes(request: web.Request) -> web.Response:
@@ -196,8 +216,14 @@ async def filter_nodes(request: web.Request) -> web.Response:
     args = decode(FilterArgs, body)
     info = _pod(extender, args.pod)
     is_cache, listed = _listed(args)
-    if info.vm_error is not None:
-        encoded, reason = _answer(extender, info, is_cache=is_cache, listed=listed)
+    decision = extender.admit(info) if info.vm_error is None else None
+    if decision is not None and not decision.is_admitted:
+        encoded = _waiting_answer(is_cache=is_cache, listed=listed, reason=decision.reason)
+        reason = decision.reason
+        # It waits for quota, not for capacity: more nodes would not help it.
+        has_room = True
+    elif info.vm_error is not None:
+        encoded, reason, has_room = _answer(extender, info, is_cache=is_cache, listed=listed)
     else:
         size = info.initial_demand()
         version = extender.index.version(size)
@@ -205,10 +231,15 @@ async def filter_nodes(request: web.Request) -> web.Response:
         answers = request.app[FILTER_ANSWERS]
         found = answers.get(key, version)
         if found is not None:
-            encoded, reason = found.body, found.reason
+            encoded, reason, has_room = found.body, found.reason, found.has_room
         else:
-            encoded, reason = _answer(extender, info, is_cache=is_cache, listed=listed)
-            answers.put(key, _Cached(version, encoded, reason))
+            encoded, reason, has_room = _answer(extender, info, is_cache=is_cache, listed=listed)
+            answers.put(key, _Cached(version, encoded, reason, has_room))
+    if info.is_ours:
+        # Also on a cache hit: how long a pod has found no room is what auto-publish acts on.
+        extender.capacity_waits.filter_answered(
+            info.uid, info.key, has_room=has_room, now=_loop_time()
+        )
     structlog.contextvars.bind_contextvars(reason=reason)
     return web.Response(body=encoded, content_type=JSON)
 

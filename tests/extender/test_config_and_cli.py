@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scheduler_extender.__main__ import EXIT_CONFIG, main
 from scheduler_extender.config import AuthMode, Config, ConfigError, load_config, parse_config
@@ -70,3 +71,34 @@ def test_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for flag in ("--config", "--kubeconfig", "--standalone", "--log-level", "serve"):
         assert flag in out
+
+
+def test_the_commented_quota_example_loads() -> None:
+    text = (EXAMPLES / "extender-config.yaml").read_text()
+    block = "\n".join(
+        line[2:] for line in text.splitlines() if line.startswith(("# quota:", "#   "))
+    )
+    quota = parse_config(yaml.safe_load(block)).quota
+    assert quota is not None and quota.file is None
+    assert sorted(quota.inline().cohort_members()["research"]) == ["team-a", "team-b"]
+
+
+@pytest.mark.parametrize(
+    ("quota", "message"),
+    [
+        (
+            {"namespaces": {"team-a": {"vcpus": -1, "memory_bytes": 1}}},
+            "Expected `int` >= 0 - at `$.quota.namespaces.team-a.vcpus`",
+        ),
+        (
+            {"file": "/q.yaml", "namespaces": {"team-a": {"vcpus": 1, "memory_bytes": 1}}},
+            "quota.file and quota.namespaces are exclusive: keep one source - at `$.quota`",
+        ),
+        ({"namespace": {}}, "Object contains unknown field `namespace` - at `$.quota`"),
+    ],
+    ids=["negative", "two-sources", "typo"],
+)
+def test_quota_section_errors_name_their_path(quota: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config({"quota": quota})
+    assert str(e.value) == message

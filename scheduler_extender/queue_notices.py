@@ -1,0 +1,133 @@
+"""Telling pods and humans about the admission queue: Events, and nudges for admitted pods.
+
+Shell. Two things, both off the request path and both best effort (the admission itself is
+already decided; a lost notice only costs time):
+
+* **Waiting.** A pod that filter leaves waiting for its namespace's quota gets an Event
+  ``WaitingForQuota`` with the reason (position included), at most once per
+  ``WAITING_EVENT_INTERVAL_SECONDS`` per pod: kube-scheduler retries a parked pod every few
+  seconds to minutes, and one Event per filter call would flood the API server.
+* **Admitted.** A pod admitted *after* it was told to wait has been parked by kube-scheduler in
+  its unschedulable queue, from which it only comes back after a back-off, a cluster event, or
+  the five-minute flush. So it is nudged: an Event ``QuotaAdmitted``, and a merge patch that
+  sets the annotation ``vm-autoscaling.io/admitted-at`` (wall-clock, RFC 3339). The patch is
+  what matters: an update of the pod itself makes kube-scheduler's queue re-evaluate the pod
+  (``SchedulingQueue.Update`` moves an updated unschedulable pod to the active or back-off
+  queue), so it is retried within a scheduling cycle instead of after the back-off. Admission
+  holds the quota only for ``admission_ttl_seconds``, so promptness is not cosmetic.
+
+Patches are coalesced per pod (a pod admitted twice before the writer runs is touched once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, Protocol
+
+import structlog
+
+from kube_io.errors import KubeError
+from kube_io.objects import ObjectReference
+from protocol.kube import Pod
+from scheduler_extender.admission import PodKey
+from scheduler_extender.node_alloc import NodeAllocReporter
+
+log = structlog.get_logger(__name__)
+
+ADMITTED_AT_ANNOTATION: Final = "vm-autoscaling.io/admitted-at"
+WAITING_REASON: Final = "WaitingForQuota"
+ADMITTED_REASON: Final = "QuotaAdmitted"
+# Per pod: a user running ``kubectl describe`` sees the current reason within a minute, and a
+# namespace with a thousand waiting pods costs the API server at most ~17 Events a second.
+WAITING_EVENT_INTERVAL_SECONDS: Final = 60.0
+
+
+class AnnotationPatcher(Protocol):
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> Pod: ...
+
+
+def _involved(key: PodKey) -> ObjectReference:
+    return ObjectReference(
+        api_version="v1", kind="Pod", name=key.name, namespace=key.namespace, uid=key.uid
+    )
+
+
+class QueueNotices:
+    def __init__(
+        self,
+        reporter: NodeAllocReporter,
+        patcher: AnnotationPatcher | None,
+        *,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._reporter = reporter
+        # None: standalone mode, no API server; there is no kube-scheduler to nudge either.
+        self._patcher = patcher
+        self._wall_clock = wall_clock
+        self._last_waiting_event: dict[str, float] = {}
+        self._to_touch: dict[str, PodKey] = {}
+        self._wake = asyncio.Event()
+        self.touched_total = 0
+
+    def waiting(self, key: PodKey, reason: str, *, now: float) -> None:
+        """Filter left ``key`` waiting; post the reason unless it was posted recently."""
+        last = self._last_waiting_event.get(key.uid)
+        if last is not None and now - last < WAITING_EVENT_INTERVAL_SECONDS:
+            return
+        self._last_waiting_event[key.uid] = now
+        self._reporter.post(_involved(key), reason=WAITING_REASON, message=reason)
+
+    def admitted(self, keys: Iterable[PodKey]) -> None:
+        """Pods admitted after they waited: post an Event and queue the touch."""
+        for key in keys:
+            self._last_waiting_event.pop(key.uid, None)
+            log.info("pod_admitted_nudged", pod=key.key, uid=key.uid)
+            self._reporter.post(
+                _involved(key),
+                reason=ADMITTED_REASON,
+                message=f"admitted within the quota of namespace {key.namespace}; scheduling"
+                " resumes",
+            )
+            if self._patcher is not None:
+                self._to_touch[key.uid] = key
+                self._wake.set()
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone: no Event memory, no touch."""
+        self._last_waiting_event.pop(uid, None)
+        self._to_touch.pop(uid, None)
+
+    @property
+    def pending_touches(self) -> int:
+        return len(self._to_touch)
+
+    async def run(self) -> None:
+        """Touch admitted pods one at a time, forever (a ``cleanup_ctx`` task)."""
+        if self._patcher is None:
+            return
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._to_touch:
+                uid = next(iter(self._to_touch))
+                key = self._to_touch.pop(uid)
+                await self._touch(self._patcher, key)
+
+    async def _touch(self, patcher: AnnotationPatcher, key: PodKey) -> None:
+        stamp = datetime.datetime.fromtimestamp(self._wall_clock(), datetime.UTC)
+        try:
+            await patcher.patch_pod_annotations(
+                key.namespace,
+                key.name,
+                {ADMITTED_AT_ANNOTATION: stamp.isoformat(timespec="milliseconds")},
+            )
+        except KubeError as e:
+            # Best effort: kube-scheduler still retries after its back-off; the quota stays
+            # reserved for the pod until admission_ttl_seconds.
+            log.warning("admitted_touch_failed", pod=key.key, error=e.message, status=e.status)
+            return
+        self.touched_total += 1
