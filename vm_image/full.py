@@ -20,6 +20,11 @@ from vm_image import debs, manifest
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
+SOURCES = (
+    (MIRROR, SUITE),
+    (MIRROR, f"{SUITE}-updates"),
+    ("http://deb.debian.org/debian-security", f"{SUITE}-security"),
+)
 DISK_SIZE = "3G"
 HOST_TOOLS = {"debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs"}
 # A fixed file-system UUID so a rebuilt disk still matches anything that recorded the old one.
@@ -64,7 +69,14 @@ def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
         "debootstrap", "--variant=minbase", f"--cache-dir={archives.resolve()}",
         SUITE, str(root), MIRROR,
     ])  # fmt: skip
-    shutil.copy(_GUEST_DIR / "cpu-onliner", root / "usr/local/sbin/cpu-onliner")
+    # debootstrap configures only the release suite; add the security and updates suites so the
+    # kernel and packages match what the minimal image (built from the host's lists) gets.
+    (root / "etc/apt/sources.list").write_text(
+        "".join(f"deb {mirror} {suite} main\n" for mirror, suite in SOURCES)
+    )
+    onliner = root / "usr/local/sbin/cpu-onliner"
+    shutil.copy(_GUEST_DIR / "cpu-onliner", onliner)
+    onliner.chmod(0o755)  # do not depend on the checkout's file modes
     shutil.copy(_GUEST_DIR / "cpu-onliner.service", root / "etc/systemd/system/")
     (root / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
     shutil.copy(_GUEST_DIR / "10-eth.network", root / "etc/systemd/network/")

@@ -7,15 +7,23 @@ export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
 chmod 755 /usr/sbin/policy-rc.d
 
+# dbus is for systemd-logind, which turns the ACPI power button (QMP system_powerdown) into a
+# clean poweroff; minbase lacks it.
 apt-get install -y --no-install-recommends \
-    linux-image-cloud-amd64 initramfs-tools systemd-sysv udev iproute2 procps \
+    linux-image-cloud-amd64 initramfs-tools systemd-sysv udev dbus iproute2 procps \
     postgresql postgresql-contrib prometheus-node-exporter
 apt-get clean
 
 echo vm > /etc/hostname
 echo '/dev/vda / ext4 defaults,noatime 0 1' > /etc/fstab
 passwd -d root
-systemctl enable systemd-networkd cpu-onliner.service prometheus-node-exporter.service postgresql.service
+for unit in systemd-networkd.service cpu-onliner.service prometheus-node-exporter.service \
+        postgresql.service; do
+    systemctl enable "$unit"
+done
+# Fail the build, not the boot, if the onliner would not start (it is what makes vCPUs usable).
+test -L /etc/systemd/system/multi-user.target.wants/cpu-onliner.service
+test -x /usr/local/sbin/cpu-onliner
 # Root shell on the serial console without a password: the console is the test's keyboard.
 mkdir -p /etc/systemd/system/serial-getty@ttyS0.service.d
 printf '[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --keep-baud 115200 %%I $TERM\n' \
