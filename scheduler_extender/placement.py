@@ -5,9 +5,10 @@ Pure: no I/O. A node that does not fit is *data* (a reason string), never an exc
 Speed. kube-scheduler calls filter for every pod with every candidate node, so the answer must
 not cost a pass over thousands of nodes in Python. ``FitIndex`` keeps, for each pod size it has
 been asked about (few: VMs come in a handful of shapes), the set of nodes that reject that size
-and why. The ledger tells it which node changed after every mutation, and it re-checks only that
-node for each cached size. A filter call is then a set intersection done in C; when no candidate
-is rejected (the common case) the request's own list is the answer.
+and why. The ledger tells it which node changed after every mutation; the node is only marked,
+and the next call for any size re-checks the marked nodes once for each cached size (a permit
+batch changes one node fifty times). A filter call is then a set intersection done in C; when no
+candidate is rejected (the common case) the request's own list is the answer.
 
 Scoring (prioritize), 0..10, for a pod needing ``d`` with growth ``g`` (a VM's
 ``(max_vcpus - min_vcpus) * 1000`` millicores; 0 for other pods) on a node with usable capacity
@@ -106,6 +107,8 @@ class FitIndex:
         self._stamp = 0
         self._known_stamp = 0
         self._size_stamps: dict[Demand, int] = {}
+        # Nodes changed since the last ``_flush`` (see ``_node_changed``).
+        self._dirty: set[str] = set()
         ledger.subscribe(self._node_changed)
 
     def _bump(self) -> int:
@@ -113,6 +116,10 @@ class FitIndex:
         return self._stamp
 
     def _node_changed(self, name: str) -> None:
+        """A ledger listener, called on *every* mutation (each VM of a permit batch): only
+        note the node. Its verdicts are brought up to date by ``_flush`` when a size is next
+        asked about, so a thousand permits on twenty nodes between two filter calls cost
+        twenty re-checks per size instead of a thousand."""
         state = self._ledger.nodes.get(name)
         known = self.known
         if state is None or not state.is_known:
@@ -122,17 +129,40 @@ class FitIndex:
         elif name not in known:
             known.add(name)
             self._known_stamp = self._bump()
+        self._dirty.add(name)
+
+    def _flush(self) -> None:
+        """Re-check every node changed since the last flush, for every cached size."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        if not self._by_size:
+            return
+        nodes = self._ledger.nodes
         stamps = self._size_stamps
-        for size, rejected in self._by_size.items():
-            r = rejection(state, size) if state is not None else None
-            if r is None or state is None or not state.is_known:
+        for name in dirty:
+            state = nodes.get(name)
+            if state is None or not state.is_known:
                 # Unknown nodes are rejected by their absence from ``known``.
-                if rejected.pop(name, None) is not None:
+                for size, rejected in self._by_size.items():
+                    if rejected.pop(name, None) is not None:
+                        stamps[size] = self._bump()
+                continue
+            # Computed once per node, not once per size: ``free`` builds new structs.
+            free = state.free
+            free_cpu, free_mem = free.cpu_millis, free.memory_bytes
+            for size, rejected in self._by_size.items():
+                if size.cpu_millis <= free_cpu and size.memory_bytes <= free_mem:
+                    if rejected.pop(name, None) is not None:
+                        stamps[size] = self._bump()
+                    continue
+                r = rejection(state, size)
+                if rejected.get(name) != r:
+                    # Also when only the reason's numbers moved: the reason is part of the
+                    # answer.
+                    assert r is not None
+                    rejected[name] = r
                     stamps[size] = self._bump()
-            elif rejected.get(name) != r:
-                # Also when only the reason's numbers moved: the reason is part of the answer.
-                rejected[name] = r
-                stamps[size] = self._bump()
 
     def version(self, size: Demand) -> tuple[int, int]:
         """Changes whenever ``filter(size, names)`` could answer differently for any ``names``.
@@ -144,6 +174,7 @@ class FitIndex:
         return self._known_stamp, self._size_stamps[size]
 
     def rejections(self, size: Demand) -> dict[str, Rejection]:
+        self._flush()
         rejected = self._by_size.get(size)
         if rejected is not None:
             self._by_size.move_to_end(size)
