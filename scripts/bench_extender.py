@@ -258,11 +258,6 @@ def generate(*, nodes: int, pods: int, batch: int, binds: int, seed: int) -> Clu
 # --- role: fake API server ---------------------------------------------------------------------
 
 
-class _SnapshotsByKind(dict[int, dict[str, list[Obj]]]):
-    def __setitem__(self, version: int, kinds: dict[str, list[Obj]]) -> None:
-        super().__setitem__(version, {**self.get(version, {}), **kinds})
-
-
 async def run_fake_api(args: argparse.Namespace) -> None:
     from tests.fakes.kube_api import FakeKubeApi, TokenIdentity
 
@@ -270,10 +265,6 @@ async def run_fake_api(args: argparse.Namespace) -> None:
         nodes=args.nodes, pods=args.pods, batch=args.batch, binds=args.binds, seed=args.seed
     )
     api = FakeKubeApi()
-    # The fake keys its paging snapshots by resourceVersion alone, so the extender's node and
-    # pod lists, started at the same version, overwrite each other's snapshot (KeyError, 500,
-    # a retried list). Keep both kinds per version.
-    api._snapshots = _SnapshotsByKind()
     for node in cluster.nodes:
         api.add_node(node)
     for pod in cluster.pods:
@@ -345,7 +336,9 @@ async def run_server(args: argparse.Namespace) -> None:
     async def connect() -> KubeClient:
         return KubeClient.for_url(api_url)
 
-    verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
+    # As __main__ builds it, gc.freeze() included (--no-freeze-gc measures without it).
+    deps = Deps(registry=CollectorRegistry(), connect_kube=connect, freeze_gc=args.freeze_gc)
+    verbs_app = make_app(config, deps)
     permits_app = make_permits_app(config, verbs_app)
     ports: dict[str, int] = {}
     runners: list[web.AppRunner] = []
@@ -399,6 +392,7 @@ def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = 
         role,
         *(f"--nodes={args.nodes}", f"--pods={args.pods}", f"--batch={args.batch}"),
         *(f"--binds={args.binds}", f"--seed={args.seed}", f"--log-level={args.log_level}"),
+        *(() if args.freeze_gc else ("--no-freeze-gc",)),
         *extra,
     ]
     process = subprocess.Popen(
@@ -709,12 +703,19 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
             timeout = aiohttp.ClientTimeout(total=120)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 ready = await wait_ready(session, ports["verbs"], limit_seconds=300)
-                progress(f"extender ready after {ready:.1f} s; filter")
-                filters = await bench_filter(session, ports, cluster, args)
-                progress("bind")
-                binds = await bench_bind(session, ports["verbs"], cluster)
-                progress("permits")
-                permits = await bench_permits(session, ports, cluster, args, server.hello["pid"])
+                progress(f"extender ready after {ready:.1f} s")
+                filters = binds = permits = None
+                if "filter" in args.phases:
+                    progress("filter")
+                    filters = await bench_filter(session, ports, cluster, args)
+                if "bind" in args.phases:
+                    progress("bind")
+                    binds = await bench_bind(session, ports["verbs"], cluster)
+                if "permits" in args.phases:
+                    progress("permits")
+                    permits = await bench_permits(
+                        session, ports, cluster, args, server.hello["pid"]
+                    )
         finally:
             for child in reversed(children):
                 child.stop()
@@ -728,6 +729,8 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
             "seed": args.seed,
             "iterations": {"cache": args.iterations, "nocache": args.nocache_iterations},
             "log_level": args.log_level,
+            "phases": args.phases,
+            "freeze_gc": args.freeze_gc,
             "python": sys.version.split()[0],
             "affinity": {
                 "machine": affinity,
@@ -744,9 +747,11 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         "bind": binds,
         "permits": permits,
         "ratios": {
-            "filter_cache_p99_vs_bare": filters["cache"]["ratio_p99"],
-            "filter_nocache_p99_vs_bare": filters["nocache"]["ratio_p99"],
-            "vm_permits_per_second": permits["extender"]["vm_permits_per_second"],
+            "filter_cache_p99_vs_bare": filters["cache"]["ratio_p99"] if filters else None,
+            "filter_nocache_p99_vs_bare": filters["nocache"]["ratio_p99"] if filters else None,
+            "vm_permits_per_second": permits["extender"]["vm_permits_per_second"]
+            if permits
+            else None,
         },
         "server_log_lines": log_lines,
         "wall_seconds": round(time.perf_counter() - started, 1),
@@ -771,10 +776,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--log-level", default="info", help="the extender's (default: info)")
     parser.add_argument("--write", type=Path, help="also write the JSON here")
+    parser.add_argument(
+        "--phases",
+        type=lambda v: [p for p in v.split(",") if p],
+        default=["filter", "bind", "permits"],
+        help="comma-separated subset of filter,bind,permits (default: all)",
+    )
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="do not gc.freeze() the server after its first lists (to measure what it buys)",
+    )
     parser.add_argument("--role", choices=("fake-api", "server"), help=argparse.SUPPRESS)
     parser.add_argument("--api-url", help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.phases) - {"filter", "bind", "permits"}
+    if unknown:
+        parser.error(f"--phases: unknown {', '.join(sorted(unknown))}")
     if args.nocache_iterations is None:
         args.nocache_iterations = args.iterations
     if args.cpus:
