@@ -9,12 +9,10 @@ nothing.
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 from aiohttp import web
 
-from protocol.permits import PermitStatus, ResourceRequestBatch
+from protocol.permits import ResourceRequestBatch
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER
 from scheduler_extender.http.middleware import decode, json_response, read_body
 
@@ -24,15 +22,7 @@ async def permits(request: web.Request) -> web.Response:
     structlog.contextvars.bind_contextvars(caller=identity.username, token_node=identity.node)
     batch = decode(ResourceRequestBatch, await read_body(request))
     structlog.contextvars.bind_contextvars(node=batch.node, vms=len(batch.requests))
-    answer = request.app[EXTENDER].permits(batch, identity)
-    statuses: dict[str, int] = {}
-    waits = request.app[EXTENDER].capacity_waits
-    now = asyncio.get_running_loop().time()
-    for permit in answer.permits:
-        key = permit.status.value if permit.status is not None else "error"
-        statuses[key] = statuses.get(key, 0) + 1
-        if permit.status is not None:
-            is_short = permit.status in (PermitStatus.DENIED, PermitStatus.PARTIAL)
-            waits.permit_answered(permit.pod.uid, permit.pod.key, is_short=is_short, now=now)
+    answer, statuses = request.app[EXTENDER].permits(batch, identity)
+    # One canonical line per batch (the middleware writes it), never one per VM.
     structlog.contextvars.bind_contextvars(reason=statuses)
     return json_response(answer)
