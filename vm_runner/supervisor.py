@@ -7,6 +7,9 @@ Shutdown ladder on SIGTERM/SIGINT, each step only if the previous one did not en
 2. QMP ``quit``: QEMU stops at once (the guest sees a power cut). Waits ``quit_timeout_seconds``.
 3. SIGKILL.
 
+A step whose QMP command cannot be sent is skipped without waiting. QEMU also gets SIGKILL from
+the kernel if the runner itself dies (PDEATHSIG), so it is never left behind as an orphan.
+
 Keep ``grace_seconds + quit_timeout_seconds`` below the pod's ``terminationGracePeriodSeconds``,
 or the kubelet's own SIGKILL takes the last step for us.
 """
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import enum
+import os
 import signal
 
 import structlog
@@ -24,6 +29,21 @@ from vm_runner.cmdline import VmSpec, build_qemu_command
 from vm_runner.qmp import QmpClient, QmpError
 
 log = structlog.get_logger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# Loaded before forking: the child may only make the prctl call, not load libraries.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_runner() -> None:
+    """Runs in the QEMU child between fork and exec.
+
+    QEMU sits in its own session (see ``run``), so nothing else ties its life to ours: if the
+    runner is SIGKILLed (OOM killer, a test's cleanup, a forced delete outside a container) QEMU
+    would live on as an orphan holding the sockets and ports. With PDEATHSIG the kernel kills it.
+    """
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        os._exit(127)  # never run a QEMU we could leak
 
 
 class Shutdown(enum.Enum):
@@ -64,12 +84,16 @@ async def stop(
     if process.returncode is not None:
         return Shutdown.GUEST
     log.info("powerdown_requested", grace_seconds=grace_seconds)
-    if await _qmp(spec, "system_powerdown") and await _wait(process, grace_seconds):
-        return Shutdown.POWERDOWN
-    log.warning("guest_ignored_powerdown", grace_seconds=grace_seconds)
-    if await _qmp(spec, "quit") and await _wait(process, quit_timeout_seconds):
-        return Shutdown.QUIT
-    log.error("qemu_ignored_quit", timeout_seconds=quit_timeout_seconds)
+    # A step whose QMP command could not be sent is skipped without waiting: nothing will happen.
+    if await _qmp(spec, "system_powerdown"):
+        if await _wait(process, grace_seconds):
+            return Shutdown.POWERDOWN
+        log.warning("guest_ignored_powerdown", grace_seconds=grace_seconds)
+    if await _qmp(spec, "quit"):
+        if await _wait(process, quit_timeout_seconds):
+            return Shutdown.QUIT
+        log.error("qemu_ignored_quit", timeout_seconds=quit_timeout_seconds)
+    log.error("qemu_killing", pid=process.pid)
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await process.wait()
@@ -83,7 +107,10 @@ async def run(spec: VmSpec, *, grace_seconds: float, quit_timeout_seconds: float
     # New session: a ^C on the terminal goes to the runner only, which then powers down cleanly
     # instead of QEMU dying from the same SIGINT.
     process = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_runner,
     )
     log.info("qemu_started", pid=process.pid)
 
