@@ -5,9 +5,11 @@ guest is reachable through the user-net forward and sees 1 CPU; a raw QMP ``devi
 guest's onliner makes it 2 CPUs; keystrokes on the serial console reach a shell (load rises);
 SIGTERM makes the runner power the guest down through ACPI and exit 0.
 
-Every wait is bounded. Timings measured on the 2-core development machine: build 3 s cached
-(about 10 s with downloads), boot 6-7 s, hot-plug to online CPU about 13 s (the guest kernel's
-``cpu_up`` is slow under TCG), load visible 10-20 s, powerdown 2-3 s.
+Every wait is bounded. Timings measured on the 2-core development machine when quiet: build 3-6 s
+cached (about 10 s with downloads), boot 7 s, hot-plug to online CPU 13 s (the guest kernel's
+``cpu_up`` is slow under TCG), load visible within 3-20 s, SIGTERM to exit 3-8 s; 33 s in all.
+The bounds (90 s per step) are generous because the same machine, shared with other test runs
+at a load average of 12, made TCG several times slower.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tests.vm.conftest import REPO, MinimalImage
 T = TypeVar("T")
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
-pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def parse_metrics(text: str) -> Samples:
@@ -79,7 +81,7 @@ async def eventually(
                 return value
             last = value
         await asyncio.sleep(interval_seconds)
-    raise AssertionError(f"{what} not seen within {timeout_seconds}s; last: {last!r}")
+    raise AssertionError(f"{what} not seen within {timeout_seconds}s; last: {last!r:.300}")
 
 
 class RawQmp:
@@ -150,7 +152,7 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             cwd=REPO, stdout=stdout, stderr=stderr,
         )  # fmt: skip
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
 
             async def scrape():
                 async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
@@ -158,7 +160,7 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
                     return parse_metrics(await response.text())
 
             samples = await eventually(
-                scrape, lambda s: "node_cpu_seconds_total" in s, timeout_seconds=60, what="boot"
+                scrape, lambda s: "node_cpu_seconds_total" in s, timeout_seconds=90, what="boot"
             )
             timings["boot"] = time.monotonic() - started
             assert online_cpus(samples) == 1
@@ -166,27 +168,32 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             mark = time.monotonic()
             await hotplug_one_vcpu(qmp_socket)
             samples = await eventually(
-                scrape, lambda s: online_cpus(s) == 2, timeout_seconds=45, what="2 online CPUs"
+                scrape, lambda s: online_cpus(s) == 2, timeout_seconds=90, what="2 online CPUs"
             )
             timings["hotplug_to_online"] = time.monotonic() - mark
 
+            # The baseline is taken while the guest is idle: with both vCPUs busy, a scrape can
+            # take seconds under TCG. Any later rise above it comes from the busy loops.
+            baseline = load1(samples)
             mark = time.monotonic()
             reader, writer = await asyncio.open_unix_connection(str(serial_socket))
             try:
                 # One busy loop per vCPU, then a marker computed by the shell itself (so an echo
-                # of our own keystrokes cannot satisfy the check).
-                writer.write(b"yes > /dev/null &\nyes > /dev/null &\necho typed-$((6 * 7))\n")
+                # of our own keystrokes cannot satisfy the check). Niceness 19: the loops still
+                # count in the load average, but node_exporter keeps the CPU it needs to answer;
+                # at nice 0, scrapes of a saturated TCG guest on a busy host outlast any timeout.
+                busy = b"(renice -n 19 $$ > /dev/null; exec yes > /dev/null) &\n"  # no busybox nice
+                writer.write(busy + busy + b"echo typed-$((6 * 7))\n")
                 await writer.drain()
                 seen = b""
                 while b"typed-42" not in seen:
                     chunk = await asyncio.wait_for(reader.read(4096), 20)
                     assert chunk, f"serial console closed; saw {seen!r}"
                     seen += chunk
-                baseline = load1(await scrape())
                 samples = await eventually(
                     scrape,
                     lambda s: load1(s) > baseline + 0.3,
-                    timeout_seconds=60,
+                    timeout_seconds=90,
                     what=f"node_load1 rising above {baseline} + 0.3",
                     interval_seconds=1,
                 )
@@ -202,9 +209,13 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
         returncode = await asyncio.wait_for(runner.wait(), 40)
         timings["sigterm_to_exit"] = time.monotonic() - mark
     finally:
-        if runner.returncode is None:
-            runner.kill()
-            await runner.wait()
+        if runner.returncode is None:  # the test failed midway: still shut down cleanly
+            runner.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(runner.wait(), 40)
+            except TimeoutError:
+                runner.kill()  # QEMU follows: the runner sets PDEATHSIG on it
+                await runner.wait()
 
     assert returncode == 0
     exited = [e for e in log_events(stderr_path) if e["event"] == "qemu_exited"]
