@@ -12,9 +12,15 @@ Every key and its default (all optional; an empty file is a valid config)::
       interval_seconds: 1.0          # how often each VM's node_exporter is read
       timeout_seconds: 0.8           # a slower scrape counts as failed; the VM keeps its size
     policy:
-      target_load_per_vcpu: 0.9      # load1 one vCPU should carry; grow to ceil(load1/this)
+      target_load_per_vcpu: 0.9      # demand (runnable tasks) one vCPU should carry; grow to
+                                     # ceil(demand / this) (formula: autoscaler_agent/policy.py)
       shrink_load_per_vcpu: 0.6      # sizes a shrink; must be below the target (no flapping)
       shrink_after_seconds: 30.0     # how long the load must stay low before shrinking
+      saturated_busy_fraction: 0.9   # busy fraction (0..1, over one scrape interval) from
+                                     # which the VM counts as saturated and the run queue
+                                     # (node_procs_running) is read to size the grow
+      grow_after_seconds: 3.0        # how long the fast demand estimate must need more vCPUs
+                                     # before growing (0: on the first such scrape)
     extender:
       url: http://127.0.0.1:10299    # the extender's permit port
       token_file: null               # bearer token (projected SA token); null sends none
@@ -68,6 +74,8 @@ class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     target_load_per_vcpu: LoadPerVcpu = 0.9
     shrink_load_per_vcpu: LoadPerVcpu = 0.6
     shrink_after_seconds: NonNegativeSeconds = 30.0
+    saturated_busy_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.9
+    grow_after_seconds: NonNegativeSeconds = 3.0
 
     def __post_init__(self) -> None:
         if self.shrink_load_per_vcpu >= self.target_load_per_vcpu:
@@ -133,6 +141,8 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 target_load_per_vcpu=self.policy.target_load_per_vcpu,
                 shrink_load_per_vcpu=self.policy.shrink_load_per_vcpu,
                 shrink_after_seconds=self.policy.shrink_after_seconds,
+                saturated_busy_fraction=self.policy.saturated_busy_fraction,
+                grow_after_seconds=self.policy.grow_after_seconds,
             ),
             permit_retry_seconds=self.extender.permit_retry_seconds,
             backoff_initial_seconds=self.retry.backoff_initial_seconds,

@@ -1,23 +1,55 @@
 """How many vCPUs a VM should have, from what its guest's node_exporter says.
 
 Pure: no I/O, no clock, no randomness. ``goal_vcpus`` is a function of the samples, the VM's
-bounds, the small hysteresis state it returned last time and an explicit ``now``.
+bounds, the small state it returned last time (hysteresis windows and the previous CPU
+counters) and an explicit ``now``.
 
-The rule, and why it does not oscillate:
+Why three signals. ``node_load1`` is the kernel's 1-minute exponential average: after a step
+from 1 to 8 busy threads it needs ~3.5 minutes to say "8". Two faster signals come on the same
+page: the CPU counters (busy fraction over the last scrape interval) and ``node_procs_running``
+(runnable tasks *now*, from /proc/stat; the exporter itself is one of them).
 
-* **Grow in one step.** ``need = ceil(load1 / target_load_per_vcpu)``, rounded *up* to the
-  scaling unit and clamped to ``[min, top]``. If that is above the current size, it is the goal
-  at once. (The old design doubled above 0.9 load per vCPU, so a VM that needed 4x took two
-  round trips through the extender and two resizes.)
-* **Shrink late, and not too far.** The shrink size is computed with a *lower* load per vCPU
-  (``shrink_load_per_vcpu``, default 0.6), so after shrinking the load per vCPU is at most 0.6,
-  well below the grow threshold: the next sample cannot ask to grow back under the same load.
-  The VM shrinks only once that size has stayed below the current size for
-  ``shrink_after_seconds``, and then to the *largest* shrink size seen during that window, so a
-  spike inside the window keeps the VM bigger.
+The estimates, per scrape (``c`` = current vCPUs):
 
-Under a steady load the size therefore changes at most once (a grow or a shrink) and then stays
-put; ``tests/agent/test_policy.py`` checks that with hypothesis.
+* ``busy`` = 1 - (idle + iowait) / total, over all CPUs, between the previous scrape and this
+  one. Unknown on the first scrape, after a counter reset, or when the number of CPUs changed
+  (a hot-plugged CPU brings its whole history into one delta).
+* ``used = busy * c``: the vCPUs the guest really used. Below saturation this *is* the demand.
+* ``saturated``: ``busy >= saturated_busy_fraction`` (0.9). Then the demand may be anything
+  above ``c``, and only the run queue says how far: ``runnable = procs_running - 1``.
+* ``demand_now = max(used, runnable, load1)`` when saturated, else ``used``.
+
+The rule, and why it neither lags nor oscillates:
+
+* **Grow fast, in one step, on evidence that lasts.** ``need = ceil(demand / target_load_per_vcpu)``
+  rounded *up* to the scaling unit and clamped to ``[min, top]``. While ``need(demand_now) > c``
+  a *pressure window* is open; once it has lasted ``grow_after_seconds`` (3 s, i.e. four 1 s
+  scrapes) the VM grows straight to ``need(median of the window's last 5 demand_now values)``.
+  The median ignores one noisy run-queue sample; the wait ignores one noisy scrape. The window
+  stays open until the need no longer exceeds the size, so the goal holds while the permit and
+  the resize are under way, and a second step (if the first fell short) follows at once. A step from
+  1 to 8 busy threads is then one resize, ~4 s plus a permit round trip and the resize after
+  the load arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
+* **Shrink late, and not too far** (unchanged, on the slow signals). The shrink size is
+  ``need(max(load1, used))`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
+  ``need(demand_now)`` at the target: after shrinking the load per vCPU is at most 0.6, well
+  below the grow threshold, so the next sample cannot ask to grow back under the same load.
+  The VM shrinks only once that size has stayed below ``c`` for ``shrink_after_seconds``, and
+  then to the *largest* shrink size seen during that window, so a spike inside it keeps the VM
+  bigger. ``used`` in the shrink size is what keeps a VM that just grew fast (load1 still far
+  below the demand) from shrinking back.
+* **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
+  since the last scrape) the policy holds, and keeps its windows as they were. **Without CPU
+  counters at all** (an exporter with the cpu collector off) it is the load1-only rule: grow
+  at once to ``need(load1)``, shrink as above on load1 alone.
+
+Under a steady load the size therefore changes at most once or twice (a grow, maybe one more
+when run-queue noise pushes a VM that sits exactly on the target over it) and then stays put;
+``tests/agent/test_policy.py`` checks that with hypothesis, also with noisy signals.
+
+``PolicyState.is_quiet`` (no window open) is what the simulator needs to skip the scrapes of a
+settled VM: a quiet state carries nothing but the previous CPU counters, so the decision at a
+scrape depends only on that scrape's samples and the counters one interval before.
 """
 
 from __future__ import annotations
@@ -28,15 +60,23 @@ import msgspec
 
 from protocol.annotations import VmSpec
 
+# How many of the pressure window's per-scrape demand estimates the grow size is the median of:
+# enough to outvote one or two noisy run-queue samples, few enough to follow a rising load.
+DEMAND_WINDOW_SAMPLES = 5
+
 
 class Samples(msgspec.Struct, frozen=True, kw_only=True):
     """The few node_exporter values the agent reads from one scrape; None when absent."""
 
     load1: float | None = None
-    # Sums over all CPUs and modes (total) and over all CPUs in mode="idle"; rates are taken
-    # between two scrapes because the counters are since boot.
+    # Runnable tasks at the moment of the scrape (node_procs_running), the exporter included.
+    procs_running: float | None = None
+    # Sums over all CPUs and modes (total) and over all CPUs in mode idle or iowait (idle);
+    # rates are taken between two scrapes because the counters are since boot.
     cpu_seconds_total: float | None = None
     cpu_idle_seconds_total: float | None = None
+    # How many CPUs the counters cover (online CPUs): a change means a hot-plug.
+    cpu_count: int | None = None
     memory_available_bytes: float | None = None
     memory_total_bytes: float | None = None
 
@@ -44,21 +84,41 @@ class Samples(msgspec.Struct, frozen=True, kw_only=True):
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The knobs of the default policy. Units are in the names."""
 
-    # Load (runnable + uninterruptible tasks, 1-minute average) that one vCPU should carry.
+    # Load (runnable tasks) that one vCPU should carry; grow to ceil(demand / this).
     target_load_per_vcpu: float = 0.9
     # Lower threshold used to size a shrink; must be below the target, or sizes would flap.
     shrink_load_per_vcpu: float = 0.6
     # How long the shrink size must stay below the current size before the VM shrinks.
     shrink_after_seconds: float = 30.0
+    # Busy fraction (0..1, over one scrape interval) from which the VM counts as saturated:
+    # its demand may exceed its vCPUs, and the run queue is read to tell by how much.
+    saturated_busy_fraction: float = 0.9
+    # How long the fast demand estimate must stay above the current size before a grow. Four
+    # 1 s scrapes in a row: with three, a VM sitting on the target under ±5% noise crept one
+    # vCPU further now and then (1 in 3,000 random runs in tests/agent/test_policy.py).
+    grow_after_seconds: float = 3.0
 
 
 class PolicyState(msgspec.Struct, frozen=True, kw_only=True):
-    """What the policy carries from one sample to the next (the hysteresis window)."""
+    """What the policy carries from one sample to the next."""
 
     # Since when (monotonic seconds) the shrink size has been below the current size; None if not.
     low_since: float | None = None
     # The largest shrink size seen since ``low_since``.
     low_peak_vcpus: int | None = None
+    # Since when the fast demand estimate has needed more than the current size; None if not.
+    pressure_since: float | None = None
+    # The last (at most DEMAND_WINDOW_SAMPLES) demand estimates since ``pressure_since``.
+    pressure_demands: tuple[float, ...] = ()
+    # The previous scrape's CPU counters, for the busy fraction over the next interval.
+    cpu_seconds_total: float | None = None
+    cpu_idle_seconds_total: float | None = None
+    cpu_count: int | None = None
+
+    @property
+    def is_quiet(self) -> bool:
+        """No window open: the next decision depends on the next samples alone."""
+        return self.low_since is None and self.pressure_since is None
 
 
 class Goal(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +127,8 @@ class Goal(msgspec.Struct, frozen=True, kw_only=True):
     vcpus: int
     current_vcpus: int
     load1: float | None
+    busy_fraction: float | None = None  # over the last scrape interval, None if unknown
+    demand_vcpus: float | None = None  # the fast demand estimate (demand_now), None if unknown
     grow_vcpus: int | None  # the one-step grow size (need at the target load), or None
     shrink_vcpus: int | None  # the size a shrink would go to (at the lower load), or None
     state: PolicyState
@@ -81,10 +143,33 @@ def round_up_to_unit(vcpus: int, spec: VmSpec, *, top_vcpus: int) -> int:
     return min(spec.min_vcpus + steps * spec.scaling_unit, top_vcpus)
 
 
-def _size_for(load1: float, load_per_vcpu: float, spec: VmSpec, top_vcpus: int) -> int:
+def _size_for(load: float, load_per_vcpu: float, spec: VmSpec, top_vcpus: int) -> int:
     # A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
-    need = max(1, math.ceil(load1 / load_per_vcpu - 1e-9))
+    need = max(1, math.ceil(load / load_per_vcpu - 1e-9))
     return round_up_to_unit(need, spec, top_vcpus=top_vcpus)
+
+
+def _busy_fraction(state: PolicyState, samples: Samples) -> float | None:
+    t0, t1 = state.cpu_seconds_total, samples.cpu_seconds_total
+    i0, i1 = state.cpu_idle_seconds_total, samples.cpu_idle_seconds_total
+    if t0 is None or t1 is None or i0 is None or i1 is None:
+        return None
+    if state.cpu_count != samples.cpu_count:
+        return None  # hot-plug: the new CPU's counters since boot are in this delta
+    total, idle = t1 - t0, i1 - i0
+    if total <= 0 or idle < 0:
+        return None  # counters reset (guest reboot) or no time passed
+    return min(1.0, max(0.0, 1.0 - idle / total))
+
+
+def _usable(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _median(values: tuple[float, ...]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def goal_vcpus(
@@ -100,60 +185,124 @@ def goal_vcpus(
     """The vCPUs this VM should have now, with the reason, and the next policy state.
 
     ``top_vcpus`` is the largest size allowed (``spec.top_vcpus``, possibly lowered by the
-    hypervisor's own maximum).
+    hypervisor's own maximum). The formula is in the module docstring.
     """
-    load1 = samples.load1
-    if load1 is None or not math.isfinite(load1) or load1 < 0:
+    counters = PolicyState(
+        cpu_seconds_total=samples.cpu_seconds_total,
+        cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
+        cpu_count=samples.cpu_count,
+    )
+    load1 = _usable(samples.load1)
+    busy = _busy_fraction(state, samples)
+    if load1 is None:
         return Goal(
             vcpus=current_vcpus,
             current_vcpus=current_vcpus,
             load1=None,
+            busy_fraction=busy,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=PolicyState(),
+            state=counters,
             reason="hold: no usable node_load1 in the samples",
         )
-    grow = _size_for(load1, config.target_load_per_vcpu, spec, top_vcpus)
-    # max() with grow: with a sane config it is already >= grow; this guards a misordered one.
-    shrink = max(grow, _size_for(load1, config.shrink_load_per_vcpu, spec, top_vcpus))
-    parts = (
-        f"load1 {load1:.2f} at {config.target_load_per_vcpu} per vCPU needs {grow}"
-        f" (shrink size {shrink} at {config.shrink_load_per_vcpu})"
+    c = current_vcpus
+    if busy is None and samples.cpu_seconds_total is not None and spec.min_vcpus <= c <= top_vcpus:
+        # The counters are there but give no fraction this time: hold for one interval, with
+        # the windows as they were (a hot-plug must neither open nor close one).
+        return Goal(
+            vcpus=c,
+            current_vcpus=c,
+            load1=load1,
+            grow_vcpus=None,
+            shrink_vcpus=None,
+            state=msgspec.structs.replace(
+                state,
+                cpu_seconds_total=samples.cpu_seconds_total,
+                cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
+                cpu_count=samples.cpu_count,
+            ),
+            reason="hold: no busy fraction this interval (first scrape, hot-plug or reset)",
+        )
+    target = config.target_load_per_vcpu
+    demand: float | None = None
+    pressure_since: float | None = None
+    demands: tuple[float, ...] = ()
+    if busy is None:
+        grow = _size_for(load1, target, spec, top_vcpus)
+        slow = load1
+        parts = f"load1 {load1:.2f} at {target} per vCPU needs {grow}"
+        is_grow_due = grow > c
+    else:
+        used = busy * c
+        runnable = _usable(samples.procs_running)
+        is_saturated = busy >= config.saturated_busy_fraction
+        demand = used
+        if is_saturated:
+            demand = max(used, load1, 0.0 if runnable is None else max(0.0, runnable - 1))
+        need_now = _size_for(demand, target, spec, top_vcpus)
+        grow = need_now
+        if need_now > c:
+            pressure_since = state.pressure_since if state.pressure_since is not None else now
+            # Only values that need more than c now: after a grow that fell short, the values
+            # that the new size covers are no evidence for the next step. Each value left needs
+            # more than c, so their median does too.
+            kept = (d for d in state.pressure_demands if _size_for(d, target, spec, top_vcpus) > c)
+            demands = (*kept, demand)[-DEMAND_WINDOW_SAMPLES:]
+            grow = _size_for(_median(demands), target, spec, top_vcpus)
+        slow = max(load1, used)
+        pressed_for = 0.0 if pressure_since is None else now - pressure_since
+        is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
+        parts = (
+            f"busy {busy:.2f} of {c} vCPUs{' (saturated)' if is_saturated else ''},"
+            f" demand {demand:.2f} at {target} per vCPU needs {grow}"
+        )
+        if pressure_since is not None and not is_grow_due:
+            parts += f", pressure for {pressed_for:.0f}s of {config.grow_after_seconds:.0f}s"
+        parts += f", load1 {load1:.2f}"
+    # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
+    # and keeps a shrink from going below what the fast estimate needs now.
+    shrink = max(grow, _size_for(slow, config.shrink_load_per_vcpu, spec, top_vcpus))
+    parts += f" (shrink size {shrink} at {config.shrink_load_per_vcpu})"
+    window = msgspec.structs.replace(
+        counters, pressure_since=pressure_since, pressure_demands=demands
     )
 
     def goal(vcpus: int, new_state: PolicyState, verdict: str) -> Goal:
         return Goal(
             vcpus=vcpus,
-            current_vcpus=current_vcpus,
+            current_vcpus=c,
             load1=load1,
+            busy_fraction=busy,
+            demand_vcpus=demand,
             grow_vcpus=grow,
             shrink_vcpus=shrink,
             state=new_state,
             reason=f"{verdict}: {parts}",
         )
 
-    if current_vcpus < spec.min_vcpus:
-        return goal(max(grow, spec.min_vcpus), PolicyState(), f"grow to min {spec.min_vcpus}")
-    if current_vcpus > top_vcpus:
+    if c < spec.min_vcpus:
+        return goal(max(grow, spec.min_vcpus), counters, f"grow to min {spec.min_vcpus}")
+    if c > top_vcpus:
         # Above max (bounds lowered under a running VM): back to max now, without waiting;
         # any further shrink goes through the usual hysteresis from there.
-        return goal(top_vcpus, PolicyState(), f"shrink to max {top_vcpus}")
-    if grow > current_vcpus:
-        return goal(grow, PolicyState(), f"grow {current_vcpus} -> {grow}")
-    if shrink >= current_vcpus:
-        return goal(current_vcpus, PolicyState(), "hold")
+        return goal(top_vcpus, counters, f"shrink to max {top_vcpus}")
+    if grow > c:
+        if is_grow_due:
+            # The window stays open: the scrapes until the resize lands must keep asking for
+            # this size (a "hold" would drop a permit request still in flight), and if the new
+            # size is still short, the next grow needs no second wait.
+            return goal(grow, window, f"grow {c} -> {grow}")
+        return goal(c, window, "hold: grow pending")
+    if shrink >= c:
+        return goal(c, window, "hold")
     low_since = state.low_since if state.low_since is not None else now
     peak = max(shrink, state.low_peak_vcpus or shrink)
     low_for = now - low_since
     if low_for >= config.shrink_after_seconds:
-        return goal(
-            peak,
-            PolicyState(),
-            f"shrink {current_vcpus} -> {peak} after {low_for:.0f}s low",
-        )
+        return goal(peak, counters, f"shrink {c} -> {peak} after {low_for:.0f}s low")
     return goal(
-        current_vcpus,
-        PolicyState(low_since=low_since, low_peak_vcpus=peak),
+        c,
+        msgspec.structs.replace(window, low_since=low_since, low_peak_vcpus=peak),
         f"hold: shrink to {peak} pending, low for {low_for:.0f}s of"
         f" {config.shrink_after_seconds:.0f}s",
     )
@@ -163,14 +312,14 @@ def cpu_busy_fraction(previous: Samples | None, current: Samples) -> float | Non
     """The fraction of CPU time not idle between two scrapes, or None if it cannot be told."""
     if previous is None:
         return None
-    t0, t1 = previous.cpu_seconds_total, current.cpu_seconds_total
-    i0, i1 = previous.cpu_idle_seconds_total, current.cpu_idle_seconds_total
-    if t0 is None or t1 is None or i0 is None or i1 is None:
-        return None
-    total, idle = t1 - t0, i1 - i0
-    if total <= 0 or idle < 0:
-        return None  # counters reset (guest reboot) or no time passed
-    return min(1.0, max(0.0, 1.0 - idle / total))
+    return _busy_fraction(
+        PolicyState(
+            cpu_seconds_total=previous.cpu_seconds_total,
+            cpu_idle_seconds_total=previous.cpu_idle_seconds_total,
+            cpu_count=previous.cpu_count,
+        ),
+        current,
+    )
 
 
 def memory_used_fraction(samples: Samples) -> float | None:

@@ -1,9 +1,11 @@
 """Reading a guest's node_exporter: ``fetch_samples`` (I/O) and ``parse_samples`` (pure).
 
-``parse_samples`` is pure: no I/O. It keeps only the few series the policy uses, summed over
-CPUs, so the parse result is small whatever the exporter exposes. ``fetch_samples`` is the
-thin aiohttp shell around it; every way a scrape can fail comes out as ``ScrapeError`` with a
-short ``kind`` for the error counter, so the caller keeps the VM's size and moves on.
+``parse_samples`` is pure: no I/O. It keeps only the few series the policy uses (load1,
+procs_running from the default ``stat`` collector, the CPU counters summed over CPUs with the
+number of CPUs, memory), so the parse result is small whatever the exporter exposes.
+``fetch_samples`` is the thin aiohttp shell around it; every way a scrape can fail comes out
+as ``ScrapeError`` with a short ``kind`` for the error counter, so the caller keeps the VM's
+size and moves on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ MAX_BODY_BYTES = 8 * 2**20
 # With a ``# TYPE ... counter`` line the parser names the family without "_total"; without one
 # (an untyped series) it keeps the full name.
 _CPU_FAMILIES = frozenset({"node_cpu_seconds", "node_cpu_seconds_total"})
+# Time a CPU had nothing to run: iowait is idle time spent while some I/O was pending, and a
+# VM waiting on its disk does not need more vCPUs.
+_IDLE_MODES = frozenset({"idle", "iowait"})
 
 
 class ScrapeError(Exception):
@@ -38,6 +43,8 @@ def parse_samples(text: str) -> Samples:
     not parse is, because nothing on it can be trusted.
     """
     load1: float | None = None
+    procs_running: float | None = None
+    cpus: set[str] = set()
     cpu_total: float | None = None
     cpu_idle: float | None = None
     mem_avail: float | None = None
@@ -48,12 +55,16 @@ def parse_samples(text: str) -> Samples:
             if name == "node_load1":
                 for s in family.samples:
                     load1 = s.value
+            elif name == "node_procs_running":
+                for s in family.samples:
+                    procs_running = float(s.value)
             elif name in _CPU_FAMILIES:
                 for s in family.samples:
                     if s.name != "node_cpu_seconds_total":
                         continue
                     cpu_total = (cpu_total or 0.0) + s.value
-                    if s.labels.get("mode") == "idle":
+                    cpus.add(s.labels.get("cpu", ""))
+                    if s.labels.get("mode") in _IDLE_MODES:
                         cpu_idle = (cpu_idle or 0.0) + s.value
             elif name == "node_memory_MemAvailable_bytes":
                 for s in family.samples:
@@ -69,8 +80,10 @@ def parse_samples(text: str) -> Samples:
         cpu_idle = 0.0  # a fully busy guest may expose no idle series at all
     return Samples(
         load1=load1,
+        procs_running=procs_running,
         cpu_seconds_total=cpu_total,
         cpu_idle_seconds_total=cpu_idle,
+        cpu_count=len(cpus) if cpus else None,
         memory_available_bytes=mem_avail,
         memory_total_bytes=mem_total,
     )

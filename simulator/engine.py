@@ -49,9 +49,12 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Final
+
+import msgspec
 
 from autoscaler_agent.core import (
     Actions,
@@ -562,6 +565,8 @@ class Simulation:
             vcpus=vm.vcpus,
             t=self.t,
             target_load_per_vcpu=self.s.agent.target_load_per_vcpu,
+            # The guest's own noise, from its name: the scenario's seed is the agent's jitter.
+            noise_seed=zlib.crc32(vm.uid.encode()),
         )
         vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t)
         self.counts["placements"] += 1
@@ -688,8 +693,7 @@ class Simulation:
             return
         t = self.t
         if vm.is_settled:
-            gap = t - vm.last_scrape_at
-            self.counts["scrapes_skipped"] += int(gap / self.core.scrape_interval_seconds)
+            self._catch_up(vm, st, guest, t - self.core.scrape_interval_seconds)
             vm.is_settled = False
         actions = st.next_actions(t)
         for _ in range(3):
@@ -712,18 +716,42 @@ class Simulation:
         if actions.wait_seconds is not None:
             self._wake_at(vm, t + actions.wait_seconds)
 
-    def _holds(self, vm: _Vm, st: VmState, current: int, load1: float, at: float) -> bool:
-        """Would the real policy keep ``current`` if it scraped ``load1`` at ``at``?"""
+    def _catch_up(self, vm: _Vm, st: VmState, guest: GuestLoad, at: float) -> None:
+        """Take the skipped scrape at ``at`` (the one just before the VM's next real one), so
+        the agent's previous CPU counters are one interval old, as without skipping. It holds
+        with a quiet state, as every skipped one would have: the policy state is then exactly
+        what the skipped scrapes would have left."""
+        interval = self.core.scrape_interval_seconds
+        if at <= vm.last_scrape_at + 1e-9:
+            return
+        self.counts["scrapes_skipped"] += round((at - vm.last_scrape_at) / interval) - 1
+        st.scrape_started(at)
+        st.metrics_scraped(at, guest.samples(at))
+        vm.last_scrape_at = at
+        self.counts["scrapes"] += 1
+
+    def _holds(
+        self,
+        vm: _Vm,
+        st: VmState,
+        *,
+        current: int,
+        before: PolicyState,
+        samples: Samples,
+        at: float,
+    ) -> bool:
+        """Would the real policy keep ``current``, quietly, if it scraped ``samples`` at ``at``
+        after a scrape that left ``before``?"""
         goal = goal_vcpus(
-            Samples(load1=load1),
+            samples,
             vm.vm_spec,
-            PolicyState(),
+            before,
             current_vcpus=current,
             top_vcpus=st.top_vcpus,
             config=self.core.policy,
             now=at,
         )
-        return goal.vcpus == current and goal.state == PolicyState()
+        return goal.vcpus == current and goal.state.is_quiet
 
     def _settled_until(
         self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions
@@ -731,10 +759,13 @@ class Simulation:
         """How long scrapes may be skipped (see the module docstring): None, not at all; inf,
         until the next breakpoint; else the first scrape time at which the policy would act.
 
-        Within a segment load1 moves monotonically from its value now towards the level, and
-        the policy's sizes are monotone in load1, so the load1 values at which it holds form
-        one interval: the trajectory leaves it at most once, found by bisection over the
-        scrape grid with the real ``goal_vcpus``.
+        The first scrape ahead is checked as it will be (its interval may hold a resize). From
+        the second on, within a segment, the busy fraction is constant and load1 moves
+        monotonically from its value now towards the level; the policy's sizes are monotone in
+        load1, so the load1 values at which it holds form one interval: the trajectory leaves
+        it at most once, found by bisection over the scrape grid with the real ``goal_vcpus``.
+        The run queue is noise, but it only counts when the VM is saturated below its top:
+        such a VM is not skipped.
         """
         goal = st.goal
         current = st.current_vcpus
@@ -746,14 +777,16 @@ class Simulation:
             or goal is None
             or current is None
             or goal.vcpus != current
-            or goal.state != PolicyState()
+            or not goal.state.is_quiet
             or st.permit_vcpus != current
             or st.is_extender_degraded
         ):
             return None
-        t = self.t
-        if self._holds(vm, st, current, guest.demand, t):
-            return math.inf
+        if (
+            current < st.top_vcpus
+            and min(guest.demand, current) / current >= self.core.policy.saturated_busy_fraction
+        ):
+            return None
         interval = self.core.scrape_interval_seconds
         start = vm.last_scrape_at
         end = guest.next_breakpoint()
@@ -763,15 +796,35 @@ class Simulation:
         if last < 1:
             return math.inf
 
-        # Gallop (k = 1, 2, 4, ...) then bisect: a VM in the middle of an approach usually
-        # leaves the interval within a few scrapes, and this finds that in a call or two.
+        def after(samples: Samples) -> PolicyState:
+            return PolicyState(
+                cpu_seconds_total=samples.cpu_seconds_total,
+                cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
+                cpu_count=samples.cpu_count,
+            )
+
         def holds_at(k: int) -> bool:
             at = start + k * interval
-            return self._holds(vm, st, current, guest.load1(at), at)
+            now = guest.projected_samples(at)
+            before = goal.state if k == 1 else after(guest.projected_samples(at - interval))
+            return self._holds(vm, st, current=current, before=before, samples=now, at=at)
 
         if not holds_at(1):
             return None
-        lo, step = 1, 1  # holds at lo
+        if last < 2:
+            return math.inf
+        if not holds_at(2):
+            return start + 2 * interval
+        # At the level (load1 = demand, reached only in the limit) with the steady counters.
+        at = start + 2 * interval
+        level = msgspec.structs.replace(guest.projected_samples(at), load1=guest.demand)
+        before = after(guest.projected_samples(at - interval))
+        if self._holds(vm, st, current=current, before=before, samples=level, at=at):
+            return math.inf
+
+        # Gallop (k = 2, 3, 5, ...) then bisect: a VM in the middle of an approach usually
+        # leaves the interval within a few scrapes, and this finds that in a call or two.
+        lo, step = 2, 1  # holds at lo
         hi = last + 1  # first k known not to hold; last + 1: none up to the end
         while lo + step < hi:
             if holds_at(lo + step):
@@ -995,17 +1048,22 @@ class Simulation:
         guest = vm.guest
         if vm.is_deleted or guest is None:
             return
+        wake_at: float | None = None
+        if vm.is_settled and vm.agent is not None:
+            # Wake on the scrape grid the VM would have kept had it not skipped, so that
+            # skipping changes when nothing happens, never when something does; the scrape
+            # before that one is taken now, while the guest is still at the old level.
+            interval = self.core.scrape_interval_seconds
+            periods = math.ceil((self.t - vm.last_scrape_at) / interval - 1e-9)
+            wake_at = vm.last_scrape_at + periods * interval
+            self._catch_up(vm, vm.agent, guest, wake_at - interval)
         guest.advance_segment(self.t)
         self._track_step(vm)
         bp = guest.next_breakpoint()
         if bp is not None:
             self.at(bp, self._breakpoint, i)
-        if vm.is_settled:
-            # Wake on the scrape grid the VM would have kept had it not skipped, so that
-            # skipping changes when nothing happens, never when something does.
-            interval = self.core.scrape_interval_seconds
-            periods = math.ceil((self.t - vm.last_scrape_at) / interval - 1e-9)
-            self._wake_at(vm, vm.last_scrape_at + periods * interval)
+        if wake_at is not None:
+            self._wake_at(vm, wake_at)
 
     def _wake_at(self, vm: _Vm, t: float) -> None:
         vm.wake_token += 1

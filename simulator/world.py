@@ -10,7 +10,13 @@ What the agent scrapes is derived from it the way a Linux guest would show it:
   kernel's 1-minute exponential average, ``load1(t) = L + (l0 - L) * exp(-(t - t0) / 60)`` for
   the level ``L`` since ``t0``; computed in closed form, so no per-tick state is needed.
 * CPU busy time is capped: the VM can run at most ``vcpus`` threads, so the busy fraction is
-  ``min(1, demand / vcpus)``; the counters are integrated exactly between changes.
+  ``min(1, demand / vcpus)``; the counters are integrated exactly between changes, and the
+  number of CPUs they cover is ``vcpus`` (a resize is a hot-plug).
+* ``node_procs_running`` is an instant count of runnable tasks: ``demand`` rounded up or down
+  at random (so that its mean is the demand), plus 1 for the exporter reading /proc/stat,
+  plus a spike of -1 or +1 task one scrape in ten, never below 1. The randomness is a hash of
+  the guest's ``noise_seed`` and the scrape time, not a random stream: a scrape the simulator
+  skips draws nothing, so skipping cannot change what a later scrape sees.
 """
 
 from __future__ import annotations
@@ -23,6 +29,27 @@ from simulator.scenario import Load1Model, Segments
 
 LOAD1_TAU_SECONDS: Final = 60.0
 MEMORY_TOTAL_BYTES: Final = 4 * 2**30
+_MASK64: Final = 2**64 - 1
+
+
+def noise_bits(seed: int, t: float) -> int:
+    """64 pseudo-random bits for (seed, t to the millisecond): splitmix64's finaliser."""
+    x = (seed * 0x9E3779B97F4A7C15 + round(t * 1000)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def procs_running(demand: float, seed: int, t: float) -> float:
+    """What node_procs_running shows at ``t`` for ``demand`` runnable threads (see above)."""
+    bits = noise_bits(seed, t)
+    count = math.floor(demand + (bits >> 11) / 2**53) + 1
+    spike = bits & 0xFF
+    if spike < 26:
+        count -= 1
+    elif spike < 52:
+        count += 1
+    return float(max(1, count))
 
 
 class GuestLoad:
@@ -35,6 +62,7 @@ class GuestLoad:
         "index",
         "l0",
         "model",
+        "noise_seed",
         "over_target_seconds",
         "segments",
         "t0",
@@ -51,8 +79,10 @@ class GuestLoad:
         vcpus: int,
         t: float,
         target_load_per_vcpu: float,
+        noise_seed: int = 0,
     ) -> None:
         self.segments = segments
+        self.noise_seed = noise_seed
         self.model = model
         self.index = 0
         while self.index + 1 < len(segments) and segments[self.index + 1][0] <= t:
@@ -102,12 +132,35 @@ class GuestLoad:
     def finish(self, t: float) -> None:
         self._integrate(t)
 
+    def demand_at(self, t: float) -> float:
+        """The demand at ``t`` (now or later in this segment), the next level from a breakpoint
+        on even before ``advance_segment`` ran: at a breakpoint the new level counts."""
+        nb = self.next_breakpoint()
+        if nb is not None and t >= nb:
+            return self.segments[self.index + 1][1]
+        return self.demand
+
     def samples(self, t: float) -> Samples:
         self._integrate(t)
+        return self._samples(t, self.cpu_seconds, self.busy_seconds)
+
+    def projected_samples(self, t: float) -> Samples:
+        """What a scrape at ``t`` would show, without moving the guest: valid for ``t`` from
+        the last change (scrape, resize) up to the next breakpoint."""
+        dt = t - self.updated_at
+        return self._samples(
+            t,
+            self.cpu_seconds + self.vcpus * dt,
+            self.busy_seconds + min(self.demand, self.vcpus) * dt,
+        )
+
+    def _samples(self, t: float, cpu_seconds: float, busy_seconds: float) -> Samples:
         return Samples(
             load1=round(self.load1(t), 4),
-            cpu_seconds_total=self.cpu_seconds,
-            cpu_idle_seconds_total=self.cpu_seconds - self.busy_seconds,
+            procs_running=procs_running(self.demand_at(t), self.noise_seed, t),
+            cpu_seconds_total=cpu_seconds,
+            cpu_idle_seconds_total=cpu_seconds - busy_seconds,
+            cpu_count=self.vcpus,
             memory_available_bytes=MEMORY_TOTAL_BYTES / 2,
             memory_total_bytes=MEMORY_TOTAL_BYTES,
         )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -158,3 +161,224 @@ def test_exactly_steady_load_changes_size_at_most_once(s, load1, start):
         assert s.min_vcpus <= current <= s.top_vcpus
         assert (current - s.min_vcpus) % s.scaling_unit == 0 or current == s.top_vcpus
     assert len(sizes) <= 2, sizes
+
+
+# -- the fast signals: busy fraction and run queue ------------------------------------------
+
+
+class Guest:
+    """A guest's node_exporter in miniature: demand in vCPUs -> counters, run queue, load1.
+
+    ``demand_noise`` is the relative wobble of the demand during one interval (it moves busy
+    time and run queue together, as a real load does); ``runnable_noise`` adds tasks to the
+    run queue alone (short-lived ones); load1 is given directly (its lag is not the point).
+    """
+
+    def __init__(self, vcpus, *, interval=1.0):
+        self.vcpus = vcpus
+        self.interval = interval
+        self.cpu = 1000.0 * vcpus
+        self.idle = 500.0 * vcpus
+
+    def scrape(self, demand, *, load1=None, demand_noise=0.0, runnable_noise=0):
+        demand = max(0.0, demand * (1 + demand_noise))
+        busy = min(1.0, demand / self.vcpus)
+        self.cpu += self.vcpus * self.interval
+        self.idle += (1 - busy) * self.vcpus * self.interval
+        return Samples(
+            load1=demand if load1 is None else load1,
+            procs_running=max(1, round(demand) + 1 + runnable_noise),  # +1: the exporter
+            cpu_seconds_total=self.cpu,
+            cpu_idle_seconds_total=self.idle,
+            cpu_count=self.vcpus,
+            memory_available_bytes=GiB / 2,
+            memory_total_bytes=GiB,
+        )
+
+
+def run(guest, demands, *, s=None, start=1000.0, state=FRESH, config=CFG, **scrape_kw):
+    """Scrape once per interval at each demand; resize the guest at once. Returns the goals."""
+    s = s or spec()
+    goals = []
+    for i, d in enumerate(demands):
+        extra = {k: v[i] if isinstance(v, list) else v for k, v in scrape_kw.items()}
+        g = goal_vcpus(
+            guest.scrape(d, **extra),
+            s,
+            state,
+            current_vcpus=guest.vcpus,
+            top_vcpus=s.top_vcpus,
+            config=config,
+            now=start + i * guest.interval,
+        )
+        goals.append(g)
+        state = g.state
+        guest.vcpus = g.vcpus
+    return goals
+
+
+def test_a_load_step_grows_in_one_step_after_grow_after_seconds():
+    # 1 vCPU, then 8 busy threads; load1 still at 1 (the 1-minute average has not moved).
+    guest = Guest(1)
+    goals = run(guest, [0.5, 0.5, 8, 8, 8, 8, 8, 8], load1=0.5)
+    assert [g.vcpus for g in goals] == [1, 1, 1, 1, 1, 9, 9, 9]
+    opened, held, grown = goals[2], goals[3], goals[5]
+    assert (opened.busy_fraction, opened.demand_vcpus) == (1.0, 8.0)  # runnable = 9 - 1
+    assert opened.state.pressure_since == 1002.0 and not opened.state.is_quiet
+    assert opened.reason.startswith("hold: grow pending: busy 1.00 of 1 vCPUs (saturated)")
+    assert "pressure for 1s of 3s" in held.reason
+    # ceil(8 / 0.9) = 9, in one step, 3 s (four scrapes) after the saturation was first seen.
+    assert grown.reason.startswith("grow 1 -> 9: busy 1.00 of 1 vCPUs (saturated), demand 8.00")
+    # The window stays open until the need is met: the grow is not forgotten meanwhile.
+    assert grown.state.pressure_since == 1002.0
+    # At 9 vCPUs the 8 threads use 0.89 of them: not saturated, and load1 (still low) does not
+    # open a shrink window because the busy time says 8 vCPUs are in use.
+    # (The scrape right after the hot-plug has no busy fraction: it holds.)
+    assert goals[6].busy_fraction is None and goals[6].vcpus == 9
+    assert goals[7].busy_fraction == pytest.approx(8 / 9)
+    assert goals[7].state.is_quiet and goals[7].shrink_vcpus == 14
+
+
+def test_one_saturated_scrape_does_not_grow():
+    guest = Guest(2)
+    goals = run(guest, [1, 4, 1, 1, 1], load1=1.0)
+    assert [g.vcpus for g in goals] == [2] * 5
+    assert goals[1].state.pressure_since is not None
+    assert goals[2].state.is_quiet  # the window closes with the first unsaturated scrape
+
+
+def test_the_grow_size_is_the_median_of_the_window():
+    # One scrape catches a burst of 40 short-lived runnable tasks: the median ignores it.
+    guest = Guest(1)
+    goals = run(guest, [0.5, 8, 8, 8, 8], load1=0.5, runnable_noise=[0, 0, 32, 0, 0])
+    assert goals[-1].vcpus == 9
+    assert goals[-1].grow_vcpus == 9
+
+
+def test_an_unsaturated_vm_ignores_the_run_queue():
+    # Half busy with 20 runnable tasks (short ones that come and go): the CPUs had idle time,
+    # so the busy time (2 of 4 vCPUs) is the demand.
+    guest = Guest(4)
+    goals = run(guest, [2, 2, 2, 2], load1=2.0, runnable_noise=18)
+    assert [g.vcpus for g in goals] == [4] * 4
+    assert goals[-1].demand_vcpus == pytest.approx(2.0)
+
+
+def test_load1_counts_when_saturated():
+    # Saturated, a short run queue (threads blocked for a moment) but a high load1: the max.
+    guest = Guest(2)
+    goals = run(guest, [2, 2, 2, 2, 2], load1=5.0, runnable_noise=-1)
+    assert goals[-1].vcpus == 6  # ceil(5 / 0.9)
+
+
+def test_no_grow_at_the_top_and_no_window_either():
+    guest = Guest(4)
+    goals = run(guest, [8, 8, 8, 8], s=spec(max_vcpus=4))
+    assert all(g.vcpus == 4 and g.state.is_quiet for g in goals)
+
+
+def test_a_hot_plug_holds_for_one_scrape_and_keeps_the_windows():
+    guest = Guest(4)
+    first = run(guest, [1, 1], load1=1.0)[-1]
+    assert first.state.low_since == 1001.0
+    guest.vcpus = 5  # hot-plugged between scrapes: the counters of a new CPU join the sums
+    g = goal_vcpus(
+        guest.scrape(1, load1=1.0),
+        spec(),
+        first.state,
+        current_vcpus=5,
+        top_vcpus=16,
+        config=CFG,
+        now=1002.0,
+    )
+    assert (g.vcpus, g.busy_fraction, g.demand_vcpus) == (5, None, None)
+    assert g.reason.startswith("hold: no busy fraction this interval")
+    assert g.state.low_since == 1001.0 and g.state.cpu_count == 5
+
+
+def test_shrink_uses_the_busy_time_and_waits_for_the_window():
+    guest = Guest(8)
+    goals = run(guest, [1.0] * 32, load1=1.0)
+    # The first scrape has no busy fraction yet; the window opens with the second.
+    assert [g.vcpus for g in goals[:31]] == [8] * 31
+    assert goals[31].vcpus == 2  # ceil(1 / 0.6), 30 s after the window opened
+    assert goals[31].reason.startswith("shrink 8 -> 2 after 30s low")
+
+
+def noisy_run(s, demand, start, *, demand_noise, runnable_noise, load1_noise):
+    start = s.round_vcpus_down(min(start, s.top_vcpus))
+    guest = Guest(start)
+    goals = run(
+        guest,
+        [demand] * len(demand_noise),
+        s=s,
+        demand_noise=demand_noise,
+        runnable_noise=runnable_noise,
+        load1=[max(0.0, demand * (1 + n)) for n in load1_noise],
+    )
+    sizes = [start]
+    for g in goals:
+        assert s.min_vcpus <= g.vcpus <= s.top_vcpus
+        if g.vcpus != sizes[-1]:
+            sizes.append(g.vcpus)
+    return sizes
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    s=specs,
+    demand=st.floats(0, 40, allow_nan=False),
+    start=st.integers(1, 80),
+    demand_noise=st.lists(st.floats(-0.05, 0.05), min_size=120, max_size=120),
+    runnable_noise=st.lists(st.integers(-2, 2), min_size=120, max_size=120),
+    load1_noise=st.lists(st.floats(-0.05, 0.05), min_size=120, max_size=120),
+)
+def test_noise_never_makes_the_size_reverse(  # noqa: PLR0917 (hypothesis passes them by name)
+    s, demand, start, demand_noise, runnable_noise, load1_noise
+):
+    """Whatever the noise (hypothesis picks the worst: ±5% demand and load1, ±2 runnable
+    tasks), the size may creep towards a noisy extreme but never grows, shrinks and grows."""
+    sizes = noisy_run(
+        s,
+        demand,
+        start,
+        demand_noise=demand_noise,
+        runnable_noise=runnable_noise,
+        load1_noise=load1_noise,
+    )
+    steps = {b > a for a, b in itertools.pairwise(sizes)}
+    assert len(steps) <= 1, sizes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    s=specs,
+    demand=st.floats(0, 40, allow_nan=False),
+    start=st.integers(1, 80),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_random_noise_on_a_steady_demand_changes_the_size_at_most_twice(s, demand, start, seed):
+    """Five minutes of one demand with independent noise each scrape (±5% demand and load1,
+    ±2 runnable tasks): one or two changes in one direction, then the size stays."""
+    rnd = random.Random(seed)
+    n = 300
+    sizes = noisy_run(
+        s,
+        demand,
+        start,
+        demand_noise=[rnd.uniform(-0.05, 0.05) for _ in range(n)],
+        runnable_noise=[rnd.randint(-2, 2) for _ in range(n)],
+        load1_noise=[rnd.uniform(-0.05, 0.05) for _ in range(n)],
+    )
+    assert len(sizes) <= 3, sizes
+    assert len({b > a for a, b in itertools.pairwise(sizes)}) <= 1, sizes
+
+
+@settings(max_examples=100, deadline=None)
+@given(s=specs, demand=st.floats(0, 40, allow_nan=False), start=st.integers(1, 80))
+def test_exactly_steady_demand_with_fast_signals_changes_size_at_most_once(s, demand, start):
+    guest = Guest(s.round_vcpus_down(start))
+    goals = run(guest, [demand] * 100, s=s)
+    sizes = [s.round_vcpus_down(start)] + [g.vcpus for g in goals]
+    changes = [i for i in range(1, len(sizes)) if sizes[i] != sizes[i - 1]]
+    assert len(changes) <= 1, sizes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,6 +14,8 @@ from autoscaler_agent.scrape import ScrapeError, fetch_samples, parse_samples
 from tests.agent.fakes import serving
 from tests.support import free_port, require_binary
 
+DATA = Path(__file__).parent / "data"
+
 PAGE = """\
 # HELP node_cpu_seconds_total Seconds the CPUs spent in each mode.
 # TYPE node_cpu_seconds_total counter
@@ -20,6 +23,10 @@ node_cpu_seconds_total{cpu="0",mode="idle"} 100.5
 node_cpu_seconds_total{cpu="0",mode="user"} 20
 node_cpu_seconds_total{cpu="1",mode="idle"} 99.5
 node_cpu_seconds_total{cpu="1",mode="system"} 10
+node_cpu_seconds_total{cpu="1",mode="iowait"} 2
+# HELP node_procs_running Number of processes in runnable state.
+# TYPE node_procs_running gauge
+node_procs_running 3
 # HELP node_load1 1m load average.
 # TYPE node_load1 gauge
 node_load1 2.25
@@ -35,15 +42,28 @@ go_goroutines 8
 def test_parse_full_page():
     s = parse_samples(PAGE)
     assert s.load1 == 2.25
-    assert s.cpu_seconds_total == 230.0
-    assert s.cpu_idle_seconds_total == 200.0
+    assert s.cpu_seconds_total == 232.0
+    assert s.cpu_idle_seconds_total == 202.0  # iowait is idle: waiting on a disk needs no vCPU
+    assert (s.cpu_count, s.procs_running) == (2, 3.0)
     assert (s.memory_available_bytes, s.memory_total_bytes) == (2.5e8, 1e9)
 
 
 def test_parse_untyped_counter_and_missing_series():
     s = parse_samples('node_cpu_seconds_total{cpu="0",mode="user"} 5\n')
     assert (s.load1, s.cpu_seconds_total, s.cpu_idle_seconds_total) == (None, 5.0, 0.0)
+    assert (s.cpu_count, s.procs_running) == (1, None)
     assert parse_samples("") == parse_samples("# nothing here\n")
+
+
+def test_parse_a_real_node_exporter_page():
+    """A whole page of Debian's prometheus-node-exporter 1.5.0 (default collectors, 2 CPUs)."""
+    text = (DATA / "node_exporter_1.5.txt").read_text()
+    s = parse_samples(text)
+    assert (s.load1, s.procs_running, s.cpu_count) == (1.82, 4.0, 2)
+    # Sums of the cpu="0" and cpu="1" series, all modes; idle + iowait for the idle part.
+    assert s.cpu_seconds_total == pytest.approx(5157.39)
+    assert s.cpu_idle_seconds_total == pytest.approx(1421.62)
+    assert (s.memory_total_bytes, s.memory_available_bytes) == (25274793984.0, 23659872256.0)
 
 
 @pytest.mark.parametrize(
@@ -116,6 +136,7 @@ async def test_real_node_exporter():
             "--collector.loadavg",
             "--collector.cpu",
             "--collector.meminfo",
+            "--collector.stat",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -138,6 +159,9 @@ async def test_real_node_exporter():
         assert samples.load1 is not None and samples.load1 >= 0
         assert samples.cpu_seconds_total > 0 and samples.cpu_idle_seconds_total >= 0
         assert samples.memory_total_bytes > samples.memory_available_bytes > 0
+        # The exporter reads /proc/stat while it runs, so it counts itself as runnable.
+        assert samples.procs_running is not None and samples.procs_running >= 1
+        assert samples.cpu_count is not None and samples.cpu_count >= 1
     finally:
         proc.terminate()
         proc.wait(timeout=5)

@@ -32,8 +32,11 @@ def test_steady_load_does_not_flap():
         assert v.denials == 0
     assert vm(report, "idle").grows == 0
     # The one sitting exactly on the threshold (1.8 = 2 x 0.9) and the one wobbling across it
-    # settle once and stay.
-    assert vm(report, "at-threshold").final_vcpus == 2
+    # settle once and stay. Saturated on 1 vCPU, 1.8 vCPUs of demand show as 2 runnable tasks
+    # most of the time: ceil(2 / 0.9) = 3; at 3 it carries 0.6 per vCPU, the shrink threshold,
+    # so it stays there.
+    at_threshold = vm(report, "at-threshold")
+    assert (at_threshold.grows, at_threshold.final_vcpus) == (1, 3)
     assert vm(report, "wobble").grows == 1
     assert report.counters.permit_requests <= 2 * len(report.vms)
 
@@ -45,9 +48,14 @@ def test_burst_grows_to_the_need_without_denial_and_shrinks_after_it():
     up, down = db.steps
     assert (up.at_seconds, up.from_vcpus, up.target_vcpus) == (120, 1, 8)  # ceil(6.5 / 0.9)
     assert up.reached_after_seconds is not None
-    # load1 is the kernel's 1-minute average: the last vCPU waits until load1 > 7 x 0.9 = 6.3,
-    # i.e. 60 s x ln(6.2 / 0.2) = 206 s after the step, plus a permit round trip and a resize.
-    assert 200 < up.reached_after_seconds < 240
+    # load1 (the kernel's 1-minute average) would take 206 s to say 6.3; the busy time and the
+    # run queue say it at the first scrape after the step (121 s). After grow_after_seconds
+    # (3 s) of it, the VM grows to ceil(median run queue / 0.9): 7, as 6.5 threads show as 6
+    # runnable tasks more often than not here. At 7 the need is still 8, and the pressure has
+    # lasted, so the next step goes at the next scrape with a busy fraction: two resizes, the
+    # second done 10.05 s after the step (on 1.8.x's load1 alone: ~7 resizes over ~210 s).
+    assert up.reached_after_seconds <= 10.05
+    assert db.grows == 2
     assert (down.target_vcpus, down.reached_after_seconds is not None) == (1, True)
     assert db.denials == 0 and db.permit_errors == 0
     # While the burst lasts the size only goes up; shrinking starts after the load fell.
@@ -65,16 +73,19 @@ def test_burst_grows_in_one_step_when_load1_has_no_lag():
     db = vm(report, "db")
     assert db.grows == 1 and db.shrinks == 1
     up = db.steps[0]
-    # One scrape (1 s grid), one permit round trip (0.05 s), one resize (2 s).
-    assert up.reached_after_seconds is not None and up.reached_after_seconds <= 3.1
+    # The first scrape that sees the saturation (1 s grid), grow_after_seconds (3 s) of it,
+    # one permit round trip (0.05 s), one resize (2 s).
+    assert up.reached_after_seconds is not None and up.reached_after_seconds <= 6.05
 
 
 def test_contention_shares_the_node_and_the_recommender_asks_for_a_node():
     report = simulate(library("contention"))
     assert_sound(report)
     a, b, c = vm(report, "vm-a"), vm(report, "vm-b"), vm(report, "vm-c")
-    # Both wanted 7 of the 8 usable vCPUs: each got half, and each was told no many times.
-    assert (a.final_vcpus, b.final_vcpus) == (4, 4)
+    # Both wanted 7 of the 8 usable vCPUs and asked for all of it in one step, in the same
+    # batch: the extender grants in batch order, so vm-a got the 4 free vCPUs and vm-b none.
+    # The node is shared without over-commit; each was told no many times.
+    assert (a.final_vcpus, b.final_vcpus) == (6, 2)
     assert a.denials > 0 and b.denials > 0
     node = next(n for n in report.nodes if n.name == "node-1")
     assert node.peak_reserved_millis == node.usable_millis == 8000
@@ -122,7 +133,10 @@ def test_default_scenario_shows_every_part():
         "node_joined",
     } <= kinds
     assert vm(report, "web-6").deleted_at_seconds == 2700
-    assert vm(report, "db-2").resize_errors >= 1  # its hypervisor failed during the burst
+    # Its hypervisor fails at 1230 s, during the burst; the VM had grown by then (the burst
+    # starts at 1200 s and growth takes seconds now), so no resize hits the failure.
+    assert vm(report, "db-2").resize_errors == 0
+    assert vm(report, "db-2").peak_vcpus == 8
     analytics = vm(report, "analytics")
     assert analytics.node is not None and analytics.node.startswith("general-")
     assert vm(report, "db-1").peak_vcpus == 8
