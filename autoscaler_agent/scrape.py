@@ -101,9 +101,16 @@ async def fetch_samples(
             async with session.get(url, headers={"Accept": "text/plain"}) as resp:
                 if resp.status != 200:
                     raise ScrapeError("http_status", f"GET {url}: HTTP {resp.status}")
-                body = await resp.content.read(MAX_BODY_BYTES + 1)
-                if len(body) > MAX_BODY_BYTES:
-                    raise ScrapeError("too_large", f"GET {url}: body over {MAX_BODY_BYTES} B")
+                # Read to the end: ``content.read(n)`` returns only what has arrived so far, so a
+                # page that comes in several chunks (a slow guest's exporter) was cut short.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_any():
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise ScrapeError("too_large", f"GET {url}: body over {MAX_BODY_BYTES} B")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
                 charset = resp.charset or "utf-8"
     except TimeoutError as e:
         raise ScrapeError("timeout", f"GET {url}: no answer within {timeout}s") from e

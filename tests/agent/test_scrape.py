@@ -105,6 +105,29 @@ async def test_fetch_ok_and_http_errors():
         assert e.value.kind == "http_status"
 
 
+async def test_fetch_reads_a_page_sent_in_chunks():
+    """A slow exporter (a guest under TCG) writes its page in pieces: all of it is parsed.
+
+    ``content.read(n)`` returns only what has arrived, so this used to parse half a page and
+    fail as "malformed" (seen on every other scrape of the e2e guest).
+    """
+    half = len(PAGE) // 2
+
+    async def chunked(request):
+        response = web.StreamResponse()
+        response.content_type = "text/plain"
+        await response.prepare(request)
+        await response.write(PAGE[:half].encode())
+        await asyncio.sleep(0.05)
+        await response.write(PAGE[half:].encode())
+        await response.write_eof()
+        return response
+
+    async with serving(_app(chunked)) as base, aiohttp.ClientSession() as session:
+        samples = await fetch_samples(session, base + "/metrics", 2.0)
+    assert samples == parse_samples(PAGE)
+
+
 async def test_fetch_timeout_and_unreachable():
     async def slow(request):
         await asyncio.sleep(0.4)  # longer than the 0.1 s timeout; short for the cleanup
