@@ -21,6 +21,10 @@ The rules the actions obey:
 * **Extender trouble** (unreachable, slow, 5xx, item errors, or a permit that breaks the
   protocol): keep at or below the last permit, retry with exponential backoff and jitter. A
   failure never disables growth for good (the old design did, after one scheduler error).
+* **Extender restart:** the extender's answers carry its epoch; when the runner sees it change
+  it calls ``extender_restarted`` and every VM reports its size and permit (a ``REPORT``) as
+  soon as nothing else is in flight. A rebuilt ledger holds VMs it has not heard from at their
+  maximum, so the report is what gives their unused room back to the node.
 * **Bounds:** never resize above ``max_vcpus`` (nor the hypervisor's own maximum) or the permit,
   never below ``min_vcpus``; sizes are always ``min + k * scaling_unit``.
 * **Hypervisor failure:** the agent's view becomes unknown and is re-read from the hypervisor
@@ -68,6 +72,9 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
 class CallKind(enum.StrEnum):
     REQUEST = "request"  # requested > current: asking for more
     NOTICE = "notice"  # requested < current: already shrunk, giving back
+    # requested = the permit held (>= current): telling a restarted extender what this VM
+    # runs and holds, so that its rebuilt ledger stops holding the VM at its maximum.
+    REPORT = "report"
 
 
 class PermitCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,6 +174,8 @@ class VmState:
         self._resize_failures = 0
         self._resize_retry_at = now
         self._failed_resize_target: int | None = None
+
+        self._report_due = False  # the extender restarted and has not heard from this VM
 
     # -- derived values ------------------------------------------------------------------
 
@@ -268,6 +277,11 @@ class VmState:
             if extender_ready:
                 reason = f"give back {permit - current} unused vCPUs: {why}"
                 return None, None, self._call_for(CallKind.NOTICE, permit, current, permit, reason)
+            deadlines.append(self._extender_retry_at)
+        elif self._report_due:
+            if extender_ready:
+                reason = f"extender restarted: report {current} vCPUs, permit {permit}"
+                return None, self._call_for(CallKind.REPORT, current, permit, permit, reason), None
             deadlines.append(self._extender_retry_at)
         return None, None, None
 
@@ -385,6 +399,8 @@ class VmState:
             return PermitOutcome.REJECTED
         self.extender_failures = 0
         self.permit_vcpus = vcpus
+        # Any answered call told the extender this VM's size and permit.
+        self._report_due = False
         if call.kind is CallKind.NOTICE:
             return PermitOutcome.RELEASED
         if vcpus >= call.requested_vcpus:
@@ -393,6 +409,11 @@ class VmState:
         self._asked_vcpus = call.requested_vcpus
         self._ask_again_at = now + self.config.permit_retry_seconds
         return PermitOutcome.DENIED if vcpus <= call.usage_vcpus else PermitOutcome.PARTIAL
+
+    def extender_restarted(self, now: float) -> None:
+        """The extender's epoch changed: report this VM as soon as nothing else is in flight
+        (a request or notice that goes first carries the same facts and also clears it)."""
+        self._report_due = True
 
     def permit_failed(self, now: float, error: str, *, jitter: float) -> None:
         """The call failed (unreachable, timeout, 5xx, 4xx, or an error item for this VM)."""

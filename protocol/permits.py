@@ -4,7 +4,9 @@ Pure. How to read a ResourceRequest, per resource (vCPUs and memory independentl
 
 * ``requested < current`` is a *notice*: the agent has already shrunk the VM to
   ``requested``; the extender frees the difference at once.
-* ``requested == current`` is *steady*: nothing is released, the permit stays as it was.
+* ``requested == current`` is *steady*: the permit is ``current``; the extender keeps holding
+  what the agent still claims (``lastPermit``) and nothing beyond it. Agents send steady
+  requests to report a VM's size, e.g. after the extender restarted (see ``PermitBatch.epoch``).
 * ``requested > current`` is a *request*: the extender grants
   ``current <= permit <= requested``, rounded down to the VM's scaling unit and limited by
   what the node (and the namespace quota) has left.
@@ -103,6 +105,11 @@ class PermitBatch(_Wire, frozen=True):
     protocol: int
     node: str
     permits: list[Permit]
+    # The extender's incarnation: a new value after every restart. An agent that sees it change
+    # reports every VM of its node at once (with ``lastPermit``), because a rebuilt ledger holds
+    # the VMs it has not heard from at their maximum until then. Agents may send a batch with no
+    # requests just to learn it. Empty from extenders that predate it (a tolerant reader).
+    epoch: str = ""
 
 
 class ErrorBody(_Wire, frozen=True):

@@ -26,10 +26,18 @@ Invariants (``check_invariants`` verifies them; the property tests call it after
    node's ``own`` and ``foreign`` are zero. (The design this project follows leaked the space of
    deleted pods.)
 4. Rebuilding from the API server's state (``replace_pods`` with the same pods and annotations)
-   gives the same ledger.
+   gives the same ledger once every VM's agent has reported (see *unverified* below); before
+   that, a rebuilt ledger holds at least as much as the old one.
 
-A node name can be known from pods before (or after) the Node object itself: such a node has
-``is_known == False`` and no capacity, so nothing new fits on it, but what runs there is counted.
+*Unverified VMs.* A VM pod this ledger finds already bound (a rebuild after a restart, or a pod
+bound by an earlier incarnation) may really run anywhere between its durable record (the
+``permitted-*`` annotations, written asynchronously and possibly behind or lost) and its maximum.
+It holds its record, and the rest up to its maximum is the node's ``uncertain`` amount: not
+allocated (nothing is known to run there), but kept out of ``free``, so no bind or grant hands it
+to anyone else. When the agent reports (its request carries ``current`` and ``lastPermit``), the
+permit rules settle the VM's size and its uncertainty goes. Agents report every VM soon after
+they see a new extender epoch, so a rebuilt node is conservative only briefly. (The simulator
+found why: with the writes lost, a ledger rebuilt at the records over-committed a node.)
 """
 
 from __future__ import annotations
@@ -78,6 +86,13 @@ class Allocation(msgspec.Struct, kw_only=True):
     # The agent has spoken for this VM since this ledger was built (so lastPermit no longer
     # matters: the ledger's own view is fresher).
     has_agent: bool = False
+    # Found bound without this ledger having placed it or heard from its agent: what it may run
+    # beyond ``held``, up to its maximum (module docstring, "Unverified VMs"). ZERO otherwise.
+    uncertain: Demand = ZERO
+
+    @property
+    def is_unverified(self) -> bool:
+        return self.uncertain != ZERO
 
     @property
     def key(self) -> str:
@@ -96,6 +111,8 @@ class NodeState(msgspec.Struct, kw_only=True):
     foreign_total: Demand = ZERO
     # Foreign pods that can never be preempted (static pods): bounds what preemption can free.
     static_total: Demand = ZERO
+    # What unverified VMs may run beyond what they hold: kept out of ``free``, not allocated.
+    uncertain_total: Demand = ZERO
 
     @property
     def usable(self) -> Demand:
@@ -110,14 +127,19 @@ class NodeState(msgspec.Struct, kw_only=True):
 
     @property
     def free(self) -> Demand:
-        """Room left; negative components mean over-committed."""
-        u, a = self.usable, self.allocated
-        return Demand(u.cpu_millis - a.cpu_millis, u.memory_bytes - a.memory_bytes)
+        """Room left for new decisions; negative components mean over-committed (or, briefly
+        after a rebuild, that unverified VMs may be using more than the node has left)."""
+        u, a, x = self.usable, self.allocated, self.uncertain_total
+        return Demand(
+            u.cpu_millis - a.cpu_millis - x.cpu_millis,
+            u.memory_bytes - a.memory_bytes - x.memory_bytes,
+        )
 
     @property
     def is_overcommitted(self) -> bool:
-        f = self.free
-        return f.cpu_millis < 0 or f.memory_bytes < 0
+        """More is allocated than the node can give (reality put it there)."""
+        u, a = self.usable, self.allocated
+        return a.cpu_millis > u.cpu_millis or a.memory_bytes > u.memory_bytes
 
     def fits(self, extra: Demand, *, releasing: Demand = ZERO) -> bool:
         """Whether ``extra`` fits after ``releasing`` is given back (an entry being resized)."""
@@ -264,6 +286,7 @@ class Ledger:
         state = self._node(entry.node)
         table = state.own if entry.owner is Owner.OWN else state.foreign
         table[entry.uid] = entry
+        state.uncertain_total = state.uncertain_total + entry.uncertain
         if entry.owner is Owner.OWN:
             state.own_total = state.own_total + entry.held
         else:
@@ -283,6 +306,7 @@ class Ledger:
 
     def _remove(self, entry: Allocation) -> AllocEvent:
         state = self.nodes[entry.node]
+        state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
         if entry.owner is Owner.OWN:
             del state.own[entry.uid]
             state.own_total = _minus(state.own_total, entry.held)
@@ -352,7 +376,7 @@ class Ledger:
             events.extend(self.release(pod.uid))
             entry = None
         if entry is None:
-            events.append(self._add(self._new_entry(pod, pod.node_name, at=at)))
+            events.append(self._add(self._new_entry(pod, pod.node_name, at=at, is_fresh=False)))
             return events
         entry.is_tentative = False
         entry.priority = pod.priority
@@ -363,6 +387,11 @@ class Ledger:
         change = self._set_held(entry, held)
         if change is not None:
             events.append(change)
+            if entry.uncertain != ZERO:  # its requests moved: so does what it may run beyond
+                state = self.nodes[entry.node]
+                state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
+                entry.uncertain = _uncertain_for(entry)
+                state.uncertain_total = state.uncertain_total + entry.uncertain
         return events
 
     def forget_pod(self, uid: str) -> list[AllocEvent]:
@@ -383,7 +412,9 @@ class Ledger:
             events.extend(self.release(uid))
         return events
 
-    def _new_entry(self, pod: PodInfo, node: str, *, at: float) -> Allocation:
+    def _new_entry(self, pod: PodInfo, node: str, *, at: float, is_fresh: bool) -> Allocation:
+        """A new hold. ``is_fresh``: we are placing the pod now, so its VM has not started and
+        runs at its recorded (else minimum) size; otherwise it is unverified."""
         owner = _owner(pod)
         entry = Allocation(
             uid=pod.uid,
@@ -410,6 +441,8 @@ class Ledger:
                 else entry.vm.min_memory_bytes
             )
         entry.held = _held_for(entry)
+        if entry.vm is not None and not is_fresh:
+            entry.uncertain = _uncertain_for(entry)
         return entry
 
     # -- what this extender decides ------------------------------------------------------------
@@ -431,7 +464,7 @@ class Ledger:
         state = self.nodes.get(node)
         if state is None or not state.is_known:
             raise UnknownNode(f"node {node} is not known to the extender")
-        new = self._new_entry(pod, node, at=at)
+        new = self._new_entry(pod, node, at=at, is_fresh=True)
         new.owner = Owner.OWN
         new.tag = None
         new.is_tentative = True
@@ -452,6 +485,14 @@ class Ledger:
         entry.vcpus = vcpus
         entry.memory_bytes = memory_bytes
         entry.has_agent = True
+        if entry.uncertain != ZERO:
+            state = self.nodes[entry.node]
+            state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
+            entry.uncertain = ZERO
+            change = self._set_held(entry, _held_for(entry))
+            if change is None:  # the size stayed, but the node's free room changed
+                self._changed(entry.node)
+            return change
         return self._set_held(entry, _held_for(entry))
 
     # -- checks ------------------------------------------------------------------------------------
@@ -481,6 +522,11 @@ class Ledger:
                 )
             if static != state.static_total:
                 raise AssertionError(f"node {name}: static total {state.static_total} != {static}")
+            uncertain = _sum(e.uncertain for e in state.own.values())
+            if uncertain != state.uncertain_total:
+                raise AssertionError(
+                    f"node {name}: uncertain total {state.uncertain_total} != {uncertain}"
+                )
             if not state.is_known and not state.own and not state.foreign:
                 raise AssertionError(f"unknown node {name} with no pods was kept")
         if indexed != len(self.pods):
@@ -495,9 +541,21 @@ def _owner(pod: PodInfo) -> Owner:
 
 
 def _held_for(entry: Allocation) -> Demand:
-    if entry.vm is None or entry.vcpus is None or entry.memory_bytes is None:
+    vm = entry.vm
+    if vm is None or entry.vcpus is None or entry.memory_bytes is None:
         return entry.requests
     return entry.requests.max(Demand(entry.vcpus * 1000, entry.memory_bytes))
+
+
+def _uncertain_for(entry: Allocation) -> Demand:
+    """What an unverified VM may run beyond what it holds: up to its maximum."""
+    vm = entry.vm
+    assert vm is not None
+    top = entry.requests.max(Demand(vm.top_vcpus * 1000, vm.top_memory_bytes))
+    return Demand(
+        max(0, top.cpu_millis - entry.held.cpu_millis),
+        max(0, top.memory_bytes - entry.held.memory_bytes),
+    )
 
 
 def _sum(items: Iterable[Demand]) -> Demand:

@@ -8,7 +8,9 @@ Each resource (vCPUs, memory) is decided on its own, because a VM holds, per res
 of its pod's requests and its permitted size:
 
 * decrease (``requested < current``): the agent already shrank; hold ``requested`` from now on.
-* steady (``requested == current``): release nothing; the permit is ``max(current, held)``.
+* steady (``requested == current``): the permit is ``current`` (never above the request); the
+  hold becomes ``max(current, min(held, lastPermit))``: nothing the agent still claims is
+  released, and nothing it no longer claims is kept (a stale hold would leak).
 * increase: ``permit = max(current, min(round_down(requested), round_down(fit)))`` where ``fit``
   is the largest size the node can hold for this VM after giving back what it holds now, and
   ``round_down`` goes to ``min + k * unit``. So ``current <= permit <= requested``, and a grant
@@ -16,7 +18,8 @@ of its pod's requests and its permitted size:
 
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
 were lost, the agent's ``lastPermit`` is adopted when it fits, so a restart never shrinks a VM's
-entitlement behind its back.
+entitlement behind its back. Until its agent reports, such a VM holds its maximum (see
+``accounting``), so the space it may really use is never handed to anyone else meanwhile.
 
 Quotas. ``decide`` takes ``quota_room`` (namespace -> how much more it may hold, None when it
 has no quota): an increase is limited by the node's room *and* by what the VM holds plus its
@@ -111,8 +114,9 @@ def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = 
     state = ledger.nodes[entry.node]
     free = state.free
     # What this VM could hold at most, per resource, after giving back what it holds now.
-    room_cpu = free.cpu_millis + entry.held.cpu_millis
-    room_mem = free.memory_bytes + entry.held.memory_bytes
+    # (An unverified VM's uncertainty is its own: it goes once this request settles its size.)
+    room_cpu = free.cpu_millis + entry.held.cpu_millis + entry.uncertain.cpu_millis
+    room_mem = free.memory_bytes + entry.held.memory_bytes + entry.uncertain.memory_bytes
     held_vcpus = entry.vcpus if entry.vcpus is not None else vm.min_vcpus
     held_mem = entry.memory_bytes if entry.memory_bytes is not None else vm.min_memory_bytes
     if not entry.has_agent and req.last_permit is not None:
@@ -128,19 +132,26 @@ def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = 
     ):
         left = quota_room(entry.namespace)
         if left is not None:
-            grow_cpu = min(room_cpu, entry.held.cpu_millis + left.cpu_millis)
-            grow_mem = min(room_mem, entry.held.memory_bytes + left.memory_bytes)
-    vcpus = _decide_one(
+            # On top of the VM's recorded size (after adopting lastPermit), not of what it
+            # held: that is the quota it already uses.
+            base_cpu = max(entry.requests.cpu_millis, held_vcpus * CPU_MILLIS_PER_VCPU)
+            base_mem = max(entry.requests.memory_bytes, held_mem)
+            grow_cpu = min(room_cpu, base_cpu + left.cpu_millis)
+            grow_mem = min(room_mem, base_mem + left.memory_bytes)
+    last = req.last_permit
+    vcpus, answer_vcpus = _decide_one(
         req.current.vcpus,
         req.requested.vcpus,
         held_vcpus,
+        last=last.vcpus if last is not None else None,
         fit=grow_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= grow_cpu else 0,
         round_down=vm.round_vcpus_down,
     )
-    memory = _decide_one(
+    memory, answer_memory = _decide_one(
         req.current.memory_bytes,
         req.requested.memory_bytes,
         held_mem,
+        last=last.memory_bytes if last is not None else None,
         fit=grow_mem if entry.requests.memory_bytes <= grow_mem else 0,
         round_down=vm.round_memory_down,
     )
@@ -153,7 +164,7 @@ def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = 
     )
     permit = Permit(
         pod=req.pod,
-        permit=Resources(vcpus=vcpus, memory_bytes=memory),
+        permit=Resources(vcpus=answer_vcpus, memory_bytes=answer_memory),
         status=status,
         reason=reason,
     )
@@ -217,16 +228,25 @@ def _adopt_last_permit(
 
 
 def _decide_one(
-    current: int, requested: int, held: int, *, fit: int, round_down: Callable[[int], int]
-) -> int:
+    current: int,
+    requested: int,
+    held: int,
+    *,
+    last: int | None,
+    fit: int,
+    round_down: Callable[[int], int],
+) -> tuple[int, int]:
+    """One resource: ``(what the VM holds from now on, the permit answered)``."""
     if requested < current:
-        return requested
+        return requested, requested
     if requested == current:
-        return max(current, held)
+        claimed = held if last is None else min(held, last)
+        return max(current, claimed), current
     limit = round_down(fit)
     if limit > fit:  # not even the VM's minimum fits
         limit = current
-    return max(current, min(round_down(requested), limit))
+    grant = max(current, min(round_down(requested), limit))
+    return grant, grant
 
 
 def _status(

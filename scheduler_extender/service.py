@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
@@ -84,6 +85,9 @@ class Extender:
         self.binder = binder
         self.wall_clock = wall_clock
         self.ledger = Ledger(reserve=config.system_reserve.to_reserve())
+        # This incarnation's id, in every permit answer: agents that see it change report all
+        # their VMs at once, so a rebuilt ledger stops holding them at their maximum quickly.
+        self.epoch = uuid.uuid4().hex
         self.index = FitIndex(self.ledger)
         self.ledger.subscribe(metrics.node_changed)
         # Our pods that wait for a node, by "namespace/name": bind needs their PodInfo, and
@@ -410,7 +414,9 @@ class Extender:
         if "released" in counts:
             # A VM shrank: its namespace's quota has room again.
             self.recheck_queue()
-        answer = PermitBatch(protocol=int(version), node=batch.node, permits=permits)
+        answer = PermitBatch(
+            protocol=int(version), node=batch.node, permits=permits, epoch=self.epoch
+        )
         return answer, counts
 
 

@@ -42,6 +42,9 @@ def _entry(e: Allocation) -> dict[str, Any]:
         }
     if e.is_tentative:
         out["tentative"] = True
+    if e.is_unverified:
+        # Found bound; its agent has not reported yet, so it may run up to its maximum.
+        out["unverified"] = {"uncertain": _resources(e.uncertain)}
     return out
 
 
@@ -53,6 +56,7 @@ def dump_node(state: NodeState) -> dict[str, Any]:
         "systemReserve": _resources(state.reserve),
         "allocated": _resources(state.own_total),
         "occupied": _resources(state.foreign_total),
+        "uncertain": _resources(state.uncertain_total),
         "free": _resources(state.free),
         "overcommitted": state.is_overcommitted,
         "allocations": [_entry(e) for e in sorted(state.own.values(), key=lambda e: e.key)],

@@ -337,6 +337,8 @@ class Simulation:
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
         self._node_ids: dict[str, int] = {}
         self._node_by_id: list[str] = []
+        # The VMs on each node when the extender last restarted (for the agents' reports).
+        self._vms_by_node: dict[str, list[_Vm]] = {}
 
     # -- the event heap --------------------------------------------------------------------
 
@@ -483,6 +485,36 @@ class Simulation:
                 + (f": {', '.join(behind[:5])}" if behind else ""),
             )
         self._queue_schedule(self.t)
+        if self.epoch > 1:
+            # Each node's agent sees the new epoch at its next exchange with the extender, at
+            # the latest its periodic empty batch; spread deterministically over that period.
+            period = self.timing.epoch_check_seconds
+            self._vms_by_node = {}
+            for vm in self.vms:
+                if vm.node is not None and not vm.is_deleted:
+                    self._vms_by_node.setdefault(vm.node, []).append(vm)
+            for node_id, name in enumerate(self._node_by_id):
+                phase = (zlib.crc32(name.encode()) % 1000) / 1000 * period
+                self.at(self.t + phase, self._agents_learn_epoch, node_id)
+
+    def _agents_learn_epoch(self, node_id: int) -> None:
+        """Every VM on the node reports its size and permit to the restarted extender."""
+        name = self._node_by_id[node_id]
+        if self.extender is None:
+            return
+        interval = self.core.scrape_interval_seconds
+        for vm in self._vms_by_node.get(name, ()):
+            if vm.node != name or vm.is_deleted or vm.agent is None or vm.guest is None:
+                continue
+            if vm.is_settled:
+                # This wake-up is off the VM's scrape grid: catch up to the last grid point
+                # before it (not to "one interval before now", as a grid wake-up does), so
+                # that skipping still changes no decision.
+                k = math.floor((self.t - vm.last_scrape_at) / interval + 1e-9)
+                self._catch_up(vm, vm.agent, vm.guest, vm.last_scrape_at + k * interval)
+                vm.is_settled = False
+            vm.agent.extender_restarted(self.t)
+            self._step(vm)
 
     def _kill_extender(self) -> None:
         self.extender = None

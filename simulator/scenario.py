@@ -196,6 +196,10 @@ class Timing(_Strict, frozen=True, kw_only=True):
     extender_latency_seconds: Seconds = 0.05
     # How long a request to a dead extender hangs before the agent sees the failure.
     extender_timeout_seconds: Seconds = 2.0
+    # How often an agent with nothing to ask sends an empty batch to learn the extender's
+    # epoch (the real agent's extender.epoch_check_seconds): after a restart, a node's VMs
+    # report within this long.
+    epoch_check_seconds: PositiveSeconds = 5.0
     # From a permit to its pod annotation landing on the API server; lost if the extender dies.
     durability_delay_seconds: Seconds = 1.0
     # kube-scheduler's retry of a pending pod.

@@ -307,3 +307,32 @@ def test_scrape_failure_holds_size(clock):
 def test_first_read_adopts_a_larger_running_size_as_the_permit(clock):
     vm = started(clock, current=4, permit=2)
     assert vm.permit_vcpus == 4
+
+
+def test_after_an_extender_restart_an_idle_vm_reports_its_size_and_permit(clock):
+    """A rebuilt ledger holds VMs it has not heard from at their maximum; the report frees it."""
+    vm = started(clock, current=2, permit=2, load1=1.6)  # ceil(1.6 / 0.9) = 2: hold
+    idle = vm.next_actions(clock.now)
+    assert idle.request_permit is None and idle.notify_extender is None
+
+    vm.extender_restarted(clock.now)
+    call = vm.next_actions(clock.now).request_permit
+    assert call is not None and call.kind is CallKind.REPORT
+    assert (call.current_vcpus, call.requested_vcpus, call.last_permit_vcpus) == (2, 2, 2)
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 2) is PermitOutcome.GRANTED
+    after = vm.next_actions(clock.now)
+    assert after.request_permit is None and after.notify_extender is None
+
+
+def test_a_failed_report_is_retried_after_backoff(clock):
+    vm = started(clock, current=2, permit=2, load1=1.6)
+    vm.extender_restarted(clock.now)
+    call = vm.next_actions(clock.now).request_permit
+    assert call is not None and call.kind is CallKind.REPORT
+    vm.permit_requested(clock.now, call)
+    vm.permit_failed(clock.now, "connection refused", jitter=0.0)
+    assert vm.next_actions(clock.now).request_permit is None
+    clock.advance(CONFIG.backoff_initial_seconds)
+    again = vm.next_actions(clock.now).request_permit
+    assert again is not None and again.kind is CallKind.REPORT

@@ -57,8 +57,12 @@ def test_extender_entry_semantics():
 def test_extender_verbs_are_exactly_the_routes_the_extender_serves():
     (ext,) = SCHED["extenders"]
     verbs = {ext[k] for k in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")}
-    # kube-scheduler POSTs to urlPrefix + "/" + verb.
-    served = {path for method, path in _routes(VERBS_APP) if method == "POST"}
+    # kube-scheduler POSTs to urlPrefix + "/" + verb; /v1/... are the extender's own API.
+    served = {
+        path
+        for method, path in _routes(VERBS_APP)
+        if method == "POST" and not path.startswith("/v1/")
+    }
     assert {f"/{v}" for v in verbs} == served
 
 
@@ -205,7 +209,9 @@ def test_images_are_the_ones_kind_up_loads(name):
     assert f"vm-autoscaling/{name}:dev" in images
 
 
-def test_state_is_served_on_the_verbs_listener_that_watch_vcpus_forwards():
-    """scripts/watch-vcpus and run-bench.sh port-forward 10298 for /state: keep them honest."""
-    assert ("GET", "/state") in _routes(VERBS_APP)
-    assert ("GET", "/state") not in _routes(PERMITS_APP)
+def test_state_and_metrics_are_served_on_both_listeners():
+    """scripts/watch-vcpus and run-bench.sh port-forward 10298 for /state; the verbs port is
+    loopback-only in the manifests, so Prometheus and in-cluster readers use the permit port."""
+    for app in (VERBS_APP, PERMITS_APP):
+        assert ("GET", "/state") in _routes(app)
+        assert ("GET", "/metrics") in _routes(app)

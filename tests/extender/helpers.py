@@ -60,18 +60,20 @@ def permit_batch(
     name: str = "vm-1",
     current: int = 1,
     requested: int = 2,
+    last_permit: int | None = None,
     protocol: tuple[int, int] = (1, 1),
 ) -> dict[str, Any]:
     gib = 2**30
+    request: dict[str, Any] = {
+        "pod": {"namespace": "vms", "name": name, "uid": uid},
+        "node": node,
+        "current": {"vcpus": current, "memoryBytes": gib},
+        "requested": {"vcpus": requested, "memoryBytes": gib},
+    }
+    if last_permit is not None:
+        request["lastPermit"] = {"vcpus": last_permit, "memoryBytes": gib}
     return {
         "protocol": {"min": protocol[0], "max": protocol[1]},
         "node": node,
-        "requests": [
-            {
-                "pod": {"namespace": "vms", "name": name, "uid": uid},
-                "node": node,
-                "current": {"vcpus": current, "memoryBytes": gib},
-                "requested": {"vcpus": requested, "memoryBytes": gib},
-            }
-        ],
+        "requests": [request],
     }

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config, wait_until
+from tests.extender.conftest import (
+    STATIC_TOKEN,
+    Running,
+    StartExtender,
+    make_config,
+    wait_until,
+)
 from tests.extender.helpers import permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
@@ -89,6 +95,18 @@ async def test_restart_rebuilds_the_same_state(
     _cluster(kube_api)
     kube_api.add_pod(vm_pod("vm-2", uid="u-2", node="node-a", min_vcpus=2))
     first = await start_extender()
+
+    async def report(running: Running, uid: str, name: str, vcpus: int) -> None:
+        # What an agent sends when it sees a new extender epoch: steady, with its last permit.
+        body = permit_batch(
+            "node-a", uid=uid, name=name, current=vcpus, requested=vcpus, last_permit=vcpus
+        )
+        assert (await running.permits.post("/v1/permits", json=body, headers=AUTH)).status == 200
+
+    # Both VMs were bound before this extender started: until their agents report, they may
+    # run up to their maximum, and that room is kept free.
+    await report(first, "u-1", "vm-1", 1)
+    await report(first, "u-2", "vm-2", 2)
     for uid, name, current, requested in (("u-1", "vm-1", 1, 4), ("u-2", "vm-2", 2, 3)):
         body = permit_batch("node-a", uid=uid, name=name, current=current, requested=requested)
         assert (await first.permits.post("/v1/permits", json=body, headers=AUTH)).status == 200
@@ -99,6 +117,12 @@ async def test_restart_rebuilds_the_same_state(
     await wait_until(lambda: ledger.pods["u-1"].requests.cpu_millis == 4000)
     before = await first.state()
     second = await start_extender()
+    rebuilt = await second.state()
+    assert [n["allocations"] for n in rebuilt["nodes"]] == [
+        n["allocations"] for n in before["nodes"]
+    ]
+    await report(second, "u-1", "vm-1", 4)
+    await report(second, "u-2", "vm-2", 2)
     assert await second.state() == before
     # 6400m usable: vm-1 got 4, vm-2 stayed at 2 (3 would not fit).
     assert before["nodes"][0]["allocated"]["cpuMillis"] == 6000

@@ -168,3 +168,19 @@ async def test_identity_cache_reviews_each_token_once(
     reviews = [r for r in kube_api.requests if r.path == TOKENREVIEWS]
     assert len(reviews) == 2
     assert reviews[0].body["spec"]["audiences"] == ["vm-autoscaling-extender"]
+
+
+async def test_every_answer_carries_the_extenders_epoch_and_an_empty_batch_learns_it(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """A restarted extender has a new epoch; an agent learns it even with nothing to ask."""
+    _cluster(kube_api)
+    empty = {"protocol": {"min": 1, "max": 1}, "node": "node-a", "requests": []}
+    first = await start_extender(make_config(**TOKENREVIEW))
+    answer = await (await _post(first, empty, "agent-a")).json()
+    assert answer["permits"] == [] and len(answer["epoch"]) == 32
+    again = await (await _post(first, permit_batch("node-a", uid="u-1"), "agent-a")).json()
+    assert again["epoch"] == answer["epoch"]
+    restarted = await start_extender(make_config(**TOKENREVIEW))
+    other = await (await _post(restarted, empty, "agent-a")).json()
+    assert other["epoch"] != answer["epoch"]

@@ -214,10 +214,37 @@ class LedgerMachine(RuleBasedStateMachine):
         rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
         rebuilt.replace_pods(self.api_pods.values(), at=self.at)
         old = {u: (e.node, e.held) for u, e in self.ledger.pods.items()}
-        new = {u: (e.node, e.held) for u, e in rebuilt.pods.items()}
-        assert new == old
+        assert set(rebuilt.pods) == set(old)
+        for uid, entry in rebuilt.pods.items():
+            node, held = old[uid]
+            # The permits are durable here, so a VM found bound holds what it held before, and
+            # until its agent reports it may run up to its maximum: that much is kept out of
+            # the node's free room.
+            assert (entry.node, entry.held) == (node, held)
+            if entry.vm is not None:
+                top = entry.vm.top_vcpus * 1000
+                assert entry.held.cpu_millis + entry.uncertain.cpu_millis >= top
+        # Every agent reports (steady, with its last permit): the same ledger as before.
+        for uid, entry in list(rebuilt.pods.items()):
+            if entry.vm is None:
+                continue
+            current = self.current.get(uid, entry.vm.min_vcpus)
+            last = self.ledger.pods[uid].vcpus
+            d = decide(
+                rebuilt,
+                ResourceRequest(
+                    pod=PodRef(namespace="ns", name=uid, uid=uid),
+                    node=entry.node,
+                    current=Resources(vcpus=current, memory_bytes=GI),
+                    requested=Resources(vcpus=current, memory_bytes=GI),
+                    last_permit=Resources(vcpus=last, memory_bytes=GI) if last else None,
+                ),
+            )
+            assert d.permit.error is None
+        assert {u: (e.node, e.held) for u, e in rebuilt.pods.items()} == old
         for name, state in self.ledger.nodes.items():
             assert rebuilt.nodes[name].allocated == state.allocated
+            assert rebuilt.nodes[name].uncertain_total == Demand(0, 0)
         self.ledger = rebuilt
         self.index = FitIndex(rebuilt)
 

@@ -197,11 +197,15 @@ def test_decrease_is_a_notice_and_frees_at_once(ledger):
 def test_steady_releases_nothing(ledger):
     bound_vm(ledger)
     decide(ledger, request("v1", "n1", 1, 4))
-    # The hypervisor only reached 3 so far; steady keeps the whole permit.
-    d = decide(ledger, request("v1", "n1", 3, 3))
+    # The hypervisor only reached 3 so far: the answer never exceeds the request, but the
+    # hold keeps the whole permit the agent still claims.
+    d = decide(ledger, request("v1", "n1", 3, 3, last=4))
     assert d.permit.status is PermitStatus.STEADY
-    assert d.permit.permit is not None and d.permit.permit.vcpus == 4
+    assert d.permit.permit is not None and d.permit.permit.vcpus == 3
     assert ledger.nodes["n1"].own_total == Demand(4000, GI)
+    # Once the agent no longer claims it, the rest is released (a stale hold would leak).
+    decide(ledger, request("v1", "n1", 3, 3, last=3))
+    assert ledger.nodes["n1"].own_total == Demand(3000, GI)
 
 
 def test_reality_above_the_permit_is_counted_and_reported(ledger):
@@ -287,3 +291,31 @@ def test_static_pods_are_never_preemption_victims(ledger):
     assert keep.victims == ["f1"]
     drop = choose_victims(ledger, "n1", Demand(3000, 0), ["s1", "f1"], 0)
     assert drop.victims is None and "static" in drop.reason
+
+
+def test_a_vm_found_bound_holds_its_maximum_until_its_agent_reports(ledger):
+    # A restarted extender lists a VM whose permit annotation was lost: it may really run up to
+    # its maximum, so that is what it holds until the agent says what it runs.
+    found = info("v1", node="n1", ours=True, vm=vmspec(lo=1, hi=3), mem=GI)
+    ledger.observe_pod(found, at=0)
+    node = ledger.nodes["n1"]
+    # It holds its record (the minimum here); the rest up to its maximum is uncertain: not
+    # allocated, but no bind or grant may take it.
+    assert node.own_total == Demand(1000, GI)
+    assert node.uncertain_total == Demand(2000, 0)
+    assert node.free == Demand(4000 - 3000, 15 * GI)
+    assert ledger.pods["v1"].is_unverified
+    with pytest.raises(NoRoom):
+        ledger.reserve_for_bind(info("v2", ours=True, vm=vmspec(lo=2, hi=2)), "n1", at=0)
+    d = decide(ledger, request("v1", "n1", 2, 2, last=2))
+    assert d.permit.permit is not None and d.permit.permit.vcpus == 2
+    assert not ledger.pods["v1"].is_unverified
+    assert node.own_total == Demand(2000, GI) and node.uncertain_total == Demand(0, 0)
+    assert node.free == Demand(2000, 15 * GI)
+    ledger.check_invariants()
+
+
+def test_a_vm_we_place_is_fresh_and_holds_its_minimum(ledger):
+    bound_vm(ledger, vm=vmspec(lo=1, hi=3))
+    assert not ledger.pods["v1"].is_unverified
+    assert ledger.nodes["n1"].own_total == Demand(1000, GI)
