@@ -90,8 +90,17 @@ def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> N
             )
 
 
-def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = None) -> Decision:
-    """Apply one VM's request to the ledger and return its Permit (or its error)."""
+def decide(
+    ledger: Ledger,
+    req: ResourceRequest,
+    quota_room: QuotaRoom | None = None,
+    *,
+    growth_cap_millis: int | None = None,
+) -> Decision:
+    """Apply one VM's request to the ledger and return its Permit (or its error).
+
+    ``growth_cap_millis`` limits how much CPU an increase may add on top of ``current`` (the
+    fair share ``decide_batch`` gives each VM when several compete for a node's room)."""
     entry = ledger.pods.get(req.pod.uid)
     if entry is None:
         return _error(
@@ -138,6 +147,8 @@ def decide(ledger: Ledger, req: ResourceRequest, quota_room: QuotaRoom | None = 
             base_mem = max(entry.requests.memory_bytes, held_mem)
             grow_cpu = min(room_cpu, base_cpu + left.cpu_millis)
             grow_mem = min(room_mem, base_mem + left.memory_bytes)
+    if growth_cap_millis is not None:
+        grow_cpu = min(grow_cpu, req.current.vcpus * CPU_MILLIS_PER_VCPU + growth_cap_millis)
     last = req.last_permit
     vcpus, answer_vcpus = _decide_one(
         req.current.vcpus,
@@ -177,8 +188,33 @@ def decide_batch(
     requests: list[ResourceRequest],
     quota_room: QuotaRoom | None = None,
 ) -> list[Decision]:
+    """Decide a node's batch. Everything that frees or keeps room goes first; then, when
+    several VMs ask to grow, they share the node's free CPU fairly instead of the first in the
+    batch taking it all: each may first add an equal share, then what is left goes round in
+    batch order (a max-min split in two rounds; deterministic, no randomness)."""
     check_batch(ledger, node, requests)
-    return [decide(ledger, req, quota_room) for req in requests]
+    growing = [i for i, r in enumerate(requests) if r.requested.vcpus > r.current.vcpus]
+    if len(growing) < 2:
+        return [decide(ledger, req, quota_room) for req in requests]
+    decisions: list[Decision | None] = [None] * len(requests)
+    is_growing = set(growing)
+    for i, req in enumerate(requests):
+        if i not in is_growing:
+            decisions[i] = decide(ledger, req, quota_room)
+    state = ledger.nodes.get(node)
+    free_cpu = state.free.cpu_millis if state is not None else 0
+    share = max(0, free_cpu) // len(growing)
+    for i in growing:
+        decisions[i] = decide(ledger, requests[i], quota_room, growth_cap_millis=share)
+    for i in growing:
+        first = decisions[i]
+        assert first is not None
+        granted = first.permit.permit
+        if granted is not None and granted.vcpus < requests[i].requested.vcpus:
+            # The second round: the same request again, now against what the others left.
+            second = decide(ledger, requests[i], quota_room)
+            decisions[i] = Decision(second.permit, first.events + second.events)
+    return [d for d in decisions if d is not None]
 
 
 class _QuotaLimit(NamedTuple):

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
 from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
-from scheduler_extender.permits import decide
+from scheduler_extender.permits import decide, decide_batch
 from scheduler_extender.placement import FitIndex, rejection
 from scheduler_extender.podinfo import Demand, PodInfo
 
@@ -186,6 +186,47 @@ class LedgerMachine(RuleBasedStateMachine):
         self.current[uid] = min(granted, requested) if requested >= current else requested
         pod = self.api_pods[uid]
         self.api_pods[uid] = msgspec.structs.replace(pod, permitted_vcpus=entry.vcpus)
+
+    @rule(node=st.sampled_from(NODES), wants=st.lists(st.integers(1, 9), min_size=2, max_size=3))
+    def agents_asked_together(self, node, wants):
+        """One node's batch of growing VMs: shared fairly, never over-committing."""
+        entries = sorted(
+            (
+                e
+                for e in self.ledger.pods.values()
+                if e.node == node and e.vm and not e.is_tentative
+            ),
+            key=lambda e: e.uid,
+        )[: len(wants)]
+        if len(entries) < 2:
+            return
+        before = overcommit(self.ledger, node)
+        requests = []
+        for entry, want in zip(entries, wants, strict=False):
+            assert entry.vm is not None
+            current = self.current.get(entry.uid, entry.vm.min_vcpus)
+            requested = max(current, min(entry.vm.max_vcpus, want))
+            requests.append(
+                ResourceRequest(
+                    pod=PodRef(namespace="ns", name=entry.uid, uid=entry.uid),
+                    node=node,
+                    current=Resources(vcpus=current, memory_bytes=GI),
+                    requested=Resources(vcpus=requested, memory_bytes=GI),
+                    last_permit=Resources(vcpus=entry.vcpus or current, memory_bytes=GI),
+                )
+            )
+        decisions = decide_batch(self.ledger, node, requests)
+        for req, d in zip(requests, decisions, strict=True):
+            assert d.permit.permit is not None
+            granted = d.permit.permit.vcpus
+            assert req.current.vcpus <= granted <= req.requested.vcpus
+            uid = req.pod.uid
+            self.current[uid] = granted
+            self.api_pods[uid] = msgspec.structs.replace(
+                self.api_pods[uid], permitted_vcpus=self.ledger.pods[uid].vcpus
+            )
+        after = overcommit(self.ledger, node)
+        assert after[0] <= before[0] and after[1] <= before[1], (before, after)
 
     @rule(data=st.data())
     def vm_deleted(self, data):

@@ -319,3 +319,25 @@ def test_a_vm_we_place_is_fresh_and_holds_its_minimum(ledger):
     bound_vm(ledger, vm=vmspec(lo=1, hi=3))
     assert not ledger.pods["v1"].is_unverified
     assert ledger.nodes["n1"].own_total == Demand(1000, GI)
+
+
+def test_vms_growing_in_one_batch_share_the_node_fairly(ledger):
+    # 4000m usable; two 1-vCPU VMs leave 2000m: both want 4, neither may take it all.
+    bound_vm(ledger, "v1")
+    bound_vm(ledger, "v2")
+    a, b = decide_batch(ledger, "n1", [request("v1", "n1", 1, 4), request("v2", "n1", 1, 4)])
+    assert a.permit.permit is not None and b.permit.permit is not None
+    assert (a.permit.permit.vcpus, b.permit.permit.vcpus) == (2, 2)
+    assert a.permit.status is PermitStatus.PARTIAL and b.permit.status is PermitStatus.PARTIAL
+    ledger.check_invariants()
+
+
+def test_a_fair_share_left_unused_goes_to_the_others(ledger):
+    bound_vm(ledger, "v1")
+    bound_vm(ledger, "v2")
+    # v1 wants 1 more, v2 as much as it can: v2 gets its share and what v1 left.
+    a, b = decide_batch(ledger, "n1", [request("v1", "n1", 1, 2), request("v2", "n1", 1, 4)])
+    assert a.permit.permit is not None and b.permit.permit is not None
+    assert (a.permit.permit.vcpus, b.permit.permit.vcpus) == (2, 2)
+    assert a.permit.status is PermitStatus.GRANTED
+    assert ledger.nodes["n1"].free.cpu_millis == 0
