@@ -413,9 +413,13 @@ class QmpClient:
                     while requested:
                         event = await events.get()
                         if event.name == "DEVICE_DELETED" and event.data is not None:
-                            requested.discard(
-                                msgspec.json.decode(event.data, type=DeviceDeleted).path
-                            )
+                            gone = msgspec.json.decode(event.data, type=DeviceDeleted).path
+                            # QEMU 7.2 announces an ejected vCPU only through its child's path
+                            # ("<vcpu path>/lapic", seen with the minimal guest); the child is
+                            # deleted as part of the vCPU, so either path means it is gone.
+                            requested = {
+                                p for p in requested if gone != p and not gone.startswith(p + "/")
+                            }
             except TimeoutError:
                 pass  # reported below, with what is actually in effect
         after = await self.vcpus()
