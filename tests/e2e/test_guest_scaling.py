@@ -1,0 +1,231 @@
+"""A real guest scaled by the real agent under permits from the real extender, on one machine.
+
+Processes: ``vm_runner`` (QEMU, TCG, the minimal guest: 1 vCPU, room for 4), ``scheduler-extender
+serve --standalone`` (one node, static token) and ``autoscaler-agent --standalone`` pointed at the
+guest's QMP socket and its forwarded node_exporter. Load is ``yes`` loops typed on the guest's
+serial console.
+
+Where each fact is read, and why there: the ledger from the extender's ``/state``; what the agent
+asked and got from its ``/metrics`` counters; the vCPUs plugged into QEMU from QMP
+``query-cpus-fast`` on the runner's private control socket (QMP serves one client per socket,
+and the agent holds the VM's); the CPUs the guest onlined from its own node_exporter (an offline
+CPU has no ``node_cpu_seconds_total`` series).
+
+The agent's test config (``POLICY``, plus a permit retry after 1 s instead of 5): scrape every
+1 s (the default); grow after 2 s of pressure (default 3: the window then holds three samples,
+enough for its median to ignore one noisy run-queue reading); shrink after 4 s low (default 30,
+which would blow the time budget); and 1.5 / 1.4 runnable tasks per vCPU to grow / shrink
+(defaults 0.9 / 0.6). The last is for time too: the shrink size is read from ``node_load1``, a
+one-minute average that after the load phase sits near 1 in this guest, and at 0.6 per vCPU the
+last step back to 1 vCPU waited 20-40 s for it to decay. The grow is sized by the run queue
+either way (six busy loops: demand 6, so 4 vCPUs wanted at 1.5 as at 0.9).
+
+Every wait is bounded (60 s a step) and polls; nothing asserts on elapsed time. Measured on the
+2-core development machine: boot 7 s, load to grown-and-permitted 3-4 s, to onlined 1-3 s, load
+off to shrunk and released 12 s, the denial 5 s; 36 s for the module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from scripts.local_stack import (
+    Agent,
+    Extender,
+    Guest,
+    Samples,
+    Service,
+    VmPod,
+    eventually,
+    online_cpus,
+    start_agent,
+    start_extender,
+    value,
+    write_agent_files,
+    write_cluster,
+)
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(150)]
+
+POLICY = {
+    "grow_after_seconds": 2.0,
+    "shrink_after_seconds": 4.0,
+    "target_load_per_vcpu": 1.5,
+    "shrink_load_per_vcpu": 1.4,
+}
+# Six busy loops: a run queue of ~6, so the policy wants its max of 4 vCPUs (6 / 1.5), more than
+# the node has room for; what the permit allows is then what decides the size.
+BUSY_LOOPS = 6
+WAIT_SECONDS = 60  # per step; the steps take 3-7 s on a quiet machine
+
+
+@dataclass
+class Stack:
+    guest: Guest
+    vm: VmPod
+    extender: Extender
+    agent: Agent
+    # (QMP vCPUs, the VM's reservation in vCPUs just before and just after that read)
+    history: list[tuple[int, float, float]] = field(default_factory=list)
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.guest.runner, self.extender.service, self.agent.service]
+
+    def observe(self) -> tuple[int, float]:
+        """QMP vCPUs and the VM's reservation (vCPUs), recorded for the never-beyond check.
+
+        The reservation is read before and after QMP: a grow raises it before plugging and a
+        shrink lowers it after unplugging, so a vCPU count within the permit is always within
+        one of the two readings, whichever way the VM is moving.
+        """
+        before = self.extender.reserved_millis(self.vm) / 1000
+        vcpus = self.guest.query_vcpus()
+        after = self.extender.reserved_millis(self.vm) / 1000
+        self.history.append((vcpus, before, after))
+        return vcpus, after
+
+    def wait(self, accept: Callable[[tuple[int, float]], bool], what: str) -> tuple[int, float]:
+        return eventually(
+            self.observe, accept, timeout_seconds=WAIT_SECONDS, what=what, alive=self.services
+        )
+
+    def agent_metrics(self) -> Samples:
+        return self.agent.metrics()
+
+
+@pytest.fixture
+def make_stack(guest: Guest, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
+    """Start an extender (one node of ``node_cpu``) and an agent for the shared guest."""
+    started: list[Service] = []
+
+    def make(*, node_cpu: str, foreign_cpu: str | None = None) -> Stack:
+        vm = VmPod(min_vcpus=guest.min_vcpus, max_vcpus=guest.max_vcpus)
+        assert guest.query_vcpus() == vm.min_vcpus, "the previous test left the guest grown"
+        write_cluster(tmp_path / "cluster.yaml", vm, node_cpu=node_cpu, foreign_cpu=foreign_cpu)
+        extender = start_extender(tmp_path, tmp_path / "cluster.yaml")
+        started.append(extender.service)
+        config, vms, port = write_agent_files(
+            tmp_path,
+            vm,
+            extender=extender,
+            qmp_socket=guest.qmp_socket,
+            metrics_url=guest.metrics_url,
+            policy=POLICY,
+        )
+        agent = start_agent(tmp_path, vm, config=config, vms=vms, port=port)
+        started.append(agent.service)
+        return Stack(guest=guest, vm=vm, extender=extender, agent=agent)
+
+    try:
+        yield make
+    finally:
+        for service in reversed(started):  # the agent first: it holds the VM's QMP socket
+            service.stop(timeout_seconds=10)
+
+
+@pytest.fixture
+def busy_guest(guest: Guest) -> Iterator[Callable[[], None]]:
+    """``start()`` puts the busy loops in the guest; they are killed at teardown in any case."""
+    yield lambda: guest.start_busy_loops(BUSY_LOOPS)
+    if guest.runner.is_running():
+        guest.stop_busy_loops()
+
+
+def test_load_grows_within_the_permit_then_shrinks_and_releases(make_stack, busy_guest):
+    # A 3-CPU node with only our VM (1 vCPU): room to grow to 3, while the load asks for 4.
+    stack = make_stack(node_cpu="3")
+    assert stack.observe() == (1, 1.0)
+    timings: dict[str, float] = {}
+
+    mark = time.monotonic()
+    busy_guest()
+    stack.wait(lambda o: o == (3, 3.0), "3 vCPUs plugged under a permit for 3")
+    timings["load_to_grown"] = time.monotonic() - mark
+    samples = stack.agent_metrics()
+    assert value(samples, "vmautoscale_agent_permit_requests_total", kind="request") >= 1
+    assert value(samples, "vmautoscale_agent_vm_permitted_vcpus", vm=stack.vm.key) == 3
+    assert value(samples, "vmautoscale_agent_resizes_total", direction="grow", result="ok") >= 1
+    # It asked for more than the node had: at least one answer was short of the request.
+    short = (value(samples, "vmautoscale_agent_permit_partial_grants_total") or 0) + (
+        value(samples, "vmautoscale_agent_permit_denials_total") or 0
+    )
+    assert short >= 1
+
+    mark = time.monotonic()
+    eventually(
+        stack.guest.scrape,
+        lambda s: online_cpus(s) == 3,
+        timeout_seconds=WAIT_SECONDS,
+        what="the guest onlining 3 CPUs",
+        alive=stack.services,
+    )
+    timings["grown_to_online"] = time.monotonic() - mark
+    assert stack.observe() == (3, 3.0)  # still under load: no fourth vCPU came after all
+
+    mark = time.monotonic()
+    stack.guest.stop_busy_loops()
+    stack.wait(lambda o: o == (1, 1.0), "unplugged to 1 vCPU and the reservation back to 1")
+    timings["idle_to_shrunk"] = time.monotonic() - mark
+    eventually(
+        stack.guest.scrape,
+        lambda s: online_cpus(s) == 1,
+        timeout_seconds=WAIT_SECONDS,
+        what="the guest down to 1 CPU",
+        alive=stack.services,
+    )
+    samples = stack.agent_metrics()
+    # Each unplug completed as such (not as a timeout that a re-read happened to fix).
+    assert value(samples, "vmautoscale_agent_resizes_total", direction="shrink", result="ok") >= 1
+    assert (
+        value(samples, "vmautoscale_agent_resizes_total", direction="shrink", result="error")
+        is None
+    )
+    assert value(samples, "vmautoscale_agent_permit_requests_total", kind="notice") >= 1
+    assert stack.extender.node(stack.vm.node)["free"]["cpuMillis"] == 2000
+
+    # Never beyond the permit, at any reading.
+    assert max(v for v, _, _ in stack.history) == 3
+    beyond = [(v, b, a) for v, b, a in stack.history if v > max(b, a)]
+    assert not beyond, f"vCPUs above the reservation: {beyond}"
+    print(f"timings (s): { {k: round(v, 1) for k, v in timings.items()} }")
+
+
+# Second: the grow test leaves the guest at its boot size, and runs first because its shrink
+# reads load1, which this test's load would have raised.
+def test_full_node_denies_and_no_vcpu_is_added(make_stack, busy_guest):
+    # A 2-CPU node: the VM's 1 vCPU plus a foreign pod's 1 CPU leave nothing to grow into.
+    # (Until the agent's first request the extender also keeps the VM's unverified headroom,
+    # up to its max, out of ``free``: the node's free CPU is checked after the denials.)
+    stack = make_stack(node_cpu="2", foreign_cpu="1")
+    assert stack.extender.reserved_millis(stack.vm) == 1000
+
+    busy_guest()
+    # Two denials: the agent asked, was refused, and asked again after its retry interval.
+    samples = eventually(
+        stack.agent_metrics,
+        lambda s: (value(s, "vmautoscale_agent_permit_denials_total") or 0) >= 2,
+        timeout_seconds=WAIT_SECONDS,
+        what="two denied permit requests",
+        alive=stack.services,
+    )
+    # It wanted more (the policy is not what held the size) ...
+    assert value(samples, "vmautoscale_agent_vm_desired_vcpus", vm=stack.vm.key) > 1
+    assert value(samples, "vmautoscale_agent_permit_requests_total", kind="request") >= 2
+    # ... and nothing grew: not in QEMU, not in the guest, not in the ledger.
+    assert value(samples, "vmautoscale_agent_resizes_total", direction="grow") is None
+    assert stack.observe() == (1, 1.0)
+    assert online_cpus(stack.guest.scrape()) == 1
+    assert stack.extender.node(stack.vm.node)["free"]["cpuMillis"] == 0
+    denied = [
+        e
+        for e in stack.agent.service.log_events()
+        if e.get("event") == "permit_answered" and e.get("outcome") == "denied"
+    ]
+    assert denied
+    assert "no room" in denied[0]["extender_reason"]
