@@ -54,6 +54,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _primary_group(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -71,6 +77,8 @@ class Service:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    # PostgreSQL's postmaster takes SIGINT as "fast shutdown" (SIGTERM waits for clients).
+    stop_signal: int = signal.SIGTERM
 
     def is_running(self) -> bool:
         return self.process.poll() is None
@@ -79,7 +87,7 @@ class Service:
         """SIGTERM, wait up to ``timeout_seconds``, then SIGKILL; the exit status."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
+                self.process.send_signal(self.stop_signal)
             try:
                 return self.process.wait(timeout_seconds)
             except subprocess.TimeoutExpired:
@@ -103,14 +111,20 @@ class Service:
 
 
 def spawn(
-    name: str, argv: list[str], *, log_path: Path, env: dict[str, str] | None = None
+    name: str,
+    argv: list[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+    cwd: Path = REPO,
 ) -> Service:
     # PYTHONPATH: the packages run from the checkout whether or not the venv has them installed.
     child_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=cwd,
             env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -119,6 +133,11 @@ def spawn(
             # children in order (the agent before the VM it resizes).
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks or threads
+            # Runs after the switch to ``user`` (CPython calls preexec_fn last), which matters:
+            # changing the uid clears the parent-death signal.
+            user=user,
+            group=None if user is None else _primary_group(user),
+            extra_groups=None if user is None else [],
         )
     return Service(name=name, process=process, log_path=log_path)
 
@@ -440,6 +459,7 @@ def write_cluster(path: Path, vm: VmPod, *, node_cpu: str, foreign_cpu: str | No
 class Extender:
     service: Service
     permits_port: int
+    token: str  # auth mode static: accepted for any node
 
     @property
     def state_url(self) -> str:
@@ -460,17 +480,23 @@ class Extender:
         return millis
 
 
-def start_extender(workdir: Path, cluster: Path) -> Extender:
+def start_extender(
+    workdir: Path, cluster: Path, *, base_config: dict[str, Any] | None = None
+) -> Extender:
+    """The extender on two free loopback ports; ``base_config`` (e.g. examples/local) or ours."""
     verbs_port, permits_port = free_port(), free_port()
-    config = {
+    config = base_config or {
         "auth": {"mode": "static", "static_token": TOKEN},
+        # No host share kept back: the node's cpu in the cluster file is exactly what VMs get.
+        "system_reserve": {"cpu_fraction": 0.0},
+        "shutdown_timeout_seconds": 2,
+    }
+    config = {
+        **config,
         "listen": {
             "verbs": {"host": "127.0.0.1", "port": verbs_port},
             "permits": {"host": "127.0.0.1", "port": permits_port},
         },
-        # No host share kept back: the node's cpu in the cluster file is exactly what VMs get.
-        "system_reserve": {"cpu_fraction": 0.0},
-        "shutdown_timeout_seconds": 2,
     }
     config_path = workdir / "extender.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -480,7 +506,9 @@ def start_extender(workdir: Path, cluster: Path) -> Extender:
          "--config", str(config_path)],
         log_path=workdir / "extender.log",
     )  # fmt: skip
-    extender = Extender(service=service, permits_port=permits_port)
+    extender = Extender(
+        service=service, permits_port=permits_port, token=config["auth"]["static_token"]
+    )
     eventually(
         extender.state,
         lambda s: all(s["synced"].values()),
@@ -514,27 +542,36 @@ def write_agent_files(
     extender: Extender,
     qmp_socket: Path,
     metrics_url: str,
-    policy: dict[str, float],
+    policy: dict[str, float] | None = None,
     permit_retry_seconds: float = 1.0,
+    base_config: dict[str, Any] | None = None,
 ) -> tuple[Path, Path, int]:
-    """The agent's config and VMs file; returns their paths and its HTTP port."""
+    """The agent's config and VMs file; returns their paths and its HTTP port.
+
+    ``base_config`` (e.g. examples/local/agent.yaml) replaces our defaults; either way the
+    extender URL, token file, socket root and HTTP port are filled in here.
+    """
     port = free_port()
     token_file = workdir / "agent-token"
-    token_file.write_text(TOKEN)
-    socket_root = qmp_socket.parent
-    config = {
+    token_file.write_text(extender.token)
+    config: dict[str, Any] = base_config or {
         "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
-        "policy": policy,
+        "policy": policy or {},
+        "extender": {"permit_retry_seconds": permit_retry_seconds},
+        "retry": {"backoff_initial_seconds": 0.5, "backoff_max_seconds": 2.0},
+        "hypervisor": {"unplug_timeout_seconds": 10.0},
+        "log": {"level": "info"},
+    }
+    config = {
+        **config,
         "extender": {
+            **config.get("extender", {}),
             "url": f"http://127.0.0.1:{extender.permits_port}",
             "token_file": str(token_file),
-            "permit_retry_seconds": permit_retry_seconds,
         },
-        "retry": {"backoff_initial_seconds": 0.5, "backoff_max_seconds": 2.0},
         # The hypervisor URL is resolved below socket_root (as the node's hostPath would be).
-        "hypervisor": {"socket_root": str(socket_root), "unplug_timeout_seconds": 10.0},
+        "hypervisor": {**config.get("hypervisor", {}), "socket_root": str(qmp_socket.parent)},
         "http": {"host": "127.0.0.1", "port": port},
-        "log": {"level": "info"},
     }
     vms = {
         "vms": [

@@ -2,7 +2,7 @@
 # Load one VM's PostgreSQL with pgbench and watch the autoscaler react.
 #
 #   VM_NAME=pg-vm-0 scripts/run-bench.sh          cluster path (kind/up.sh, then an example)
-#   scripts/run-bench.sh --local ...              one machine, no cluster (see LOCAL MODE below)
+#   scripts/run-bench.sh --local [--duration S]   one machine, no cluster (docs/LOCAL.md)
 #
 # Cluster path: pgbench runs in a throwaway pod next to the VM (so the load does not go through
 # a port-forward, which would be the bottleneck), while this terminal shows the extender's
@@ -27,18 +27,21 @@ say() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'run-bench: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------------------------------------
-# LOCAL MODE HOOK: `--local` runs the same benchmark on one machine without Kubernetes (the
-# extender in standalone mode, the agent and a VM under vm_runner). It is being written
-# separately; it plugs in here and must not change the cluster path below.
+# LOCAL MODE: `--local` runs the benchmark on one machine without Kubernetes: PostgreSQL and
+# pgbench on the host, the host's node_exporter, the minimal guest under vm_runner (QEMU), the
+# extender in standalone mode (examples/local/) and the agent scaling the VM from the host's
+# load. scripts/local_bench.py does the work; `--local --help` lists its options, docs/LOCAL.md
+# explains the setup. VM_NAME picks the VM pod of examples/local/cluster.yaml (default pg-vm-0).
 # ---------------------------------------------------------------------------------------------
 run_local() {
-  die "--local is not implemented yet; use the cluster path (VM_NAME=... $0), see docs/DEPLOY.md"
+  local python="$ROOT/.venv/bin/python"
+  [[ -x "$python" ]] || die "no virtualenv at $ROOT/.venv; run scripts/setup first"
+  "$python" "$ROOT/scripts/local_bench.py" "$@"
 }
 
 if [[ "${1:-}" == "--local" ]]; then
   shift
   run_local "$@"
-  # shellcheck disable=SC2317  # reachable once run_local returns instead of dying
   exit $?
 fi
 [[ $# -eq 0 ]] || die "unexpected arguments: $* (configure the cluster path with environment variables)"
