@@ -162,6 +162,26 @@ def _busy_fraction(state: PolicyState, samples: Samples) -> float | None:
     return min(1.0, max(0.0, 1.0 - idle / total))
 
 
+def _next_state(
+    samples: Samples,
+    *,
+    low_since: float | None = None,
+    low_peak_vcpus: int | None = None,
+    pressure_since: float | None = None,
+    pressure_demands: tuple[float, ...] = (),
+) -> PolicyState:
+    # The windows given, and this scrape's counters for the next busy fraction.
+    return PolicyState(
+        low_since=low_since,
+        low_peak_vcpus=low_peak_vcpus,
+        pressure_since=pressure_since,
+        pressure_demands=pressure_demands,
+        cpu_seconds_total=samples.cpu_seconds_total,
+        cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
+        cpu_count=samples.cpu_count,
+    )
+
+
 def _usable(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
@@ -187,11 +207,6 @@ def goal_vcpus(
     ``top_vcpus`` is the largest size allowed (``spec.top_vcpus``, possibly lowered by the
     hypervisor's own maximum). The formula is in the module docstring.
     """
-    counters = PolicyState(
-        cpu_seconds_total=samples.cpu_seconds_total,
-        cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
-        cpu_count=samples.cpu_count,
-    )
     load1 = _usable(samples.load1)
     busy = _busy_fraction(state, samples)
     if load1 is None:
@@ -202,7 +217,7 @@ def goal_vcpus(
             busy_fraction=busy,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=counters,
+            state=_next_state(samples),
             reason="hold: no usable node_load1 in the samples",
         )
     c = current_vcpus
@@ -215,11 +230,12 @@ def goal_vcpus(
             load1=load1,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=msgspec.structs.replace(
-                state,
-                cpu_seconds_total=samples.cpu_seconds_total,
-                cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
-                cpu_count=samples.cpu_count,
+            state=_next_state(
+                samples,
+                low_since=state.low_since,
+                low_peak_vcpus=state.low_peak_vcpus,
+                pressure_since=state.pressure_since,
+                pressure_demands=state.pressure_demands,
             ),
             reason="hold: no busy fraction this interval (first scrape, hot-plug or reset)",
         )
@@ -263,9 +279,6 @@ def goal_vcpus(
     # and keeps a shrink from going below what the fast estimate needs now.
     shrink = max(grow, _size_for(slow, config.shrink_load_per_vcpu, spec, top_vcpus))
     parts += f" (shrink size {shrink} at {config.shrink_load_per_vcpu})"
-    window = msgspec.structs.replace(
-        counters, pressure_since=pressure_since, pressure_demands=demands
-    )
 
     def goal(vcpus: int, new_state: PolicyState, verdict: str) -> Goal:
         return Goal(
@@ -281,28 +294,32 @@ def goal_vcpus(
         )
 
     if c < spec.min_vcpus:
-        return goal(max(grow, spec.min_vcpus), counters, f"grow to min {spec.min_vcpus}")
+        return goal(
+            max(grow, spec.min_vcpus), _next_state(samples), f"grow to min {spec.min_vcpus}"
+        )
     if c > top_vcpus:
         # Above max (bounds lowered under a running VM): back to max now, without waiting;
         # any further shrink goes through the usual hysteresis from there.
-        return goal(top_vcpus, counters, f"shrink to max {top_vcpus}")
+        return goal(top_vcpus, _next_state(samples), f"shrink to max {top_vcpus}")
     if grow > c:
         if is_grow_due:
             # The window stays open: the scrapes until the resize lands must keep asking for
             # this size (a "hold" would drop a permit request still in flight), and if the new
             # size is still short, the next grow needs no second wait.
+            window = _next_state(samples, pressure_since=pressure_since, pressure_demands=demands)
             return goal(grow, window, f"grow {c} -> {grow}")
+        window = _next_state(samples, pressure_since=pressure_since, pressure_demands=demands)
         return goal(c, window, "hold: grow pending")
     if shrink >= c:
-        return goal(c, window, "hold")
+        return goal(c, _next_state(samples), "hold")
     low_since = state.low_since if state.low_since is not None else now
     peak = max(shrink, state.low_peak_vcpus or shrink)
     low_for = now - low_since
     if low_for >= config.shrink_after_seconds:
-        return goal(peak, counters, f"shrink {c} -> {peak} after {low_for:.0f}s low")
+        return goal(peak, _next_state(samples), f"shrink {c} -> {peak} after {low_for:.0f}s low")
     return goal(
         c,
-        msgspec.structs.replace(window, low_since=low_since, low_peak_vcpus=peak),
+        _next_state(samples, low_since=low_since, low_peak_vcpus=peak),
         f"hold: shrink to {peak} pending, low for {low_for:.0f}s of"
         f" {config.shrink_after_seconds:.0f}s",
     )

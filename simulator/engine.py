@@ -753,12 +753,14 @@ class Simulation:
         the agent's previous CPU counters are one interval old, as without skipping. It holds
         with a quiet state, as every skipped one would have: the policy state is then exactly
         what the skipped scrapes would have left."""
+        if at > vm.last_scrape_at + 1e-9:
+            self._skipped_scrape(vm, st, at, guest.samples(at))
+
+    def _skipped_scrape(self, vm: _Vm, st: VmState, at: float, samples: Samples) -> None:
         interval = self.core.scrape_interval_seconds
-        if at <= vm.last_scrape_at + 1e-9:
-            return
         self.counts["scrapes_skipped"] += round((at - vm.last_scrape_at) / interval) - 1
         st.scrape_started(at)
-        st.metrics_scraped(at, guest.samples(at))
+        st.metrics_scraped(at, samples)
         vm.last_scrape_at = at
         self.counts["scrapes"] += 1
 
@@ -814,13 +816,29 @@ class Simulation:
             or st.is_extender_degraded
         ):
             return None
+        return self._holds_until(
+            vm, st, guest, current=current, start=vm.last_scrape_at, before=goal.state
+        )
+
+    def _holds_until(
+        self,
+        vm: _Vm,
+        st: VmState,
+        guest: GuestLoad,
+        *,
+        current: int,
+        start: float,
+        before: PolicyState,
+    ) -> float | None:
+        """Over the grid ``start + k * interval`` (k >= 1) up to the next breakpoint, the first
+        scrape time at which the policy would not hold quietly: None if that is the first one,
+        inf if there is none. ``before`` is the state after a scrape at ``start``."""
         if (
             current < st.top_vcpus
             and min(guest.demand, current) / current >= self.core.policy.saturated_busy_fraction
         ):
             return None
         interval = self.core.scrape_interval_seconds
-        start = vm.last_scrape_at
         end = guest.next_breakpoint()
         limit = end if end is not None else self.s.duration_seconds + interval
         # Grid points start + k * interval with k in [1, last] lie strictly before the end.
@@ -828,18 +846,20 @@ class Simulation:
         if last < 1:
             return math.inf
 
-        def after(samples: Samples) -> PolicyState:
+        def after(at: float) -> PolicyState:
+            cpu, idle = guest.projected_counters(at)
             return PolicyState(
-                cpu_seconds_total=samples.cpu_seconds_total,
-                cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
-                cpu_count=samples.cpu_count,
+                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=guest.vcpus
             )
 
         def holds_at(k: int) -> bool:
             at = start + k * interval
-            now = guest.projected_samples(at)
-            before = goal.state if k == 1 else after(guest.projected_samples(at - interval))
-            return self._holds(vm, st, current=current, before=before, samples=now, at=at)
+            if k == 1:  # its interval may hold a resize: the run queue may count
+                now, prev = guest.projected_samples(at), before
+            else:  # not saturated below the top (checked above): the run queue is unread
+                now = guest.projected_samples(at, is_run_queue_exact=False)
+                prev = after(at - interval)
+            return self._holds(vm, st, current=current, before=prev, samples=now, at=at)
 
         if not holds_at(1):
             return None
@@ -849,9 +869,10 @@ class Simulation:
             return start + 2 * interval
         # At the level (load1 = demand, reached only in the limit) with the steady counters.
         at = start + 2 * interval
-        level = msgspec.structs.replace(guest.projected_samples(at), load1=guest.demand)
-        before = after(guest.projected_samples(at - interval))
-        if self._holds(vm, st, current=current, before=before, samples=level, at=at):
+        level = msgspec.structs.replace(
+            guest.projected_samples(at, is_run_queue_exact=False), load1=guest.demand
+        )
+        if self._holds(vm, st, current=current, before=after(at - interval), samples=level, at=at):
             return math.inf
 
         # Gallop (k = 2, 3, 5, ...) then bisect: a VM in the middle of an approach usually
@@ -1080,22 +1101,53 @@ class Simulation:
         guest = vm.guest
         if vm.is_deleted or guest is None:
             return
-        wake_at: float | None = None
-        if vm.is_settled and vm.agent is not None:
-            # Wake on the scrape grid the VM would have kept had it not skipped, so that
-            # skipping changes when nothing happens, never when something does; the scrape
-            # before that one is taken now, while the guest is still at the old level.
-            interval = self.core.scrape_interval_seconds
-            periods = math.ceil((self.t - vm.last_scrape_at) / interval - 1e-9)
-            wake_at = vm.last_scrape_at + periods * interval
-            self._catch_up(vm, vm.agent, guest, wake_at - interval)
+        st = vm.agent
+        if not vm.is_settled or st is None or st.goal is None or st.current_vcpus is None:
+            guest.advance_segment(self.t)
+            self._track_step(vm)
+            self._next_breakpoint(vm, guest)
+            return
+        # A settled VM: its next scrape on the grid it kept (``wake_at``) is the first to see
+        # the new level. What the scrape before it (``before_at``) would have left is worked
+        # out now, while the guest is still at the old level.
+        interval = self.core.scrape_interval_seconds
+        periods = math.ceil((self.t - vm.last_scrape_at) / interval - 1e-9)
+        wake_at = vm.last_scrape_at + periods * interval
+        before_at = wake_at - interval
+        catch_up = guest.projected_samples(before_at) if before_at > vm.last_scrape_at else None
         guest.advance_segment(self.t)
         self._track_step(vm)
+        self._next_breakpoint(vm, guest)
+        # If the policy holds through the new level too, the VM stays settled and scrapes
+        # nothing here (the skipped scrape before its eventual wake is taken then, from this
+        # segment). Only with room for that: the next breakpoint two intervals away or more.
+        nb = guest.next_breakpoint()
+        until: float | None = None
+        if nb is None or nb - self.t >= 2 * interval:
+            before = st.goal.state
+            if catch_up is not None:
+                before = PolicyState(
+                    cpu_seconds_total=catch_up.cpu_seconds_total,
+                    cpu_idle_seconds_total=catch_up.cpu_idle_seconds_total,
+                    cpu_count=catch_up.cpu_count,
+                )
+            until = self._holds_until(
+                vm, st, guest, current=st.current_vcpus, start=before_at, before=before
+            )
+        if until is not None and until > wake_at:
+            if until < math.inf:
+                self._wake_at(vm, until)
+            else:
+                vm.wake_token += 1  # the wake scheduled before is void: no scrape matters
+            return
+        if catch_up is not None:
+            self._skipped_scrape(vm, st, before_at, catch_up)
+        self._wake_at(vm, wake_at)
+
+    def _next_breakpoint(self, vm: _Vm, guest: GuestLoad) -> None:
         bp = guest.next_breakpoint()
         if bp is not None:
-            self.at(bp, self._breakpoint, i)
-        if wake_at is not None:
-            self._wake_at(vm, wake_at)
+            self.at(bp, self._breakpoint, vm.index)
 
     def _wake_at(self, vm: _Vm, t: float) -> None:
         vm.wake_token += 1

@@ -144,20 +144,32 @@ class GuestLoad:
         self._integrate(t)
         return self._samples(t, self.cpu_seconds, self.busy_seconds)
 
-    def projected_samples(self, t: float) -> Samples:
+    def projected_samples(self, t: float, *, is_run_queue_exact: bool = True) -> Samples:
         """What a scrape at ``t`` would show, without moving the guest: valid for ``t`` from
-        the last change (scrape, resize) up to the next breakpoint."""
+        the last change (scrape, resize) up to the next breakpoint. Without
+        ``is_run_queue_exact`` procs_running is its mean, for callers that know it is unread."""
         dt = t - self.updated_at
         return self._samples(
             t,
             self.cpu_seconds + self.vcpus * dt,
             self.busy_seconds + min(self.demand, self.vcpus) * dt,
+            is_run_queue_exact=is_run_queue_exact,
         )
 
-    def _samples(self, t: float, cpu_seconds: float, busy_seconds: float) -> Samples:
+    def projected_counters(self, t: float) -> tuple[float, float]:
+        """(cpu seconds, idle seconds) at ``t``, valid as for ``projected_samples``."""
+        dt = t - self.updated_at
+        cpu = self.cpu_seconds + self.vcpus * dt
+        return cpu, cpu - self.busy_seconds - min(self.demand, self.vcpus) * dt
+
+    def _samples(
+        self, t: float, cpu_seconds: float, busy_seconds: float, *, is_run_queue_exact: bool = True
+    ) -> Samples:
         return Samples(
             load1=round(self.load1(t), 4),
-            procs_running=procs_running(self.demand_at(t), self.noise_seed, t),
+            procs_running=procs_running(self.demand_at(t), self.noise_seed, t)
+            if is_run_queue_exact
+            else self.demand + 1,
             cpu_seconds_total=cpu_seconds,
             cpu_idle_seconds_total=cpu_seconds - busy_seconds,
             cpu_count=self.vcpus,
