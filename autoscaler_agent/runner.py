@@ -7,6 +7,12 @@ task, and feed the outcome back through the matching past-tense event with the t
 finished. The loop then sleeps until a task reports (``changed``) or ``wait_seconds`` passes.
 It never decides anything itself: if a question starts with "should we", it belongs in core.
 
+Each loop starts at its own place in the scrape interval (``first_scrape_offset_seconds``, a
+hash of the VM's uid): loops started together would otherwise scrape, decide and ask the
+extender in lockstep, and a node's worth of VMs stepped at once would all queue behind each
+other at the same instant (the agent benchmark measured 200 VMs needing 1.226 s for what one
+needs in ~1 s).
+
 ``Supervisor`` starts a loop when a VM appears on this node and stops it when it goes. It binds
 ``vm`` and ``node`` in structlog's contextvars *before* ``create_task``, because a task copies
 the context when it is created; every line a VM's loop logs then says which VM it is about.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -64,6 +71,7 @@ class RunnerDeps:
         metrics: AgentMetrics,
         scrape_timeout_seconds: float,
         rng: random.Random | None = None,
+        stagger_scrapes: bool = True,
     ) -> None:
         self.core = core
         self.node = node
@@ -74,6 +82,15 @@ class RunnerDeps:
         self.scrape_timeout_seconds = scrape_timeout_seconds
         # Jitter only: seeded in tests and benchmarks, so runs are repeatable.
         self.rng = rng or random.Random()
+        # Off only where a test needs VMs to scrape in step (e.g. to share a permit batch).
+        self.stagger_scrapes = stagger_scrapes
+
+
+def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
+    """Where in the scrape interval a VM's loop starts, in [0, interval): from a hash of its
+    uid, so it is spread evenly over a node's VMs, the same on every run and after a restart
+    of the loop (a random offset would make runs unrepeatable)."""
+    return zlib.crc32(uid.encode()) / 2**32 * interval_seconds
 
 
 class VmRunner:
@@ -96,8 +113,21 @@ class VmRunner:
 
     async def run(self) -> None:
         hypervisor = self._deps.hypervisor_for(self.target)
-        log.info("vm_loop_started", spec=self.target.spec, metrics_url=self.target.metrics_url)
+        offset = (
+            first_scrape_offset_seconds(self.target.uid, self._deps.core.scrape_interval_seconds)
+            if self._deps.stagger_scrapes
+            else 0.0
+        )
+        log.info(
+            "vm_loop_started",
+            spec=self.target.spec,
+            metrics_url=self.target.metrics_url,
+            first_scrape_offset_seconds=round(offset, 3),
+        )
         try:
+            # Before the first next_actions, so the state's scrape grid starts at the offset
+            # (the first hypervisor read waits with it: less than one interval, once).
+            await asyncio.sleep(offset)
             async with asyncio.TaskGroup() as tasks:
                 while True:
                     # Clear before deciding: a task finishing from here on sets it again, so

@@ -155,8 +155,11 @@ async def run_agent(
         wall_steady = loop.time() - wall0
 
         # Load step for every VM at once: 2 -> 6 vCPUs each (the worst case: all at once).
-        # The loops started together, so they scrape in phase; --step-phase 0 steps just after
-        # a scrape (the worst case: a full interval until the next one).
+        # Each loop starts at its own offset in the interval (a hash of its uid), so the step
+        # lands at a different place in each VM's interval and their scrapes, permit requests
+        # and resizes spread over it. The synthetic exporter serves load1 only, so the policy
+        # grows on the first scrape after the step: this measures the agent's own latency,
+        # not grow_after_seconds (the simulator tests show the policy's reaction time).
         await asyncio.sleep(args.interval * args.step_phase)
         await set_loads(5.0)
         stepped_at = loop.time()
@@ -211,7 +214,7 @@ def main() -> None:
         "--step-phase",
         type=float,
         default=0.0,
-        help="when in the scrape interval to step the load (0 = just after a scrape: worst)",
+        help="when to step the load, in intervals after the warm-up (VMs are staggered)",
     )
     p.add_argument("--steady-ticks", type=int, default=5, help="ticks measured for CPU")
     p.add_argument(

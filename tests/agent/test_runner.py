@@ -7,7 +7,7 @@ import asyncio
 import structlog
 
 from autoscaler_agent.hypervisor import ResizeInProgress, ResizeRejected
-from autoscaler_agent.runner import Supervisor
+from autoscaler_agent.runner import Supervisor, first_scrape_offset_seconds
 from tests.agent.conftest import CORE, NODE, eventually
 
 
@@ -36,6 +36,7 @@ async def test_load_step_leads_to_a_permit_and_a_resize(world):
 
 
 async def test_vms_share_one_batch_and_a_full_node_gives_partial_and_denied(world):
+    world.deps.stagger_scrapes = False  # in step, so that both ask in the same batch
     world.extender.capacity_vcpus = 8
     a = world.vm("a", current=2, load=0.5)
     b = world.vm("b", current=2, load=0.5)
@@ -156,3 +157,13 @@ async def test_supervisor_binds_vm_and_node_and_restarts_crashed_loops(world):
     await eventually(lambda: len(seen) == 3)
     await sup.close()
     assert sup.vms == {}
+
+
+def test_first_scrapes_are_spread_over_the_interval_by_uid():
+    offsets = [first_scrape_offset_seconds(f"uid-{i}", 1.0) for i in range(200)]
+    assert all(0.0 <= o < 1.0 for o in offsets)
+    # The same uid always starts at the same place (runs repeat; a restarted loop keeps it) ...
+    assert offsets == [first_scrape_offset_seconds(f"uid-{i}", 1.0) for i in range(200)]
+    assert first_scrape_offset_seconds("uid-7", 2.0) == 2 * offsets[7]
+    # ... and 200 VMs cover the interval: every tenth of it holds some of them.
+    assert {int(o * 10) for o in offsets} == set(range(10))
