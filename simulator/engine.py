@@ -485,9 +485,11 @@ class Simulation:
                 + (f": {', '.join(behind[:5])}" if behind else ""),
             )
         self._queue_schedule(self.t)
-        if self.epoch > 1:
+        if self.vms:
             # Each node's agent sees the new epoch at its next exchange with the extender, at
             # the latest its periodic empty batch; spread deterministically over that period.
+            # The first epoch an agent sees counts too: the extender may have found its VMs
+            # already running (all of them, when the scenario starts them bound).
             period = self.timing.epoch_check_seconds
             self._vms_by_node = {}
             for vm in self.vms:
