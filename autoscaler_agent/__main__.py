@@ -31,7 +31,12 @@ from autoscaler_agent.discovery import (
     VmSource,
     VmTarget,
 )
-from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, TokenFile
+from autoscaler_agent.extender_client import (
+    EpochWatch,
+    ExtenderClient,
+    PermitBatcher,
+    TokenFile,
+)
 from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
@@ -155,12 +160,14 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
         aiohttp.ClientSession(connector=connector) as session,
         serving(make_app(registry), config.http.host, config.http.port),
     ):
+        epochs = EpochWatch()
         client = ExtenderClient(
             session,
             base_url=config.extender.url,
             node=node,
             token=token,
             timeout_seconds=config.extender.timeout_seconds,
+            epochs=epochs,
         )
         batcher = PermitBatcher(client, window_seconds=config.extender.batch_window_seconds)
         deps = RunnerDeps(
@@ -171,11 +178,18 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             hypervisor_for=hypervisor_for,
             metrics=metrics,
             scrape_timeout_seconds=config.scrape.timeout_seconds,
+            epochs=epochs,
         )
         supervisor = Supervisor(make_run_vm(deps), node=node, metrics=metrics)
+        epoch_check = asyncio.create_task(
+            client.keep_epoch_fresh(interval_seconds=config.extender.epoch_check_seconds),
+            name="epoch-check",
+        )
         try:
             await supervisor.run(source)
         finally:
+            epoch_check.cancel()
+            await asyncio.gather(epoch_check, return_exceptions=True)
             await batcher.close()
 
 

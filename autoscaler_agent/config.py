@@ -27,6 +27,8 @@ Every key and its default (all optional; an empty file is a valid config)::
       timeout_seconds: 2.0           # per batch; slower counts as unavailable
       batch_window_seconds: 0.005    # requests arriving this close together share a POST
       permit_retry_seconds: 5.0      # after a denied/partial grant, ask again this much later
+      epoch_check_seconds: 5.0       # idle this long: send an empty batch to learn the
+                                     # extender's epoch (after its restart, VMs report)
     retry:
       backoff_initial_seconds: 0.5   # extender/hypervisor failures: initial * 2**(n-1) ...
       backoff_max_seconds: 30.0      # ... capped here ...
@@ -92,6 +94,9 @@ class ExtenderSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields
     timeout_seconds: Seconds = 2.0
     batch_window_seconds: NonNegativeSeconds = 0.005
     permit_retry_seconds: Seconds = 5.0
+    # With nothing to ask for this long, send an empty batch to learn the extender's epoch:
+    # after an extender restart this node's VMs report within about this long.
+    epoch_check_seconds: Seconds = 5.0
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

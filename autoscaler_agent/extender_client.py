@@ -18,10 +18,12 @@ Errors (callers catch the class, never look at a status)::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
+import structlog
 
 from protocol.codec import ProtocolError, decode, encode
 from protocol.permits import (
@@ -34,6 +36,8 @@ from protocol.permits import (
     ResourceRequestBatch,
 )
 from protocol.versions import SUPPORTED
+
+log = structlog.get_logger(__name__)
 
 PERMITS_PATH = "/v1/permits"
 
@@ -95,6 +99,37 @@ class TokenFile:
         return self._token
 
 
+class EpochWatch:
+    """The extender's epoch as this agent last saw it, and who to tell when it changes.
+
+    Every permit answer carries the extender's epoch, new after each of its restarts. A
+    rebuilt ledger keeps each VM it has not heard from at up to its maximum, out of everyone's
+    reach, until that VM reports; so when the epoch changes (the first one this agent sees
+    counts: the extender may have found these VMs already running), every VM loop is told.
+    """
+
+    def __init__(self) -> None:
+        self.epoch: str | None = None
+        self.last_answer_at = -math.inf
+        self._listeners: set[Callable[[], None]] = set()
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` on every change; returns the function that unsubscribes."""
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def seen(self, epoch: str, *, now: float) -> bool:
+        """An answer carried ``epoch``; True (and listeners told) when it is new."""
+        self.last_answer_at = now
+        if not epoch or epoch == self.epoch:
+            return False
+        previous, self.epoch = self.epoch, epoch
+        log.info("extender_epoch_changed", epoch=epoch, previous=previous)
+        for listener in list(self._listeners):
+            listener()
+        return True
+
+
 class ExtenderClient:
     """POSTs batches to one extender for one node."""
 
@@ -106,12 +141,14 @@ class ExtenderClient:
         node: str,
         token: TokenFile,
         timeout_seconds: float,
+        epochs: EpochWatch | None = None,
     ) -> None:
         self._session = session
         self._url = base_url.rstrip("/") + PERMITS_PATH
         self._node = node
         self._token = token
         self._timeout = timeout_seconds
+        self.epochs = epochs or EpochWatch()
 
     @property
     def node(self) -> str:
@@ -147,7 +184,24 @@ class ExtenderClient:
             raise ExtenderProtocolError(
                 f"answer in protocol v{batch.protocol}, we speak {SUPPORTED}"
             )
+        self.epochs.seen(batch.epoch, now=asyncio.get_running_loop().time())
         return {p.pod.uid: p for p in batch.permits}
+
+    async def keep_epoch_fresh(self, *, interval_seconds: float) -> None:
+        """Send an empty batch whenever no answer came for ``interval_seconds``, so that a
+        node whose VMs have nothing to ask still learns of an extender restart that soon.
+        Failures are expected while the extender is down: logged, then tried again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            quiet = loop.time() - self.epochs.last_answer_at
+            if quiet < interval_seconds:
+                await asyncio.sleep(interval_seconds - quiet)
+                continue
+            try:
+                await self.post_batch([])
+            except ExtenderError as e:
+                log.debug("epoch_check_failed", error=str(e))
+                await asyncio.sleep(interval_seconds)
 
 
 def _message(data: bytes) -> str:
@@ -239,6 +293,7 @@ def permit_vcpus(permit: Permit) -> int:
 
 
 __all__ = [
+    "EpochWatch",
     "ExtenderClient",
     "ExtenderError",
     "ExtenderProtocolError",

@@ -39,7 +39,7 @@ from autoscaler_agent.core import (
     VmState,
 )
 from autoscaler_agent.discovery import Snapshot, VmSource, VmTarget
-from autoscaler_agent.extender_client import ExtenderError, permit_vcpus
+from autoscaler_agent.extender_client import EpochWatch, ExtenderError, permit_vcpus
 from autoscaler_agent.hypervisor import Hypervisor, HypervisorError
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.scrape import ScrapeError, fetch_samples
@@ -72,6 +72,7 @@ class RunnerDeps:
         scrape_timeout_seconds: float,
         rng: random.Random | None = None,
         stagger_scrapes: bool = True,
+        epochs: EpochWatch | None = None,
     ) -> None:
         self.core = core
         self.node = node
@@ -84,6 +85,8 @@ class RunnerDeps:
         self.rng = rng or random.Random()
         # Off only where a test needs VMs to scrape in step (e.g. to share a permit batch).
         self.stagger_scrapes = stagger_scrapes
+        # Tells every VM loop when the extender's epoch changes (it then reports the VM).
+        self.epochs = epochs
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
@@ -111,6 +114,10 @@ class VmRunner:
     def _now(self) -> float:
         return self._loop.time()
 
+    def _extender_restarted(self) -> None:
+        self.state.extender_restarted(self._now())
+        self._changed.set()
+
     async def run(self) -> None:
         hypervisor = self._deps.hypervisor_for(self.target)
         offset = (
@@ -124,6 +131,8 @@ class VmRunner:
             metrics_url=self.target.metrics_url,
             first_scrape_offset_seconds=round(offset, 3),
         )
+        epochs = self._deps.epochs
+        unsubscribe = epochs.subscribe(self._extender_restarted) if epochs is not None else None
         try:
             # Before the first next_actions, so the state's scrape grid starts at the offset
             # (the first hypervisor read waits with it: less than one interval, once).
@@ -138,6 +147,8 @@ class VmRunner:
                     self._observe()
                     await self._sleep(actions.wait_seconds)
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             # Shielded: a cancelled loop still closes its hypervisor connection exactly once.
             await asyncio.shield(hypervisor.close())
 

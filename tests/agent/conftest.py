@@ -110,6 +110,7 @@ async def world(tmp_path):
             metrics=metrics,
             scrape_timeout_seconds=0.5,
             rng=random.Random(7),
+            epochs=client.epochs,
         )
         supervisor = Supervisor(
             make_run_vm(deps), node=NODE, metrics=metrics, restart_delay_seconds=0.1

@@ -71,6 +71,8 @@ class FakeExtender:
         self.delay_seconds = 0.0
         self.override: dict[str, int] = {}
         self.item_errors: dict[str, ItemError] = {}
+        # Changed by a test to play an extender restart.
+        self.epoch = "epoch-1"
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -99,7 +101,9 @@ class FakeExtender:
             return _error(403, "Forbidden", "other_node", f"token is for node {self.node}")
         self.batches.append(batch)
         permits = [self.decide(r) for r in batch.requests]
-        body = encode(PermitBatch(protocol=int(version), node=batch.node, permits=permits))
+        body = encode(
+            PermitBatch(protocol=int(version), node=batch.node, permits=permits, epoch=self.epoch)
+        )
         return web.Response(body=body, content_type="application/json")
 
     def decide(self, req: ResourceRequest) -> Permit:

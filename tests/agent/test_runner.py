@@ -167,3 +167,36 @@ def test_first_scrapes_are_spread_over_the_interval_by_uid():
     assert first_scrape_offset_seconds("uid-7", 2.0) == 2 * offsets[7]
     # ... and 200 VMs cover the interval: every tenth of it holds some of them.
     assert {int(o * 10) for o in offsets} == set(range(10))
+
+
+async def test_a_new_extender_epoch_makes_every_vm_report(world):
+    """After an extender restart, each VM tells it its size and permit (and an idle node
+    learns of the restart from its periodic empty batch)."""
+    target = world.vm("vm-1", current=2, load=0.5)
+    await world.supervisor.apply({target.key: target})
+    client = world.deps.permits._client
+    checker = asyncio.create_task(client.keep_epoch_fresh(interval_seconds=0.2))
+    try:
+        # The first epoch this agent sees counts: the extender may have found the VM running.
+        await eventually(lambda: _reports(world, "uid-vm-1") >= 1)
+        world.extender.epoch = "epoch-2"  # the extender restarted
+        seen = _reports(world, "uid-vm-1")
+        await eventually(lambda: _reports(world, "uid-vm-1") > seen)
+        assert client.epochs.epoch == "epoch-2"
+        assert any(not b.requests for b in world.extender.batches)  # the empty epoch checks
+    finally:
+        checker.cancel()
+        await asyncio.gather(checker, return_exceptions=True)
+
+
+def _reports(world, uid: str) -> int:
+    """Steady requests for ``uid``: requested == current, with the permit as lastPermit."""
+    return sum(
+        1
+        for batch in world.extender.batches
+        for r in batch.requests
+        if r.pod.uid == uid
+        and r.requested.vcpus == r.current.vcpus == 2
+        and r.last_permit is not None
+        and r.last_permit.vcpus == 2
+    )
