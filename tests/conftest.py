@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 
 import pytest
 import structlog
+from hypothesis import settings
+
+# CI runs the same examples every time (a red CI must be reproducible from its log, and a green
+# one must not depend on luck); developers' runs stay random and keep exploring.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)
