@@ -31,6 +31,7 @@ T = TypeVar("T")
 METRICS = web.AppKey("metrics", Metrics)
 # Routes named like this are timed per verb; the rest (probes, metrics) are not.
 TIMED_ROUTES: Final = frozenset({"filter", "prioritize", "bind", "preempt", "permits"})
+STATEFUL_ROUTES: Final = frozenset({"bind", "preempt", "permits"})
 JSON: Final = "application/json"
 
 
@@ -83,7 +84,9 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             metrics.verb_duration.labels(route).observe(duration)
             if status != 200:
                 metrics.verb_errors.labels(route).inc()
-        level = log.info if route in TIMED_ROUTES or status >= 400 else log.debug
+        # filter and prioritize change nothing and run for every pod kube-scheduler tries: their
+        # lines are debug (the histogram counts them); what changes state, and errors, is info.
+        level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
         level(
             "request",
             method=request.method,
