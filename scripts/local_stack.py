@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -203,19 +204,12 @@ def http_get(url: str, *, timeout_seconds: float = 5.0) -> str:
 
 
 def parse_metrics(text: str) -> Samples:
-    """Prometheus text to ``{name: [(labels, value), ...]}``; label values without commas."""
+    """Prometheus text to ``{sample name: [(labels, value), ...]}``, with prometheus-client's
+    own parser (the one the agent uses), so label values with commas or escapes are right."""
     samples: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, value = line.rsplit(" ", 1)
-        name, _, label_text = series.partition("{")
-        labels = {}
-        for pair in label_text.rstrip("}").split(","):
-            if pair:
-                key, _, quoted = pair.partition("=")
-                labels[key] = quoted.strip('"')
-        samples.setdefault(name, []).append((labels, float(value)))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     return samples
 
 
