@@ -32,7 +32,7 @@ def decoder(type_: type[T]) -> msgspec.json.Decoder[T]:
     return found
 
 
-def decode(type_: type[T], data: bytes | str) -> T:
+def decode(type_: type[T], data: bytes | msgspec.Raw | str) -> T:
     try:
         value: T = decoder(type_).decode(data)
         return value

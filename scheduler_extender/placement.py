@@ -26,6 +26,7 @@ so a node where the VM can reach its maximum always beats one where it cannot, a
 from __future__ import annotations
 
 import enum
+import functools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
@@ -42,8 +43,23 @@ class Strategy(enum.StrEnum):
 
 
 class Rejection(NamedTuple):
-    reason: str
+    reason: str  # with this node's numbers: a bind refusal, logs, the recommender's report
     # No amount of preemption could help (the pod is bigger than the node can ever give).
+    is_unresolvable: bool
+
+
+class Verdict(NamedTuple):
+    """Why a node rejects a pod, in words that are the same for every node rejecting that pod
+    for that cause: what filter answers.
+
+    kube-scheduler counts nodes per distinct reason into the pod's FailedScheduling message
+    ("0/5000 nodes are available: 480 insufficient cpu: pod needs 4000m, ..."); a reason
+    carrying each node's free room would make that message one line per node. It also keeps
+    the answer small and cacheable: a node whose free room moves but still rejects the pod
+    leaves the answer as it was. The node's numbers are in ``rejection`` and ``/state``.
+    """
+
+    summary: str
     is_unresolvable: bool
 
 
@@ -53,8 +69,11 @@ class FilterResult(NamedTuple):
     unresolvable: dict[str, str]
 
 
+NOT_KNOWN: Final = "node not known to the extender yet"
+
+
 def rejection(state: NodeState, demand: Demand) -> Rejection | None:
-    """Why ``demand`` does not fit on ``state`` now, or None if it fits."""
+    """Why ``demand`` does not fit on ``state`` now, with the node's numbers, or None."""
     if not state.is_known:
         return Rejection(f"node {state.name} is not known to the extender yet", False)
     free, usable, static = state.free, state.usable, state.static_total
@@ -71,6 +90,34 @@ def rejection(state: NodeState, demand: Demand) -> Rejection | None:
             static.memory_bytes,
         )
     return None
+
+
+def verdict(state: NodeState, demand: Demand) -> Verdict | None:
+    """``rejection`` in the words every node shares (see ``Verdict``), or None if it fits."""
+    if not state.is_known:
+        return _NOT_KNOWN
+    free = state.free
+    if demand.cpu_millis > free.cpu_millis:
+        unit, need, limit = "cpu", demand.cpu_millis, state.usable.cpu_millis
+        limit -= state.static_total.cpu_millis
+    elif demand.memory_bytes > free.memory_bytes:
+        unit, need, limit = "memory", demand.memory_bytes, state.usable.memory_bytes
+        limit -= state.static_total.memory_bytes
+    else:
+        return None
+    return _verdict(unit, need, need > limit)
+
+
+_NOT_KNOWN: Final = Verdict(NOT_KNOWN, False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _verdict(unit: str, need: int, is_unresolvable: bool) -> Verdict:
+    if is_unresolvable:
+        text = f"node too small: pod needs {_fmt(unit, need)} {unit}, more than it can ever give"
+    else:
+        text = f"insufficient {unit}: pod needs {_fmt(unit, need)}"
+    return Verdict(text, is_unresolvable)
 
 
 def _rejection(unit: str, need: int, free: int, usable: int, static: int) -> Rejection:
@@ -100,7 +147,7 @@ class FitIndex:
     def __init__(self, ledger: Ledger, *, max_sizes: int = 128) -> None:
         self._ledger = ledger
         self._max_sizes = max_sizes
-        self._by_size: OrderedDict[Demand, dict[str, Rejection]] = OrderedDict()
+        self._by_size: OrderedDict[Demand, dict[str, Verdict]] = OrderedDict()
         self.known: set[str] = {n for n, s in ledger.nodes.items() if s.is_known}
         # Change stamps for ``version``: one counter, so a stamp is never reused, not even by
         # a size that was evicted and computed again.
@@ -156,10 +203,8 @@ class FitIndex:
                     if rejected.pop(name, None) is not None:
                         stamps[size] = self._bump()
                     continue
-                r = rejection(state, size)
+                r = verdict(state, size)
                 if rejected.get(name) != r:
-                    # Also when only the reason's numbers moved: the reason is part of the
-                    # answer.
                     assert r is not None
                     rejected[name] = r
                     stamps[size] = self._bump()
@@ -173,7 +218,7 @@ class FitIndex:
         self.rejections(size)
         return self._known_stamp, self._size_stamps[size]
 
-    def rejections(self, size: Demand) -> dict[str, Rejection]:
+    def rejections(self, size: Demand) -> dict[str, Verdict]:
         self._flush()
         rejected = self._by_size.get(size)
         if rejected is not None:
@@ -182,7 +227,7 @@ class FitIndex:
         rejected = {}
         for name, state in self._ledger.nodes.items():
             if state.is_known:
-                r = rejection(state, size)
+                r = verdict(state, size)
                 if r is not None:
                     rejected[name] = r
         self._by_size[size] = rejected
@@ -203,11 +248,11 @@ class FitIndex:
         for name in names:
             r = rejected.get(name)
             if r is not None:
-                (unresolvable if r.is_unresolvable else failed)[name] = r.reason
+                (unresolvable if r.is_unresolvable else failed)[name] = r.summary
             elif name in known:
                 passed.append(name)
             else:
-                failed[name] = f"node {name} is not known to the extender yet"
+                failed[name] = NOT_KNOWN
         return FilterResult(passed, failed, unresolvable)
 
 

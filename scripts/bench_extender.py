@@ -397,6 +397,11 @@ def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = 
         *(f"--nodes={args.nodes}", f"--pods={args.pods}", f"--batch={args.batch}"),
         *(f"--binds={args.binds}", f"--seed={args.seed}", f"--log-level={args.log_level}"),
         *(() if args.freeze_gc else ("--no-freeze-gc",)),
+        *(
+            ()
+            if role != "server" or args.profile_server is None
+            else (f"--profile-server={args.profile_server}",)
+        ),
         *extra,
     ]
     process = subprocess.Popen(
@@ -792,6 +797,11 @@ def main() -> None:
         action="store_false",
         help="do not gc.freeze() the server after its first lists (to measure what it buys)",
     )
+    parser.add_argument(
+        "--profile-server",
+        type=Path,
+        help="run the extender's process under cProfile and write its stats here (slows it)",
+    )
     parser.add_argument("--role", choices=("fake-api", "server"), help=argparse.SUPPRESS)
     parser.add_argument("--api-url", help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
@@ -807,7 +817,14 @@ def main() -> None:
         asyncio.run(run_fake_api(args))
         return
     if args.role == "server":
-        asyncio.run(run_server(args))
+        if args.profile_server is None:
+            asyncio.run(run_server(args))
+            return
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            asyncio.run(run_server(args))
+        profile.dump_stats(args.profile_server)
         return
     result = asyncio.run(orchestrate(args))
     text = json.dumps(result, indent=2)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
+import msgspec
 import structlog
 from aiohttp import web
 
@@ -54,7 +55,7 @@ async def read_body(request: web.Request) -> bytes:
         raise BodyTooLarge(f"request body is too large: {e.text}") from e
 
 
-def decode(type_: type[T], body: bytes) -> T:
+def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:
     try:
         return codec.decode(type_, body)
     except codec.ProtocolError as e:

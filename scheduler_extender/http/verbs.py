@@ -93,46 +93,74 @@ class _FilterAnswer(msgspec.Struct, rename="pascal", kw_only=True):
 
 class _Cached(NamedTuple):
     version: tuple[int, int]
+    listed: msgspec.Raw  # the node list this answers, compared in full before any reuse
     body: bytes
     reason: str
     has_room: bool  # some node passed: the recommender's capacity-wait tracking needs it
 
 
+_Key = tuple[Demand, bool, int]
+# A node list's fingerprint hashes this many evenly spaced slices of this many bytes, not the
+# whole list (see ``FilterAnswers``).
+_SLICES: Final = 16
+_SLICE_BYTES: Final = 256
+
+
+def fingerprint(listed: msgspec.Raw) -> int:
+    """A cheap hash of a node list: its length and ``_SLICES`` slices of it.
+
+    Hashing all of a non-cache list (every Node object, ~6 MB for 5,000 nodes) took longer than
+    answering. Two lists with the same fingerprint are told apart by comparing them in full
+    (``memcmp``, ~30x faster than hashing), so a collision costs a miss, never a wrong answer.
+    """
+    view = memoryview(listed)
+    size = len(view)
+    if size <= _SLICES * _SLICE_BYTES:
+        return hash(bytes(view))
+    step = (size - _SLICE_BYTES) // (_SLICES - 1)
+    parts = [bytes(view[i : i + _SLICE_BYTES]) for i in range(0, size - _SLICE_BYTES + 1, step)]
+    return hash((size, *parts))
+
+
 class FilterAnswers:
-    """Encoded filter answers by (pod size, node list bytes), valid while the FitIndex's
+    """Encoded filter answers by (pod size, mode, node list), valid while the FitIndex's
     ``version(size)`` stands still.
 
     Speed: kube-scheduler asks about the same few VM shapes with the same node list again and
     again, and most ledger changes (permits, binds elsewhere) do not change which nodes reject
     a size. A hit skips decoding the names, the per-node loop and the encoding (several
-    milliseconds for 5,000 nodes). Bounded by bytes, keys included: a non-cache key is the
-    whole Nodes list.
+    milliseconds for 5,000 nodes); it costs a fingerprint of the list and one ``memcmp`` of it
+    against the list the answer was for, and copies nothing. One answer per fingerprint: a
+    list that replaced another (a node's resourceVersion moved) takes its slot. Bounded by
+    bytes, lists included: a non-cache list is every Node object.
     """
 
     def __init__(self, *, max_bytes: int = 64 * 2**20) -> None:
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._entries: OrderedDict[tuple[Demand, bool, bytes], _Cached] = OrderedDict()
+        self._entries: OrderedDict[tuple[_Key, int], _Cached] = OrderedDict()
 
-    def get(self, key: tuple[Demand, bool, bytes], version: tuple[int, int]) -> _Cached | None:
-        found = self._entries.get(key)
-        if found is None or found.version != version:
+    def get(self, key: _Key, listed: msgspec.Raw, version: tuple[int, int]) -> _Cached | None:
+        slot = (key, fingerprint(listed))
+        found = self._entries.get(slot)
+        if found is None or found.version != version or found.listed != listed:
             return None
-        self._entries.move_to_end(key)
+        self._entries.move_to_end(slot)
         return found
 
-    def put(self, key: tuple[Demand, bool, bytes], entry: _Cached) -> None:
-        size = len(key[2]) + len(entry.body)
+    def put(self, key: _Key, entry: _Cached) -> None:
+        size = len(entry.listed) + len(entry.body)
         if size > self._max_bytes:
             return
-        old = self._entries.pop(key, None)
+        slot = (key, fingerprint(entry.listed))
+        old = self._entries.pop(slot, None)
         if old is not None:
-            self._bytes -= len(key[2]) + len(old.body)
-        self._entries[key] = entry
+            self._bytes -= len(old.listed) + len(old.body)
+        self._entries[slot] = entry
         self._bytes += size
         while self._bytes > self._max_bytes:
-            (_, _, listed), evicted = self._entries.popitem(last=False)
-            self._bytes -= len(listed) + len(evicted.body)
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= len(evicted.listed) + len(evicted.body)
 
 
 FILTER_ANSWERS = web.AppKey("filter_answers", FilterAnswers)
@@ -155,17 +183,20 @@ def _names(args: ExtenderArgs) -> list[str]:
     raise ProtocolError("ExtenderArgs: neither NodeNames nor Nodes is set")
 
 
-def _listed(args: FilterArgs) -> tuple[bool, bytes]:
-    """(is cache mode, the raw node list): the field the request used, as the answer must."""
-    if bytes(args.node_names) != b"null":
-        return True, bytes(args.node_names)
-    if bytes(args.nodes) != b"null":
-        return False, bytes(args.nodes)
+def _listed(args: FilterArgs) -> tuple[bool, msgspec.Raw]:
+    """(is cache mode, the raw node list): the field the request used, as the answer must.
+
+    Not copied: it is a view of the request body, and the answer cache compares it in place.
+    """
+    if args.node_names != _NULL:
+        return True, args.node_names
+    if args.nodes != _NULL:
+        return False, args.nodes
     raise ProtocolError("ExtenderArgs: neither NodeNames nor Nodes is set")
 
 
 def _answer(
-    extender: Extender, info: PodInfo, *, is_cache: bool, listed: bytes
+    extender: Extender, info: PodInfo, *, is_cache: bool, listed: msgspec.Raw
 ) -> tuple[bytes, str, bool]:
     """Decode the node list, filter, encode: the uncached path. (body, reason, has_room)."""
     raw = None
@@ -195,7 +226,7 @@ def _answer(
     return codec.encode(answer), reason, bool(result.passed)
 
 
-def _waiting_answer(*, is_cache: bool, listed: bytes, reason: str) -> bytes:
+def _waiting_answer(*, is_cache: bool, listed: msgspec.Raw, reason: str) -> bytes:
     """Every node failed (resolvable) for the pod's own reason: it waits for quota."""
     answer = _FilterAnswer(failed_nodes={}, failed_and_unresolvable_nodes={})
     if is_cache:
@@ -227,14 +258,16 @@ async def filter_nodes(request: web.Request) -> web.Response:
     else:
         size = info.initial_demand()
         version = extender.index.version(size)
-        key = (size, is_cache, listed)
+        key = (size, is_cache, len(listed))
         answers = request.app[FILTER_ANSWERS]
-        found = answers.get(key, version)
+        found = answers.get(key, listed, version)
         if found is not None:
             encoded, reason, has_room = found.body, found.reason, found.has_room
         else:
             encoded, reason, has_room = _answer(extender, info, is_cache=is_cache, listed=listed)
-            answers.put(key, _Cached(version, encoded, reason, has_room))
+            # A copy: the request's view would keep its whole body (the Pod too) alive.
+            kept = msgspec.Raw(bytes(listed))
+            answers.put(key, _Cached(version, kept, encoded, reason, has_room))
     if info.is_ours:
         # Also on a cache hit: how long a pod has found no room is what auto-publish acts on.
         extender.capacity_waits.filter_answered(

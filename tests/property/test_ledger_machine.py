@@ -41,6 +41,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.api_nodes: dict[str, Demand] = {}
         self.api_pods: dict[str, PodInfo] = {}
         self.current: dict[str, int] = {}  # vCPUs each VM really runs with
+        # Per size, the last (version, answer) seen: the extender reuses an encoded answer
+        # while ``version(size)`` stands still, so a changed answer must change the version.
+        self.answers: dict[Demand, tuple[tuple[int, int], object]] = {}
         self.counter = 0
         self.at = 0.0
 
@@ -288,6 +291,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert rebuilt.nodes[name].uncertain_total == Demand(0, 0)
         self.ledger = rebuilt
         self.index = FitIndex(rebuilt)
+        self.answers.clear()  # a new index: the extender's answer cache is new too
 
     @rule(data=st.data())
     def everything_deleted(self, data):
@@ -314,6 +318,16 @@ class LedgerMachine(RuleBasedStateMachine):
                 state = self.ledger.nodes.get(node)
                 fresh = rejection(state, size) if state is not None else "unknown"
                 assert (node in result.passed) == (fresh is None), (node, size, fresh)
+
+    @invariant()
+    def an_unchanged_version_means_an_unchanged_answer(self):
+        for size in SIZES:
+            version = self.index.version(size)
+            answer = self.index.filter(size, [*NODES, "ghost"])
+            seen = self.answers.get(size)
+            if seen is not None and seen[0] == version:
+                assert seen[1] == answer, (size, version, seen[1], answer)
+            self.answers[size] = (version, answer)
 
 
 TestLedgerMachine = LedgerMachine.TestCase

@@ -14,7 +14,7 @@ from scheduler_extender.accounting import (
     UnknownNode,
 )
 from scheduler_extender.permits import BatchRefused, decide, decide_batch
-from scheduler_extender.placement import FitIndex, Strategy, choose_victims, score_nodes
+from scheduler_extender.placement import FitIndex, Strategy, choose_victims, rejection, score_nodes
 from scheduler_extender.podinfo import Demand, PodInfo
 
 GI = 2**30
@@ -260,10 +260,13 @@ def test_fit_index_follows_the_ledger(ledger):
     ledger.observe_pod(info("f1", node="n1", cpu=2500), at=0)
     result = index.filter(size, ["n1", "ghost"])
     assert result.passed == []
-    assert "insufficient cpu" in result.failed["n1"]
-    assert "not known" in result.failed["ghost"]
+    assert result.failed["n1"] == "insufficient cpu: pod needs 2000m"
+    assert result.failed["ghost"] == "node not known to the extender yet"
     huge = index.filter(Demand(4500, 0), ["n1"])
-    assert "can never give more than 4000m" in huge.unresolvable["n1"]
+    assert huge.unresolvable["n1"].startswith("node too small: pod needs 4500m cpu")
+    # The node's own numbers are in the detailed rejection (bind refusals, logs).
+    detail = rejection(ledger.nodes["n1"], Demand(4500, 0))
+    assert detail is not None and "can never give more than 4000m" in detail.reason
     ledger.forget_pod("f1")
     assert index.filter(size, ["n1"]).passed == ["n1"]
 
