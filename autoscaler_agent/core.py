@@ -118,6 +118,9 @@ class PermitOutcome(enum.StrEnum):
     REJECTED = "rejected"
 
 
+_NOTHING: tuple[None, None, None] = (None, None, None)
+
+
 class _Busy(enum.Enum):
     READ = "read"
     RESIZE = "resize"
@@ -145,10 +148,14 @@ class VmState:
         now: float,
         permit_vcpus: int | None = None,
     ) -> None:
+        # Fixed for the life of the state: new bounds come with a new pod, so a new VmState.
         self.spec = spec
         self.config = config
         self.current_vcpus: int | None = None
-        self.hypervisor_max_vcpus: int | None = None
+        self._hypervisor_max_vcpus: int | None = None
+        # top_vcpus, kept up to date by the hypervisor_max_vcpus setter: it is read several
+        # times per scrape of every VM, and only changes when the hypervisor says so.
+        self._top_vcpus = spec.top_vcpus
         self.permit_vcpus: int | None = permit_vcpus
         self.goal: Goal | None = None
         self.samples: Samples | None = None
@@ -180,12 +187,22 @@ class VmState:
     # -- derived values ------------------------------------------------------------------
 
     @property
+    def hypervisor_max_vcpus(self) -> int | None:
+        """The hypervisor's own maximum for this VM, once it has said (None until then)."""
+        return self._hypervisor_max_vcpus
+
+    @hypervisor_max_vcpus.setter
+    def hypervisor_max_vcpus(self, value: int | None) -> None:
+        self._hypervisor_max_vcpus = value
+        top = self.spec.top_vcpus
+        if value is not None:
+            top = min(top, self.spec.round_vcpus_down(value))
+        self._top_vcpus = top
+
+    @property
     def top_vcpus(self) -> int:
         """Largest allowed size: max_vcpus, lowered to the hypervisor's maximum if known."""
-        top = self.spec.top_vcpus
-        if self.hypervisor_max_vcpus is not None:
-            top = min(top, self.spec.round_vcpus_down(self.hypervisor_max_vcpus))
-        return top
+        return self._top_vcpus
 
     @property
     def desired_vcpus(self) -> int | None:
@@ -193,11 +210,13 @@ class VmState:
         current = self.current_vcpus
         if current is None:
             return None
+        return self._desired(current)
+
+    def _desired(self, current: int) -> int:
         goal = self.goal
         # "hold" means keep whatever the VM has now, even if that changed since the sample.
-        is_hold = goal is None or goal.vcpus == goal.current_vcpus
-        target = current if is_hold or goal is None else goal.vcpus
-        return max(self.spec.min_vcpus, min(target, self.top_vcpus))
+        target = current if goal is None or goal.vcpus == goal.current_vcpus else goal.vcpus
+        return max(self.spec.min_vcpus, min(target, self._top_vcpus))
 
     @property
     def is_extender_degraded(self) -> bool:
@@ -212,26 +231,33 @@ class VmState:
 
     def next_actions(self, now: float) -> Actions:
         deadlines: list[float] = []
-        scrape = not self._scrape_in_flight and now >= self._next_scrape_at
-        if scrape:
-            deadlines.append(now + self.config.scrape_interval_seconds)
-        elif not self._scrape_in_flight:
-            deadlines.append(self._next_scrape_at)
+        scrape = False
+        if not self._scrape_in_flight:
+            if now >= self._next_scrape_at:
+                scrape = True
+                deadlines.append(now + self.config.scrape_interval_seconds)
+            else:
+                deadlines.append(self._next_scrape_at)
 
         read = False
         resize: Resize | None = None
         request: PermitCall | None = None
         notice: PermitCall | None = None
         if self._busy is None:
-            if self.current_vcpus is None:
+            current = self.current_vcpus
+            if current is None:
                 if now >= self._read_retry_at:
                     read = True
                 else:
                     deadlines.append(self._read_retry_at)
             else:
-                resize, request, notice = self._decide(now, self.current_vcpus, deadlines)
+                resize, request, notice = self._decide(now, current, deadlines)
 
-        wait = max(0.0, min(deadlines) - now) if deadlines else None
+        wait = None
+        if deadlines:
+            wait = min(deadlines) - now
+            if not wait > 0.0:
+                wait = 0.0
         return Actions(
             scrape=scrape,
             read_vcpus=read,
@@ -244,9 +270,10 @@ class VmState:
     def _decide(
         self, now: float, current: int, deadlines: list[float]
     ) -> tuple[Resize | None, PermitCall | None, PermitCall | None]:
-        desired = self.desired_vcpus
-        assert desired is not None  # current is known
+        desired = self._desired(current)
         permit = self.permit_vcpus if self.permit_vcpus is not None else current
+        if desired == current and permit == current and not self._report_due:
+            return _NOTHING  # the common case, settled: none of the branches below applies
         why = self.goal.reason if self.goal is not None else "no fresh metrics: hold"
 
         # 1. A resize, if one is due: a shrink needs no permit; a grow goes as far as the permit.
@@ -254,7 +281,7 @@ class VmState:
         if desired < current:
             target, verb = desired, "shrink"
         elif desired > current:
-            allowed = min(desired, self.spec.round_vcpus_down(permit), self.top_vcpus)
+            allowed = min(desired, self.spec.round_vcpus_down(permit), self._top_vcpus)
             if allowed > current:
                 target = allowed
                 verb = "grow" if allowed == desired else f"grow within permit {permit}"
@@ -283,7 +310,7 @@ class VmState:
                 reason = f"extender restarted: report {current} vCPUs, permit {permit}"
                 return None, self._call_for(CallKind.REPORT, current, permit, permit, reason), None
             deadlines.append(self._extender_retry_at)
-        return None, None, None
+        return _NOTHING
 
     def _call_for(
         self, kind: CallKind, wire_current: int, requested: int, permit: int, reason: str

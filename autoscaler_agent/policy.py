@@ -143,18 +143,24 @@ def round_up_to_unit(vcpus: int, spec: VmSpec, *, top_vcpus: int) -> int:
     return min(spec.min_vcpus + steps * spec.scaling_unit, top_vcpus)
 
 
-def _size_for(load: float, load_per_vcpu: float, spec: VmSpec, top_vcpus: int) -> int:
-    # A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
+def _size_for(load: float, load_per_vcpu: float, min_vcpus: int, unit: int, top_vcpus: int) -> int:
+    # ``round_up_to_unit(max(1, need))`` on plain ints: this runs a few times per scrape of
+    # every VM. A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
     need = max(1, math.ceil(load / load_per_vcpu - 1e-9))
-    return round_up_to_unit(need, spec, top_vcpus=top_vcpus)
+    if need <= min_vcpus:
+        return min_vcpus
+    size = min_vcpus - (min_vcpus - need) // unit * unit
+    return size if size < top_vcpus else top_vcpus
 
 
-def _busy_fraction(state: PolicyState, samples: Samples) -> float | None:
-    t0, t1 = state.cpu_seconds_total, samples.cpu_seconds_total
-    i0, i1 = state.cpu_idle_seconds_total, samples.cpu_idle_seconds_total
+def _busy_fraction(
+    cpu_before: float | None, idle_before: float | None, count_before: int | None, samples: Samples
+) -> float | None:
+    t0, t1 = cpu_before, samples.cpu_seconds_total
+    i0, i1 = idle_before, samples.cpu_idle_seconds_total
     if t0 is None or t1 is None or i0 is None or i1 is None:
         return None
-    if state.cpu_count != samples.cpu_count:
+    if count_before != samples.cpu_count:
         return None  # hot-plug: the new CPU's counters since boot are in this delta
     total, idle = t1 - t0, i1 - i0
     if total <= 0 or idle < 0:
@@ -162,28 +168,9 @@ def _busy_fraction(state: PolicyState, samples: Samples) -> float | None:
     return min(1.0, max(0.0, 1.0 - idle / total))
 
 
-def _next_state(
-    samples: Samples,
-    *,
-    low_since: float | None = None,
-    low_peak_vcpus: int | None = None,
-    pressure_since: float | None = None,
-    pressure_demands: tuple[float, ...] = (),
-) -> PolicyState:
-    # The windows given, and this scrape's counters for the next busy fraction.
-    return PolicyState(
-        low_since=low_since,
-        low_peak_vcpus=low_peak_vcpus,
-        pressure_since=pressure_since,
-        pressure_demands=pressure_demands,
-        cpu_seconds_total=samples.cpu_seconds_total,
-        cpu_idle_seconds_total=samples.cpu_idle_seconds_total,
-        cpu_count=samples.cpu_count,
-    )
-
-
 def _usable(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) and value >= 0 else None
+    # Finite and not negative (NaN fails both comparisons).
+    return value if value is not None and 0.0 <= value < math.inf else None
 
 
 def _median(values: tuple[float, ...]) -> float:
@@ -201,14 +188,22 @@ def goal_vcpus(
     top_vcpus: int,
     config: PolicyConfig,
     now: float,
+    explain: bool = True,
 ) -> Goal:
     """The vCPUs this VM should have now, with the reason, and the next policy state.
 
     ``top_vcpus`` is the largest size allowed (``spec.top_vcpus``, possibly lowered by the
-    hypervisor's own maximum). The formula is in the module docstring.
+    hypervisor's own maximum). The formula is in the module docstring. ``explain=False`` skips
+    formatting ``reason`` (left empty, unless it is a fixed sentence) and changes nothing else:
+    for callers that only look at the decision (the simulator's search for a settled VM's next
+    one), since formatting the sentence costs as much as the decision itself.
     """
     load1 = _usable(samples.load1)
-    busy = _busy_fraction(state, samples)
+    # The state after this scrape carries its counters, for the next busy fraction.
+    cpu, idle, count = samples.cpu_seconds_total, samples.cpu_idle_seconds_total, samples.cpu_count
+    busy = _busy_fraction(
+        state.cpu_seconds_total, state.cpu_idle_seconds_total, state.cpu_count, samples
+    )
     if load1 is None:
         return Goal(
             vcpus=current_vcpus,
@@ -217,11 +212,12 @@ def goal_vcpus(
             busy_fraction=busy,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=_next_state(samples),
+            state=PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count),
             reason="hold: no usable node_load1 in the samples",
         )
     c = current_vcpus
-    if busy is None and samples.cpu_seconds_total is not None and spec.min_vcpus <= c <= top_vcpus:
+    min_vcpus, unit = spec.min_vcpus, spec.scaling_unit
+    if busy is None and cpu is not None and min_vcpus <= c <= top_vcpus:
         # The counters are there but give no fraction this time: hold for one interval, with
         # the windows as they were (a hot-plug must neither open nor close one).
         return Goal(
@@ -230,12 +226,14 @@ def goal_vcpus(
             load1=load1,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=_next_state(
-                samples,
+            state=PolicyState(
                 low_since=state.low_since,
                 low_peak_vcpus=state.low_peak_vcpus,
                 pressure_since=state.pressure_since,
                 pressure_demands=state.pressure_demands,
+                cpu_seconds_total=cpu,
+                cpu_idle_seconds_total=idle,
+                cpu_count=count,
             ),
             reason="hold: no busy fraction this interval (first scrape, hot-plug or reset)",
         )
@@ -243,85 +241,129 @@ def goal_vcpus(
     demand: float | None = None
     pressure_since: float | None = None
     demands: tuple[float, ...] = ()
+    is_saturated = False
+    pressed_for = 0.0
     if busy is None:
-        grow = _size_for(load1, target, spec, top_vcpus)
+        grow = _size_for(load1, target, min_vcpus, unit, top_vcpus)
         slow = load1
-        parts = f"load1 {load1:.2f} at {target} per vCPU needs {grow}"
         is_grow_due = grow > c
     else:
         used = busy * c
-        runnable = _usable(samples.procs_running)
         is_saturated = busy >= config.saturated_busy_fraction
         demand = used
         if is_saturated:
+            runnable = _usable(samples.procs_running)
             demand = max(used, load1, 0.0 if runnable is None else max(0.0, runnable - 1))
-        need_now = _size_for(demand, target, spec, top_vcpus)
+        need_now = _size_for(demand, target, min_vcpus, unit, top_vcpus)
         grow = need_now
         if need_now > c:
             pressure_since = state.pressure_since if state.pressure_since is not None else now
             # Only values that need more than c now: after a grow that fell short, the values
             # that the new size covers are no evidence for the next step. Each value left needs
             # more than c, so their median does too.
-            kept = (d for d in state.pressure_demands if _size_for(d, target, spec, top_vcpus) > c)
+            kept = (
+                d
+                for d in state.pressure_demands
+                if _size_for(d, target, min_vcpus, unit, top_vcpus) > c
+            )
             demands = (*kept, demand)[-DEMAND_WINDOW_SAMPLES:]
-            grow = _size_for(_median(demands), target, spec, top_vcpus)
+            grow = _size_for(_median(demands), target, min_vcpus, unit, top_vcpus)
+            pressed_for = now - pressure_since
         slow = max(load1, used)
-        pressed_for = 0.0 if pressure_since is None else now - pressure_since
         is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
-        parts = (
-            f"busy {busy:.2f} of {c} vCPUs{' (saturated)' if is_saturated else ''},"
-            f" demand {demand:.2f} at {target} per vCPU needs {grow}"
-        )
-        if pressure_since is not None and not is_grow_due:
-            parts += f", pressure for {pressed_for:.0f}s of {config.grow_after_seconds:.0f}s"
-        parts += f", load1 {load1:.2f}"
     # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
     # and keeps a shrink from going below what the fast estimate needs now.
-    shrink = max(grow, _size_for(slow, config.shrink_load_per_vcpu, spec, top_vcpus))
-    parts += f" (shrink size {shrink} at {config.shrink_load_per_vcpu})"
+    shrink = max(grow, _size_for(slow, config.shrink_load_per_vcpu, min_vcpus, unit, top_vcpus))
 
-    def goal(vcpus: int, new_state: PolicyState, verdict: str) -> Goal:
-        return Goal(
-            vcpus=vcpus,
-            current_vcpus=c,
-            load1=load1,
-            busy_fraction=busy,
-            demand_vcpus=demand,
-            grow_vcpus=grow,
-            shrink_vcpus=shrink,
-            state=new_state,
-            reason=f"{verdict}: {parts}",
-        )
-
-    if c < spec.min_vcpus:
-        return goal(
-            max(grow, spec.min_vcpus), _next_state(samples), f"grow to min {spec.min_vcpus}"
-        )
-    if c > top_vcpus:
+    # The decision: the size, the state to carry, and its verdict (formatted only if asked).
+    verdict = "hold"
+    if c < min_vcpus:
+        vcpus = max(grow, min_vcpus)
+        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+        if explain:
+            verdict = f"grow to min {min_vcpus}"
+    elif c > top_vcpus:
         # Above max (bounds lowered under a running VM): back to max now, without waiting;
         # any further shrink goes through the usual hysteresis from there.
-        return goal(top_vcpus, _next_state(samples), f"shrink to max {top_vcpus}")
-    if grow > c:
+        vcpus = top_vcpus
+        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+        if explain:
+            verdict = f"shrink to max {top_vcpus}"
+    elif grow > c:
+        # The window stays open, also once the grow is due: the scrapes until the resize lands
+        # must keep asking for this size (a "hold" would drop a permit request still in
+        # flight), and if the new size is still short, the next grow needs no second wait.
+        new_state = PolicyState(
+            pressure_since=pressure_since,
+            pressure_demands=demands,
+            cpu_seconds_total=cpu,
+            cpu_idle_seconds_total=idle,
+            cpu_count=count,
+        )
         if is_grow_due:
-            # The window stays open: the scrapes until the resize lands must keep asking for
-            # this size (a "hold" would drop a permit request still in flight), and if the new
-            # size is still short, the next grow needs no second wait.
-            window = _next_state(samples, pressure_since=pressure_since, pressure_demands=demands)
-            return goal(grow, window, f"grow {c} -> {grow}")
-        window = _next_state(samples, pressure_since=pressure_since, pressure_demands=demands)
-        return goal(c, window, "hold: grow pending")
-    if shrink >= c:
-        return goal(c, _next_state(samples), "hold")
-    low_since = state.low_since if state.low_since is not None else now
-    peak = max(shrink, state.low_peak_vcpus or shrink)
-    low_for = now - low_since
-    if low_for >= config.shrink_after_seconds:
-        return goal(peak, _next_state(samples), f"shrink {c} -> {peak} after {low_for:.0f}s low")
-    return goal(
-        c,
-        _next_state(samples, low_since=low_since, low_peak_vcpus=peak),
-        f"hold: shrink to {peak} pending, low for {low_for:.0f}s of"
-        f" {config.shrink_after_seconds:.0f}s",
+            vcpus = grow
+            if explain:
+                verdict = f"grow {c} -> {grow}"
+        else:
+            vcpus = c
+            verdict = "hold: grow pending"
+    elif shrink >= c:
+        vcpus = c
+        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+    else:
+        low_since = state.low_since if state.low_since is not None else now
+        peak = max(shrink, state.low_peak_vcpus or shrink)
+        low_for = now - low_since
+        if low_for >= config.shrink_after_seconds:
+            vcpus = peak
+            new_state = PolicyState(
+                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count
+            )
+            if explain:
+                verdict = f"shrink {c} -> {peak} after {low_for:.0f}s low"
+        else:
+            vcpus = c
+            new_state = PolicyState(
+                low_since=low_since,
+                low_peak_vcpus=peak,
+                cpu_seconds_total=cpu,
+                cpu_idle_seconds_total=idle,
+                cpu_count=count,
+            )
+            if explain:
+                verdict = (
+                    f"hold: shrink to {peak} pending, low for {low_for:.0f}s of"
+                    f" {config.shrink_after_seconds:.0f}s"
+                )
+
+    reason = ""
+    if explain:
+        if busy is None:
+            reason = (
+                f"{verdict}: load1 {load1:.2f} at {target} per vCPU needs {grow}"
+                f" (shrink size {shrink} at {config.shrink_load_per_vcpu})"
+            )
+        else:
+            pressure = (
+                f", pressure for {pressed_for:.0f}s of {config.grow_after_seconds:.0f}s"
+                if pressure_since is not None and not is_grow_due
+                else ""
+            )
+            reason = (
+                f"{verdict}: busy {busy:.2f} of {c} vCPUs{' (saturated)' if is_saturated else ''},"
+                f" demand {demand:.2f} at {target} per vCPU needs {grow}{pressure},"
+                f" load1 {load1:.2f} (shrink size {shrink} at {config.shrink_load_per_vcpu})"
+            )
+    return Goal(
+        vcpus=vcpus,
+        current_vcpus=c,
+        load1=load1,
+        busy_fraction=busy,
+        demand_vcpus=demand,
+        grow_vcpus=grow,
+        shrink_vcpus=shrink,
+        state=new_state,
+        reason=reason,
     )
 
 
@@ -330,11 +372,9 @@ def cpu_busy_fraction(previous: Samples | None, current: Samples) -> float | Non
     if previous is None:
         return None
     return _busy_fraction(
-        PolicyState(
-            cpu_seconds_total=previous.cpu_seconds_total,
-            cpu_idle_seconds_total=previous.cpu_idle_seconds_total,
-            cpu_count=previous.cpu_count,
-        ),
+        previous.cpu_seconds_total,
+        previous.cpu_idle_seconds_total,
+        previous.cpu_count,
         current,
     )
 

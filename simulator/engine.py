@@ -786,6 +786,7 @@ class Simulation:
             top_vcpus=st.top_vcpus,
             config=self.core.policy,
             now=at,
+            explain=False,
         )
         return goal.vcpus == current and goal.state.is_quiet
 
@@ -1167,6 +1168,7 @@ class Simulation:
             top_vcpus=vm.vm_spec.top_vcpus,
             config=self.core.policy,
             now=self.t,
+            explain=False,
         )
         grow, shrink = aim.grow_vcpus, aim.shrink_vcpus
         target: int | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -392,3 +393,56 @@ def test_exactly_steady_demand_with_fast_signals_changes_size_at_most_once(s, de
     sizes = [s.round_vcpus_down(start)] + [g.vcpus for g in goals]
     changes = [i for i in range(1, len(sizes)) if sizes[i] != sizes[i - 1]]
     assert len(changes) <= 1, sizes
+
+
+maybe_floats = st.one_of(st.none(), st.floats(0, 1e4, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    s=specs,
+    current=st.integers(0, 80),
+    load1=st.one_of(st.none(), st.floats(allow_nan=True), st.floats(0, 80)),
+    runnable=maybe_floats,
+    # Counters one interval apart (busy fraction known), sometimes missing or hot-plugged.
+    counters=st.one_of(
+        st.tuples(st.floats(0, 1e4), st.floats(0, 1e4), st.floats(0, 10), st.floats(0, 1)),
+        st.none(),
+    ),
+    counts=st.tuples(st.integers(1, 8), st.sampled_from([0, 0, 0, 1])),
+    windows=st.tuples(maybe_floats, st.integers(1, 80), maybe_floats),
+    demands=st.lists(st.floats(0, 80), max_size=6),
+    now=st.floats(0, 1e4),
+)
+def test_an_unexplained_goal_is_the_same_decision_without_the_sentence(  # noqa: PLR0917
+    s, current, load1, runnable, counters, counts, windows, demands, now
+):
+    """The simulator's settled-VM search asks for the decision only (explain=False): every
+    field but the reason must be what the agent itself would get."""
+    cpu0 = idle0 = cpu1 = idle1 = None
+    if counters is not None:
+        cpu0, idle0, interval, busy = counters
+        cpu1, idle1 = cpu0 + interval, idle0 + (1 - busy) * interval
+    low_since, low_peak, pressure_since = windows
+    state = PolicyState(
+        low_since=low_since,
+        low_peak_vcpus=low_peak if low_since is not None else None,
+        pressure_since=pressure_since,
+        pressure_demands=tuple(demands) if pressure_since is not None else (),
+        cpu_seconds_total=cpu0,
+        cpu_idle_seconds_total=idle0,
+        cpu_count=counts[0],
+    )
+    samples = Samples(
+        load1=load1,
+        procs_running=runnable,
+        cpu_seconds_total=cpu1,
+        cpu_idle_seconds_total=idle1,
+        cpu_count=counts[0] + counts[1],
+    )
+    kw = {"current_vcpus": current, "top_vcpus": s.top_vcpus, "config": CFG, "now": now}
+    explained = goal_vcpus(samples, s, state, **kw)
+    bare = goal_vcpus(samples, s, state, **kw, explain=False)
+    assert explained.reason
+    assert bare.reason in {"", explained.reason}
+    assert bare == msgspec.structs.replace(explained, reason=bare.reason)
