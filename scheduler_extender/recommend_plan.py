@@ -96,15 +96,20 @@ def _pack_on_pool(
     Zones: all in the first zone that admits every pod, else each pod in its first zone.
     """
     usable = cands[0].usable
+    # Per class, the zones that admit it (pods share a handful of classes).
+    zones_of: dict[int, list[str]] = {}
     feasible: list[list[str]] = []
     for p in pods:
         if p.demand.cpu_millis > usable.cpu_millis or p.demand.memory_bytes > usable.memory_bytes:
             return None
-        zones = [c.zone for c in cands if sim.admits(p.cls, c) is None]
+        zones = zones_of.get(p.cls)
+        if zones is None:
+            zones = zones_of[p.cls] = [c.zone for c in cands if sim.admits(p.cls, c) is None]
         if not zones:
             return None
         feasible.append(zones)
-    common = [c.zone for c in cands if all(c.zone in z for z in feasible)]
+    distinct = list({id(z): z for z in feasible}.values())
+    common = [c.zone for c in cands if all(c.zone in z for z in distinct)]
     by_zone: dict[str, list[Demand]] = {}
     for p, zones in zip(pods, feasible, strict=True):
         zone = common[0] if common else zones[0]

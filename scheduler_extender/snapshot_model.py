@@ -69,6 +69,17 @@ class Constraints:
     terms: tuple[_Term, ...] | None  # None: no required node affinity
     tolerations: tuple[_TolKey, ...]
 
+    @property
+    def by_name(self) -> bool:
+        """Whether admission looks at a node's name or hostname label: then nodes of one
+        kind (``Model.host_kinds``) may differ for this class."""
+        if any(k == HOSTNAME_LABEL for k, _ in self.selector):
+            return True
+        for exprs, fields in self.terms or ():
+            if fields or any(e[0] == HOSTNAME_LABEL for e in exprs):
+                return True
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class Host:
@@ -123,6 +134,11 @@ class Model:
     # ``initial_demand()``, which is what the ledger's ``observe_pod`` holds for them too).
     allocatable: list[Demand]
     held: list[Demand]
+    # Per node: its kind, the same for nodes whose labels (but the hostname) and taints are
+    # the same, so that a class's admission is checked once per kind (``Constraints.by_name``
+    # says when it is not). ``kind_count`` kinds, numbered from 0.
+    host_kinds: list[int]
+    kind_count: int
     placed: list[PodInfo]
     pending: list[Pending]
     classes: list[Constraints]
@@ -345,6 +361,8 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     allocatable: list[Demand] = []
     node_names: set[str] = set()
     observed: dict[str, int] = {}
+    kinds: dict[tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]], int] = {}
+    host_kinds: list[int] = []
     for i, n in enumerate(snapshot.nodes):
         path = f"$.nodes[{i}]"
         if n.name in node_names:
@@ -373,7 +391,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
                         _key_path(f"{path}.labels", ZONE_LABEL),
                         f"zone {zone!r} is not one of pool {pool_name!r}'s zones {found.zones}",
                     )
-        nodes.append((n, Host(n.name, n.labels, _taints(n.taints))))
+        host = Host(n.name, n.labels, _taints(n.taints))
+        nodes.append((n, host))
+        kind = (tuple(kv for kv in n.labels.items() if kv[0] != HOSTNAME_LABEL), host.taints)
+        found_kind = kinds.get(kind)
+        if found_kind is None:
+            found_kind = kinds[kind] = len(kinds)
+        host_kinds.append(found_kind)
     for pool in pools:
         pool.count = max(pool.count, observed.get(pool.name, 0))
 
@@ -445,6 +469,8 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
         nodes=nodes,
         allocatable=allocatable,
         held=[held_by_node.get(n.name, _ZERO) for n, _ in nodes],
+        host_kinds=host_kinds,
+        kind_count=len(kinds),
         placed=placed,
         pending=ordered,
         classes=classes,

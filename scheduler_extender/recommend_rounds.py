@@ -1,0 +1,444 @@
+"""Phases 3-5 of the recommender: the greedy rounds of one pass.
+
+Pure: no I/O, no clock, no randomness. Each round tries one new node of every candidate (node
+pool x zone) against the still-unscheduled pods, in scheduling order, first fit; ranks the
+candidates that place something (``recommend_scoring``); commits the winner's node and pods to
+the virtual cluster (``Simulation.commit``); and records the round, every candidate with its
+outcome, score and pods. Rounds repeat until every pod is placed or no candidate places any.
+
+Done naively, every round tries every candidate against every pending pod: rounds x candidates
+x pods (about 1 s for the benchmark). What makes it cheap:
+
+* Pods with the same constraints and size form a *group*: identical for every fit and
+  feasibility question. A trial takes a group's members in order while they fit, and the
+  winner takes a trial's pods, so what has been taken of a group is always a prefix of it:
+  a ``head`` per group is the whole state of the pass.
+* Candidates with the same usable size and feasible groups (a pool's zones, when no pod cares
+  about zones) share one *signature*, and so one trial: their simulations are identical.
+* A trial is first fit over the groups' members in scheduling order, on a node whose room
+  only shrinks; so the next pod placed is always the earliest one among the groups that still
+  fit. The live groups are kept ordered by their head, so a trial scans them once (groups it
+  has started are merged back in through a small heap), stops as soon as the room is below the
+  smallest feasible size, and costs O(groups + pods placed x log pods placed).
+* A trial stays valid until the winner takes a pod from a group the trial took from (it would
+  be that group's head, which the trial placed). Removing pods a trial skipped cannot change a
+  first fit that skipped them. Each group knows the trials that took from it.
+* A candidate's block (pool at its maximum or limit) changes only when its pool wins, and what
+  a round records of a candidate (``CandidateTrial``) is rebuilt only when its trial, block or
+  reason changed: a round mostly repeats the previous one.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from heapq import heappop, heappush
+from typing import Final, cast
+
+from scheduler_extender.podinfo import Demand
+from scheduler_extender.recommend_scoring import ChainValues, Ranking
+from scheduler_extender.recommend_sim import Simulation
+from scheduler_extender.recommendation import CandidateOutcome, CandidateTrial, Round, Score
+from scheduler_extender.snapshot_model import Candidate, Pending
+
+__all__ = ["run_rounds"]
+
+_NOTHING_FITS = "no unscheduled pod fits"
+_BEST = "best of the chain"
+_NEVER = 1 << 62  # after every pod position
+# A key after every chain key: the candidate is blocked or places nothing.
+_OUT: Final[tuple[float]] = (math.inf,)
+# A record not written yet (only ever seen before a candidate's first ranking).
+_PENDING: Final = CandidateTrial(
+    node_pool="", zone="", instance_type="", outcome=CandidateOutcome.LOST, reason=""
+)
+
+
+class _Trial:
+    """One new node's simulated contents, shared by the signatures it was filled for."""
+
+    __slots__ = ("cpu", "groups", "keys", "mem", "placed", "ranked", "sigs")
+
+    def __init__(
+        self, placed: list[int], cpu: int, mem: int, keys: list[str], groups: list[int]
+    ) -> None:
+        self.placed = placed  # pass-local pod indices, in placement order
+        self.cpu = cpu  # what the placed pods request
+        self.mem = mem
+        self.keys = keys  # the placed pods' names, for the diagnostics
+        self.groups = groups  # the groups it took from
+        self.sigs: list[int] = []  # the signatures it is the trial of, while valid
+        # Pool index -> the chain's key and the score shown.
+        self.ranked: dict[int, tuple[ChainValues, Score]] = {}
+
+
+class _Pass:
+    """The pods of one pass, grouped, and every signature's current trial."""
+
+    def __init__(self, sim: Simulation, pods: list[Pending]) -> None:
+        self.keys = [p.key for p in pods]
+        by_key: dict[tuple[int, Demand], int] = {}
+        self.members: list[list[int]] = []  # group -> its pods, in scheduling order
+        self.group_of: list[int] = []  # pod -> group
+        cls: list[int] = []
+        cpu: list[int] = []
+        mem: list[int] = []
+        for i, p in enumerate(pods):
+            n = by_key.get((p.cls, p.demand))
+            if n is None:
+                n = by_key[(p.cls, p.demand)] = len(self.members)
+                self.members.append([])
+                cls.append(p.cls)
+                cpu.append(p.demand.cpu_millis)
+                mem.append(p.demand.memory_bytes)
+            self.members[n].append(i)
+            self.group_of.append(n)
+        self.cpu, self.mem = cpu, mem
+        groups = len(self.members)
+        self.head = [0] * groups
+        # Groups with members left, ordered by their head pod (pods are in scheduling order),
+        # and those head pods.
+        self.live = sorted(range(groups), key=lambda g: self.members[g][0])
+        self.live_pods = [self.members[g][0] for g in self.live]
+        # Per group: the trials that took from it, while they may be valid.
+        self.watchers: list[list[_Trial]] = [[] for _ in range(groups)]
+
+        sigs: dict[tuple[Demand, tuple[int, ...]], int] = {}
+        # Signatures with the same room form a *family* (a pool's zones, typically): their
+        # trials agree until one meets a group that fits and only some of them may take, so
+        # a family is filled together and splits only there (``_fill``). Bit i of a family's
+        # masks is its i-th signature.
+        families: dict[Demand, int] = {}
+        self.family_sigs: list[list[int]] = []
+        self.family_masks: list[list[int]] = []  # family -> group -> who may take it
+        self.family_of: list[tuple[int, int]] = []  # signature -> (family, its bit)
+        # Per signature: the smallest cpu and memory among its feasible groups (a room below
+        # either takes nothing more).
+        self.least: list[tuple[int, int]] = []
+        self.sig_of: list[int] = []  # candidate index -> signature
+        classes = sorted(set(cls))
+        for cand in sim.candidates:
+            u = cand.usable
+            admits = {c: sim.admits(c, cand) is None for c in classes}
+            feasible = tuple(
+                n
+                for n in range(groups)
+                if cpu[n] <= u.cpu_millis and mem[n] <= u.memory_bytes and admits[cls[n]]
+            )
+            sig = sigs.get((u, feasible))
+            if sig is None:
+                sig = sigs[(u, feasible)] = len(self.least)
+                self.least.append(
+                    (
+                        min((cpu[n] for n in feasible), default=_NEVER),
+                        min((mem[n] for n in feasible), default=_NEVER),
+                    )
+                )
+                family = families.get(u)
+                if family is None:
+                    family = families[u] = len(self.family_sigs)
+                    self.family_sigs.append([])
+                    self.family_masks.append([0] * groups)
+                bit = 1 << len(self.family_sigs[family])
+                self.family_sigs[family].append(sig)
+                masks = self.family_masks[family]
+                for n in feasible:
+                    masks[n] |= bit
+                self.family_of.append((family, bit))
+            self.sig_of.append(sig)
+        self.rooms = list(families)
+        self.family_least: list[dict[int, tuple[int, int]]] = [{} for _ in families]
+        self.trials: list[_Trial | None] = [None] * len(self.least)
+
+    def refill(self, sigs: list[int]) -> None:
+        """Fill the trials of ``sigs`` (all dropped), each family's at once."""
+        masks: dict[int, int] = {}
+        family_of = self.family_of
+        for sig in sigs:
+            family, bit = family_of[sig]
+            masks[family] = masks.get(family, 0) | bit
+        trials, watchers = self.trials, self.watchers
+        for family, mask in masks.items():
+            family_sigs = self.family_sigs[family]
+            for taking, t in self._fill(family, mask):
+                t.sigs = [s for i, s in enumerate(family_sigs) if taking >> i & 1]
+                for s in t.sigs:
+                    trials[s] = t
+                for g in t.groups:
+                    watchers[g].append(t)
+
+    def _least(self, family: int, mask: int) -> tuple[int, int]:
+        """The smallest cpu and memory any signature in ``mask`` may take."""
+        memo = self.family_least[family]
+        found = memo.get(mask)
+        if found is None:
+            least_cpu = least_mem = _NEVER
+            for bit, s in enumerate(self.family_sigs[family]):
+                if mask >> bit & 1:
+                    c, m = self.least[s]
+                    least_cpu, least_mem = min(least_cpu, c), min(least_mem, m)
+            found = memo[mask] = (least_cpu, least_mem)
+        return found
+
+    def _fill(self, family: int, mask: int) -> list[tuple[int, _Trial]]:
+        """First fit of the pass's remaining pods onto one new node, for the signatures of
+        ``family`` in ``mask``; each trial with the mask of the signatures it is for."""
+        may_take = self.family_masks[family]
+        room = self.rooms[family]
+        room_cpu, room_mem = room.cpu_millis, room.memory_bytes
+        members, head, cpu, mem, live = self.members, self.head, self.cpu, self.mem, self.live
+        end = len(live)
+        keys = self.keys
+        done: list[tuple[int, _Trial]] = []
+        # Branches still to run: (mask, free cpu, free memory, placed, groups, started, scan).
+        todo: list[tuple[int, int, int, list[int], list[int], list[tuple[int, int, int]], int]]
+        todo = [(mask, room_cpu, room_mem, [], [], [], 0)]
+        while todo:
+            mask, free_cpu, free_mem, placed, groups, started, scan = todo.pop()
+            least_cpu, least_mem = self._least(family, mask)
+            # ``started``: a heap of (next pod, group, its position) of the groups taken from.
+            # ``ahead``: the earliest group not yet started that fits (its head pod,
+            # ``ahead_pod``). The live groups are in head order, and ``live[:scan]`` have been
+            # passed: those never fit again, as room only shrinks.
+            ahead, ahead_pod = -1, _NEVER
+            while True:
+                if ahead < 0 and free_cpu >= least_cpu and free_mem >= least_mem:
+                    while scan < end:
+                        g = live[scan]
+                        scan += 1
+                        if cpu[g] <= free_cpu and mem[g] <= free_mem:
+                            takers = may_take[g] & mask
+                            if takers and takers != mask:
+                                # The others pass this group by: a branch of their own.
+                                todo.append(
+                                    (
+                                        mask & ~takers,
+                                        free_cpu,
+                                        free_mem,
+                                        placed.copy(),
+                                        groups.copy(),
+                                        started.copy(),
+                                        scan,
+                                    )
+                                )
+                                mask = takers
+                                least_cpu, least_mem = self._least(family, mask)
+                            if takers:
+                                ahead, ahead_pod = g, members[g][head[g]]
+                                break
+                while started:
+                    g = started[0][1]
+                    if cpu[g] <= free_cpu and mem[g] <= free_mem:
+                        break
+                    heappop(started)
+                if started and started[0][0] < ahead_pod:
+                    pod, g, pos = heappop(started)
+                elif ahead >= 0:
+                    g, pod, pos = ahead, ahead_pod, head[ahead]
+                    groups.append(g)
+                    ahead, ahead_pod = -1, _NEVER
+                else:
+                    break
+                placed.append(pod)
+                free_cpu -= cpu[g]
+                free_mem -= mem[g]
+                if free_cpu < least_cpu or free_mem < least_mem:
+                    break
+                pos += 1
+                group = members[g]
+                if pos < len(group):
+                    heappush(started, (group[pos], g, pos))
+                if ahead >= 0 and (cpu[ahead] > free_cpu or mem[ahead] > free_mem):
+                    ahead, ahead_pod = -1, _NEVER
+            t = _Trial(
+                placed,
+                room_cpu - free_cpu,
+                room_mem - free_mem,
+                list(map(keys.__getitem__, placed)),
+                groups,
+            )
+            done.append((mask, t))
+        return done
+
+    def taken(self, won: _Trial) -> list[int]:
+        """The winner's pods are placed: advance their groups and drop the trials that took
+        from them; returns the signatures whose trial was dropped."""
+        members, head, live, trials, group_of = (
+            self.members,
+            self.head,
+            self.live,
+            self.trials,
+            self.group_of,
+        )
+        live_pods = self.live_pods
+        dropped: list[int] = []
+        for g in won.groups:
+            for t in self.watchers[g]:
+                for sig in t.sigs:
+                    if trials[sig] is t:
+                        trials[sig] = None
+                        dropped.append(sig)
+            self.watchers[g] = []
+            at = live.index(g)
+            del live[at], live_pods[at]
+        for pod in won.placed:
+            head[group_of[pod]] += 1
+        for g in won.groups:
+            if head[g] < len(members[g]):
+                pod = members[g][head[g]]
+                at = bisect_left(live_pods, pod)
+                live.insert(at, g)
+                live_pods.insert(at, pod)
+        return dropped
+
+
+def run_rounds(
+    sim: Simulation, ranking: Ranking, pods: list[Pending], pass_priority: int | None
+) -> list[Pending]:
+    """Phases 3-5 for one pass; returns the pods no candidate could place."""
+    state = _Pass(sim, pods)
+    trials = state.trials
+    cands = sim.candidates
+    sig_of = state.sig_of
+    pools = [c.pool for c in cands]
+    # Per candidate, as of the last round: its trial (None: blocked, or places nothing), the
+    # chain's key (``_OUT`` ranks after every key), the score shown, and what it recorded.
+    trial_of: list[_Trial | None] = [None] * len(cands)
+    keys: list[tuple[float, ...]] = [_OUT] * len(cands)
+    shown: list[Score | None] = [None] * len(cands)
+    records: list[CandidateTrial] = []
+    nothing: list[CandidateTrial | None] = [None] * len(cands)
+    # Signature -> its candidates that are not blocked. A block never lifts: the pool's node
+    # count only grows, and a blocked pool never wins.
+    open_cands: list[list[int]] = [[] for _ in state.least]
+    for cand in cands:
+        block = sim.blocked(cand)
+        if block is None:
+            open_cands[sig_of[cand.index]].append(cand.index)
+            records.append(_PENDING)
+        else:
+            records.append(_record(cand, *block))
+    texts: dict[int, list[str]] = {}  # winner -> the losers' reason, per link
+    links = ranking.links
+    chain = ranking.pool_link
+    winner, best = -1, cast(tuple[float, ...], _OUT)
+    need = [sig for sig, open_ in enumerate(open_cands) if open_]
+    changed: list[int] = []
+    left = len(pods)
+    while left:
+        # Phase 3: the trials that were dropped; the others stand.
+        state.refill(need)
+        for sig in need:
+            t = trials[sig]
+            assert t is not None
+            for ci in open_cands[sig]:
+                changed.append(ci)
+                if not t.placed:
+                    trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
+                    record = nothing[ci]
+                    if record is None:
+                        record = nothing[ci] = _record(
+                            cands[ci], CandidateOutcome.PLACES_NOTHING, _NOTHING_FITS
+                        )
+                    records[ci] = record
+                    continue
+                pool = pools[ci]
+                found = t.ranked.get(pool.index)
+                if found is None:
+                    found = t.ranked[pool.index] = ranking.values(pool, t.cpu, t.mem, len(t.placed))
+                trial_of[ci], (keys[ci], shown[ci]) = t, found
+        # Phase 4: rank. Candidates come in (pool name, zone name) order and ``min`` keeps
+        # the first of equal keys: the names' tie-break.
+        last_winner, last_best = winner, best
+        winner = min(range(len(keys)), key=keys.__getitem__, default=-1)
+        if winner < 0 or keys[winner] is _OUT:
+            if records:
+                sim.rounds.append(_round(sim, pass_priority, records, None, None))
+            break
+        best = keys[winner]
+        win_cand = cands[winner]
+        reasons = texts.get(winner)
+        if reasons is None:
+            reasons = texts[winner] = [f"{win_cand.label} ranks higher on {x}" for x in links]
+        # A loser's reason depends on the winner and the best key: when both stand, only the
+        # changed candidates need theirs.
+        same = winner == last_winner and best is last_best
+        for ci in changed if same else range(len(cands)):
+            t = trial_of[ci]
+            if t is None:
+                continue
+            if ci == winner:
+                reason, outcome = _BEST, CandidateOutcome.WON
+            else:
+                mine = keys[ci]
+                for link in range(chain):
+                    if mine[link] != best[link]:
+                        break
+                else:
+                    link = chain if pools[ci] is not win_cand.pool else chain + 1
+                reason, outcome = reasons[link], CandidateOutcome.LOST
+            record = records[ci]
+            if record.pods is not t.keys or record.reason is not reason:
+                records[ci] = _record(cands[ci], outcome, reason, shown[ci], t.keys)
+        # Phase 5: commit the winner.
+        won = trial_of[winner]
+        assert won is not None
+        name = sim.commit(win_cand, [pods[i] for i in won.placed])
+        dropped = state.taken(won)
+        left -= len(won.placed)
+        sim.rounds.append(_round(sim, pass_priority, list(records), win_cand, name))
+        changed = []
+        for ci, pool in enumerate(pools):
+            if pool is win_cand.pool:
+                block = sim.blocked(cands[ci])
+                if block is not None:
+                    open_cands[sig_of[ci]].remove(ci)
+                    trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
+                    records[ci] = _record(cands[ci], *block)
+                    changed.append(ci)
+        need = [sig for sig in dropped if open_cands[sig]]
+    head, members = state.head, state.members
+    return [pods[i] for i in sorted(i for g, m in enumerate(members) for i in m[head[g] :])]
+
+
+def _record(
+    cand: Candidate,
+    outcome: CandidateOutcome,
+    reason: str,
+    shown: Score | None = None,
+    pods: list[str] | None = None,
+) -> CandidateTrial:
+    pool = cand.pool
+    if pods is None:
+        return CandidateTrial(
+            node_pool=pool.name,
+            zone=cand.zone,
+            instance_type=pool.instance_type,
+            outcome=outcome,
+            reason=reason,
+        )
+    return CandidateTrial(
+        node_pool=pool.name,
+        zone=cand.zone,
+        instance_type=pool.instance_type,
+        outcome=outcome,
+        reason=reason,
+        score=shown,
+        pods=pods,
+    )
+
+
+def _round(
+    sim: Simulation,
+    pass_priority: int | None,
+    records: list[CandidateTrial],
+    winner: Candidate | None,
+    new_node: str | None,
+) -> Round:
+    return Round(
+        round=len(sim.rounds) + 1,
+        pass_priority=pass_priority,
+        winner=winner.label if winner is not None else None,
+        new_node=new_node,
+        candidates=records,
+    )
