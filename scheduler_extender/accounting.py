@@ -129,10 +129,19 @@ class NodeState(msgspec.Struct, kw_only=True):
     def free(self) -> Demand:
         """Room left for new decisions; negative components mean over-committed (or, briefly
         after a rebuild, that unverified VMs may be using more than the node has left)."""
-        u, a, x = self.usable, self.allocated, self.uncertain_total
+        # ``usable - allocated - uncertain`` without the intermediate structs: every permit and
+        # every FitIndex re-check reads this.
+        a, r = self.allocatable, self.reserve
+        own, foreign, x = self.own_total, self.foreign_total, self.uncertain_total
         return Demand(
-            u.cpu_millis - a.cpu_millis - x.cpu_millis,
-            u.memory_bytes - a.memory_bytes - x.memory_bytes,
+            max(0, a.cpu_millis - r.cpu_millis)
+            - own.cpu_millis
+            - foreign.cpu_millis
+            - x.cpu_millis,
+            max(0, a.memory_bytes - r.memory_bytes)
+            - own.memory_bytes
+            - foreign.memory_bytes
+            - x.memory_bytes,
         )
 
     @property
@@ -330,21 +339,9 @@ class Ledger:
         )
 
     def _set_held(self, entry: Allocation, held: Demand) -> AllocEvent | None:
-        if held == entry.held:
-            return None
-        state = self.nodes[entry.node]
-        delta_cpu = held.cpu_millis - entry.held.cpu_millis
-        delta_mem = held.memory_bytes - entry.held.memory_bytes
-        delta = Demand(delta_cpu, delta_mem)
-        if entry.owner is Owner.OWN:
-            state.own_total = _plus_signed(state.own_total, delta)
-        else:
-            state.foreign_total = _plus_signed(state.foreign_total, delta)
-            if entry.tag is ForeignTag.STATIC:
-                state.static_total = _plus_signed(state.static_total, delta)
         previous = entry.held
-        entry.held = held
-        self._changed(entry.node)
+        if not self._hold(entry, held):
+            return None
         return AllocEvent(
             action=AllocAction.RESIZE,
             node=entry.node,
@@ -354,6 +351,23 @@ class Ledger:
             held=held,
             previous=previous,
         )
+
+    def _hold(self, entry: Allocation, held: Demand) -> bool:
+        """Make ``entry`` hold ``held``, keeping its node's totals; whether anything changed."""
+        old = entry.held
+        if held == old:
+            return False
+        state = self.nodes[entry.node]
+        delta = Demand(held.cpu_millis - old.cpu_millis, held.memory_bytes - old.memory_bytes)
+        if entry.owner is Owner.OWN:
+            state.own_total = _plus_signed(state.own_total, delta)
+        else:
+            state.foreign_total = _plus_signed(state.foreign_total, delta)
+            if entry.tag is ForeignTag.STATIC:
+                state.static_total = _plus_signed(state.static_total, delta)
+        entry.held = held
+        self._changed(entry.node)
+        return True
 
     def release(self, uid: str) -> list[AllocEvent]:
         entry = self.pods.get(uid)
@@ -482,18 +496,42 @@ class Ledger:
     def set_vm_size(self, uid: str, *, vcpus: int, memory_bytes: int) -> AllocEvent | None:
         """Record a VM's new permitted size (the permit logic has checked that it fits)."""
         entry = self.pods[uid]
+        previous = entry.held
+        if not self.resize_vm(uid, vcpus=vcpus, memory_bytes=memory_bytes):
+            return None
+        return AllocEvent(
+            action=AllocAction.RESIZE,
+            node=entry.node,
+            pod=entry.key,
+            uid=entry.uid,
+            is_foreign=entry.owner is Owner.FOREIGN,
+            held=entry.held,
+            previous=previous,
+        )
+
+    def resize_vm(self, uid: str, *, vcpus: int, memory_bytes: int) -> bool:
+        """``set_vm_size`` without the event (the permit path builds none, at tens of thousands
+        of VMs a second): whether what the VM holds changed."""
+        entry = self.pods[uid]
         entry.vcpus = vcpus
         entry.memory_bytes = memory_bytes
         entry.has_agent = True
+        requests = entry.requests
+        # ``_held_for``, inlined: the larger of the pod's requests and the permitted size.
+        if entry.vm is None:
+            held = requests
+        else:
+            cpu = max(requests.cpu_millis, vcpus * 1000)
+            held = Demand(cpu, max(requests.memory_bytes, memory_bytes))
         if entry.uncertain != ZERO:
             state = self.nodes[entry.node]
             state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
             entry.uncertain = ZERO
-            change = self._set_held(entry, _held_for(entry))
-            if change is None:  # the size stayed, but the node's free room changed
-                self._changed(entry.node)
-            return change
-        return self._set_held(entry, _held_for(entry))
+            if not self._hold(entry, held):
+                self._changed(entry.node)  # the size stayed, but the node's free room changed
+                return False
+            return True
+        return self._hold(entry, held)
 
     # -- checks ------------------------------------------------------------------------------------
 

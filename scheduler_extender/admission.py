@@ -609,6 +609,12 @@ def recheck(state: AdmissionState, *, now: float) -> list[PodKey]:
     changed, and return the pods to nudge: every pod admitted since the last ``recheck`` that
     had been told to wait (also those admitted by another pod's ``admit``), in admission order.
     """
+    if not state._where and not state._nudges:
+        # Nobody waits or holds an admission (``_where`` is empty), so no pass can admit
+        # anyone and nothing can expire. Every permit batch that frees room lands here: the
+        # nodes' usage is brought up to date lazily, by whoever reads it next.
+        state._dirty_groups.clear()
+        return []
     state._refresh(now)
     for group in sorted(state._dirty_groups):
         state._pass(group, now=now)

@@ -40,7 +40,7 @@ from protocol.permits import (
     ResourceRequest,
     Resources,
 )
-from scheduler_extender.accounting import Allocation, AllocEvent, Ledger, Owner
+from scheduler_extender.accounting import Allocation, Ledger, Owner
 from scheduler_extender.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
@@ -60,12 +60,11 @@ class BatchRefused(Exception):
 
 class Decision(NamedTuple):
     permit: Permit
-    events: list[AllocEvent]
 
 
 def _error(req: ResourceRequest, status: int, reason: str, message: str) -> Decision:
     error = ItemError(status=status, reason=reason, message=message)
-    return Decision(Permit(pod=req.pod, error=error), [])
+    return Decision(Permit(pod=req.pod, error=error))
 
 
 def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> None:
@@ -117,9 +116,12 @@ def decide(
     if entry.is_tentative:
         return _error(req, 409, "NotBound", f"pod {req.pod.key} is still being bound")
     vm = entry.vm
-    bad = _bounds_error(vm, req)
-    if bad is not None:
-        return _error(req, 400, "OutOfBounds", bad)
+    want = req.requested
+    if not (
+        vm.min_vcpus <= want.vcpus <= vm.max_vcpus
+        and vm.min_memory_bytes <= want.memory_bytes <= vm.max_memory_bytes
+    ):
+        return _error(req, 400, "OutOfBounds", _bounds_error(vm, req))
     state = ledger.nodes[entry.node]
     free = state.free
     # What this VM could hold at most, per resource, after giving back what it holds now.
@@ -152,21 +154,27 @@ def decide(
     last = req.last_permit
     vcpus, answer_vcpus = _decide_one(
         req.current.vcpus,
-        req.requested.vcpus,
+        want.vcpus,
         held_vcpus,
         last=last.vcpus if last is not None else None,
         fit=grow_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= grow_cpu else 0,
         round_down=vm.round_vcpus_down,
     )
-    memory, answer_memory = _decide_one(
-        req.current.memory_bytes,
-        req.requested.memory_bytes,
-        held_mem,
-        last=last.memory_bytes if last is not None else None,
-        fit=grow_mem if entry.requests.memory_bytes <= grow_mem else 0,
-        round_down=vm.round_memory_down,
-    )
-    change = ledger.set_vm_size(entry.uid, vcpus=vcpus, memory_bytes=memory)
+    current_mem = req.current.memory_bytes
+    if want.memory_bytes == current_mem == held_mem:
+        # Steady memory at what the VM holds (agents that resize CPU only): what
+        # ``_decide_one`` answers for it, whatever lastPermit says, without the call.
+        memory = answer_memory = current_mem
+    else:
+        memory, answer_memory = _decide_one(
+            current_mem,
+            want.memory_bytes,
+            held_mem,
+            last=last.memory_bytes if last is not None else None,
+            fit=grow_mem if entry.requests.memory_bytes <= grow_mem else 0,
+            round_down=vm.round_memory_down,
+        )
+    ledger.resize_vm(entry.uid, vcpus=vcpus, memory_bytes=memory)
     quota = None
     if left is not None and (grow_cpu < room_cpu or grow_mem < room_mem):
         quota = _QuotaLimit(entry.namespace, left, is_cpu=grow_cpu < room_cpu)
@@ -179,7 +187,7 @@ def decide(
         status=status,
         reason=reason,
     )
-    return Decision(permit, [change] if change is not None else [])
+    return Decision(permit)
 
 
 def decide_batch(
@@ -212,8 +220,7 @@ def decide_batch(
         granted = first.permit.permit
         if granted is not None and granted.vcpus < requests[i].requested.vcpus:
             # The second round: the same request again, now against what the others left.
-            second = decide(ledger, requests[i], quota_room)
-            decisions[i] = Decision(second.permit, first.events + second.events)
+            decisions[i] = decide(ledger, requests[i], quota_room)
     return [d for d in decisions if d is not None]
 
 
@@ -232,7 +239,7 @@ class _QuotaLimit(NamedTuple):
         )
 
 
-def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
+def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str:
     want = req.requested
     if not vm.min_vcpus <= want.vcpus <= vm.max_vcpus:
         return (
@@ -244,7 +251,7 @@ def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
             f"requested {want.memory_bytes} bytes of memory is outside this VM's bounds"
             f" {vm.min_memory_bytes}..{vm.max_memory_bytes}"
         )
-    return None
+    raise AssertionError("within bounds")
 
 
 def _adopt_last_permit(
@@ -296,12 +303,12 @@ def _status(
 ) -> tuple[PermitStatus, str]:
     """The permit's status and reason. The limit's words are built only for a short grant."""
     cur, want = req.current, req.requested
-    pairs = ((cur.vcpus, want.vcpus, vcpus), (cur.memory_bytes, want.memory_bytes, memory))
-    increases = [(c, w, g) for c, w, g in pairs if w > c]
-    if increases:
-        if all(g == w for _, w, g in increases):
+    cpu_up = want.vcpus > cur.vcpus
+    mem_up = want.memory_bytes > cur.memory_bytes
+    if cpu_up or mem_up:
+        if (not cpu_up or vcpus == want.vcpus) and (not mem_up or memory == want.memory_bytes):
             return PermitStatus.GRANTED, f"granted {vcpus} vCPUs, {memory} bytes"
-        if all(g == c for c, _, g in increases):
+        if (not cpu_up or vcpus == cur.vcpus) and (not mem_up or memory == cur.memory_bytes):
             if quota is not None:
                 return PermitStatus.DENIED, f"no room to grow: {quota}"
             return (

@@ -154,51 +154,49 @@ class FitIndex:
         self._stamp = 0
         self._known_stamp = 0
         self._size_stamps: dict[Demand, int] = {}
-        # Nodes changed since the last ``_flush`` (see ``_node_changed``).
+        # Nodes changed since the last ``_flush``: the ledger calls this set's own ``add`` on
+        # *every* mutation (each VM of a permit batch), the cheapest listener there is. The
+        # nodes' verdicts (and ``known``) are brought up to date by ``_flush`` when a size is
+        # next asked about, so a thousand permits on twenty nodes between two filter calls
+        # cost twenty re-checks per size instead of a thousand.
         self._dirty: set[str] = set()
-        ledger.subscribe(self._node_changed)
+        ledger.subscribe(self._dirty.add)
 
     def _bump(self) -> int:
         self._stamp += 1
         return self._stamp
 
-    def _node_changed(self, name: str) -> None:
-        """A ledger listener, called on *every* mutation (each VM of a permit batch): only
-        note the node. Its verdicts are brought up to date by ``_flush`` when a size is next
-        asked about, so a thousand permits on twenty nodes between two filter calls cost
-        twenty re-checks per size instead of a thousand."""
-        state = self._ledger.nodes.get(name)
-        known = self.known
-        if state is None or not state.is_known:
-            if name in known:
-                known.discard(name)
-                self._known_stamp = self._bump()
-        elif name not in known:
-            known.add(name)
-            self._known_stamp = self._bump()
-        self._dirty.add(name)
-
     def _flush(self) -> None:
-        """Re-check every node changed since the last flush, for every cached size."""
+        """Re-check every node changed since the last flush: is it known, and, for every
+        cached size, does it reject that size (and in which words)."""
         if not self._dirty:
             return
-        dirty, self._dirty = self._dirty, set()
-        if not self._by_size:
-            return
+        dirty = self._dirty.copy()
+        self._dirty.clear()  # not rebound: the ledger holds this set's ``add``
         nodes = self._ledger.nodes
+        known = self.known
         stamps = self._size_stamps
+        by_size = self._by_size
         for name in dirty:
             state = nodes.get(name)
             if state is None or not state.is_known:
+                if name in known:
+                    known.discard(name)
+                    self._known_stamp = self._bump()
                 # Unknown nodes are rejected by their absence from ``known``.
-                for size, rejected in self._by_size.items():
+                for size, rejected in by_size.items():
                     if rejected.pop(name, None) is not None:
                         stamps[size] = self._bump()
                 continue
-            # Computed once per node, not once per size: ``free`` builds new structs.
+            if name not in known:
+                known.add(name)
+                self._known_stamp = self._bump()
+            if not by_size:
+                continue
+            # Computed once per node, not once per size: ``free`` builds a new struct.
             free = state.free
             free_cpu, free_mem = free.cpu_millis, free.memory_bytes
-            for size, rejected in self._by_size.items():
+            for size, rejected in by_size.items():
                 if size.cpu_millis <= free_cpu and size.memory_bytes <= free_mem:
                     if rejected.pop(name, None) is not None:
                         stamps[size] = self._bump()

@@ -392,10 +392,10 @@ class Extender:
             status = permit.status
             name = _STATUS_NAMES[status] if status is not None else "error"
             counts[name] = counts.get(name, 0) + 1
-            if status is not None:
-                waits.permit_answered(
-                    permit.pod.uid, permit.pod.key, is_short=status in _SHORT, now=now
-                )
+            if status in _SHORT:
+                waits.permit_answered(permit.pod.uid, permit.pod.key, is_short=True, now=now)
+            elif status is not None:
+                waits.permit_met(permit.pod.uid)
             if recorder is not None and permit.permit is not None:
                 entry = pods[permit.pod.uid]
                 assert entry.vcpus is not None and entry.memory_bytes is not None
