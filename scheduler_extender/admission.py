@@ -616,6 +616,8 @@ def recheck(state: AdmissionState, *, now: float) -> list[PodKey]:
         state._dirty_groups.clear()
         return []
     state._refresh(now)
+    if not state._dirty_groups and not state._nudges:
+        return []  # filter's common case: its pod was admitted before, nothing moved since
     for group in sorted(state._dirty_groups):
         state._pass(group, now=now)
     nudges = list(state._nudges.values())

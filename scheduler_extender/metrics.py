@@ -149,9 +149,21 @@ class Metrics:
             registry=registry,
         )
         self._namespaces: set[str] = set()
+        # The labelled children of the two verb metrics, by verb: ``labels()`` looks them up
+        # under a lock on every call, and every call of every verb records both.
+        self._verb_children: dict[str, tuple[Histogram, Counter]] = {}
         self._dirty: set[str] = set()
         self._foreign_cpu_by_node: dict[str, int] = {}
         self._foreign_mem_by_node: dict[str, int] = {}
+
+    def observe_verb(self, verb: str, seconds: float, *, is_error: bool) -> None:
+        children = self._verb_children.get(verb)
+        if children is None:
+            children = (self.verb_duration.labels(verb), self.verb_errors.labels(verb))
+            self._verb_children[verb] = children
+        children[0].observe(seconds)
+        if is_error:
+            children[1].inc()
 
     @property
     def node_changed(self) -> Callable[[str], None]:

@@ -31,7 +31,7 @@ from scheduler_extender.config import AuthMode, Config, ConfigError, QuotaSectio
 from scheduler_extender.durability import PermitRecorder
 from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
-from scheduler_extender.http.middleware import METRICS, context_middleware, error_middleware
+from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.kube_link import KubeLink
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.node_alloc import NodeAllocReporter
@@ -106,7 +106,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     )
     extender.freeze_gc_when_synced = deps.freeze_gc
     app = web.Application(
-        middlewares=[context_middleware, error_middleware],
+        middlewares=[request_middleware],
         client_max_size=config.limits.verbs_max_body_bytes,
     )
     app[EXTENDER] = extender
@@ -173,7 +173,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
 def make_permits_app(config: Config, verbs_app: web.Application) -> web.Application:
     """The agents' listener, sharing ``verbs_app``'s Extender (start it after that one)."""
     app = web.Application(
-        middlewares=[context_middleware, error_middleware],
+        middlewares=[request_middleware],
         client_max_size=config.limits.permits_max_body_bytes,
     )
     app[EXTENDER] = verbs_app[EXTENDER]

@@ -1,17 +1,20 @@
-"""Request context and error mapping for both listeners.
+"""Request context and error mapping for both listeners: one middleware.
 
-Shell. ``context_middleware`` clears structlog's contextvars, binds ``request_id`` (from
+Shell. ``request_middleware`` clears structlog's contextvars, binds ``request_id`` (from
 ``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
 canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
-``reason``). ``error_middleware`` (inside it) turns ``ExtenderError``s into JSON error bodies
-with their status, aiohttp's 413 into ``BodyTooLarge``, and anything else into a generic 500
-whose traceback is logged with the request id: the boundary where ``except Exception`` belongs.
+``reason``). It turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's
+413 into ``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with
+the request id: the boundary where ``except Exception`` belongs.
+
+One middleware, not two: kube-scheduler waits on every filter call, and each aiohttp
+middleware layer is another coroutine per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import os
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -63,16 +66,17 @@ def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:
 
 
 @web.middleware
-async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     structlog.contextvars.clear_contextvars()
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    # 32 hex digits, like a uuid4's, for a tenth of the cost.
+    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     route = request.match_info.route.name
-    metrics = request.app[METRICS]
-    start = _now(request)
+    loop = asyncio.get_running_loop()  # its clock: monotonic, and virtual under looptime
+    start = loop.time()
     status = 500
     try:
-        response = await handler(request)
+        response = await _answer_errors(request, handler)
         status = response.status
         response.headers["X-Request-Id"] = request_id
         return response
@@ -80,11 +84,9 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = e.status
         raise
     finally:
-        duration = _now(request) - start
+        duration = loop.time() - start
         if route in TIMED_ROUTES:
-            metrics.verb_duration.labels(route).observe(duration)
-            if status != 200:
-                metrics.verb_errors.labels(route).inc()
+            request.app[METRICS].observe_verb(route, duration, is_error=status != 200)
         # filter and prioritize change nothing and run for every pod kube-scheduler tries: their
         # lines are debug (the histogram counts them); what changes state, and errors, is info.
         level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
@@ -97,13 +99,7 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
 
 
-def _now(request: web.Request) -> float:
-    # The loop's clock: monotonic, and virtual under looptime in tests.
-    return asyncio.get_running_loop().time()
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ExtenderError as e:
