@@ -9,7 +9,7 @@ outcome, score and pods. Rounds repeat until every pod is placed or no candidate
 Done naively, every round tries every candidate against every pending pod: rounds x candidates
 x pods (about 1 s for the benchmark). What makes it cheap:
 
-* Pods with the same constraints and size form a *group*: identical for every fit and
+* Pods of one shape (the same constraints and size) form a *group*: identical for every fit and
   feasibility question. A trial takes a group's members in order while they fit, and the
   winner takes a trial's pods, so what has been taken of a group is always a prefix of it:
   a ``head`` per group is the whole state of the pass.
@@ -36,7 +36,7 @@ from heapq import heappop, heappush
 from typing import Final, cast
 
 from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_scoring import ChainValues, Ranking
+from scheduler_extender.recommend_scoring import Ranking
 from scheduler_extender.recommend_sim import Simulation
 from scheduler_extender.recommendation import CandidateOutcome, CandidateTrial, Round, Score
 from scheduler_extender.snapshot_model import Candidate, Pending
@@ -57,19 +57,17 @@ _PENDING: Final = CandidateTrial(
 class _Trial:
     """One new node's simulated contents, shared by the signatures it was filled for."""
 
-    __slots__ = ("cpu", "groups", "keys", "mem", "placed", "ranked", "sigs")
+    __slots__ = ("cpu", "groups", "keys", "mem", "placed", "sigs")
 
     def __init__(
-        self, placed: list[int], cpu: int, mem: int, keys: list[str], groups: list[int]
+        self, placed: list[int], keys: list[str], groups: list[int], sigs: list[int], used: Demand
     ) -> None:
         self.placed = placed  # pass-local pod indices, in placement order
-        self.cpu = cpu  # what the placed pods request
-        self.mem = mem
         self.keys = keys  # the placed pods' names, for the diagnostics
         self.groups = groups  # the groups it took from
-        self.sigs: list[int] = []  # the signatures it is the trial of, while valid
-        # Pool index -> the chain's key and the score shown.
-        self.ranked: dict[int, tuple[ChainValues, Score]] = {}
+        self.sigs = sigs  # the signatures it is the trial of, while valid (never changed)
+        self.cpu = used.cpu_millis  # what the placed pods request
+        self.mem = used.memory_bytes
 
 
 class _Pass:
@@ -77,16 +75,16 @@ class _Pass:
 
     def __init__(self, sim: Simulation, pods: list[Pending]) -> None:
         self.keys = [p.key for p in pods]
-        by_key: dict[tuple[int, Demand], int] = {}
+        by_shape: dict[int, int] = {}
         self.members: list[list[int]] = []  # group -> its pods, in scheduling order
         self.group_of: list[int] = []  # pod -> group
         cls: list[int] = []
         cpu: list[int] = []
         mem: list[int] = []
         for i, p in enumerate(pods):
-            n = by_key.get((p.cls, p.demand))
+            n = by_shape.get(p.shape)
             if n is None:
-                n = by_key[(p.cls, p.demand)] = len(self.members)
+                n = by_shape[p.shape] = len(self.members)
                 self.members.append([])
                 cls.append(p.cls)
                 cpu.append(p.demand.cpu_millis)
@@ -147,7 +145,7 @@ class _Pass:
                 self.family_of.append((family, bit))
             self.sig_of.append(sig)
         self.rooms = list(families)
-        self.family_least: list[dict[int, tuple[int, int]]] = [{} for _ in families]
+        self.family_branches: list[dict[int, tuple[int, int, list[int]]]] = [{} for _ in families]
         self.trials: list[_Trial | None] = [None] * len(self.least)
 
     def refill(self, sigs: list[int]) -> None:
@@ -159,43 +157,46 @@ class _Pass:
             masks[family] = masks.get(family, 0) | bit
         trials, watchers = self.trials, self.watchers
         for family, mask in masks.items():
-            family_sigs = self.family_sigs[family]
-            for taking, t in self._fill(family, mask):
-                t.sigs = [s for i, s in enumerate(family_sigs) if taking >> i & 1]
+            for t in self._fill(family, mask):
                 for s in t.sigs:
                     trials[s] = t
                 for g in t.groups:
                     watchers[g].append(t)
 
-    def _least(self, family: int, mask: int) -> tuple[int, int]:
-        """The smallest cpu and memory any signature in ``mask`` may take."""
-        memo = self.family_least[family]
+    def _branch(self, family: int, mask: int) -> tuple[int, int, list[int]]:
+        """The smallest cpu and memory any signature in ``mask`` may take, and those
+        signatures."""
+        memo = self.family_branches[family]
         found = memo.get(mask)
         if found is None:
             least_cpu = least_mem = _NEVER
+            sigs: list[int] = []
             for bit, s in enumerate(self.family_sigs[family]):
                 if mask >> bit & 1:
                     c, m = self.least[s]
                     least_cpu, least_mem = min(least_cpu, c), min(least_mem, m)
-            found = memo[mask] = (least_cpu, least_mem)
+                    sigs.append(s)
+            found = memo[mask] = (least_cpu, least_mem, sigs)
         return found
 
-    def _fill(self, family: int, mask: int) -> list[tuple[int, _Trial]]:
+    def _fill(self, family: int, mask: int) -> list[_Trial]:
         """First fit of the pass's remaining pods onto one new node, for the signatures of
-        ``family`` in ``mask``; each trial with the mask of the signatures it is for."""
+        ``family`` in ``mask``; each trial knows the signatures it is for."""
         may_take = self.family_masks[family]
         room = self.rooms[family]
         room_cpu, room_mem = room.cpu_millis, room.memory_bytes
         members, head, cpu, mem, live = self.members, self.head, self.cpu, self.mem, self.live
         end = len(live)
         keys = self.keys
-        done: list[tuple[int, _Trial]] = []
+        branches = self.family_branches[family]
+        done: list[_Trial] = []
         # Branches still to run: (mask, free cpu, free memory, placed, groups, started, scan).
         todo: list[tuple[int, int, int, list[int], list[int], list[tuple[int, int, int]], int]]
         todo = [(mask, room_cpu, room_mem, [], [], [], 0)]
         while todo:
             mask, free_cpu, free_mem, placed, groups, started, scan = todo.pop()
-            least_cpu, least_mem = self._least(family, mask)
+            found = branches.get(mask) or self._branch(family, mask)
+            least_cpu, least_mem = found[0], found[1]
             # ``started``: a heap of (next pod, group, its position) of the groups taken from.
             # ``ahead``: the earliest group not yet started that fits (its head pod,
             # ``ahead_pod``). The live groups are in head order, and ``live[:scan]`` have been
@@ -206,9 +207,9 @@ class _Pass:
                     while scan < end:
                         g = live[scan]
                         scan += 1
-                        if cpu[g] <= free_cpu and mem[g] <= free_mem:
-                            takers = may_take[g] & mask
-                            if takers and takers != mask:
+                        takers = may_take[g] & mask
+                        if takers and cpu[g] <= free_cpu and mem[g] <= free_mem:
+                            if takers != mask:
                                 # The others pass this group by: a branch of their own.
                                 todo.append(
                                     (
@@ -222,10 +223,10 @@ class _Pass:
                                     )
                                 )
                                 mask = takers
-                                least_cpu, least_mem = self._least(family, mask)
-                            if takers:
-                                ahead, ahead_pod = g, members[g][head[g]]
-                                break
+                                found = branches.get(mask) or self._branch(family, mask)
+                                least_cpu, least_mem = found[0], found[1]
+                            ahead, ahead_pod = g, members[g][head[g]]
+                            break
                 while started:
                     g = started[0][1]
                     if cpu[g] <= free_cpu and mem[g] <= free_mem:
@@ -252,12 +253,12 @@ class _Pass:
                     ahead, ahead_pod = -1, _NEVER
             t = _Trial(
                 placed,
-                room_cpu - free_cpu,
-                room_mem - free_mem,
                 list(map(keys.__getitem__, placed)),
                 groups,
+                branches[mask][2],
+                Demand(room_cpu - free_cpu, room_mem - free_mem),
             )
-            done.append((mask, t))
+            done.append(t)
         return done
 
     def taken(self, won: _Trial) -> list[int]:
@@ -342,11 +343,8 @@ def run_rounds(
                         )
                     records[ci] = record
                     continue
-                pool = pools[ci]
-                found = t.ranked.get(pool.index)
-                if found is None:
-                    found = t.ranked[pool.index] = ranking.values(pool, t.cpu, t.mem, len(t.placed))
-                trial_of[ci], (keys[ci], shown[ci]) = t, found
+                trial_of[ci] = t
+                keys[ci], shown[ci] = ranking.values(pools[ci], t.cpu, t.mem, len(t.placed))
         # Phase 4: rank. Candidates come in (pool name, zone name) order and ``min`` keeps
         # the first of equal keys: the names' tie-break.
         last_winner, last_best = winner, best

@@ -208,18 +208,18 @@ class Simulation:
         left: list[Pending] = []
         cluster = self.cluster
         names, free_cpu, free_mem = cluster.names, cluster.free_cpu, cluster.free_mem
+        existing = self._existing
         new_nodes = self.new_nodes
         placed = self.placed_on_existing
         orders: dict[int, list[int]] = {}
-        cursors: dict[tuple[int, Demand], int] = {}
+        cursors = [0] * self.model.shapes  # per shape: how far into its class's nodes
         for p in pods:
             cls = p.cls
             order = orders.get(cls)
             if order is None:
                 order = orders[cls] = self.eligible_nodes(cls)
             demand = p.demand
-            memo = (cls, demand)
-            pos = cursors.get(memo, 0)
+            pos = cursors[p.shape]
             need_cpu, need_mem = demand.cpu_millis, demand.memory_bytes
             end = len(order)
             while pos < end:
@@ -227,7 +227,7 @@ class Simulation:
                 if need_cpu <= free_cpu[i] and need_mem <= free_mem[i]:
                     break
                 pos += 1
-            cursors[memo] = pos
+            cursors[p.shape] = pos
             if pos == end:
                 left.append(p)
                 continue
@@ -236,13 +236,12 @@ class Simulation:
             free_cpu[i] -= need_cpu
             free_mem[i] -= need_mem
             node = names[i]
-            added = new_nodes.get(node)
-            if added is None:
+            if i < existing:
                 placed.append(ExistingPlacement(pod=p.key, node=node))
             else:
                 # Room an earlier pass's new node left over: this pod needs that node too,
                 # so it belongs to the scale-up (and to the cheaper-plan check).
-                added[1].append(p.key)
+                new_nodes[node][1].append(p.key)
                 self.greedy_pods.append(p)
         return left
 

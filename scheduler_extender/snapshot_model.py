@@ -97,6 +97,9 @@ class Pending:
     demand: Demand
     cls: int  # interned Constraints
     key: str
+    # Interned (cls, demand): pods of one shape are interchangeable for every fit and
+    # feasibility question. ``Model.shapes`` of them, numbered from 0.
+    shape: int = 0
 
 
 @dataclass(slots=True)
@@ -141,6 +144,7 @@ class Model:
     kind_count: int
     placed: list[PodInfo]
     pending: list[Pending]
+    shapes: int  # how many distinct ``Pending.shape``
     classes: list[Constraints]
     pools: list[Pool]
     has_priority_classes: bool
@@ -463,8 +467,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
 
     pending.sort(key=_order_sort_key)
     ordered = [item for _, item in pending]
+    shapes: dict[tuple[int, Demand], int] = {}
     for position, item in enumerate(ordered):
         item.order = position
+        shape = shapes.get((item.cls, item.demand))
+        if shape is None:
+            shape = shapes[(item.cls, item.demand)] = len(shapes)
+        item.shape = shape
     return Model(
         nodes=nodes,
         allocatable=allocatable,
@@ -473,6 +482,7 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
         kind_count=len(kinds),
         placed=placed,
         pending=ordered,
+        shapes=len(shapes),
         classes=classes,
         pools=pools,
         has_priority_classes=bool(snapshot.priority_classes),
