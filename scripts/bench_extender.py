@@ -19,7 +19,10 @@ Phases (sequential calls, latency measured by the client, alternating extender a
 blocks so that drift hits both alike):
 
 * filter, cache mode (``NodeNames``) and non-cache mode (full Node objects in ``Nodes``, shaped
-  like shared/reference/kube/extender/nocache; the answer echoes them);
+  like shared/reference/kube/extender/nocache; the answer echoes them). A third target, the
+  bare endpoint answering with the extender's own answer for that pod, separates what the
+  answer's size costs (tens of KB of node names and reasons, or megabytes of echoed Nodes,
+  against the bare endpoint's empty answer) from what the extender's logic adds;
 * bind of pending VM pods (the Binding goes to the fake API server, whose watch then shows the
   pod bound);
 * permits: batches of ``--batch`` VMs per node with token-review auth (the first batch of each
@@ -309,12 +312,28 @@ def make_bare_app() -> web.Application:
         filter_decoder.decode(await request.read())
         return web.Response(body=empty_filter, content_type="application/json")
 
+    # The same floor, answering with the extender's own answer for that pod (set beforehand
+    # through /answer): what aiohttp + decoding + sending an answer of that size cost, so the
+    # extender's logic can be told apart from the size of the answer the protocol asks for.
+    answers: dict[str, bytes] = {}
+
+    async def set_answer(request: web.Request) -> web.Response:
+        answers[request.headers["X-Pod-Uid"]] = await request.read()
+        return web.Response(status=204)
+
+    async def bare_filter_same_answer(request: web.Request) -> web.Response:
+        args = filter_decoder.decode(await request.read())
+        body = answers[args.pod.metadata.uid]
+        return web.Response(body=body, content_type="application/json")
+
     async def bare_permits(request: web.Request) -> web.Response:
         permits_decoder.decode(await request.read())
         return web.Response(body=empty_permits, content_type="application/json")
 
     app = web.Application(client_max_size=64 * 2**20)
     app.router.add_post("/filter", bare_filter)
+    app.router.add_post("/answer", set_answer)
+    app.router.add_post("/filter-same-answer", bare_filter_same_answer)
     app.router.add_post("/v1/permits", bare_permits)
     return app
 
@@ -515,23 +534,36 @@ async def bench_filter(
     for mode, is_cache in (("cache", True), ("nocache", False)):
         bodies = filter_bodies(cluster, is_cache=is_cache)
         iterations = args.iterations if is_cache else args.nocache_iterations
+        extender_url = f"http://127.0.0.1:{ports['verbs']}/filter"
+        bare_url = f"http://127.0.0.1:{ports['bare']}"
+        for pod, body in zip(cluster.pending, bodies, strict=False):
+            _, status, answer = await timed_post(session, extender_url, body)
+            if status != 200:
+                raise SystemExit(f"filter: HTTP {status}: {answer[:300]!r}")
+            headers = {"X-Pod-Uid": pod["metadata"]["uid"]}
+            _, status, _ = await timed_post(session, f"{bare_url}/answer", answer, headers)
         result = await compare(
             session,
             {
-                "extender": f"http://127.0.0.1:{ports['verbs']}/filter",
-                "bare": f"http://127.0.0.1:{ports['bare']}/filter",
+                "extender": extender_url,
+                "bare": f"{bare_url}/filter",
+                "bare_same_answer": f"{bare_url}/filter-same-answer",
             },
             bodies,
             iterations=iterations,
             warmup=max(20, iterations // 10),
             check=filter_check(is_cache=is_cache, total=len(cluster.nodes)),
         )
-        ext, bare = result["extender"], result["bare"]
+        ext, bare, same = result["extender"], result["bare"], result["bare_same_answer"]
         out[mode] = {
             "body_bytes": len(bodies[0]),
             **result,
             "ratio_p50": round(ext["p50_ms"] / bare["p50_ms"], 3),
             "ratio_p99": round(ext["p99_ms"] / bare["p99_ms"], 3),
+            # What sending the answer itself costs over the empty one, and what the extender
+            # adds on top of that.
+            "same_answer_vs_bare_p99": round(same["p99_ms"] / bare["p99_ms"], 3),
+            "ratio_p99_vs_same_answer": round(ext["p99_ms"] / same["p99_ms"], 3),
         }
     return out
 
@@ -758,6 +790,12 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         "ratios": {
             "filter_cache_p99_vs_bare": filters["cache"]["ratio_p99"] if filters else None,
             "filter_nocache_p99_vs_bare": filters["nocache"]["ratio_p99"] if filters else None,
+            "filter_cache_p99_vs_bare_same_answer": (
+                filters["cache"]["ratio_p99_vs_same_answer"] if filters else None
+            ),
+            "filter_nocache_p99_vs_bare_same_answer": (
+                filters["nocache"]["ratio_p99_vs_same_answer"] if filters else None
+            ),
             "vm_permits_per_second": permits["extender"]["vm_permits_per_second"]
             if permits
             else None,
