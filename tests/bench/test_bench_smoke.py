@@ -43,8 +43,10 @@ def test_bench_extender_tiny_run_reports_every_phase() -> None:
         phase = result["filter"][mode]
         assert phase["extender"].keys() >= LATENCY_KEYS
         assert phase["bare"].keys() >= LATENCY_KEYS
-        assert phase["extender"]["n"] == phase["bare"]["n"] == 20
+        assert phase["bare_same_answer"].keys() >= LATENCY_KEYS
+        assert phase["extender"]["n"] == phase["bare"]["n"] == phase["bare_same_answer"]["n"] == 20
         assert phase["ratio_p99"] > 0
+        assert phase["ratio_p99_vs_same_answer"] > 0
     assert result["bind"]["n"] == 10
     assert result["bind"]["binding_post"].startswith("fake API")
     permits = result["permits"]
@@ -55,5 +57,7 @@ def test_bench_extender_tiny_run_reports_every_phase() -> None:
     assert set(result["ratios"]) == {
         "filter_cache_p99_vs_bare",
         "filter_nocache_p99_vs_bare",
+        "filter_cache_p99_vs_bare_same_answer",
+        "filter_nocache_p99_vs_bare_same_answer",
         "vm_permits_per_second",
     }
