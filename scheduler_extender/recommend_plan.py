@@ -48,11 +48,16 @@ def cheaper_plans(sim: PlanInput, notes: list[str]) -> tuple[float | None, list[
     by_pool: dict[str, list[Candidate]] = {}
     for c in sim.candidates:
         by_pool.setdefault(c.pool.name, []).append(c)
+    # The pods by shape (interchangeable for fit and feasibility), with how many of each.
+    shapes: dict[int, tuple[int, Demand, int]] = {}
+    for p in sim.greedy_pods:
+        found = shapes.get(p.shape)
+        shapes[p.shape] = (p.cls, p.demand, 1 if found is None else found[2] + 1)
     for pool_name, cands in by_pool.items():
         pool = cands[0].pool
         if pool.price is None:
             continue
-        packed = _pack_on_pool(sim, cands, sim.greedy_pods, price=pool.price, greedy=greedy)
+        packed = _pack_on_pool(sim, cands, list(shapes.values()), price=pool.price, greedy=greedy)
         if packed is None:
             continue
         zones, count, proven = packed
@@ -84,36 +89,32 @@ def cheaper_plans(sim: PlanInput, notes: list[str]) -> tuple[float | None, list[
 def _pack_on_pool(
     sim: PlanInput,
     cands: list[Candidate],
-    pods: Sequence[Pending],
+    shapes: Sequence[tuple[int, Demand, int]],
     *,
     price: Fraction,
     greedy: Fraction,
 ) -> tuple[dict[str, int], int, bool] | None:
-    """The fewest nodes of one pool holding ``pods``; None if some pod cannot go there, or if
-    even the volume bound costs no less than ``greedy`` (then no packing can be cheaper, and
-    searching would only burn the budget: most pools end here).
+    """The fewest nodes of one pool holding the pods of ``shapes`` (class, size, how many);
+    None if some pod cannot go there, or if even the volume bound costs no less than
+    ``greedy`` (then no packing can be cheaper, and searching would only burn the budget:
+    most pools end here).
 
     Zones: all in the first zone that admits every pod, else each pod in its first zone.
     """
     usable = cands[0].usable
-    # Per class, the zones that admit it (pods share a handful of classes).
-    zones_of: dict[int, list[str]] = {}
     feasible: list[list[str]] = []
-    for p in pods:
-        if p.demand.cpu_millis > usable.cpu_millis or p.demand.memory_bytes > usable.memory_bytes:
+    for cls, d, _n in shapes:
+        if d.cpu_millis > usable.cpu_millis or d.memory_bytes > usable.memory_bytes:
             return None
-        zones = zones_of.get(p.cls)
-        if zones is None:
-            zones = zones_of[p.cls] = [c.zone for c in cands if sim.admits(p.cls, c) is None]
+        zones = [c.zone for c in cands if sim.admits(cls, c) is None]
         if not zones:
             return None
         feasible.append(zones)
-    distinct = list({id(z): z for z in feasible}.values())
-    common = [c.zone for c in cands if all(c.zone in z for z in distinct)]
-    by_zone: dict[str, list[Demand]] = {}
-    for p, zones in zip(pods, feasible, strict=True):
+    common = [c.zone for c in cands if all(c.zone in z for z in feasible)]
+    by_zone: dict[str, list[tuple[Demand, int]]] = {}
+    for (_cls, d, n), zones in zip(shapes, feasible, strict=True):
         zone = common[0] if common else zones[0]
-        by_zone.setdefault(zone, []).append(p.demand)
+        by_zone.setdefault(zone, []).append((d, n))
     bound = sum(_volume_bound(items, usable) for items in by_zone.values())
     if bound * price >= greedy:
         return None
@@ -121,7 +122,9 @@ def _pack_on_pool(
     proven = True
     budget = [sim.config.plan_search_steps]
     for zone in sorted(by_zone):
-        n, ok = _fewest_bins(by_zone[zone], usable, budget)
+        # Pods of one size are interchangeable: the packing sees each of them.
+        items = [d for d, n in by_zone[zone] for _ in range(n)]
+        n, ok = _fewest_bins(items, usable, budget)
         counts[zone] = n
         proven = proven and ok
     return counts, sum(counts.values()), proven
@@ -141,7 +144,7 @@ def _fewest_bins(items: list[Demand], cap: Demand, budget: list[int]) -> tuple[i
         else:
             bins.append([cap.cpu_millis - d.cpu_millis, cap.memory_bytes - d.memory_bytes])
     best = len(bins)
-    lower = _volume_bound(order, cap)
+    lower = _volume_bound([(d, 1) for d in order], cap)
     proven = True
     for k in range(lower, best):
         found, exhausted = _fits_in(order, cap, k, budget)
@@ -153,10 +156,11 @@ def _fewest_bins(items: list[Demand], cap: Demand, budget: list[int]) -> tuple[i
     return best, proven
 
 
-def _volume_bound(items: Sequence[Demand], cap: Demand) -> int:
-    """No packing uses fewer bins than the total size over one bin's size, per resource."""
-    total_cpu = sum(d.cpu_millis for d in items)
-    total_mem = sum(d.memory_bytes for d in items)
+def _volume_bound(items: Sequence[tuple[Demand, int]], cap: Demand) -> int:
+    """No packing uses fewer bins than the total size over one bin's size, per resource.
+    ``items``: sizes with how many of each."""
+    total_cpu = sum(d.cpu_millis * n for d, n in items)
+    total_mem = sum(d.memory_bytes * n for d, n in items)
     return max(
         -(-total_cpu // cap.cpu_millis) if cap.cpu_millis else 0,
         -(-total_mem // cap.memory_bytes) if cap.memory_bytes else 0,

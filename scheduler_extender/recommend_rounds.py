@@ -101,7 +101,7 @@ class _Pass:
         # Per group: the trials that took from it, while they may be valid.
         self.watchers: list[list[_Trial]] = [[] for _ in range(groups)]
 
-        sigs: dict[tuple[Demand, tuple[int, ...]], int] = {}
+        sigs: dict[tuple[Demand, int], int] = {}
         # Signatures with the same room form a *family* (a pool's zones, typically): their
         # trials agree until one meets a group that fits and only some of them may take, so
         # a family is filled together and splits only there (``_fill``). Bit i of a family's
@@ -114,35 +114,48 @@ class _Pass:
         # either takes nothing more).
         self.least: list[tuple[int, int]] = []
         self.sig_of: list[int] = []  # candidate index -> signature
-        classes = sorted(set(cls))
+        # Bit masks over the groups: of each class, and of those that fit each room.
+        of_class: dict[int, int] = {}
+        for n, c in enumerate(cls):
+            of_class[c] = of_class.get(c, 0) | 1 << n
+        fitting: dict[Demand, int] = {}
         for cand in sim.candidates:
             u = cand.usable
-            admits = {c: sim.admits(c, cand) is None for c in classes}
-            feasible = tuple(
-                n
-                for n in range(groups)
-                if cpu[n] <= u.cpu_millis and mem[n] <= u.memory_bytes and admits[cls[n]]
-            )
-            sig = sigs.get((u, feasible))
-            if sig is None:
-                sig = sigs[(u, feasible)] = len(self.least)
-                self.least.append(
-                    (
-                        min((cpu[n] for n in feasible), default=_NEVER),
-                        min((mem[n] for n in feasible), default=_NEVER),
-                    )
+            fits = fitting.get(u)
+            if fits is None:
+                fits = fitting[u] = sum(
+                    1 << n
+                    for n in range(groups)
+                    if cpu[n] <= u.cpu_millis and mem[n] <= u.memory_bytes
                 )
-                family = families.get(u)
-                if family is None:
-                    family = families[u] = len(self.family_sigs)
-                    self.family_sigs.append([])
-                    self.family_masks.append([0] * groups)
-                bit = 1 << len(self.family_sigs[family])
-                self.family_sigs[family].append(sig)
-                masks = self.family_masks[family]
-                for n in feasible:
-                    masks[n] |= bit
-                self.family_of.append((family, bit))
+            admitted = 0
+            for c, of in of_class.items():
+                if sim.admits(c, cand) is None:
+                    admitted |= of
+            feasible_mask = fits & admitted
+            sig = sigs.get((u, feasible_mask))
+            if sig is not None:
+                self.sig_of.append(sig)
+                continue
+            feasible = [n for n in range(groups) if feasible_mask >> n & 1]
+            sig = sigs[(u, feasible_mask)] = len(self.least)
+            self.least.append(
+                (
+                    min((cpu[n] for n in feasible), default=_NEVER),
+                    min((mem[n] for n in feasible), default=_NEVER),
+                )
+            )
+            family = families.get(u)
+            if family is None:
+                family = families[u] = len(self.family_sigs)
+                self.family_sigs.append([])
+                self.family_masks.append([0] * groups)
+            bit = 1 << len(self.family_sigs[family])
+            self.family_sigs[family].append(sig)
+            masks = self.family_masks[family]
+            for n in feasible:
+                masks[n] |= bit
+            self.family_of.append((family, bit))
             self.sig_of.append(sig)
         self.rooms = list(families)
         self.family_branches: list[dict[int, tuple[int, int, list[int]]]] = [{} for _ in families]
@@ -300,15 +313,19 @@ def run_rounds(
     state = _Pass(sim, pods)
     trials = state.trials
     cands = sim.candidates
+    count = len(cands)
     sig_of = state.sig_of
     pools = [c.pool for c in cands]
+    by_pool: dict[int, list[int]] = {}  # pool index -> its candidates
+    for cand in cands:
+        by_pool.setdefault(cand.pool.index, []).append(cand.index)
     # Per candidate, as of the last round: its trial (None: blocked, or places nothing), the
     # chain's key (``_OUT`` ranks after every key), the score shown, and what it recorded.
-    trial_of: list[_Trial | None] = [None] * len(cands)
-    keys: list[tuple[float, ...]] = [_OUT] * len(cands)
-    shown: list[Score | None] = [None] * len(cands)
-    records: list[CandidateTrial] = []
-    nothing: list[CandidateTrial | None] = [None] * len(cands)
+    trial_of: list[_Trial | None] = [None] * count
+    keys: list[tuple[float, ...]] = [_OUT] * count
+    shown: list[Score | None] = [None] * count
+    records: list[CandidateTrial] = [_PENDING] * count
+    nothing = [_record(c, CandidateOutcome.PLACES_NOTHING, _NOTHING_FITS) for c in cands]
     # Signature -> its candidates that are not blocked. A block never lifts: the pool's node
     # count only grows, and a blocked pool never wins.
     open_cands: list[list[int]] = [[] for _ in state.least]
@@ -316,11 +333,11 @@ def run_rounds(
         block = sim.blocked(cand)
         if block is None:
             open_cands[sig_of[cand.index]].append(cand.index)
-            records.append(_PENDING)
         else:
-            records.append(_record(cand, *block))
+            records[cand.index] = _record(cand, *block)
     texts: dict[int, list[str]] = {}  # winner -> the losers' reason, per link
     links = ranking.links
+    values = ranking.values
     chain = ranking.pool_link
     winner, best = -1, cast(tuple[float, ...], _OUT)
     need = [sig for sig, open_ in enumerate(open_cands) if open_]
@@ -332,68 +349,65 @@ def run_rounds(
         for sig in need:
             t = trials[sig]
             assert t is not None
-            for ci in open_cands[sig]:
-                changed.append(ci)
-                if not t.placed:
+            if t.placed:
+                n = len(t.placed)
+                for ci in open_cands[sig]:
+                    changed.append(ci)
+                    trial_of[ci] = t
+                    keys[ci], shown[ci] = values(pools[ci], t.cpu, t.mem, n)
+            else:
+                for ci in open_cands[sig]:
+                    changed.append(ci)
                     trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
-                    record = nothing[ci]
-                    if record is None:
-                        record = nothing[ci] = _record(
-                            cands[ci], CandidateOutcome.PLACES_NOTHING, _NOTHING_FITS
-                        )
-                    records[ci] = record
-                    continue
-                trial_of[ci] = t
-                keys[ci], shown[ci] = ranking.values(pools[ci], t.cpu, t.mem, len(t.placed))
+                    records[ci] = nothing[ci]
         # Phase 4: rank. Candidates come in (pool name, zone name) order and ``min`` keeps
         # the first of equal keys: the names' tie-break.
         last_winner, last_best = winner, best
-        winner = min(range(len(keys)), key=keys.__getitem__, default=-1)
+        winner = min(range(count), key=keys.__getitem__, default=-1)
         if winner < 0 or keys[winner] is _OUT:
             if records:
                 sim.rounds.append(_round(sim, pass_priority, records, None, None))
             break
         best = keys[winner]
         win_cand = cands[winner]
+        win_pool = win_cand.pool
         reasons = texts.get(winner)
         if reasons is None:
             reasons = texts[winner] = [f"{win_cand.label} ranks higher on {x}" for x in links]
         # A loser's reason depends on the winner and the best key: when both stand, only the
         # changed candidates need theirs.
-        same = winner == last_winner and best is last_best
-        for ci in changed if same else range(len(cands)):
+        for ci in changed if winner == last_winner and best is last_best else range(count):
             t = trial_of[ci]
             if t is None:
                 continue
             if ci == winner:
-                reason, outcome = _BEST, CandidateOutcome.WON
+                records[ci] = _record(cands[ci], CandidateOutcome.WON, _BEST, shown[ci], t.keys)
+                continue
+            mine = keys[ci]
+            for link in range(chain):
+                if mine[link] != best[link]:
+                    break
             else:
-                mine = keys[ci]
-                for link in range(chain):
-                    if mine[link] != best[link]:
-                        break
-                else:
-                    link = chain if pools[ci] is not win_cand.pool else chain + 1
-                reason, outcome = reasons[link], CandidateOutcome.LOST
+                link = chain if pools[ci] is not win_pool else chain + 1
+            reason = reasons[link]
             record = records[ci]
             if record.pods is not t.keys or record.reason is not reason:
-                records[ci] = _record(cands[ci], outcome, reason, shown[ci], t.keys)
+                records[ci] = _record(cands[ci], CandidateOutcome.LOST, reason, shown[ci], t.keys)
         # Phase 5: commit the winner.
         won = trial_of[winner]
         assert won is not None
         name = sim.commit(win_cand, [pods[i] for i in won.placed])
         dropped = state.taken(won)
         left -= len(won.placed)
-        sim.rounds.append(_round(sim, pass_priority, list(records), win_cand, name))
+        sim.rounds.append(_round(sim, pass_priority, records.copy(), win_cand, name))
         changed = []
-        for ci, pool in enumerate(pools):
-            if pool is win_cand.pool:
-                block = sim.blocked(cands[ci])
-                if block is not None:
-                    open_cands[sig_of[ci]].remove(ci)
-                    trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
-                    records[ci] = _record(cands[ci], *block)
-                    changed.append(ci)
+        block = sim.blocked(win_cand)  # the same for every zone of the pool
+        if block is not None:
+            for ci in by_pool[win_pool.index]:
+                open_cands[sig_of[ci]].remove(ci)
+                trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
+                records[ci] = _record(cands[ci], *block)
+                changed.append(ci)
         need = [sig for sig in dropped if open_cands[sig]]
     head, members = state.head, state.members
     return [pods[i] for i in sorted(i for g, m in enumerate(members) for i in m[head[g] :])]

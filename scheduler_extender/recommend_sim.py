@@ -102,21 +102,26 @@ class Simulation:
         self.placed_on_existing: list[ExistingPlacement] = []
         # Nodes of one allocatable have one room: ``usable`` goes through a NodeState.
         rooms: dict[Demand, Demand] = {}
+        for alloc in model.allocatable:
+            if alloc not in rooms:
+                rooms[alloc] = usable(alloc, config.reserve)
         cluster = self.cluster
         names = cluster.names
-        for (node, host), alloc, held, kind in zip(
-            model.nodes, model.allocatable, model.held, model.host_kinds, strict=True
-        ):
-            room = rooms.get(alloc)
-            if room is None:
-                room = rooms[alloc] = usable(alloc, config.reserve)
-            i = cluster.add(
-                host,
-                Demand(room.cpu_millis - held.cpu_millis, room.memory_bytes - held.memory_bytes),
-                kind,
-            )
-            if not node.unschedulable:
-                self.schedulable.append(i)
+        names.extend(host.name for _, host in model.nodes)
+        cluster.hosts.extend(host for _, host in model.nodes)
+        cluster.kinds.extend(model.host_kinds)
+        cluster.free_cpu.extend(
+            rooms[a].cpu_millis - h.cpu_millis
+            for a, h in zip(model.allocatable, model.held, strict=True)
+        )
+        cluster.free_mem.extend(
+            rooms[a].memory_bytes - h.memory_bytes
+            for a, h in zip(model.allocatable, model.held, strict=True)
+        )
+        cluster.by_name.update((name, i) for i, name in enumerate(names))
+        self.schedulable.extend(
+            i for i, (node, _) in enumerate(model.nodes) if not node.unschedulable
+        )
         self._existing = len(names)
         self._next_kind = model.kind_count
 
@@ -266,9 +271,13 @@ class Simulation:
         i = cluster.add(Host(name, labels, cand.pool.taints), cand.usable, self._next_kind)
         self._next_kind += 1
         self.new_node_cands.append(cand)
+        # The trial's arithmetic must agree with the fit rule, or this raises (all at once:
+        # sizes are not negative, so the pods fit one by one exactly when their sum fits).
+        cpu = mem = 0
         for p in pods:
-            # The trial's arithmetic must agree with the fit rule, or this raises.
-            cluster.take(i, p.demand)
+            cpu += p.demand.cpu_millis
+            mem += p.demand.memory_bytes
+        cluster.take(i, Demand(cpu, mem))
         self.new_nodes[name] = (cand, [p.key for p in pods])
         self.greedy_pods.extend(pods)
         return name
