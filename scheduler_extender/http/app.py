@@ -114,6 +114,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     app[METRICS] = metrics
     app[TASKS] = []
     app[verbs.FILTER_ANSWERS] = verbs.FilterAnswers()
+    app[verbs.POD_INFOS] = verbs.PodInfos(config.scheduler_name)
     app.router.add_post("/filter", verbs.filter_nodes, name="filter")
     app.router.add_post("/prioritize", verbs.prioritize, name="prioritize")
     app.router.add_post("/bind", verbs.bind, name="bind")

@@ -166,11 +166,43 @@ class FilterAnswers:
 FILTER_ANSWERS = web.AppKey("filter_answers", FilterAnswers)
 
 
-def _pod(extender: Extender, pod: Pod) -> PodInfo:
-    try:
-        info = pod_info(pod, scheduler_name=extender.config.scheduler_name)
-    except PodError as e:
-        raise ProtocolError(str(e)) from e
+class PodInfos:
+    """``pod_info`` by (uid, resourceVersion), the most recent ``max_entries``.
+
+    kube-scheduler sends the same version of a pod to filter, prioritize and preempt, and
+    again on every retry while it is pending; the API server never gives two contents one
+    version, so the answer is the same. A pod without a resourceVersion is never kept, and
+    an invalid pod is refused every time (nothing is kept for it).
+    """
+
+    def __init__(self, scheduler_name: str, *, max_entries: int = 4096) -> None:
+        self._scheduler_name = scheduler_name
+        self._max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], PodInfo] = OrderedDict()
+
+    def get(self, pod: Pod) -> PodInfo:
+        meta = pod.metadata
+        key = (meta.uid, meta.resource_version)
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+            return found
+        try:
+            info = pod_info(pod, scheduler_name=self._scheduler_name)
+        except PodError as e:
+            raise ProtocolError(str(e)) from e
+        if meta.resource_version:
+            self._entries[key] = info
+            if len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+        return info
+
+
+POD_INFOS = web.AppKey("pod_infos", PodInfos)
+
+
+def _pod(request: web.Request, pod: Pod) -> PodInfo:
+    info = request.app[POD_INFOS].get(pod)
     structlog.contextvars.bind_contextvars(pod=info.key)
     return info
 
@@ -245,7 +277,7 @@ async def filter_nodes(request: web.Request) -> web.Response:
     extender.require_synced()
     body = await read_body(request)
     args = decode(FilterArgs, body)
-    info = _pod(extender, args.pod)
+    info = _pod(request, args.pod)
     is_cache, listed = _listed(args)
     decision = extender.admit(info) if info.vm_error is None else None
     if decision is not None and not decision.is_admitted:
@@ -281,7 +313,7 @@ async def prioritize(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     extender.require_synced()
     args = decode(ExtenderArgs, await read_body(request))
-    info = _pod(extender, args.pod)
+    info = _pod(request, args.pod)
     names = _names(args)
     if info.vm_error is not None:
         scores = [(name, 0) for name in names]
@@ -317,7 +349,7 @@ async def preempt(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     extender.require_synced()
     args = decode(ExtenderPreemptionArgs, await read_body(request))
-    info = _pod(extender, args.pod)
+    info = _pod(request, args.pod)
     proposed: dict[str, tuple[list[str], int]] = {}
     if args.node_name_to_meta_victims is not None:
         for node, meta in args.node_name_to_meta_victims.items():

@@ -8,7 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from scheduler_extender.http.verbs import FilterAnswers, _Cached, fingerprint
+from protocol.kube import Pod
+from scheduler_extender.errors import ProtocolError
+from scheduler_extender.http.verbs import FilterAnswers, PodInfos, _Cached, fingerprint
 from scheduler_extender.podinfo import Demand
 from tests.extender.conftest import StartExtender
 from tests.extender.helpers import bind_body, filter_body, vm_pod
@@ -94,3 +96,35 @@ def test_answers_are_bounded_by_bytes_lists_included() -> None:
         if answers.get((Demand(1000 * (i + 1), 0), True, len(listed)), listed, (0, 0))
     ]
     assert kept == [2, 3]  # the oldest went first
+
+
+def _pod(uid: str, rv: str, *, max_vcpus: int = 4) -> Pod:
+    obj = vm_pod("vm", uid=uid, max_vcpus=max_vcpus)
+    if rv:
+        obj["metadata"]["resourceVersion"] = rv
+    return msgspec.convert(obj, Pod)
+
+
+def test_pod_infos_are_kept_by_uid_and_resource_version() -> None:
+    infos = PodInfos("vm-scheduler", max_entries=2)
+    first = infos.get(_pod("u-1", "10"))
+    assert infos.get(_pod("u-1", "10")) is first
+    # A new version of the pod is read again, whatever it says.
+    newer = infos.get(_pod("u-1", "11", max_vcpus=6))
+    assert newer is not first and newer.vm is not None and newer.vm.max_vcpus == 6
+    # Without a resourceVersion nothing is kept: two reads, two answers.
+    assert infos.get(_pod("u-2", "")) is not infos.get(_pod("u-2", ""))
+    # Bounded: the least recently used version goes first.
+    infos.get(_pod("u-3", "1"))
+    assert infos.get(_pod("u-1", "11")) is newer
+    assert infos.get(_pod("u-1", "10")) is not first
+
+
+def test_a_pod_with_bad_requests_is_refused_every_time() -> None:
+    infos = PodInfos("vm-scheduler")
+    bad = vm_pod("vm", uid="u-9")
+    bad["metadata"]["resourceVersion"] = "5"
+    bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="lots"):
+            infos.get(msgspec.convert(bad, Pod))
