@@ -35,6 +35,8 @@ from bisect import bisect_left
 from heapq import heappop, heappush
 from typing import Final, cast
 
+from msgspec.structs import replace
+
 from scheduler_extender.podinfo import Demand
 from scheduler_extender.recommend_scoring import Ranking
 from scheduler_extender.recommend_sim import Simulation
@@ -44,6 +46,8 @@ from scheduler_extender.snapshot_model import Candidate, Pending
 __all__ = ["run_rounds"]
 
 _NOTHING_FITS = "no unscheduled pod fits"
+_WON: Final = CandidateOutcome.WON
+_LOST: Final = CandidateOutcome.LOST
 _BEST = "best of the chain"
 _NEVER = 1 << 62  # after every pod position
 # A key after every chain key: the candidate is blocked or places nothing.
@@ -338,6 +342,8 @@ def run_rounds(
     texts: dict[int, list[str]] = {}  # winner -> the losers' reason, per link
     links = ranking.links
     values = ranking.values
+    memo = ranking.memo
+    pool_of = [p.index for p in pools]
     chain = ranking.pool_link
     winner, best = -1, cast(tuple[float, ...], _OUT)
     need = [sig for sig, open_ in enumerate(open_cands) if open_]
@@ -354,7 +360,10 @@ def run_rounds(
                 for ci in open_cands[sig]:
                     changed.append(ci)
                     trial_of[ci] = t
-                    keys[ci], shown[ci] = values(pools[ci], t.cpu, t.mem, n)
+                    found = memo.get((pool_of[ci], t.cpu, t.mem, n))
+                    if found is None:
+                        found = values(pools[ci], t.cpu, t.mem, n)
+                    keys[ci], shown[ci] = found
             else:
                 for ci in open_cands[sig]:
                     changed.append(ci)
@@ -381,7 +390,9 @@ def run_rounds(
             if t is None:
                 continue
             if ci == winner:
-                records[ci] = _record(cands[ci], CandidateOutcome.WON, _BEST, shown[ci], t.keys)
+                records[ci] = replace(
+                    nothing[ci], outcome=_WON, reason=_BEST, score=shown[ci], pods=t.keys
+                )
                 continue
             mine = keys[ci]
             for link in range(chain):
@@ -392,7 +403,9 @@ def run_rounds(
             reason = reasons[link]
             record = records[ci]
             if record.pods is not t.keys or record.reason is not reason:
-                records[ci] = _record(cands[ci], CandidateOutcome.LOST, reason, shown[ci], t.keys)
+                records[ci] = replace(
+                    nothing[ci], outcome=_LOST, reason=reason, score=shown[ci], pods=t.keys
+                )
         # Phase 5: commit the winner.
         won = trial_of[winner]
         assert won is not None
@@ -413,30 +426,15 @@ def run_rounds(
     return [pods[i] for i in sorted(i for g, m in enumerate(members) for i in m[head[g] :])]
 
 
-def _record(
-    cand: Candidate,
-    outcome: CandidateOutcome,
-    reason: str,
-    shown: Score | None = None,
-    pods: list[str] | None = None,
-) -> CandidateTrial:
-    pool = cand.pool
-    if pods is None:
-        return CandidateTrial(
-            node_pool=pool.name,
-            zone=cand.zone,
-            instance_type=pool.instance_type,
-            outcome=outcome,
-            reason=reason,
-        )
+def _record(cand: Candidate, outcome: CandidateOutcome, reason: str) -> CandidateTrial:
+    """What a round records of a candidate without a trial (blocked, or places nothing);
+    the others' records are this with the outcome, reason, score and pods replaced."""
     return CandidateTrial(
-        node_pool=pool.name,
+        node_pool=cand.pool.name,
         zone=cand.zone,
-        instance_type=pool.instance_type,
+        instance_type=cand.pool.instance_type,
         outcome=outcome,
         reason=reason,
-        score=shown,
-        pods=pods,
     )
 
 

@@ -85,7 +85,9 @@ class Ranking:
         self.links = [*(s.value for s in chain), "pool name", "zone name"]
         self.pool_link = len(chain)
         self.zone_link = len(chain) + 1
-        self._values: dict[tuple[int, int, int, int], tuple[ChainValues, Score]] = {}
+        # (pool index, cpu millis, memory bytes, pods) -> ``values``: callers may look here
+        # first (the rounds do, for each candidate whose trial changed).
+        self.memo: dict[tuple[int, int, int, int], tuple[ChainValues, Score]] = {}
 
     def values(
         self, pool: Pool, cpu_millis: int, memory_bytes: int, pods: int
@@ -93,10 +95,10 @@ class Ranking:
         """The chain's key for one new node of ``pool`` holding ``pods`` pods that request
         ``cpu_millis`` and ``memory_bytes``, and its score as shown."""
         memo = (pool.index, cpu_millis, memory_bytes, pods)
-        found = self._values.get(memo)
+        found = self.memo.get(memo)
         if found is None:
             requested = Demand(cpu_millis, memory_bytes)
-            found = self._values[memo] = (
+            found = self.memo[memo] = (
                 self._key(pool, requested, pods),
                 self._score(pool, requested, pods),
             )
