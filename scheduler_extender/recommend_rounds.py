@@ -20,12 +20,23 @@ x pods (about 1 s for the benchmark). What makes it cheap:
   fit. The live groups are kept ordered by their head, so a trial scans them once (groups it
   has started are merged back in through a small heap), stops as soon as the room is below the
   smallest feasible size, and costs O(groups + pods placed x log pods placed).
+* Signatures with the same room (a pool's zones) form a *family*, filled together: their
+  trials agree until a fitting group is feasible for only some of them, where the fill
+  branches. Sibling zones mostly end up sharing one trial.
 * A trial stays valid until the winner takes a pod from a group the trial took from (it would
   be that group's head, which the trial placed). Removing pods a trial skipped cannot change a
-  first fit that skipped them. Each group knows the trials that took from it.
-* A candidate's block (pool at its maximum or limit) changes only when its pool wins, and what
-  a round records of a candidate (``CandidateTrial``) is rebuilt only when its trial, block or
-  reason changed: a round mostly repeats the previous one.
+  first fit that skipped them. Each group knows the trials that took from it, and only the
+  candidates of dropped trials are ranked and recorded again.
+* A block (pool at its maximum or limit) changes only when its pool wins, and never lifts.
+  What a round records of a candidate (``CandidateTrial``) is rebuilt only when its trial,
+  block or reason changed; a loser's reason changes only with the winner or the best key.
+* Keys are exact integers (``recommend_scoring.Ranking``) memoised per (pool, requested,
+  pods), so ranking a round compares ints, not Fractions.
+
+What is left is inherent to the answer: every round records every candidate with its pods,
+and the winner's pods are usually the first ones every other trial took, so about half the
+trials change each round. Resuming a trial from its first taken pod was measured: that pod
+is the trial's first in 3 cases out of 4, so it would save little.
 """
 
 from __future__ import annotations
