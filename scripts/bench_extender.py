@@ -505,6 +505,12 @@ async def compare(
 def filter_bodies(cluster: Cluster, *, is_cache: bool, count: int = 8) -> list[bytes]:
     names = cluster.node_names
     nodes = {"metadata": {}, "items": cluster.nodes}
+    # As kube-scheduler sends them: its informer's copy carries the API server's
+    # resourceVersion (see shared/reference/kube/extender).
+    pods = [
+        {**pod, "metadata": {**pod["metadata"], "resourceVersion": str(90_000 + i)}}
+        for i, pod in enumerate(cluster.pending[:count])
+    ]
     return [
         json.dumps(
             {"Pod": pod, "Nodes": None, "NodeNames": names}
@@ -512,7 +518,7 @@ def filter_bodies(cluster: Cluster, *, is_cache: bool, count: int = 8) -> list[b
             else {"Pod": pod, "Nodes": nodes, "NodeNames": None},
             separators=(",", ":"),
         ).encode()
-        for pod in cluster.pending[:count]
+        for pod in pods
     ]
 
 
