@@ -208,6 +208,8 @@ class AdmissionState:
         self._namespaces: dict[str, _Namespace] = {}
         # uid -> namespace, for every waiting or reserved pod.
         self._where: dict[str, str] = {}
+        # How many pods wait, in all namespaces (``recheck`` has nothing to do without any).
+        self._waiting_total = 0
         # node -> namespace -> what our pods there hold: the part of ``running`` from that node.
         self._node_totals: dict[str, dict[str, Demand]] = {}
         self._dirty_nodes: set[str] = set(ledger.nodes)
@@ -396,6 +398,7 @@ class AdmissionState:
     def _enqueue_waiter(self, waiter: Waiter) -> None:
         ns = self._ns(waiter.namespace)
         ns.waiting[waiter.uid] = waiter
+        self._waiting_total += 1
         bisect.insort(ns.order, waiter.order)
         self._where[waiter.uid] = waiter.namespace
         self._dirty_groups.add(self._group_of(waiter.namespace))
@@ -406,6 +409,7 @@ class AdmissionState:
         ns = self._namespaces[namespace]
         waiter = ns.waiting.pop(uid, None)
         if waiter is not None:
+            self._waiting_total -= 1
             del ns.order[bisect.bisect_left(ns.order, waiter.order)]
         reservation = ns.reserved.pop(uid, None)
         if reservation is not None:
@@ -417,6 +421,7 @@ class AdmissionState:
     def _reserve(self, waiter: Waiter, *, now: float) -> None:
         ns = self._namespaces[waiter.namespace]
         del ns.waiting[waiter.uid]
+        self._waiting_total -= 1
         del ns.order[bisect.bisect_left(ns.order, waiter.order)]
         expires_at = now + self.ttl_seconds
         ns.reserved[waiter.uid] = Reservation(waiter=waiter, admitted_at=now, expires_at=expires_at)
@@ -517,8 +522,9 @@ class AdmissionState:
                 running[entry.namespace] = running.get(entry.namespace, ZERO) + entry.held
                 if entry.uid in self._where:
                     raise AssertionError(f"{entry.key} is held by the ledger and queued too")
-        seen = 0
+        seen = waiting = 0
         for name, ns in self._namespaces.items():
+            waiting += len(ns.waiting)
             if ns.running != running.get(name, ZERO):
                 raise AssertionError(f"{name}: running {ns.running} != ledger {running.get(name)}")
             if ns.order != sorted(w.order for w in ns.waiting.values()):
@@ -534,6 +540,8 @@ class AdmissionState:
                 if self._where.get(uid) != name:
                     raise AssertionError(f"{name}: {uid} is not indexed here")
                 seen += 1
+        if waiting != self._waiting_total:
+            raise AssertionError(f"{waiting} pods wait but the count says {self._waiting_total}")
         if seen != len(self._where):
             raise AssertionError(f"{len(self._where)} pods indexed but {seen} queued or admitted")
         for name, held in running.items():
@@ -609,10 +617,11 @@ def recheck(state: AdmissionState, *, now: float) -> list[PodKey]:
     changed, and return the pods to nudge: every pod admitted since the last ``recheck`` that
     had been told to wait (also those admitted by another pod's ``admit``), in admission order.
     """
-    if not state._where and not state._nudges:
-        # Nobody waits or holds an admission (``_where`` is empty), so no pass can admit
-        # anyone and nothing can expire. Every permit batch that frees room lands here: the
-        # nodes' usage is brought up to date lazily, by whoever reads it next.
+    if not state._waiting_total and not state._nudges and now < state._next_expiry:
+        # Nobody waits, so no pass can admit anyone, and no admission is due to expire. Every
+        # permit batch that frees room lands here: the nodes' usage (and the release of
+        # admissions whose pods got bound) is brought up to date lazily, by whoever reads
+        # it next; an expiry always refreshes the nodes first (``_refresh``).
         state._dirty_groups.clear()
         return []
     state._refresh(now)
