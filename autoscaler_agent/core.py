@@ -147,10 +147,14 @@ class VmState:
         config: CoreConfig,
         now: float,
         permit_vcpus: int | None = None,
+        explain: bool = True,
     ) -> None:
         # Fixed for the life of the state: new bounds come with a new pod, so a new VmState.
         self.spec = spec
         self.config = config
+        # False: goals carry no reason sentence (nor do the resizes and calls that quote it).
+        # For the simulator, which decides exactly the same but never reads the sentences.
+        self._explain = explain
         self.current_vcpus: int | None = None
         self._hypervisor_max_vcpus: int | None = None
         # top_vcpus, kept up to date by the hypervisor_max_vcpus setter: it is read several
@@ -352,6 +356,7 @@ class VmState:
             top_vcpus=self.top_vcpus,
             config=self.config.policy,
             now=now,
+            explain=self._explain,
         )
         self._policy_state = self.goal.state
         return self.goal

@@ -19,16 +19,16 @@ What is real and what is simulated:
   kube-scheduler's retry loop, the default scheduler placing foreign pods, and new nodes
   joining when the recommender asks for them.
 
-Event-driven, not ticked. A heap holds the next thing that happens. A VM costs work only when
-its state machine asks to be woken (``wait_seconds``), an operation of it completes, or its load
-trace reaches a breakpoint. A *settled* VM skips scrapes: when nothing is in flight and it
-holds a size the policy keeps (``goal == current``, no shrink window open, no permit owed to
-the extender), its next scrape that matters is the first one at which the real ``goal_vcpus``
-would not hold. Within a segment load1 moves monotonically towards the level and the policy's
-sizes are monotone in load1, so that scrape is found by galloping and bisecting over the
-scrape grid (or there is none before the next breakpoint). The VM is woken on that grid, so
-skipping changes how much work is done, never a decision (``tests/simulator`` runs every
-library scenario both ways and compares).
+Event-driven, not ticked. A queue ordered by time holds the next thing that happens. A VM costs
+work only when its state machine asks to be woken (``wait_seconds``), an operation of it
+completes, or its load trace reaches a breakpoint. A *settled* VM skips scrapes: when nothing is
+in flight and it holds a size the policy keeps (``goal == current``, no shrink window open, no
+permit owed to the extender), its next scrape that matters is the first one at which the real
+``goal_vcpus`` would not hold. Within a segment load1 moves monotonically towards the level and
+the policy's sizes are monotone in load1, so that scrape is found by galloping and bisecting
+over the scrape grid (or there is none before the next breakpoint). The VM is woken on that
+grid, so skipping changes how much work is done, never a decision (``tests/simulator`` runs
+every library scenario both ways and compares).
 
 Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
 what broke, when, and what happened just before:
@@ -252,8 +252,12 @@ class Simulation:
         self.timing = scenario.timing
         self.quotas = scenario.quotas or QuotaConfig()
         self.t = 0.0
-        self._heap: list[tuple[float, int, Callable[[int], None], int]] = []
-        self._seq = 0
+        # The event queue: what happens next is the earliest time's oldest event, as a heap of
+        # (t, sequence) would give it, but one heap entry per distinct time. Events crowd onto
+        # few instants (every VM scrapes on the same grid), so a heap of all of them would
+        # spend most of its time comparing entries that share their time.
+        self._times: list[float] = []  # a heap: the times that have events queued
+        self._queued: dict[float, deque[tuple[float, Callable[[int], None], int]]] = {}
         self.nodes: dict[str, _Node] = {}
         self.node_names: list[str] = []
         self.vms = [
@@ -340,11 +344,14 @@ class Simulation:
         # The VMs on each node when the extender last restarted (for the agents' reports).
         self._vms_by_node: dict[str, list[_Vm]] = {}
 
-    # -- the event heap --------------------------------------------------------------------
+    # -- the event queue -------------------------------------------------------------------
 
     def at(self, t: float, handler: Callable[[int], None], arg: int = 0) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, handler, arg))
+        queue = self._queued.get(t)
+        if queue is None:
+            queue = self._queued[t] = deque()
+            heapq.heappush(self._times, t)
+        queue.append((t, handler, arg))
 
     def note(self, kind: str, subject: str, detail: str = "", *, keep: bool = True) -> None:
         self.recent.append((self.t, kind, subject, "{}", (detail,)))
@@ -377,9 +384,15 @@ class Simulation:
             self.at(self.timing.recommend_interval_seconds, self._recommend)
         end = s.duration_seconds
         next_progress = 0.0
+        times, queued = self._times, self._queued
         try:
-            while self._heap and self._heap[0][0] <= end:
-                t, _, handler, arg = heapq.heappop(self._heap)
+            while times and times[0] <= end:
+                queue = queued[times[0]]
+                # Its own t: equal to the key, but maybe an int where the key is a float.
+                t, handler, arg = queue.popleft()
+                if not queue:
+                    # Only now: an event handled at t may still queue another one at t.
+                    del queued[heapq.heappop(times)]
                 if t > self.t:
                     self._checks_between()
                 self.t = t
@@ -602,7 +615,8 @@ class Simulation:
             # The guest's own noise, from its name: the scenario's seed is the agent's jitter.
             noise_seed=zlib.crc32(vm.uid.encode()),
         )
-        vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t)
+        # The report has no use for the goals' reason sentences: the same decisions, unworded.
+        vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t, explain=False)
         self.counts["placements"] += 1
         self.note("placed", vm.spec.name, f"on {node} at {vm.vcpus} vCPUs", keep=decided)
         self._track_step(vm)

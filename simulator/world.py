@@ -30,19 +30,21 @@ from simulator.scenario import Load1Model, Segments
 LOAD1_TAU_SECONDS: Final = 60.0
 MEMORY_TOTAL_BYTES: Final = 4 * 2**30
 _MASK64: Final = 2**64 - 1
+SEED_MIX: Final = 0x9E3779B97F4A7C15
 
 
-def noise_bits(seed: int, t: float) -> int:
-    """64 pseudo-random bits for (seed, t to the millisecond): splitmix64's finaliser."""
-    x = (seed * 0x9E3779B97F4A7C15 + round(t * 1000)) & _MASK64
+def noise_bits(seed_mix: int, t: float) -> int:
+    """64 pseudo-random bits for (seed, t to the millisecond): splitmix64's finaliser.
+    ``seed_mix`` is ``seed * SEED_MIX``, its first step, taken once per guest."""
+    x = (seed_mix + round(t * 1000)) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
 
 
-def procs_running(demand: float, seed: int, t: float) -> float:
-    """What node_procs_running shows at ``t`` for ``demand`` runnable threads (see above)."""
-    bits = noise_bits(seed, t)
+def procs_running(demand: float, bits: int) -> float:
+    """What node_procs_running shows for ``demand`` runnable threads, given a scrape's
+    ``noise_bits`` (see above)."""
     count = math.floor(demand + (bits >> 11) / 2**53) + 1
     spike = bits & 0xFF
     if spike < 26:
@@ -60,10 +62,12 @@ class GuestLoad:
         "cpu_seconds",
         "demand",
         "index",
+        "is_instant",
         "l0",
         "model",
         "noise_seed",
         "over_target_seconds",
+        "seed_mix",
         "segments",
         "t0",
         "target_load_per_vcpu",
@@ -83,7 +87,9 @@ class GuestLoad:
     ) -> None:
         self.segments = segments
         self.noise_seed = noise_seed
+        self.seed_mix = noise_seed * SEED_MIX
         self.model = model
+        self.is_instant = model is Load1Model.INSTANT
         self.index = 0
         while self.index + 1 < len(segments) and segments[self.index + 1][0] <= t:
             self.index += 1
@@ -103,7 +109,7 @@ class GuestLoad:
         return self.segments[i][0] if i < len(self.segments) else None
 
     def load1(self, t: float) -> float:
-        if self.model is Load1Model.INSTANT:
+        if self.is_instant:
             return self.demand
         return self.demand + (self.l0 - self.demand) * math.exp(-(t - self.t0) / LOAD1_TAU_SECONDS)
 
@@ -167,7 +173,7 @@ class GuestLoad:
     ) -> Samples:
         return Samples(
             load1=round(self.load1(t), 4),
-            procs_running=procs_running(self.demand_at(t), self.noise_seed, t)
+            procs_running=procs_running(self.demand_at(t), noise_bits(self.seed_mix, t))
             if is_run_queue_exact
             else self.demand + 1,
             cpu_seconds_total=cpu_seconds,
