@@ -397,7 +397,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
                     )
         host = Host(n.name, n.labels, _taints(n.taints))
         nodes.append((n, host))
-        kind = (tuple(kv for kv in n.labels.items() if kv[0] != HOSTNAME_LABEL), host.taints)
+        labels = n.labels
+        kind = (
+            tuple(labels.items())
+            if HOSTNAME_LABEL not in labels
+            else tuple(kv for kv in labels.items() if kv[0] != HOSTNAME_LABEL),
+            host.taints,
+        )
         found_kind = kinds.get(kind)
         if found_kind is None:
             found_kind = kinds[kind] = len(kinds)
