@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -40,6 +39,7 @@ from autoscaler_agent.extender_client import (
 from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+from observability.log import configure_logging
 
 log = structlog.get_logger("autoscaler_agent")
 
@@ -85,27 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         " scaling_unit, memory, hypervisor, metrics_url. The file is re-read when it changes.",
     )
     return p
-
-
-def configure_logging(level: str, *, json: bool) -> None:
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
 
 
 HEALTH = web.AppKey("registry", CollectorRegistry)
@@ -211,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"autoscaler-agent: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    configure_logging(config.log.level, json=not sys.stderr.isatty())
+    configure_logging(config.log.level)
     node = os.environ.get("NODE_NAME", "")
     source: VmSource
     if args.standalone:

@@ -19,9 +19,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
+from observability.log import configure_logging
 from scheduler_extender.config import ConfigError, load_config
 from scheduler_extender.http.app import Deps, serve
-from scheduler_extender.log import configure_logging
 from scheduler_extender.recommender import (
     SnapshotError,
     encode_recommendation,

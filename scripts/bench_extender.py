@@ -342,9 +342,9 @@ async def run_server(args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
     from kube_io.client import KubeClient
+    from observability.log import configure_logging
     from scheduler_extender.config import parse_config
     from scheduler_extender.http.app import Deps, make_app, make_permits_app
-    from scheduler_extender.log import configure_logging
 
     configure_logging(level=args.log_level, is_json=True)
     config = parse_config(

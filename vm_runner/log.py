@@ -1,5 +1,9 @@
 """structlog set-up, done once by ``__main__``: JSON lines when stderr is not a terminal
-(pods, tests), readable console output when it is."""
+(pods, tests), readable console output when it is.
+
+Not ``observability.log`` (which the extender and the agent share): the runner's image has
+only Debian's python3-structlog, no pip and no msgspec, so the runner depends on nothing else.
+"""
 
 from __future__ import annotations
 
