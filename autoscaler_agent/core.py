@@ -220,7 +220,10 @@ class VmState:
         goal = self.goal
         # "hold" means keep whatever the VM has now, even if that changed since the sample.
         target = current if goal is None or goal.vcpus == goal.current_vcpus else goal.vcpus
-        return max(self.spec.min_vcpus, min(target, self._top_vcpus))
+        # max(min_vcpus, min(target, top)), spelled out: this runs at every step of every VM.
+        top, low = self._top_vcpus, self.spec.min_vcpus
+        target = top if target > top else target
+        return target if target > low else low
 
     @property
     def is_extender_degraded(self) -> bool:

@@ -144,13 +144,15 @@ def round_up_to_unit(vcpus: int, spec: VmSpec, *, top_vcpus: int) -> int:
 
 
 def _size_for(load: float, load_per_vcpu: float, min_vcpus: int, unit: int, top_vcpus: int) -> int:
-    # ``round_up_to_unit(max(1, need))`` on plain ints: this runs a few times per scrape of
-    # every VM. A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
-    need = max(1, math.ceil(load / load_per_vcpu - 1e-9))
+    # ``round_up_to_unit(max(1, need))`` on plain ints, with max() and min() spelled out as
+    # in their own definitions: this runs a few times per scrape of every VM.
+    # A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
+    need = math.ceil(load / load_per_vcpu - 1e-9)
+    need = need if need > 1 else 1
     if need <= min_vcpus:
         return min_vcpus
     size = min_vcpus - (min_vcpus - need) // unit * unit
-    return size if size < top_vcpus else top_vcpus
+    return top_vcpus if size > top_vcpus else size
 
 
 def _busy_fraction(
@@ -165,7 +167,10 @@ def _busy_fraction(
     total, idle = t1 - t0, i1 - i0
     if total <= 0 or idle < 0:
         return None  # counters reset (guest reboot) or no time passed
-    return min(1.0, max(0.0, 1.0 - idle / total))
+    busy = 1.0 - idle / total
+    # min(1.0, max(0.0, busy)), spelled out (see _size_for)
+    busy = busy if busy > 0.0 else 0.0
+    return 1.0 if busy > 1.0 else busy
 
 
 def _usable(value: float | None) -> float | None:
@@ -269,11 +274,12 @@ def goal_vcpus(
             demands = (*kept, demand)[-DEMAND_WINDOW_SAMPLES:]
             grow = _size_for(_median(demands), target, min_vcpus, unit, top_vcpus)
             pressed_for = now - pressure_since
-        slow = max(load1, used)
+        slow = used if used > load1 else load1  # max(load1, used)
         is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
     # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
     # and keeps a shrink from going below what the fast estimate needs now.
-    shrink = max(grow, _size_for(slow, config.shrink_load_per_vcpu, min_vcpus, unit, top_vcpus))
+    shrink = _size_for(slow, config.shrink_load_per_vcpu, min_vcpus, unit, top_vcpus)
+    shrink = shrink if shrink > grow else grow  # max(grow, shrink)
 
     # The decision: the size, the state to carry, and its verdict (formatted only if asked).
     verdict = "hold"

@@ -863,33 +863,35 @@ class Simulation:
         if last < 1:
             return math.inf
 
-        def after(at: float) -> PolicyState:
-            cpu, idle = guest.projected_counters(at)
-            return PolicyState(
-                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=guest.vcpus
-            )
-
-        def holds_at(k: int) -> bool:
+        def inputs_at(k: int) -> tuple[Samples, PolicyState]:
+            """The samples a scrape at k would see, and the state the scrape before it left."""
             at = start + k * interval
             if k == 1:  # its interval may hold a resize: the run queue may count
-                now, prev = guest.projected_samples(at), before
-            else:  # not saturated below the top (checked above): the run queue is unread
-                now = guest.projected_samples(at, is_run_queue_exact=False)
-                prev = after(at - interval)
-            return self._holds(vm, st, current=current, before=prev, samples=now, at=at)
+                return guest.projected_samples(at), before
+            # Not saturated below the top (checked above): the run queue is unread.
+            cpu, idle = guest.projected_counters(at - interval)
+            prev = PolicyState(
+                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=guest.vcpus
+            )
+            return guest.projected_samples(at, is_run_queue_exact=False), prev
+
+        def holds_at(k: int) -> bool:
+            now, prev = inputs_at(k)
+            return self._holds(
+                vm, st, current=current, before=prev, samples=now, at=start + k * interval
+            )
 
         if not holds_at(1):
             return None
         if last < 2:
             return math.inf
-        if not holds_at(2):
-            return start + 2 * interval
-        # At the level (load1 = demand, reached only in the limit) with the steady counters.
         at = start + 2 * interval
-        level = msgspec.structs.replace(
-            guest.projected_samples(at, is_run_queue_exact=False), load1=guest.demand
-        )
-        if self._holds(vm, st, current=current, before=after(at - interval), samples=level, at=at):
+        now, prev = inputs_at(2)
+        if not self._holds(vm, st, current=current, before=prev, samples=now, at=at):
+            return at
+        # At the level (load1 = demand, reached only in the limit) with the steady counters.
+        level = msgspec.structs.replace(now, load1=guest.demand)
+        if self._holds(vm, st, current=current, before=prev, samples=level, at=at):
             return math.inf
 
         # Gallop (k = 2, 3, 5, ...) then bisect: a VM in the middle of an approach usually
