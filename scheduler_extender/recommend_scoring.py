@@ -2,13 +2,15 @@
 
 Pure: no I/O, no clock, no randomness. Ranking is exact, so float rounding never decides a tie;
 ties fall through the chain, then to pool and zone names. What humans see (``Score``) is the
-same values as floats. Each value is built as one ``Fraction(n, d)`` (a single gcd) rather than
-a sum of Fractions: the value is identical, the cost a fraction.
+same values as floats.
 
-Rank keys hold integers, not the Fractions: each link's value times one common denominator of
-that link over all pools (``Ranking``). Multiplying every value of a link by the same positive
-integer keeps their order and their ties, and then comparing two keys is a comparison of ints
-instead of Python-level Fraction arithmetic; a round compares every candidate's key.
+Each link's value is a ratio of integers (``cost_ratio``, ``waste_ratio``) whose denominator
+depends on the pool only. A rank key holds, per link, the numerator times (the link's common
+denominator over all pools / the pool's own): the value times one positive integer shared by
+every candidate, so keys keep the values' order and ties exactly, and comparing two keys is a
+comparison of ints, with no Fraction arithmetic (a round compares every candidate's key). The
+floats shown are ``numerator / denominator``: int division is correctly rounded, so they are
+the exact values' nearest floats.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Final
 
 from scheduler_extender.podinfo import Demand
 from scheduler_extender.recommend_config import RecommenderConfig, Scorer
 from scheduler_extender.recommendation import Score
 from scheduler_extender.snapshot_model import Pool
 
-__all__ = ["ChainValues", "Ranking", "price_of", "units", "waste"]
+__all__ = ["ChainValues", "Ranking", "cost_ratio", "price_of", "waste_ratio"]
 
 # Smaller is better: the chain's links in order, as exact integers (see ``Ranking``). Names
 # break what ties are left: the candidates' own order (pool name, then zone name).
@@ -34,35 +37,28 @@ def price_of(pool: Pool) -> Fraction:
     return pool.price
 
 
-def units(config: RecommenderConfig, d: Demand) -> Fraction:
-    """Resource units: millicores plus memory at ``memory_bytes_per_cpu`` bytes a vCPU."""
+def cost_ratio(config: RecommenderConfig, pool: Pool, d: Demand) -> tuple[int, int]:
+    """least-cost's ``units(config, d) / price_of(pool)`` as (numerator, denominator), not
+    reduced; the denominator depends on the pool only."""
+    price = price_of(pool)
     per_cpu = config.memory_bytes_per_cpu
-    return Fraction(d.cpu_millis * per_cpu + d.memory_bytes * 1000, per_cpu)
+    return (
+        (d.cpu_millis * per_cpu + d.memory_bytes * 1000) * price.denominator,
+        per_cpu * price.numerator,
+    )
 
 
-def waste(allocatable: Demand, requested: Demand) -> Fraction:
-    """cluster-autoscaler's least-waste: sum over cpu and memory of the unused share."""
+def waste_ratio(allocatable: Demand, requested: Demand) -> tuple[int, int]:
+    """cluster-autoscaler's least-waste, the sum over cpu and memory of the unused share, as
+    (numerator, denominator), not reduced; the denominator depends on ``allocatable`` only."""
     ac, am = allocatable.cpu_millis, allocatable.memory_bytes
     if ac and am:
-        return Fraction(
-            (ac - requested.cpu_millis) * am + (am - requested.memory_bytes) * ac, ac * am
-        )
+        return (ac - requested.cpu_millis) * am + (am - requested.memory_bytes) * ac, ac * am
     if ac:
-        return Fraction(ac - requested.cpu_millis, ac)
+        return ac - requested.cpu_millis, ac
     if am:
-        return Fraction(am - requested.memory_bytes, am)
-    return Fraction(0)
-
-
-def _waste_denominator(allocatable: Demand) -> int:
-    """A multiple of the denominator of every ``waste(allocatable, ...)``."""
-    ac, am = allocatable.cpu_millis, allocatable.memory_bytes
-    return (ac or 1) * (am or 1)
-
-
-def _cost_denominator(config: RecommenderConfig, pool: Pool) -> int:
-    """A multiple of the denominator of every ``units(...) / price_of(pool)``."""
-    return config.memory_bytes_per_cpu * price_of(pool).numerator
+        return am - requested.memory_bytes, am
+    return 0, 1
 
 
 class Ranking:
@@ -73,14 +69,18 @@ class Ranking:
     def __init__(self, config: RecommenderConfig, pools: Sequence[Pool]) -> None:
         self.config = config
         chain = config.scorers
-        self.scales: list[int] = []
+        # Per link, per pool: what that pool's values of the link are multiplied by (the
+        # link's common denominator over the pool's own); 1 for the links that are ints.
+        self.scales: list[list[int]] = []
         for s in chain:
             if s is Scorer.LEAST_COST:
-                self.scales.append(math.lcm(*(_cost_denominator(config, p) for p in pools)))
+                dens = [cost_ratio(config, p, _ZERO)[1] for p in pools]
             elif s is Scorer.LEAST_WASTE:
-                self.scales.append(math.lcm(*(_waste_denominator(p.allocatable) for p in pools)))
+                dens = [waste_ratio(p.allocatable, _ZERO)[1] for p in pools]
             else:
-                self.scales.append(1)
+                dens = [1] * len(pools)
+            common = math.lcm(*dens)
+            self.scales.append([common // d for d in dens])
         # What each position of a key ranks on, then the names' two positions.
         self.links = [*(s.value for s in chain), "pool name", "zone name"]
         self.pool_link = len(chain)
@@ -107,15 +107,13 @@ class Ranking:
     def _key(self, pool: Pool, requested: Demand, pods: int) -> ChainValues:
         config = self.config
         key: list[int] = []
-        for s, scale in zip(config.scorers, self.scales, strict=True):
+        for s, scales in zip(config.scorers, self.scales, strict=True):
             if s is Scorer.PRIORITY:
                 key.append(-pool.priority)
-            elif s is Scorer.LEAST_COST:
-                value = -units(config, requested) / price_of(pool)
-                key.append(value.numerator * (scale // value.denominator))
+            elif s is Scorer.LEAST_COST:  # more units per price wins
+                key.append(-cost_ratio(config, pool, requested)[0] * scales[pool.index])
             elif s is Scorer.LEAST_WASTE:
-                value = waste(pool.allocatable, requested)
-                key.append(value.numerator * (scale // value.denominator))
+                key.append(waste_ratio(pool.allocatable, requested)[0] * scales[pool.index])
             else:
                 key.append(-pods)
         return tuple(key)
@@ -125,11 +123,19 @@ class Ranking:
         chain = config.scorers
         return Score(
             priority=pool.priority if Scorer.PRIORITY in chain else None,
-            least_cost=float(units(config, requested) / price_of(pool))
+            # int / int is correctly rounded, so these are exactly the Fractions' floats.
+            least_cost=_quotient(cost_ratio(config, pool, requested))
             if Scorer.LEAST_COST in chain
             else None,
-            least_waste=float(waste(pool.allocatable, requested))
+            least_waste=_quotient(waste_ratio(pool.allocatable, requested))
             if Scorer.LEAST_WASTE in chain
             else None,
             most_pods=pods if Scorer.MOST_PODS in chain else None,
         )
+
+
+def _quotient(ratio: tuple[int, int]) -> float:
+    return ratio[0] / ratio[1]
+
+
+_ZERO: Final = Demand(0, 0)
