@@ -226,59 +226,61 @@ class _Pass:
             found = branches.get(mask) or self._branch(family, mask)
             least_cpu, least_mem = found[0], found[1]
             # ``started``: a heap of (next pod, group, its position) of the groups taken from.
-            # ``ahead``: the earliest group not yet started that fits (its head pod,
-            # ``ahead_pod``). The live groups are in head order, and ``live[:scan]`` have been
-            # passed: those never fit again, as room only shrinks.
-            ahead, ahead_pod = -1, _NEVER
-            while True:
-                if ahead < 0 and free_cpu >= least_cpu and free_mem >= least_mem:
-                    while scan < end:
-                        g = live[scan]
-                        scan += 1
-                        takers = may_take[g] & mask
-                        if takers and cpu[g] <= free_cpu and mem[g] <= free_mem:
-                            if takers != mask:
-                                # The others pass this group by: a branch of their own.
-                                todo.append(
-                                    (
-                                        mask & ~takers,
-                                        free_cpu,
-                                        free_mem,
-                                        placed.copy(),
-                                        groups.copy(),
-                                        started.copy(),
-                                        scan,
-                                    )
+            # ``ahead``: the earliest group not yet started that fits. The live groups are in
+            # head order, and ``live[:scan]`` have been passed: those never fit again, as room
+            # only shrinks.
+            while free_cpu >= least_cpu and free_mem >= least_mem:
+                ahead = -1
+                while scan < end:
+                    g = live[scan]
+                    scan += 1
+                    takers = may_take[g] & mask
+                    if takers and cpu[g] <= free_cpu and mem[g] <= free_mem:
+                        if takers != mask:
+                            # The others pass this group by: a branch of their own.
+                            todo.append(
+                                (
+                                    mask & ~takers,
+                                    free_cpu,
+                                    free_mem,
+                                    placed.copy(),
+                                    groups.copy(),
+                                    started.copy(),
+                                    scan,
                                 )
-                                mask = takers
-                                found = branches.get(mask) or self._branch(family, mask)
-                                least_cpu, least_mem = found[0], found[1]
-                            ahead, ahead_pod = g, members[g][head[g]]
-                            break
-                while started:
-                    g = started[0][1]
-                    if cpu[g] <= free_cpu and mem[g] <= free_mem:
+                            )
+                            mask = takers
+                            found = branches.get(mask) or self._branch(family, mask)
+                            least_cpu, least_mem = found[0], found[1]
+                        ahead = g
                         break
-                    heappop(started)
-                if started and started[0][0] < ahead_pod:
+                # The started groups' pods before ``ahead``'s head (all of them, if none).
+                ahead_pod = members[ahead][head[ahead]] if ahead >= 0 else _NEVER
+                while started and started[0][0] < ahead_pod:
                     pod, g, pos = heappop(started)
-                elif ahead >= 0:
-                    g, pod, pos = ahead, ahead_pod, head[ahead]
-                    groups.append(g)
-                    ahead, ahead_pod = -1, _NEVER
-                else:
+                    if cpu[g] > free_cpu or mem[g] > free_mem:
+                        continue  # and never again: room only shrinks
+                    placed.append(pod)
+                    free_cpu -= cpu[g]
+                    free_mem -= mem[g]
+                    if free_cpu < least_cpu or free_mem < least_mem:
+                        break
+                    pos += 1
+                    group = members[g]
+                    if pos < len(group):
+                        heappush(started, (group[pos], g, pos))
+                if ahead < 0 or free_cpu < least_cpu or free_mem < least_mem:
                     break
-                placed.append(pod)
-                free_cpu -= cpu[g]
-                free_mem -= mem[g]
-                if free_cpu < least_cpu or free_mem < least_mem:
-                    break
-                pos += 1
-                group = members[g]
+                if cpu[ahead] > free_cpu or mem[ahead] > free_mem:
+                    continue  # it no longer fits: look further
+                placed.append(ahead_pod)
+                groups.append(ahead)
+                free_cpu -= cpu[ahead]
+                free_mem -= mem[ahead]
+                pos = head[ahead] + 1
+                group = members[ahead]
                 if pos < len(group):
-                    heappush(started, (group[pos], g, pos))
-                if ahead >= 0 and (cpu[ahead] > free_cpu or mem[ahead] > free_mem):
-                    ahead, ahead_pod = -1, _NEVER
+                    heappush(started, (group[pos], ahead, pos))
             t = _Trial(
                 placed,
                 list(map(keys.__getitem__, placed)),
