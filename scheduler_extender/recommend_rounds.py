@@ -382,15 +382,15 @@ def run_rounds(
                     changed.append(ci)
                     trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
                     records[ci] = nothing[ci]
-        # Phase 4: rank. Candidates come in (pool name, zone name) order and ``min`` keeps
-        # the first of equal keys: the names' tie-break.
+        # Phase 4: rank. Candidates come in (pool name, zone name) order, and both ``min``
+        # and ``index`` find the first of equal keys: the names' tie-break.
         last_winner, last_best = winner, best
-        winner = min(range(count), key=keys.__getitem__, default=-1)
-        if winner < 0 or keys[winner] is _OUT:
+        best = min(keys, default=_OUT)
+        if best is _OUT:
             if records:
                 sim.rounds.append(_round(sim, pass_priority, records, None, None))
             break
-        best = keys[winner]
+        winner = keys.index(best)
         win_cand = cands[winner]
         win_pool = win_cand.pool
         reasons = texts.get(winner)
