@@ -15,6 +15,7 @@ that), so its placements are exactly the extender's.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Sequence
 
 from protocol.quantity import format_cpu
@@ -85,7 +86,8 @@ class Simulation:
         self.candidates = candidates
         self.pool_label = pool_label
         self.cluster = Cluster()
-        # The snapshot's nodes that take new pods (phase 2 is first fit by node name).
+        # The snapshot's nodes that take new pods, in name order (phase 2 is first fit by
+        # node name).
         self.schedulable: list[int] = []
         # (class, candidate index) -> why the class may not run there, or None.
         self.admission: dict[tuple[int, int], str | None] = {}
@@ -122,6 +124,11 @@ class Simulation:
         self.schedulable.extend(
             i for i, (node, _) in enumerate(model.nodes) if not node.unschedulable
         )
+        self.schedulable.sort(key=names.__getitem__)
+        # One host of each kind: a class's admission is checked there for all of the kind.
+        self._kind_hosts: dict[int, Host] = {}
+        for i in self.schedulable:
+            self._kind_hosts.setdefault(cluster.kinds[i], cluster.hosts[i])
         self._existing = len(names)
         self._next_kind = model.kind_count
 
@@ -142,36 +149,24 @@ class Simulation:
         found = self.eligible.get(cls)
         if found is None:
             c = self.model.classes[cls]
-            by_name = c.by_name
-            verdicts: dict[int, bool] = {}
-            nodes: list[int] = []
-            for i in self.schedulable:
-                if by_name:
-                    ok = admission(c, hosts[i]) is None
-                else:
-                    kind = kinds[i]
-                    seen = verdicts.get(kind)
-                    if seen is None:
-                        seen = verdicts[kind] = admission(c, hosts[i]) is None
-                    ok = seen
-                if ok:
-                    nodes.append(i)
+            if c.by_name:
+                nodes = [i for i in self.schedulable if admission(c, hosts[i]) is None]
+            else:
+                ok = {kind: admission(c, host) is None for kind, host in self._kind_hosts.items()}
+                nodes = [i for i in self.schedulable if ok[kinds[i]]]
             # Nodes added by earlier passes: each its own kind.
-            nodes.extend(
-                i for i in range(self._existing, len(names)) if admission(c, hosts[i]) is None
-            )
-            nodes.sort(key=names.__getitem__)
+            added = [i for i in range(self._existing, len(names)) if admission(c, hosts[i]) is None]
+            if added:
+                nodes.extend(added)
+                nodes.sort(key=names.__getitem__)
         else:
             nodes, seen_nodes = found
             if seen_nodes < len(names):
                 # Added since: a new node admits what its candidate admits.
                 cands = self.new_node_cands
-                nodes.extend(
-                    i
-                    for i in range(seen_nodes, len(names))
-                    if self.admits(cls, cands[i - self._existing]) is None
-                )
-                nodes.sort(key=names.__getitem__)
+                for i in range(seen_nodes, len(names)):
+                    if self.admits(cls, cands[i - self._existing]) is None:
+                        insort(nodes, i, key=names.__getitem__)
         self.eligible[cls] = (nodes, len(names))
         return nodes
 
