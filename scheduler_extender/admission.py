@@ -163,6 +163,13 @@ class Reservation(msgspec.Struct, kw_only=True):
     expires_at: float
 
 
+class NamespaceBreakdown(NamedTuple):
+    running: Demand  # what the ledger's entries of the namespace hold
+    reserved: Demand  # what its admitted, not yet bound pods were admitted for
+    admitted_pods: int
+    waiting_pods: int
+
+
 class _Namespace:
     """One namespace's queue and usage.
 
@@ -258,6 +265,14 @@ class AdmissionState:
         self._refresh_nodes()
         ns = self._namespaces.get(namespace)
         return ns.usage if ns is not None else ZERO
+
+    def breakdown(self, namespace: str) -> NamespaceBreakdown:
+        """What ``usage`` is made of, and how many pods are admitted and waiting."""
+        self._refresh_nodes()
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            return NamespaceBreakdown(ZERO, ZERO, 0, 0)
+        return NamespaceBreakdown(ns.running, ns.reserved_total, len(ns.reserved), len(ns.waiting))
 
     def _ns(self, namespace: str) -> _Namespace:
         ns = self._namespaces.get(namespace)
@@ -479,7 +494,7 @@ class AdmissionState:
     def _position(self, waiter: Waiter) -> int:
         return bisect.bisect_left(self._namespaces[waiter.namespace].order, waiter.order) + 1
 
-    def _waiting_reason(self, waiter: Waiter) -> str:
+    def waiting_reason(self, waiter: Waiter) -> str:
         where = f"namespace {waiter.namespace} (position {self._position(waiter)})"
         if self.quotas is None:
             return f"waiting for the quota configuration to load, in {where}"
@@ -592,14 +607,14 @@ def admit(state: AdmissionState, pod: PodInfo, *, now: float) -> AdmissionDecisi
     if reservation is not None:
         # It learns this from its own filter call: no nudge needed.
         state._nudges.pop(pod.uid, None)
-        return AdmissionDecision(AdmissionStatus.ADMITTED, _admitted_reason(state, reservation))
+        return AdmissionDecision(AdmissionStatus.ADMITTED, admitted_reason(state, reservation))
     waiter = state.waiter(pod.uid)
     assert waiter is not None
     waiter.has_waited = True
-    return AdmissionDecision(AdmissionStatus.WAITING, state._waiting_reason(waiter))
+    return AdmissionDecision(AdmissionStatus.WAITING, state.waiting_reason(waiter))
 
 
-def _admitted_reason(state: AdmissionState, reservation: Reservation) -> str:
+def admitted_reason(state: AdmissionState, reservation: Reservation) -> str:
     waiter = reservation.waiter
     quota = state.quota_of(waiter.namespace)
     if quota is None:
@@ -660,125 +675,19 @@ def pod_state(state: AdmissionState, pod: PodInfo) -> PodState:
     )
 
 
-# -- status ----------------------------------------------------------------------------------
-
-
-class NamespaceNumbers(msgspec.Struct, frozen=True, kw_only=True):
-    """Gauges for one namespace; quotas are None when it has none (export no sample)."""
-
-    namespace: str
-    quota_cpu_millis: int | None
-    quota_memory_bytes: int | None
-    usage_cpu_millis: int
-    usage_memory_bytes: int
-    borrowed_cpu_millis: int
-    borrowed_memory_bytes: int
-    admitted_pods: int
-    waiting_pods: int
-
-
-def queue_numbers(state: AdmissionState) -> list[NamespaceNumbers]:
-    """Metric-friendly numbers per namespace (sorted), for the shell's gauges."""
-    out: list[NamespaceNumbers] = []
-    for name in state.namespaces():
-        quota = state.quota_of(name)
-        usage = state.usage(name)
-        borrowed = _borrowed(quota, usage)
-        ns = state._namespaces.get(name)
-        out.append(
-            NamespaceNumbers(
-                namespace=name,
-                quota_cpu_millis=None if quota is None else quota.nominal.cpu_millis,
-                quota_memory_bytes=None if quota is None else quota.nominal.memory_bytes,
-                usage_cpu_millis=usage.cpu_millis,
-                usage_memory_bytes=usage.memory_bytes,
-                borrowed_cpu_millis=borrowed.cpu_millis,
-                borrowed_memory_bytes=borrowed.memory_bytes,
-                admitted_pods=0 if ns is None else len(ns.reserved),
-                waiting_pods=0 if ns is None else len(ns.waiting),
-            )
-        )
-    return out
-
-
-def _borrowed(quota: NamespaceQuota | None, usage: Demand) -> Demand:
-    return ZERO if quota is None else at_least_zero(minus(usage, quota.nominal))
-
-
-def _amount(d: Demand) -> dict[str, int]:
-    return {"cpu_millis": d.cpu_millis, "memory_bytes": d.memory_bytes}
-
-
-def queue_view(state: AdmissionState, *, now: float | None = None) -> dict[str, object]:
-    """The body of ``/v1/queue``: per namespace its quota, usage, borrowing, and its admitted
-    and waiting pods in queue order with reasons. With ``now``, admitted pods show how long
-    their admission has left."""
-    namespaces: dict[str, object] = {}
-    for name in state.namespaces():
-        quota = state.quota_of(name)
-        usage = state.usage(name)
-        ns = state._namespaces.get(name)
-        admitted = []
-        for reservation in state.reserved_in(name):
-            waiter = reservation.waiter
-            item: dict[str, object] = {
-                "pod": f"{name}/{waiter.name}",
-                "uid": waiter.uid,
-                "state": PodState.ADMITTED.value,
-                "priority": waiter.priority,
-                "demand": _amount(waiter.demand),
-                "reason": _admitted_reason(state, reservation),
-            }
-            if now is not None:
-                item["expires_in_seconds"] = max(0.0, reservation.expires_at - now)
-            admitted.append(item)
-        waiting = [
-            {
-                "pod": f"{name}/{w.name}",
-                "uid": w.uid,
-                "state": PodState.WAITING.value,
-                "position": position,
-                "priority": w.priority,
-                "demand": _amount(w.demand),
-                "reason": state._waiting_reason(w),
-            }
-            for position, w in enumerate(state.waiting_in_order(name), start=1)
-        ]
-        namespaces[name] = {
-            "quota": None if quota is None else _amount(quota.nominal),
-            "queueing_strategy": None if quota is None else quota.queueing_strategy.value,
-            "cohort": None if quota is None else quota.cohort,
-            "borrowing_limit": None
-            if quota is None or quota.borrowing_limit is None
-            else _amount(quota.borrowing_limit.demand()),
-            "usage": _amount(usage),
-            "running": _amount(ZERO if ns is None else ns.running),
-            "reserved": _amount(ZERO if ns is None else ns.reserved_total),
-            "borrowed": _amount(_borrowed(quota, usage)),
-            "admitted": admitted,
-            "waiting": waiting,
-        }
-    return {
-        "quotas_loaded": state.quotas is not None,
-        "admission_ttl_seconds": state.ttl_seconds,
-        "namespaces": namespaces,
-    }
-
-
 __all__ = [
     "AdmissionDecision",
     "AdmissionState",
     "AdmissionStatus",
-    "NamespaceNumbers",
+    "NamespaceBreakdown",
     "PodKey",
     "PodState",
     "QueueOrder",
     "Reservation",
     "Waiter",
     "admit",
+    "admitted_reason",
     "pod_state",
-    "queue_numbers",
-    "queue_view",
     "quota_room",
     "recheck",
     "user_state",

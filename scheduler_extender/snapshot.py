@@ -11,7 +11,7 @@ import datetime
 from typing import Any
 
 from scheduler_extender.accounting import Allocation, Ledger, NodeState
-from scheduler_extender.admission import NamespaceNumbers
+from scheduler_extender.admission_view import NamespaceNumbers
 from scheduler_extender.podinfo import Demand
 
 

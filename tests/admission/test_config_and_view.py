@@ -2,7 +2,8 @@
 
 import pytest
 
-from scheduler_extender.admission import NamespaceNumbers, admit, queue_numbers, queue_view
+from scheduler_extender.admission import admit
+from scheduler_extender.admission_view import NamespaceNumbers, queue_numbers, queue_view
 from scheduler_extender.quota import (
     NamespaceQuota,
     QueueingStrategy,
