@@ -21,13 +21,13 @@ __all__ = ["explain"]
 
 def explain(sim: Simulation, p: Pending) -> UnscheduledPod:
     """Why ``p`` was left unscheduled, overall and per pool."""
-    if p.info.vm_error is not None:
+    if p.vm_error is not None:
         return UnscheduledPod(
             pod=p.key,
-            uid=p.info.uid,
-            priority=p.info.priority,
+            uid=p.uid,
+            priority=p.priority,
             reason=UnscheduledReason.INVALID_VM_SPEC,
-            message=f"the extender rejects this VM on every node: {p.info.vm_error}",
+            message=f"the extender rejects this VM on every node: {p.vm_error}",
         )
     per: dict[str, tuple[UnscheduledReason, str]] = {}
     for cand in sim.candidates:
@@ -76,8 +76,8 @@ def explain(sim: Simulation, p: Pending) -> UnscheduledPod:
     }
     return UnscheduledPod(
         pod=p.key,
-        uid=p.info.uid,
-        priority=p.info.priority,
+        uid=p.uid,
+        priority=p.priority,
         reason=reason,
         message=messages[reason],
         pools=_collapse_zones(sim.candidates, per),

@@ -182,13 +182,13 @@ def recommend(
 
     # Passes: one per priority value when priority classes exist.
     unscheduled: list[Pending] = []
-    invalid: list[Pending] = [p for p in model.pending if p.info.vm_error is not None]
-    valid = [p for p in model.pending if p.info.vm_error is None]
+    invalid: list[Pending] = [p for p in model.pending if p.vm_error is not None]
+    valid = [p for p in model.pending if p.vm_error is None]
     passes: list[tuple[int | None, list[Pending]]] = []
     if model.has_priority_classes:
         for p in valid:
-            if not passes or passes[-1][0] != p.info.priority:
-                passes.append((p.info.priority, []))
+            if not passes or passes[-1][0] != p.priority:
+                passes.append((p.priority, []))
             passes[-1][1].append(p)
     elif valid:
         passes.append((None, valid))

@@ -19,21 +19,26 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Final
 
+import msgspec
+
 from protocol import annotations as ann
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from scheduler_extender.accounting import NodeState, SystemReserve
 from scheduler_extender.cluster_snapshot import (
     HOSTNAME_LABEL,
     ZONE_LABEL,
+    Capacity,
     ClusterSnapshot,
     FieldError,
     PoolLimits,
     Quantity,
+    Resources,
     SnapshotError,
     SnapshotFormat,
     SnapshotNode,
     SnapshotPod,
     Taint,
+    Toleration,
     decode_snapshot,
 )
 from scheduler_extender.podinfo import Demand, PodInfo
@@ -61,10 +66,12 @@ __all__ = [
 _Expr = tuple[str, str, tuple[str, ...]]  # key, operator, values
 _Term = tuple[tuple[_Expr, ...], tuple[tuple[str, tuple[str, ...]], ...]]  # exprs, name fields
 _TolKey = tuple[str, str, str, str]  # key, operator, value, effect
+_OrderKey = tuple[int, bool, datetime, str, str]  # -priority, no timestamp, created, key, uid
 
 
-@dataclass(frozen=True, slots=True)
-class Constraints:
+# Frozen msgspec Structs rather than frozen dataclasses: one of these is built per node and per
+# constrained pod, and a Struct's constructor is several times cheaper.
+class Constraints(msgspec.Struct, frozen=True):
     selector: tuple[tuple[str, str], ...]
     terms: tuple[_Term, ...] | None  # None: no required node affinity
     tolerations: tuple[_TolKey, ...]
@@ -81,8 +88,7 @@ class Constraints:
         return False
 
 
-@dataclass(frozen=True, slots=True)
-class Host:
+class Host(msgspec.Struct, frozen=True):
     """What constraint matching looks at on a node (existing or a template in a zone)."""
 
     name: str
@@ -93,8 +99,12 @@ class Host:
 @dataclass(slots=True)
 class Pending:
     order: int  # position in scheduling order (priority desc, oldest, name)
-    info: PodInfo
-    demand: Demand
+    uid: str
+    priority: int
+    # Why a VM pod's annotations are unusable (``PodInfo.vm_error``): the extender rejects it
+    # on every node, so the simulation leaves it out.
+    vm_error: str | None
+    demand: Demand  # ``PodInfo.initial_demand()``
     cls: int  # interned Constraints
     key: str
     # Interned (cls, demand): pods of one shape are interchangeable for every fit and
@@ -142,7 +152,6 @@ class Model:
     # says when it is not). ``kind_count`` kinds, numbered from 0.
     host_kinds: list[int]
     kind_count: int
-    placed: list[PodInfo]
     pending: list[Pending]
     shapes: int  # how many distinct ``Pending.shape``
     classes: list[Constraints]
@@ -163,13 +172,17 @@ def _key_path(base: str, key: str) -> str:
 
 
 class _Quantities:
-    """Parses each distinct quantity text once per compile; a snapshot repeats a few sizes
-    thousands of times, and parsing goes through Fractions."""
+    """Parses each distinct quantity text once per compile, and interns whole (cpu, memory)
+    pairs: a snapshot repeats a few sizes thousands of times, and parsing goes through
+    Fractions. A pair with a bad quantity is never interned, so each occurrence is reported."""
 
     def __init__(self, errors: _Errors) -> None:
         self._errors = errors
         self._cpu: dict[Quantity, int] = {}
         self._mem: dict[Quantity, int] = {}
+        # Looked up by the callers first (``pairs.get``), so that the path of a bad quantity
+        # is only formatted for a pair not seen yet.
+        self.pairs: dict[Resources | Capacity, Demand] = {}
 
     def cpu(self, value: Quantity | None, path: str) -> int:
         if value is None:
@@ -195,6 +208,22 @@ class _Quantities:
                 return 0
         return found
 
+    def demand(self, pair: Resources | Capacity, *, at: str, index: int, field: str) -> Demand:
+        """``pair`` parsed; a bad quantity is reported at ``at[index].field.cpu`` (or
+        ``.memory``). The path is formatted only then: most pairs are parsed fine."""
+        cpu = 0 if pair.cpu is None else self._cpu.get(pair.cpu)
+        mem = 0 if pair.memory is None else self._mem.get(pair.memory)
+        if cpu is None or mem is None:
+            errors = len(self._errors.items)
+            if cpu is None:
+                cpu = self.cpu(pair.cpu, f"{at}[{index}].{field}.cpu")
+            if mem is None:
+                mem = self.memory(pair.memory, f"{at}[{index}].{field}.memory")
+            if len(self._errors.items) != errors:
+                return Demand(cpu, mem)
+        found = self.pairs[pair] = Demand(cpu, mem)
+        return found
+
 
 def _taints(taints: Iterable[Taint]) -> tuple[tuple[str, str, str], ...]:
     # PreferNoSchedule is a preference: it never makes a pod unschedulable.
@@ -209,7 +238,33 @@ def _check_taints(taints: Sequence[Taint], path: str, errors: _Errors) -> None:
         seen.add((t.key, t.effect))
 
 
-def _constraints(pod: SnapshotPod, path: str, errors: _Errors) -> Constraints:
+_NO_CONSTRAINTS: Final = Constraints(selector=(), terms=None, tolerations=())
+
+# A pod's tolerations, canonical, and what is wrong with them: (index, field, message).
+_Tolerations = tuple[tuple[_TolKey, ...], tuple[tuple[int, str, str], ...]]
+
+
+def _tolerations(tolerations: Sequence[Toleration]) -> _Tolerations:
+    tols: list[_TolKey] = []
+    problems: list[tuple[int, str, str]] = []
+    for j, t in enumerate(tolerations):
+        if t.operator == "Exists" and t.value:
+            problems.append((j, "value", "must be empty when operator is Exists"))
+        if t.operator == "Equal" and not t.key:
+            problems.append((j, "key", "an empty key needs operator Exists"))
+        tols.append((t.key, t.operator, t.value, t.effect))
+    return tuple(tols), tuple(problems)
+
+
+def _constraints(
+    pod: SnapshotPod, path: str, errors: _Errors, seen: dict[tuple[Toleration, ...], _Tolerations]
+) -> Constraints:
+    """The pod's constraints, canonical; every malformed one reported under ``path``.
+
+    ``seen`` keeps the tolerations lists met before: pods of one controller repeat the same
+    list, and checking it once per distinct list is enough (the index of a bad one is the
+    same in every copy).
+    """
     terms: tuple[_Term, ...] | None = None
     na = pod.affinity.node_affinity if pod.affinity is not None else None
     required = na.required_during_scheduling_ignored_during_execution if na else None
@@ -219,12 +274,19 @@ def _constraints(pod: SnapshotPod, path: str, errors: _Errors) -> Constraints:
         for j, term in enumerate(required.node_selector_terms):
             exprs: list[_Expr] = []
             for k, r in enumerate(term.match_expressions):
-                vpath = f"{tpath}.nodeSelectorTerms[{j}].matchExpressions[{k}].values"
-                if r.operator in ("In", "NotIn") and not r.values:
-                    errors.add(vpath, f"operator {r.operator} needs at least one value")
-                if r.operator in ("Exists", "DoesNotExist") and r.values:
-                    errors.add(vpath, f"operator {r.operator} takes no values")
-                exprs.append((r.key, r.operator, tuple(r.values)))
+                op = r.operator
+                if r.values:
+                    if op in ("Exists", "DoesNotExist"):
+                        errors.add(
+                            f"{tpath}.nodeSelectorTerms[{j}].matchExpressions[{k}].values",
+                            f"operator {op} takes no values",
+                        )
+                elif op in ("In", "NotIn"):
+                    errors.add(
+                        f"{tpath}.nodeSelectorTerms[{j}].matchExpressions[{k}].values",
+                        f"operator {op} needs at least one value",
+                    )
+                exprs.append((r.key, op, tuple(r.values)))
             fields: list[tuple[str, tuple[str, ...]]] = []
             for k, f in enumerate(term.match_fields):
                 if not f.values:
@@ -235,17 +297,20 @@ def _constraints(pod: SnapshotPod, path: str, errors: _Errors) -> Constraints:
                 fields.append((f.operator, tuple(f.values)))
             built.append((tuple(exprs), tuple(fields)))
         terms = tuple(built)
-    tols: list[_TolKey] = []
-    for j, t in enumerate(pod.tolerations):
-        if t.operator == "Exists" and t.value:
-            errors.add(f"{path}.tolerations[{j}].value", "must be empty when operator is Exists")
-        if t.operator == "Equal" and not t.key:
-            errors.add(f"{path}.tolerations[{j}].key", "an empty key needs operator Exists")
-        tols.append((t.key, t.operator, t.value, t.effect))
+    tols: tuple[_TolKey, ...] = ()
+    if pod.tolerations:
+        listed = tuple(pod.tolerations)
+        found = seen.get(listed)
+        if found is None:
+            found = seen[listed] = _tolerations(listed)
+        tols, problems = found
+        for j, field, message in problems:
+            errors.add(f"{path}.tolerations[{j}].{field}", message)
+    selector = pod.node_selector
     return Constraints(
-        selector=tuple(sorted(pod.node_selector.items())),
+        selector=tuple(sorted(selector.items())) if selector else (),
         terms=terms,
-        tolerations=tuple(tols),
+        tolerations=tols,
     )
 
 
@@ -285,9 +350,14 @@ def _pod_info(pod: SnapshotPod, requests: Demand, priority: int, *, scheduler_na
 
 
 def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model:
-    """Check every cross-field rule and build the model; raise ``SnapshotError`` with all."""
+    """Check every cross-field rule and build the model; raise ``SnapshotError`` with all.
+
+    The loops over nodes and pods run once per object, so they format no path unless
+    something is wrong, and look sizes and tolerations up among those already met.
+    """
     errors = _Errors()
     qty = _Quantities(errors)
+    pair = qty.pairs.get
 
     # Priority classes.
     class_values: dict[str, int] = {}
@@ -317,15 +387,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             seen_zones.add(z)
         t = p.template
         tpath = f"{path}.template"
-        alloc = Demand(
-            qty.cpu(t.allocatable.cpu, f"{tpath}.allocatable.cpu"),
-            qty.memory(t.allocatable.memory, f"{tpath}.allocatable.memory"),
+        alloc = pair(t.allocatable) or qty.demand(
+            t.allocatable, at="$.nodePools", index=i, field="template.allocatable"
         )
         cap = alloc
         if t.capacity is not None:
-            cap = Demand(
-                qty.cpu(t.capacity.cpu, f"{tpath}.capacity.cpu"),
-                qty.memory(t.capacity.memory, f"{tpath}.capacity.memory"),
+            cap = pair(t.capacity) or qty.demand(
+                t.capacity, at="$.nodePools", index=i, field="template.capacity"
             )
             if alloc.cpu_millis > cap.cpu_millis:
                 errors.add(f"{tpath}.allocatable.cpu", "exceeds the template's capacity")
@@ -363,46 +431,48 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     # Nodes.
     nodes: list[tuple[SnapshotNode, Host]] = []
     allocatable: list[Demand] = []
-    node_names: set[str] = set()
+    node_index: dict[str, int] = {}  # name -> first node of that name
     observed: dict[str, int] = {}
     kinds: dict[tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]], int] = {}
     host_kinds: list[int] = []
+    pool_label = snapshot.pool_label
     for i, n in enumerate(snapshot.nodes):
-        path = f"$.nodes[{i}]"
-        if n.name in node_names:
-            errors.add(f"{path}.name", f"duplicate node {n.name!r}")
-        node_names.add(n.name)
+        name = n.name
+        if name in node_index:
+            errors.add(f"$.nodes[{i}].name", f"duplicate node {name!r}")
+        else:
+            node_index[name] = i
         allocatable.append(
-            Demand(
-                qty.cpu(n.allocatable.cpu, f"{path}.allocatable.cpu"),
-                qty.memory(n.allocatable.memory, f"{path}.allocatable.memory"),
-            )
+            pair(n.allocatable)
+            or qty.demand(n.allocatable, at="$.nodes", index=i, field="allocatable")
         )
-        _check_taints(n.taints, f"{path}.taints", errors)
-        pool_name = n.labels.get(snapshot.pool_label)
+        taints: tuple[tuple[str, str, str], ...] = ()
+        if n.taints:
+            _check_taints(n.taints, f"$.nodes[{i}].taints", errors)
+            taints = _taints(n.taints)
+        labels = n.labels
+        pool_name = labels.get(pool_label)
         if pool_name is not None:
             found = pools_by_name.get(pool_name)
             if found is None:
                 errors.add(
-                    _key_path(f"{path}.labels", snapshot.pool_label),
+                    _key_path(f"$.nodes[{i}].labels", pool_label),
                     f"unknown node pool {pool_name!r}",
                 )
             else:
                 observed[pool_name] = observed.get(pool_name, 0) + 1
-                zone = n.labels.get(ZONE_LABEL)
+                zone = labels.get(ZONE_LABEL)
                 if zone not in found.zones:
                     errors.add(
-                        _key_path(f"{path}.labels", ZONE_LABEL),
+                        _key_path(f"$.nodes[{i}].labels", ZONE_LABEL),
                         f"zone {zone!r} is not one of pool {pool_name!r}'s zones {found.zones}",
                     )
-        host = Host(n.name, n.labels, _taints(n.taints))
-        nodes.append((n, host))
-        labels = n.labels
+        nodes.append((n, Host(name, labels, taints)))
         kind = (
             tuple(labels.items())
             if HOSTNAME_LABEL not in labels
             else tuple(kv for kv in labels.items() if kv[0] != HOSTNAME_LABEL),
-            host.taints,
+            taints,
         )
         found_kind = kinds.get(kind)
         if found_kind is None:
@@ -411,67 +481,77 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     for pool in pools:
         pool.count = max(pool.count, observed.get(pool.name, 0))
 
-    # Pods.
-    placed: list[PodInfo] = []
-    held_by_node: dict[str, Demand] = {}
-    pending: list[tuple[tuple[int, bool, datetime | None, str, str], Pending]] = []
+    # Pods. A placed pod only adds what it holds to its node; no PodInfo is kept for it.
+    held_cpu = [0] * len(nodes)
+    held_mem = [0] * len(nodes)
+    pending: list[tuple[_OrderKey, Pending]] = []
     classes: list[Constraints] = []
     class_ids: dict[Constraints, int] = {}
+    seen_tolerations: dict[tuple[Toleration, ...], _Tolerations] = {}
     uids: set[str] = set()
     keys: set[str] = set()
     for i, pod in enumerate(snapshot.pods):
-        path = f"$.pods[{i}]"
         key = f"{pod.namespace}/{pod.name}"
-        if pod.uid in uids:
-            errors.add(f"{path}.uid", f"duplicate pod uid {pod.uid!r}")
+        uid = pod.uid
+        if uid in uids:
+            errors.add(f"$.pods[{i}].uid", f"duplicate pod uid {uid!r}")
         if key in keys:
-            errors.add(f"{path}.name", f"duplicate pod {key!r}")
-        uids.add(pod.uid)
+            errors.add(f"$.pods[{i}].name", f"duplicate pod {key!r}")
+        uids.add(uid)
         keys.add(key)
-        requests = Demand(
-            qty.cpu(pod.requests.cpu, f"{path}.requests.cpu"),
-            qty.memory(pod.requests.memory, f"{path}.requests.memory"),
+        requests = pair(pod.requests) or qty.demand(
+            pod.requests, at="$.pods", index=i, field="requests"
         )
-        if pod.priority_class_name is not None:
-            value = class_values.get(pod.priority_class_name)
+        class_name = pod.priority_class_name
+        if class_name is not None:
+            value = class_values.get(class_name)
             if value is None:
                 errors.add(
-                    f"{path}.priorityClassName",
-                    f"unknown priority class {pod.priority_class_name!r}",
+                    f"$.pods[{i}].priorityClassName", f"unknown priority class {class_name!r}"
                 )
             elif pod.priority is not None and pod.priority != value:
                 errors.add(
-                    f"{path}.priority",
-                    f"{pod.priority} differs from priority class"
-                    f" {pod.priority_class_name!r} ({value})",
+                    f"$.pods[{i}].priority",
+                    f"{pod.priority} differs from priority class {class_name!r} ({value})",
                 )
             priority = pod.priority if pod.priority is not None else (value or 0)
         else:
             priority = pod.priority if pod.priority is not None else default_priority
-        constraints = _constraints(pod, path, errors)
-        info = _pod_info(pod, requests, priority, scheduler_name=scheduler_name)
-        if pod.node_name:
-            if pod.node_name not in node_names:
-                errors.add(f"{path}.nodeName", f"unknown node {pod.node_name!r}")
-            placed.append(info)
-            held_by_node[pod.node_name] = held_by_node.get(pod.node_name, _ZERO) + (
-                info.initial_demand()
-            )
+        if pod.affinity is None and not pod.tolerations and not pod.node_selector:
+            constraints = _NO_CONSTRAINTS
+        else:
+            constraints = _constraints(pod, f"$.pods[{i}]", errors, seen_tolerations)
+        # Only our own VM pods hold anything but their requests (``PodInfo.initial_demand``).
+        demand = requests
+        vm_error: str | None = None
+        if pod.labels and pod.scheduler_name == scheduler_name and ann.is_vm(pod.labels):
+            info = _pod_info(pod, requests, priority, scheduler_name=scheduler_name)
+            demand = info.initial_demand()
+            vm_error = info.vm_error
+        node_name = pod.node_name
+        if node_name:
+            node = node_index.get(node_name)
+            if node is None:
+                errors.add(f"$.pods[{i}].nodeName", f"unknown node {node_name!r}")
+            else:
+                held_cpu[node] += demand.cpu_millis
+                held_mem[node] += demand.memory_bytes
             continue
         cls = class_ids.get(constraints)
         if cls is None:
             cls = class_ids[constraints] = len(classes)
             classes.append(constraints)
         created = pod.creation_timestamp
-        # Scheduling order: highest priority, then oldest (no timestamp: last), then name;
-        # uid last only so that the order is total.
-        order_key = (-priority, created is None, created, key, pod.uid)
-        pending.append((order_key, Pending(0, info, info.initial_demand(), cls, key)))
+        # Scheduling order: highest priority, then oldest (no timestamp: last, after a
+        # placeholder that only keeps the tuples comparable), then name; uid last only so
+        # that the order is total.
+        order_key = (-priority, created is None, created or _EPOCH, key, uid)
+        pending.append((order_key, Pending(0, uid, priority, vm_error, demand, cls, key)))
 
     if errors.items:
         raise SnapshotError(errors.items)
 
-    pending.sort(key=_order_sort_key)
+    pending.sort(key=_order_key)
     ordered = [item for _, item in pending]
     shapes: dict[tuple[int, Demand], int] = {}
     for position, item in enumerate(ordered):
@@ -483,10 +563,12 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     return Model(
         nodes=nodes,
         allocatable=allocatable,
-        held=[held_by_node.get(n.name, _ZERO) for n, _ in nodes],
+        held=[
+            Demand(cpu, mem) if cpu or mem else _ZERO
+            for cpu, mem in zip(held_cpu, held_mem, strict=True)
+        ],
         host_kinds=host_kinds,
         kind_count=len(kinds),
-        placed=placed,
         pending=ordered,
         shapes=len(shapes),
         classes=classes,
@@ -495,12 +577,8 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     )
 
 
-def _order_sort_key(
-    item: tuple[tuple[int, bool, datetime | None, str, str], Pending],
-) -> tuple[int, bool, datetime, str, str]:
-    prio, missing, created, key, uid = item[0]
-    # A placeholder for a missing timestamp; ``missing`` already sorts those last.
-    return prio, missing, created if created is not None else _EPOCH, key, uid
+def _order_key(item: tuple[_OrderKey, Pending]) -> _OrderKey:
+    return item[0]
 
 
 _ZERO: Final = Demand(0, 0)

@@ -530,6 +530,29 @@ def test_every_cross_field_error_is_reported_at_once():
     assert [x.path for x in e.value.errors] == ["$.pods[0].nodeName", "$.pods[1].priorityClassName"]
 
 
+def test_a_repeated_mistake_is_reported_wherever_it_is():
+    # Compiling looks sizes and tolerations up among those already met; a bad one must still
+    # be reported at every object that has it, not only at the first.
+    bad_toleration = [{"key": "k", "operator": "Exists", "value": "v"}]
+    doc = good()
+    doc["nodes"].append(node("n2", "p", cpu="lots"))
+    doc["nodes"].append(node("n3", "p", cpu="lots"))
+    doc["pods"] += [
+        pod("z1", cpu="lots", tolerations=bad_toleration),
+        pod("z2", cpu="lots", nodeName="n1", tolerations=bad_toleration),
+    ]
+    with pytest.raises(SnapshotError) as e:
+        load_snapshot(msgspec.json.encode(doc))
+    assert [x.path for x in e.value.errors] == [
+        "$.nodes[1].allocatable.cpu",
+        "$.nodes[2].allocatable.cpu",
+        "$.pods[2].requests.cpu",
+        "$.pods[2].tolerations[0].value",
+        "$.pods[3].requests.cpu",
+        "$.pods[3].tolerations[0].value",
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
