@@ -266,12 +266,13 @@ def goal_vcpus(
             # Only values that need more than c now: after a grow that fell short, the values
             # that the new size covers are no evidence for the next step. Each value left needs
             # more than c, so their median does too.
-            kept = (
+            kept = [
                 d
                 for d in state.pressure_demands
                 if _size_for(d, target, min_vcpus, unit, top_vcpus) > c
-            )
-            demands = (*kept, demand)[-DEMAND_WINDOW_SAMPLES:]
+            ]
+            kept.append(demand)
+            demands = tuple(kept[-DEMAND_WINDOW_SAMPLES:])
             grow = _size_for(_median(demands), target, min_vcpus, unit, top_vcpus)
             pressed_for = now - pressure_since
         slow = used if used > load1 else load1  # max(load1, used)

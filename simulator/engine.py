@@ -729,9 +729,8 @@ class Simulation:
         self._step(vm)
 
     def _wake_event(self, token_and_index: int) -> None:
-        index, token = divmod(token_and_index, 1 << 32)
-        vm = self.vms[index]
-        if token == vm.wake_token & 0xFFFFFFFF and not vm.is_deleted:
+        vm = self.vms[token_and_index >> 32]
+        if token_and_index & 0xFFFFFFFF == vm.wake_token & 0xFFFFFFFF and not vm.is_deleted:
             self._step(vm)
 
     def _step(self, vm: _Vm) -> None:
