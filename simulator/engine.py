@@ -116,6 +116,40 @@ class InvariantViolation(Exception):
 class _Vm:
     """One VM: the scenario's spec, the simulated guest and hypervisor, the agent's VmState."""
 
+    __slots__ = (
+        "agent",
+        "deleted_at",
+        "denials",
+        "granted",
+        "grows",
+        "guest",
+        "hv_fail_until",
+        "hv_retryable",
+        "index",
+        "is_deleted",
+        "is_pending",
+        "is_settled",
+        "last_scrape_at",
+        "memory",
+        "node",
+        "op",
+        "op_token",
+        "op_value",
+        "open_step",
+        "peak",
+        "permit_errors",
+        "placed_at",
+        "ref",
+        "resize_errors",
+        "shrinks",
+        "spec",
+        "steps",
+        "uid",
+        "vcpus",
+        "vm_spec",
+        "wake_token",
+    )
+
     def __init__(self, index: int, spec: sc.Vm, vm_spec: VmSpec, memory: int) -> None:
         self.index = index
         self.spec = spec
