@@ -77,7 +77,9 @@ class CallKind(enum.StrEnum):
     REPORT = "report"
 
 
-class PermitCall(msgspec.Struct, frozen=True, kw_only=True):
+# gc=False on PermitCall, Resize and Actions, as on the policy's values: frozen, made of scalars
+# and each other, never part of a reference cycle; next_actions makes one per step of every VM.
+class PermitCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One ResourceRequest the runner should send (the wire form is built by the client)."""
 
     kind: CallKind
@@ -92,12 +94,12 @@ class PermitCall(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-class Resize(msgspec.Struct, frozen=True, kw_only=True):
+class Resize(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     vcpus: int
     reason: str
 
 
-class Actions(msgspec.Struct, frozen=True, kw_only=True):
+class Actions(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What to do now. ``wait_seconds``: when to ask again if no event comes first (None: only
     an event can change anything)."""
 

@@ -65,7 +65,10 @@ from protocol.annotations import VmSpec
 DEMAND_WINDOW_SAMPLES = 5
 
 
-class Samples(msgspec.Struct, frozen=True, kw_only=True):
+# gc=False on Samples, PolicyState and Goal: frozen and holding only numbers, tuples of numbers
+# and each other, they can never be part of a reference cycle, so the cyclic GC need not track
+# them. A fleet simulation makes several per scrape of every VM.
+class Samples(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The few node_exporter values the agent reads from one scrape; None when absent."""
 
     load1: float | None = None
@@ -99,7 +102,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
     grow_after_seconds: float = 3.0
 
 
-class PolicyState(msgspec.Struct, frozen=True, kw_only=True):
+class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the policy carries from one sample to the next."""
 
     # Since when (monotonic seconds) the shrink size has been below the current size; None if not.
@@ -121,7 +124,7 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True):
         return self.low_since is None and self.pressure_since is None
 
 
-class Goal(msgspec.Struct, frozen=True, kw_only=True):
+class Goal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The goal and the parts that explain it; ``reason`` is the sentence that gets logged."""
 
     vcpus: int
