@@ -58,9 +58,9 @@ class GuestLoad:
     """One VM's demand trace, its smoothed load1 and its CPU counters. Mutable, engine-only."""
 
     __slots__ = (
-        "busy_seconds",
         "cpu_seconds",
         "demand",
+        "idle_seconds",
         "index",
         "is_instant",
         "l0",
@@ -100,7 +100,11 @@ class GuestLoad:
         self.vcpus = vcpus
         self.updated_at = t
         self.cpu_seconds = 0.0
-        self.busy_seconds = 0.0
+        # Its own counter, as a kernel keeps it: flat (exactly) while every vCPU is busy. Taken
+        # as ``cpu_seconds - busy_seconds`` it could step back by a rounding error, which the
+        # agent rightly reads as a counter reset, and where it did depended on how the steps
+        # were summed, so skipping settled scrapes changed decisions.
+        self.idle_seconds = 0.0
         self.over_target_seconds = 0.0
         self.target_load_per_vcpu = target_load_per_vcpu
 
@@ -118,7 +122,7 @@ class GuestLoad:
         if dt <= 0:
             return
         self.cpu_seconds += self.vcpus * dt
-        self.busy_seconds += min(self.demand, self.vcpus) * dt
+        self.idle_seconds += self._idle_rate() * dt
         if self.demand > self.target_load_per_vcpu * self.vcpus:
             self.over_target_seconds += dt
         self.updated_at = t
@@ -148,7 +152,7 @@ class GuestLoad:
 
     def samples(self, t: float) -> Samples:
         self._integrate(t)
-        return self._samples(t, self.cpu_seconds, self.busy_seconds)
+        return self._samples(t, self.cpu_seconds, self.idle_seconds)
 
     def projected_samples(self, t: float, *, is_run_queue_exact: bool = True) -> Samples:
         """What a scrape at ``t`` would show, without moving the guest: valid for ``t`` from
@@ -158,18 +162,22 @@ class GuestLoad:
         return self._samples(
             t,
             self.cpu_seconds + self.vcpus * dt,
-            self.busy_seconds + min(self.demand, self.vcpus) * dt,
+            self.idle_seconds + self._idle_rate() * dt,
             is_run_queue_exact=is_run_queue_exact,
         )
 
     def projected_counters(self, t: float) -> tuple[float, float]:
         """(cpu seconds, idle seconds) at ``t``, valid as for ``projected_samples``."""
         dt = t - self.updated_at
-        cpu = self.cpu_seconds + self.vcpus * dt
-        return cpu, cpu - self.busy_seconds - min(self.demand, self.vcpus) * dt
+        return self.cpu_seconds + self.vcpus * dt, self.idle_seconds + self._idle_rate() * dt
+
+    def _idle_rate(self) -> float:
+        """Idle vCPU-seconds per second now: 0.0 exactly when demand fills every vCPU."""
+        idle = self.vcpus - self.demand
+        return idle if idle > 0 else 0.0
 
     def _samples(
-        self, t: float, cpu_seconds: float, busy_seconds: float, *, is_run_queue_exact: bool = True
+        self, t: float, cpu_seconds: float, idle_seconds: float, *, is_run_queue_exact: bool = True
     ) -> Samples:
         return Samples(
             load1=round(self.load1(t), 4),
@@ -177,7 +185,7 @@ class GuestLoad:
             if is_run_queue_exact
             else self.demand + 1,
             cpu_seconds_total=cpu_seconds,
-            cpu_idle_seconds_total=cpu_seconds - busy_seconds,
+            cpu_idle_seconds_total=idle_seconds,
             cpu_count=self.vcpus,
             memory_available_bytes=MEMORY_TOTAL_BYTES / 2,
             memory_total_bytes=MEMORY_TOTAL_BYTES,
