@@ -12,7 +12,7 @@ import msgspec
 
 from scheduler_extender.accounting import SystemReserve
 
-__all__ = ["DEFAULT_SCHEDULER_NAME", "RecommenderConfig", "Scorer"]
+__all__ = ["DEFAULT_SCHEDULER_NAME", "DiagnosticsLevel", "RecommenderConfig", "Scorer"]
 
 DEFAULT_SCHEDULER_NAME = "vm-scheduler"
 
@@ -31,6 +31,23 @@ class Scorer(enum.StrEnum):
     MOST_PODS = "most-pods"
 
 
+class DiagnosticsLevel(enum.StrEnum):
+    """How much of the greedy rounds the answer records (``diagnostics.rounds``).
+
+    Only the rounds differ: ``scaleUp``, ``unscheduledPods`` and every other diagnostic are the
+    same bytes at both levels.
+    """
+
+    # Every round lists every candidate (pool x zone) with its outcome, the reason, its score
+    # and the pods it would place: the whole trace, about 95% of the benchmark's 1 MB answer.
+    FULL = "full"
+    # Every round is one line, its number, pass priority, winner and new node (the winner's
+    # order and the passes, which ``newNodes`` alone does not show), without ``candidates``.
+    # The candidates' records are then never built, which is the point: auto-publish and
+    # any caller that only acts on the scale-up skip that work, not just its encoding.
+    SUMMARY = "summary"
+
+
 class RecommenderConfig(msgspec.Struct, frozen=True, kw_only=True):
     scorers: tuple[Scorer, ...] = (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS)
     # Whose VM pods reserve their VM size (the extender's own scheduler name).
@@ -44,3 +61,5 @@ class RecommenderConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Step budget of the exact search in the cheaper-plan check (per pool); beyond it the
     # first-fit-decreasing packing stands, flagged as not proven fewest.
     plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = 20_000
+    # What ``diagnostics.rounds`` records; the issue's full trace unless asked otherwise.
+    diagnostics: DiagnosticsLevel = DiagnosticsLevel.FULL

@@ -37,6 +37,10 @@ What is left is inherent to the answer: every round records every candidate with
 and the winner's pods are usually the first ones every other trial took, so about half the
 trials change each round. Resuming a trial from its first taken pod was measured: that pod
 is the trial's first in 3 cases out of 4, so it would save little.
+
+At ``DiagnosticsLevel.SUMMARY`` nothing of that record is built: no ``CandidateTrial``, no
+losers' reasons, no trial's list of pod names; a round is one ``Round`` line. The ranking,
+the winners and so everything else in the answer are the same, as the same code decides them.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from typing import Final, cast
 from msgspec.structs import replace
 
 from scheduler_extender.podinfo import Demand
+from scheduler_extender.recommend_config import DiagnosticsLevel
 from scheduler_extender.recommend_scoring import Ranking
 from scheduler_extender.recommend_sim import Simulation
 from scheduler_extender.recommendation import CandidateOutcome, CandidateTrial, Round, Score
@@ -67,6 +72,8 @@ _OUT: Final[tuple[float]] = (math.inf,)
 _PENDING: Final = CandidateTrial(
     node_pool="", zone="", instance_type="", outcome=CandidateOutcome.LOST, reason=""
 )
+# A trial's pod names when the rounds are not recorded (never read then).
+_UNNAMED: Final[list[str]] = []
 
 
 class _Trial:
@@ -78,7 +85,7 @@ class _Trial:
         self, placed: list[int], keys: list[str], groups: list[int], sigs: list[int], used: Demand
     ) -> None:
         self.placed = placed  # pass-local pod indices, in placement order
-        self.keys = keys  # the placed pods' names, for the diagnostics
+        self.keys = keys  # the placed pods' names, for the rounds' records (or _UNNAMED)
         self.groups = groups  # the groups it took from
         self.sigs = sigs  # the signatures it is the trial of, while valid (never changed)
         self.cpu = used.cpu_millis  # what the placed pods request
@@ -88,8 +95,9 @@ class _Trial:
 class _Pass:
     """The pods of one pass, grouped, and every signature's current trial."""
 
-    def __init__(self, sim: Simulation, pods: list[Pending]) -> None:
-        self.keys = [p.key for p in pods]
+    def __init__(self, sim: Simulation, pods: list[Pending], *, is_recorded: bool) -> None:
+        # The pods' names, when the trials must name the pods they place.
+        self.keys = [p.key for p in pods] if is_recorded else None
         by_shape: dict[int, int] = {}
         self.members: list[list[int]] = []  # group -> its pods, in scheduling order
         self.group_of: list[int] = []  # pod -> group
@@ -283,7 +291,7 @@ class _Pass:
                     heappush(started, (group[pos], ahead, pos))
             t = _Trial(
                 placed,
-                list(map(keys.__getitem__, placed)),
+                list(map(keys.__getitem__, placed)) if keys is not None else _UNNAMED,
                 groups,
                 branches[mask][2],
                 Demand(room_cpu - free_cpu, room_mem - free_mem),
@@ -327,7 +335,10 @@ def run_rounds(
     sim: Simulation, ranking: Ranking, pods: list[Pending], pass_priority: int | None
 ) -> list[Pending]:
     """Phases 3-5 for one pass; returns the pods no candidate could place."""
-    state = _Pass(sim, pods)
+    # At SUMMARY no candidate's record is built: every use of ``records`` and ``nothing`` below
+    # is behind ``is_recorded``, and they stay empty.
+    is_recorded = sim.config.diagnostics is DiagnosticsLevel.FULL
+    state = _Pass(sim, pods, is_recorded=is_recorded)
     trials = state.trials
     cands = sim.candidates
     count = len(cands)
@@ -341,8 +352,12 @@ def run_rounds(
     trial_of: list[_Trial | None] = [None] * count
     keys: list[tuple[float, ...]] = [_OUT] * count
     shown: list[Score | None] = [None] * count
-    records: list[CandidateTrial] = [_PENDING] * count
-    nothing = [_record(c, CandidateOutcome.PLACES_NOTHING, _NOTHING_FITS) for c in cands]
+    records: list[CandidateTrial] = [_PENDING] * count if is_recorded else []
+    nothing = (
+        [_record(c, CandidateOutcome.PLACES_NOTHING, _NOTHING_FITS) for c in cands]
+        if is_recorded
+        else []
+    )
     # Signature -> its candidates that are not blocked. A block never lifts: the pool's node
     # count only grows, and a blocked pool never wins.
     open_cands: list[list[int]] = [[] for _ in state.least]
@@ -350,7 +365,7 @@ def run_rounds(
         block = sim.blocked(cand)
         if block is None:
             open_cands[sig_of[cand.index]].append(cand.index)
-        else:
+        elif is_recorded:
             records[cand.index] = _record(cand, *block)
     texts: dict[int, list[str]] = {}  # winner -> the losers' reason, per link
     links = ranking.links
@@ -381,44 +396,46 @@ def run_rounds(
                 for ci in open_cands[sig]:
                     changed.append(ci)
                     trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
-                    records[ci] = nothing[ci]
+                    if is_recorded:
+                        records[ci] = nothing[ci]
         # Phase 4: rank. Candidates come in (pool name, zone name) order, and both ``min``
         # and ``index`` find the first of equal keys: the names' tie-break.
         last_winner, last_best = winner, best
         best = min(keys, default=_OUT)
         if best is _OUT:
-            if records:
+            if count:
                 sim.rounds.append(_round(sim, pass_priority, records, None, None))
             break
         winner = keys.index(best)
         win_cand = cands[winner]
         win_pool = win_cand.pool
-        reasons = texts.get(winner)
-        if reasons is None:
-            reasons = texts[winner] = [f"{win_cand.label} ranks higher on {x}" for x in links]
-        # A loser's reason depends on the winner and the best key: when both stand, only the
-        # changed candidates need theirs.
-        for ci in changed if winner == last_winner and best is last_best else range(count):
-            t = trial_of[ci]
-            if t is None:
-                continue
-            if ci == winner:
-                records[ci] = replace(
-                    nothing[ci], outcome=_WON, reason=_BEST, score=shown[ci], pods=t.keys
-                )
-                continue
-            mine = keys[ci]
-            for link in range(chain):
-                if mine[link] != best[link]:
-                    break
-            else:
-                link = chain if pools[ci] is not win_pool else chain + 1
-            reason = reasons[link]
-            record = records[ci]
-            if record.pods is not t.keys or record.reason is not reason:
-                records[ci] = replace(
-                    nothing[ci], outcome=_LOST, reason=reason, score=shown[ci], pods=t.keys
-                )
+        if is_recorded:
+            reasons = texts.get(winner)
+            if reasons is None:
+                reasons = texts[winner] = [f"{win_cand.label} ranks higher on {x}" for x in links]
+            # A loser's reason depends on the winner and the best key: when both stand, only the
+            # changed candidates need theirs.
+            for ci in changed if winner == last_winner and best is last_best else range(count):
+                t = trial_of[ci]
+                if t is None:
+                    continue
+                if ci == winner:
+                    records[ci] = replace(
+                        nothing[ci], outcome=_WON, reason=_BEST, score=shown[ci], pods=t.keys
+                    )
+                    continue
+                mine = keys[ci]
+                for link in range(chain):
+                    if mine[link] != best[link]:
+                        break
+                else:
+                    link = chain if pools[ci] is not win_pool else chain + 1
+                reason = reasons[link]
+                record = records[ci]
+                if record.pods is not t.keys or record.reason is not reason:
+                    records[ci] = replace(
+                        nothing[ci], outcome=_LOST, reason=reason, score=shown[ci], pods=t.keys
+                    )
         # Phase 5: commit the winner.
         won = trial_of[winner]
         assert won is not None
@@ -432,7 +449,8 @@ def run_rounds(
             for ci in by_pool[win_pool.index]:
                 open_cands[sig_of[ci]].remove(ci)
                 trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
-                records[ci] = _record(cands[ci], *block)
+                if is_recorded:
+                    records[ci] = _record(cands[ci], *block)
                 changed.append(ci)
         need = [sig for sig in dropped if open_cands[sig]]
     head, members = state.head, state.members

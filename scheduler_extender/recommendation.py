@@ -3,6 +3,25 @@
 Pure: no I/O, no clock. camelCase on the wire; every list and map has a deterministic order, so
 equal recommendations encode to equal bytes (the golden test in ``tests/recommender`` pins them).
 ``runTimeMillis`` is the caller's measurement, passed in: a clock here would make runs differ.
+
+The answer::
+
+    {"scaleUp": [{"nodePool", "zone", "instanceType", "incrementBy", "nodeNames"}],
+     "unscheduledPods": ["ns/name", ...],
+     "runTimeMillis": N,                       # when the caller measured it
+     "diagnostics": {
+       "rounds": [{"round", "passPriority", "winner", "newNode",
+                   "candidates": [{"nodePool", "zone", "instanceType", "outcome", "reason",
+                                   "score", "pods"}]}],
+       "placedOnExisting": [{"pod", "node"}],
+       "newNodes": {"node name": ["ns/name", ...]},
+       "unscheduled": [{"pod", "uid", "priority", "reason", "message", "pools"}],
+       "greedyPrice", "cheaperPlans": [...], "notes": [...]}}
+
+``RecommenderConfig.diagnostics`` (``DiagnosticsLevel``) says how much of the rounds is kept:
+``full`` (the default) lists every candidate of every round; ``summary`` keeps one line per
+round without ``candidates`` and never builds them. Everything else is the same bytes at both
+levels. Keys whose value is empty or None are left out.
 """
 
 from __future__ import annotations
@@ -69,12 +88,18 @@ class CandidateTrial(_Out, frozen=True, kw_only=True):
 
 
 class Round(_Out, frozen=True, kw_only=True):
+    """One greedy round. ``winner`` and ``new_node`` are None for a pass's last round when no
+    candidate placed anything (then pods are left unscheduled)."""
+
     round: int
     # The priority value this pass places (None: a single pass, no priority classes).
     pass_priority: int | None = None
     winner: str | None = None
     new_node: str | None = None
-    candidates: list[CandidateTrial]
+    # Every candidate, in (pool, zone) order, at ``DiagnosticsLevel.FULL``; never empty then
+    # (a round is recorded only when there are candidates). Empty, and so left out of the
+    # JSON, at ``SUMMARY``: the records were not built.
+    candidates: list[CandidateTrial] = []
 
 
 class UnscheduledReason(enum.StrEnum):
