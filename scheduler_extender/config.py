@@ -22,7 +22,7 @@ from scheduler_extender.accounting import SystemReserve
 from scheduler_extender.cluster_snapshot import POOL_LABEL, NodePool
 from scheduler_extender.placement import Strategy
 from scheduler_extender.quota import QuotaConfig, QuotaConfigError, parse_quota_config
-from scheduler_extender.recommend_config import RecommenderConfig, Scorer
+from scheduler_extender.recommend_config import DiagnosticsLevel, RecommenderConfig, Scorer
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)]
@@ -159,6 +159,11 @@ class RecommenderSection(_Section, frozen=True):
     pool_label: NonEmpty = POOL_LABEL
     # The ranking chain; each link only breaks the ties of the links before it.
     scorers: Annotated[tuple[Scorer, ...], msgspec.Meta(min_length=1)] = RecommenderConfig().scorers
+    # What ``diagnostics.rounds`` of ``POST /v1/recommend`` and the CLI records: ``full`` (every
+    # candidate of every round) or ``summary`` (one line per round, and the candidates' records
+    # never built: the benchmark's answer is 60 KB instead of 1 MB). A request's
+    # ``?diagnostics=`` overrides it. Auto-publish always uses ``summary``.
+    diagnostics: DiagnosticsLevel = DiagnosticsLevel.FULL
     # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
     # once a pod has been refused for capacity by filter, or an agent denied capacity, for
     # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted
@@ -177,7 +182,10 @@ class RecommenderSection(_Section, frozen=True):
 
     def to_recommender(self, *, scheduler_name: str, reserve: SystemReserve) -> RecommenderConfig:
         return RecommenderConfig(
-            scorers=self.scorers, scheduler_name=scheduler_name, reserve=reserve
+            scorers=self.scorers,
+            scheduler_name=scheduler_name,
+            reserve=reserve,
+            diagnostics=self.diagnostics,
         )
 
 

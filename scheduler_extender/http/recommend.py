@@ -8,13 +8,22 @@ live state, times the call, and publishes.
   be half-applied. An *empty* body means the live state: our pods still waiting for a node
   (the pod watch's ``unbound``), the ledger's nodes and pods, and the node pools of the config
   (``snapshot_from_ledger``). The answer is the recommendation JSON with ``runTimeMillis``.
+  How much of the rounds it records comes from the config's ``recommender.diagnostics``, like
+  the scorer chain; ``?diagnostics=summary`` (or ``full``) overrides it for one request.
+  ``summary`` keeps one line per round instead of every candidate of every round, and does
+  not build the rest; a level that is neither is a 400 (``InvalidParameter``).
 * ``GET /v1/recommendation``: the latest auto-published recommendation, with when and why.
+  Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
+  ``POST /v1/recommend?diagnostics=full`` gives the full rounds for the live state.
 * Auto-publish (a ``cleanup_ctx`` task): every ``check_interval_seconds``, if a pod has been
   refused by filter or an agent denied for capacity for longer than
   ``pending_threshold_seconds``, compute a live recommendation and publish it: the gauge
   ``vmautoscale_extender_recommended_nodes{pool,zone}``, a ``ScaleUpRecommended`` Event on the
   pod that waited longest (only when the scale-up differs from the last one posted, so a long
-  wait is not an Event every interval), and ``GET /v1/recommendation``.
+  wait is not an Event every interval), and ``GET /v1/recommendation``. None of these reads
+  the rounds' candidates, so it computes at ``DiagnosticsLevel.SUMMARY`` whatever the config
+  says: the same scale-up, unscheduled pods and reasons, without building the candidates'
+  records (most of a large recommendation's work and size).
 
 The live snapshot is read without an ``await`` between reading the ledger and finishing the
 snapshot, so it is one consistent view. The simulation then runs on the loop too (tens of
@@ -39,10 +48,12 @@ from aiohttp import web
 from kube_io.objects import ObjectReference
 from scheduler_extender.capacity_waits import Overdue
 from scheduler_extender.config import Config
+from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.keys import EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, read_body
 from scheduler_extender.live_snapshot import snapshot_from_ledger
 from scheduler_extender.recommender import (
+    DiagnosticsLevel,
     FieldError,
     Recommendation,
     SnapshotError,
@@ -110,9 +121,12 @@ def _bad_snapshot(e: SnapshotError, *, status: int, reason: str) -> web.Response
     return web.Response(body=msgspec.json.encode(body), status=status, content_type=_JSON)
 
 
-def live_recommendation(extender: Extender) -> Recommendation:
+def live_recommendation(
+    extender: Extender, *, diagnostics: DiagnosticsLevel | None = None
+) -> Recommendation:
     """From the ledger and the pods waiting for a node; raises ``SnapshotError`` when the live
-    state does not match the configured pools (say, a node labelled with an unknown pool)."""
+    state does not match the configured pools (say, a node labelled with an unknown pool).
+    ``diagnostics`` overrides the config's level."""
     config = extender.config
     pending = sorted(extender.unbound.values(), key=lambda p: p.key)
     snapshot = snapshot_from_ledger(
@@ -122,18 +136,35 @@ def live_recommendation(extender: Extender) -> Recommendation:
         pool_label=config.recommender.pool_label,
     )
     rec_config = config.recommender_config()
+    if diagnostics is not None:
+        rec_config = msgspec.structs.replace(rec_config, diagnostics=diagnostics)
     prepared = prepare_snapshot(snapshot, scheduler_name=rec_config.scheduler_name)
     return recommend(prepared, config=rec_config)
 
 
+def _diagnostics_asked(request: web.Request) -> DiagnosticsLevel | None:
+    """The request's ``?diagnostics=``, or None to follow the config."""
+    asked = request.query.get("diagnostics")
+    if asked is None:
+        return None
+    try:
+        return DiagnosticsLevel(asked)
+    except ValueError:
+        levels = " or ".join(repr(d.value) for d in DiagnosticsLevel)
+        raise ProtocolError(
+            f"diagnostics must be {levels}, not {asked!r}", reason="InvalidParameter"
+        ) from None
+
+
 async def recommend_handler(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
+    diagnostics = _diagnostics_asked(request)
     body = await read_body(request)
     start = time.perf_counter()
     if not body.strip():
         extender.require_synced()
         try:
-            rec = live_recommendation(extender)
+            rec = live_recommendation(extender, diagnostics=diagnostics)
         except SnapshotError as e:
             request.app[METRICS].recommendations.labels("request", "failed").inc()
             # Not the caller's fault: the configured pools do not describe the cluster.
@@ -141,6 +172,8 @@ async def recommend_handler(request: web.Request) -> web.Response:
     else:
         fmt: Literal["json", "yaml"] = "yaml" if request.content_type in _YAML_TYPES else "json"
         config = extender.config.recommender_config()
+        if diagnostics is not None:
+            config = msgspec.structs.replace(config, diagnostics=diagnostics)
         try:
             prepared = load_snapshot(body, fmt=fmt, scheduler_name=config.scheduler_name)
             rec = recommend(prepared, config=config)
@@ -190,7 +223,8 @@ def publish_if_overdue(app: web.Application, *, now: float) -> Published | None:
     metrics = app[METRICS]
     start = time.perf_counter()
     try:
-        rec = live_recommendation(extender)
+        # Nothing published reads the rounds' candidates: see the module docstring.
+        rec = live_recommendation(extender, diagnostics=DiagnosticsLevel.SUMMARY)
     except SnapshotError as e:
         metrics.recommendations.labels("auto", "failed").inc()
         log.warning("recommendation_failed", reason=overdue.reason, error=str(e))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from scheduler_extender.__main__ import main
@@ -38,3 +39,40 @@ def test_bad_snapshot_exits_2_with_every_path(
 def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recommend", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def summary_of_golden() -> bytes:
+    golden = msgspec.json.decode(GOLDEN.read_bytes())
+    for r in golden["diagnostics"]["rounds"]:
+        del r["candidates"]
+    return msgspec.json.encode(golden)
+
+
+def test_diagnostics_summary_prints_the_golden_json_without_round_candidates(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    snapshot = str(ROOT / "examples/snapshots/basic.yaml")
+    assert main(["recommend", snapshot, "--diagnostics", "summary"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == summary_of_golden() + b"\n"
+    assert err == b""
+
+
+def test_diagnostics_follows_the_config_unless_given(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("recommender:\n  diagnostics: summary\n")
+    snapshot = str(ROOT / "examples/snapshots/basic.yaml")
+    assert main(["recommend", snapshot, "--config", str(config)]) == 0
+    assert capsysbinary.readouterr().out == summary_of_golden() + b"\n"
+    assert main(["recommend", snapshot, "--config", str(config), "--diagnostics", "full"]) == 0
+    assert capsysbinary.readouterr().out == GOLDEN.read_bytes() + b"\n"
+
+
+def test_diagnostics_help_names_both_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["recommend", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--diagnostics {full,summary}" in out

@@ -9,8 +9,10 @@ from typing import Any
 
 import msgspec
 import yaml
+from msgspec.structs import replace
 
-from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL
+from scheduler_extender.http.recommend import live_recommendation, publish_if_overdue
+from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL, encode_recommendation
 from tests.extender.conftest import StartExtender, make_config, wait_until
 from tests.extender.helpers import filter_body, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
@@ -18,6 +20,7 @@ from tests.fakes.kube_api import FakeKubeApi, node_object
 ROOT = Path(__file__).resolve().parents[2]
 BASIC = ROOT / "examples/snapshots/basic.yaml"
 GOLDEN = Path(__file__).parent / "data/basic.recommendation.json"
+BASIC_DOC = yaml.safe_load(BASIC.read_text())
 POOL = {
     "name": "general",
     "zones": ["zone-a"],
@@ -189,3 +192,104 @@ async def test_a_filter_that_finds_room_ends_the_wait_before_the_threshold(
     # Several checks go by; nothing is due, so nothing is published.
     await asyncio.sleep(0.15)
     assert (await running.verbs.get("/v1/recommendation")).status == 404
+
+
+# -- diagnostics level -------------------------------------------------------------------------
+
+
+def basic_summary() -> dict[str, Any]:
+    """The golden answer with each round's candidates left out (``test_diagnostics`` shows the
+    summary is exactly that)."""
+    golden = msgspec.json.decode(GOLDEN.read_bytes())
+    for r in golden["diagnostics"]["rounds"]:
+        del r["candidates"]
+    return golden
+
+
+async def test_diagnostics_summary_query_leaves_out_the_rounds_candidates_only(
+    start_extender: StartExtender,
+) -> None:
+    running = await start_extender()
+    response = await running.verbs.post(
+        "/v1/recommend?diagnostics=summary",
+        data=BASIC.read_bytes(),
+        headers={"Content-Type": "application/yaml"},
+    )
+    assert response.status == 200
+    answer = msgspec.json.decode(await response.read())
+    assert isinstance(answer.pop("runTimeMillis"), int)
+    assert answer == basic_summary()
+
+
+async def test_config_sets_the_level_and_the_query_overrides_it(
+    start_extender: StartExtender,
+) -> None:
+    running = await start_extender(make_config(recommender={"diagnostics": "summary"}))
+
+    async def post(query: str) -> dict[str, Any]:
+        response = await running.verbs.post(f"/v1/recommend{query}", json=BASIC_DOC)
+        assert response.status == 200
+        answer: dict[str, Any] = await response.json()
+        del answer["runTimeMillis"]
+        return answer
+
+    assert await post("") == basic_summary()
+    assert await post("?diagnostics=full") == msgspec.json.decode(GOLDEN.read_bytes())
+
+
+async def test_unknown_diagnostics_level_is_400(start_extender: StartExtender) -> None:
+    running = await start_extender()
+    response = await running.verbs.post("/v1/recommend?diagnostics=verbose", json=BASIC_DOC)
+    assert response.status == 400
+    body = await response.json()
+    assert body["reason"] == "InvalidParameter"
+    assert body["message"] == "diagnostics must be 'full' or 'summary', not 'verbose'"
+
+
+async def test_auto_publish_computes_the_summary_and_publishes_what_the_full_answer_would(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    kube_api.add_node(pooled_node("node-a"))
+    pods = [
+        kube_api.add_pod(vm_pod(f"vm-{i}", uid=f"u-{i}", min_vcpus=vcpus, max_vcpus=16))
+        for i, vcpus in enumerate([4, 3, 2, 2, 1, 12])  # 12 fits no template
+    ]
+    pool = {**POOL, "zones": ["zone-a", "zone-b"]}
+    # The config asks for full rounds: auto-publish computes the summary anyway. No task
+    # (auto_publish off): the check is called directly, at a time past the threshold.
+    config = make_config(
+        recommender={"node_pools": [pool], "diagnostics": "full", "auto_publish": False}
+    )
+    running = await start_extender(config)
+    for p in pods:
+        response = await running.verbs.post("/filter", json=filter_body(p, ["node-a"]))
+        assert response.status == 200
+    app = running.verbs.app
+    now = asyncio.get_running_loop().time() + config.recommender.pending_threshold_seconds + 1
+    published = publish_if_overdue(app, now=now)
+    assert published is not None
+    full = live_recommendation(running.extender)
+    assert full.diagnostics.rounds and all(r.candidates for r in full.diagnostics.rounds)
+    assert full.scale_up and full.unscheduled_pods == ["vms/vm-5"]
+
+    # GET /v1/recommendation: the full answer without the rounds' candidates, to the byte.
+    body = await (await running.verbs.get("/v1/recommendation")).json()
+    rounds = [replace(r, candidates=[]) for r in full.diagnostics.rounds]
+    summary = replace(full, diagnostics=replace(full.diagnostics, rounds=rounds))
+    assert msgspec.json.encode(body["recommendation"]) == encode_recommendation(summary)
+    assert body["reason"] == published.reason
+    # The gauge: the full answer's scale-up, zero for the other zone.
+    registry = running.extender.metrics.registry
+    expected = {(s.node_pool, s.zone): s.increment_by for s in full.scale_up}
+    for zone in pool["zones"]:
+        value = registry.get_sample_value(
+            "vmautoscale_extender_recommended_nodes", {"pool": "general", "zone": zone}
+        )
+        assert value == expected.get(("general", zone), 0)
+    # The Event: the full answer's plan and count.
+    plan = ", ".join(f"{s.increment_by} x {s.node_pool}/{s.zone}" for s in full.scale_up)
+    await wait_until(lambda: any(e["reason"] == "ScaleUpRecommended" for e in kube_api.events))
+    (event,) = [e for e in kube_api.events if e["reason"] == "ScaleUpRecommended"]
+    assert event["message"] == (
+        f"scale-up recommended: {plan}; 1 pod(s) left unscheduled; because {published.reason}"
+    )
