@@ -5,8 +5,12 @@ seeded ``random.Random``: the same snapshot on every run). Prints one JSON objec
 several runs of (a) decoding the snapshot bytes only, (b) ``load_snapshot`` (decode, check and
 compile into a ``PreparedSnapshot``), (c) ``recommend`` on that prepared snapshot, (d)
 ``encode_recommendation``, (e) all of b-d from bytes, as ``POST /v1/recommend`` does; and the
-ratios of b-e to (a). All of them, for both scorer chains, are timed round-robin in one loop
-(``best_millis``), so every ratio divides figures taken in the same conditions.
+ratios of b-e to (a). These are for the full diagnostics (the default: every round lists every
+candidate). Under ``summary``, each chain also gets c-e and their ratios at
+``DiagnosticsLevel.SUMMARY`` (one line per round, the candidates' records never built; what
+auto-publish and ``?diagnostics=summary`` run), against the same decode and load. All of them,
+for both scorer chains and both levels, are timed round-robin in one loop (``best_millis``), so
+every ratio divides figures taken in the same conditions.
 
     .venv/bin/python scripts/bench_recommender.py [--repeat N] [--write PATH]
 """
@@ -29,6 +33,7 @@ from scheduler_extender.recommender import (
     POOL_LABEL,
     ZONE_LABEL,
     ClusterSnapshot,
+    DiagnosticsLevel,
     RecommenderConfig,
     Scorer,
     encode_recommendation,
@@ -184,6 +189,11 @@ def main() -> None:
         for chain in ((Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS), (Scorer.LEAST_COST,))
     }
     recs = {name: recommend(snapshot, config=config) for name, config in chains.items()}
+    lean_chains = {
+        name: msgspec.structs.replace(config, diagnostics=DiagnosticsLevel.SUMMARY)
+        for name, config in chains.items()
+    }
+    lean_recs = {name: recommend(snapshot, config=config) for name, config in lean_chains.items()}
     # One decode and one load figure, measured in the same loop as every chain's: timed apart
     # before each chain, the decode read 20-25% lower the second time (warmer caches), which
     # made the second chain's ratios look worse than they were.
@@ -196,6 +206,12 @@ def main() -> None:
         timers[f"{name}:recommend"] = lambda c=config: recommend(snapshot, config=c)
         timers[f"{name}:encode"] = lambda r=rec: encode_recommendation(r)
         timers[f"{name}:whole"] = lambda c=config: encode_recommendation(
+            recommend(load_snapshot(data), config=c)
+        )
+        lean_config, lean_rec = lean_chains[name], lean_recs[name]
+        timers[f"{name}:summary:recommend"] = lambda c=lean_config: recommend(snapshot, config=c)
+        timers[f"{name}:summary:encode"] = lambda r=lean_rec: encode_recommendation(r)
+        timers[f"{name}:summary:whole"] = lambda c=lean_config: encode_recommendation(
             recommend(load_snapshot(data), config=c)
         )
     best = best_millis(timers, args.repeat)
@@ -221,6 +237,20 @@ def main() -> None:
             "unscheduled": len(rec.unscheduled_pods),
             "cheaperPlans": len(rec.diagnostics.cheaper_plans),
             "answerBytes": len(encode_recommendation(rec)),
+        }
+        lean = lean_recs[name]
+        rec_ms, enc_ms = best[f"{name}:summary:recommend"], best[f"{name}:summary:encode"]
+        whole_ms = best[f"{name}:summary:whole"]
+        results[name]["summary"] = {
+            "recommendMillis": rec_ms,
+            "encodeMillis": enc_ms,
+            "bytesToAnswerMillis": whole_ms,
+            "recommendToDecodeRatio": round(rec_ms / decode, 2),
+            "recommendToLoadRatio": round(rec_ms / load, 2),
+            "encodeToDecodeRatio": round(enc_ms / decode, 2),
+            "bytesToAnswerToDecodeRatio": round(whole_ms / decode, 2),
+            "rounds": len(lean.diagnostics.rounds),
+            "answerBytes": len(encode_recommendation(lean)),
         }
     print(
         json.dumps(
