@@ -340,17 +340,7 @@ class Ledger:
 
     def _set_held(self, entry: Allocation, held: Demand) -> AllocEvent | None:
         previous = entry.held
-        if not self._hold(entry, held):
-            return None
-        return AllocEvent(
-            action=AllocAction.RESIZE,
-            node=entry.node,
-            pod=entry.key,
-            uid=entry.uid,
-            is_foreign=entry.owner is Owner.FOREIGN,
-            held=held,
-            previous=previous,
-        )
+        return _resized(entry, previous) if self._hold(entry, held) else None
 
     def _hold(self, entry: Allocation, held: Demand) -> bool:
         """Make ``entry`` hold ``held``, keeping its node's totals; whether anything changed."""
@@ -497,17 +487,8 @@ class Ledger:
         """Record a VM's new permitted size (the permit logic has checked that it fits)."""
         entry = self.pods[uid]
         previous = entry.held
-        if not self.resize_vm(uid, vcpus=vcpus, memory_bytes=memory_bytes):
-            return None
-        return AllocEvent(
-            action=AllocAction.RESIZE,
-            node=entry.node,
-            pod=entry.key,
-            uid=entry.uid,
-            is_foreign=entry.owner is Owner.FOREIGN,
-            held=entry.held,
-            previous=previous,
-        )
+        changed = self.resize_vm(uid, vcpus=vcpus, memory_bytes=memory_bytes)
+        return _resized(entry, previous) if changed else None
 
     def resize_vm(self, uid: str, *, vcpus: int, memory_bytes: int) -> bool:
         """``set_vm_size`` without the event (the permit path builds none, at tens of thousands
@@ -576,6 +557,18 @@ class Ledger:
 
 def _owner(pod: PodInfo) -> Owner:
     return Owner.OWN if pod.is_ours else Owner.FOREIGN
+
+
+def _resized(entry: Allocation, previous: Demand) -> AllocEvent:
+    return AllocEvent(
+        action=AllocAction.RESIZE,
+        node=entry.node,
+        pod=entry.key,
+        uid=entry.uid,
+        is_foreign=entry.owner is Owner.FOREIGN,
+        held=entry.held,
+        previous=previous,
+    )
 
 
 def _held_for(entry: Allocation) -> Demand:
