@@ -50,10 +50,20 @@ def qemu_socket(sock_dir):
 @pytest.fixture
 async def client(qemu_socket):
     sock, proc = qemu_socket
-    for _ in range(100):  # QEMU creates the socket within a fraction of a second
-        if sock.exists() or proc.poll() is not None:
+    # The socket file appears at bind(), a moment before QEMU listens: on a loaded machine a
+    # connect in between is refused. Wait until a connection is accepted (QEMU then serves
+    # the next client once this probe hangs up).
+    for _ in range(200):
+        if proc.poll() is not None:
             break
-        await asyncio.sleep(0.05)
+        try:
+            _, writer = await asyncio.open_unix_connection(sock)
+        except (FileNotFoundError, ConnectionRefusedError):
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        break
     assert proc.poll() is None, "QEMU exited at start"
     c = QmpClient(sock, command_timeout_seconds=5, unplug_timeout_seconds=1)
     yield c
