@@ -28,7 +28,10 @@ permit owed to the extender), its next scrape that matters is the first one at w
 the policy's sizes are monotone in load1, so that scrape is found by galloping and bisecting
 over the scrape grid (or there is none before the next breakpoint). The VM is woken on that
 grid, so skipping changes how much work is done, never a decision (``tests/simulator`` runs
-every library scenario both ways and compares).
+every library scenario and two small fleets both ways and compares). It does change when each
+wake-up is queued, so the order in which one instant's events run: nothing that VMs share may
+depend on that order. A node's permit batch is in the order sent, ties in VM order, and a
+request made at its flush's instant goes in the next batch.
 
 Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
 what broke, when, and what happened just before:
@@ -258,6 +261,10 @@ class _Extender:
 Hook = Callable[["Simulation", float], None]
 
 
+def _sent_order(entry: tuple[_Vm, PermitCall, int, float]) -> tuple[float, int]:
+    return entry[3], entry[0].index
+
+
 class Simulation:
     """Runs one scenario. ``run()`` returns the Report; a violation ends the run early."""
 
@@ -269,7 +276,7 @@ class Simulation:
         skip_settled: bool = True,
     ) -> None:
         self.s = scenario
-        # Off only in the test that shows skipping changes no decision.
+        # Off only in the tests that show skipping changes no decision.
         self.skip_settled = skip_settled
         self.rng = random.Random(scenario.seed)
         self.after_step = after_step
@@ -323,7 +330,11 @@ class Simulation:
         self.annotations: dict[str, int] = {}
         self.extender: _Extender | None = None
         self.epoch = 0
-        self.batches: dict[str, list[tuple[_Vm, PermitCall, int, float]]] = {}
+        # Permit batches by id, each with its node; and each node's open one, with the time its
+        # window closes (when its flush is queued).
+        self.batches: dict[int, tuple[str, list[tuple[_Vm, PermitCall, int, float]]]] = {}
+        self._open_batches: dict[str, tuple[int, float]] = {}
+        self._batch_ids = 0
         self.pending: list[_Vm] = []
         self._schedule_queued = False
         self.provisioning = 0
@@ -373,7 +384,6 @@ class Simulation:
         self._pending_reason: dict[str, str] = {}
         self._joining: list[tuple[str, sc.NodePoolSpec, str]] = []
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
-        self._node_ids: dict[str, int] = {}
         self._node_by_id: list[str] = []
         # The VMs on each node when the extender last restarted (for the agents' reports).
         self._vms_by_node: dict[str, list[_Vm]] = {}
@@ -467,7 +477,6 @@ class Simulation:
         node = _Node(name, allocatable, pool, zone, self.t)
         self.nodes[name] = node
         self.node_names = sorted(self.nodes)
-        self._node_ids[name] = len(self._node_by_id)
         self._node_by_id.append(name)
         if len(self.node_series) < MAX_PLOTTED:
             self.node_series[name] = [-1] * len(self.sample_times)
@@ -971,10 +980,20 @@ class Simulation:
             vm.op_token += 1
             node = vm.node
             assert node is not None
-            batch = self.batches.get(node)
-            if batch is None:
-                batch = self.batches[node] = []
-                self.at(t + self.timing.extender_latency_seconds, self._flush, self._node_id(node))
+            open_batch = self._open_batches.get(node)
+            if open_batch is not None and open_batch[1] > t:
+                batch = self.batches[open_batch[0]][1]
+            else:
+                # A window closes at its flush's instant: a request made then goes in the next
+                # batch, whether that flush has run yet or not. Which of one instant's events
+                # runs first depends on when each was queued, and skipping settled VMs changes
+                # that; no decision may depend on it.
+                self._batch_ids += 1
+                batch = []
+                self.batches[self._batch_ids] = (node, batch)
+                closes_at = t + self.timing.extender_latency_seconds
+                self._open_batches[node] = (self._batch_ids, closes_at)
+                self.at(closes_at, self._flush, self._batch_ids)
             batch.append((vm, call, vm.op_token, t))
             self.counts["permit_requests"] += 1
             return True
@@ -1039,13 +1058,11 @@ class Simulation:
         self.trace("resized", vm.spec.name, "{} -> {} vCPUs", previous, target)
         self._check_step(vm)
 
-    def _node_id(self, name: str) -> int:
-        return self._node_ids[name]
-
-    def _flush(self, node_id: int) -> None:
+    def _flush(self, batch_id: int) -> None:
         """One batched POST /v1/permits for a node: every VM's request, one decide_batch."""
-        node = self._node_by_id[node_id]
-        batch = self.batches.pop(node, [])
+        node, batch = self.batches.pop(batch_id)
+        if self._open_batches[node][0] == batch_id:
+            del self._open_batches[node]
         live = [
             (vm, call, token, sent)
             for vm, call, token, sent in batch
@@ -1053,6 +1070,10 @@ class Simulation:
         ]
         if not live:
             return
+        # In the order sent, and requests sent at the same instant in the VMs' order: the order
+        # in which one instant's events run is an accident of when each was queued (which
+        # skipping settled VMs changes), and decide_batch shares out free room in batch order.
+        live.sort(key=_sent_order)
         ext = self.extender
         t = self.t
         if ext is None:
