@@ -1,9 +1,10 @@
 """The simulation: the real pure cores of the extender and the agent, in virtual time.
 
-Pure and deterministic: no I/O, no wall clock, no global state. Randomness comes only from a
-``random.Random(scenario.seed)`` owned by the run (the agent's backoff jitter), so the same
-scenario always gives the same ``Report``. The CLI, the plot and the progress bar are the shell
-(``simulator.cli``); this module only returns values.
+Pure and deterministic: no I/O, no wall clock, no global state. Randomness comes only from
+hashes of ``scenario.seed`` (the agents' backoff jitter, one stream per VM) and of each guest's
+name (its run-queue noise), so the same scenario always gives the same ``Report``. The CLI,
+the plot and the progress bar are the shell (``simulator.cli``); this module only returns
+values.
 
 What is real and what is simulated:
 
@@ -31,7 +32,7 @@ grid, so skipping changes how much work is done, never a decision (``tests/simul
 every library scenario and two small fleets both ways and compares). It does change when each
 wake-up is queued, so the order in which one instant's events run: nothing that VMs share may
 depend on that order. A node's permit batch is in the order sent, ties in VM order, and a
-request made at its flush's instant goes in the next batch.
+request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
 Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
 what broke, when, and what happened just before:
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -101,7 +101,7 @@ from simulator.report import (
     VmSeries,
     VmSummary,
 )
-from simulator.world import GuestLoad
+from simulator.world import SEED_MIX, GuestLoad, mix64
 
 SCHEDULER_NAME: Final = "vm-scheduler"
 MAX_PLOTTED: Final = 8
@@ -132,6 +132,8 @@ class _Vm:
         "is_deleted",
         "is_pending",
         "is_settled",
+        "jitter_draws",
+        "jitter_mix",
         "last_scrape_at",
         "memory",
         "node",
@@ -171,6 +173,9 @@ class _Vm:
         self.wake_token = 0
         self.is_settled = False
         self.last_scrape_at = 0.0
+        # The agent's backoff jitter: this VM's own stream (``Simulation._jitter``).
+        self.jitter_mix = 0
+        self.jitter_draws = 0
         self.is_deleted = False
         self.is_pending = False
         self.hv_fail_until = -1.0
@@ -278,7 +283,6 @@ class Simulation:
         self.s = scenario
         # Off only in the tests that show skipping changes no decision.
         self.skip_settled = skip_settled
-        self.rng = random.Random(scenario.seed)
         self.after_step = after_step
         a = scenario.agent
         self.core = CoreConfig(
@@ -317,6 +321,8 @@ class Simulation:
             for i, v in enumerate(scenario.vms)
         ]
         self.vm_by_name = {v.spec.name: v for v in self.vms}
+        for vm in self.vms:
+            vm.jitter_mix = ((scenario.seed << 32) | vm.index) * SEED_MIX
         self.segments = [
             sc.segments(
                 sc.trace_of(scenario, v.spec),
@@ -1015,7 +1021,7 @@ class Simulation:
         kind = vm.op
         vm.op = None
         failing = t < vm.hv_fail_until
-        jitter = self.rng.random()
+        jitter = self._jitter(vm)
         if kind == "read":
             if failing:
                 st.vcpus_read_failed(t, "simulated hypervisor failure", jitter=jitter)
@@ -1033,6 +1039,16 @@ class Simulation:
                 self._resized(vm, target)
                 st.resize_succeeded(t, current_vcpus=target, max_vcpus=vm.spec.max_vcpus)
         self._step(vm)
+
+    def _jitter(self, vm: _Vm) -> float:
+        """The next value in [0, 1) of ``vm``'s agent's backoff jitter.
+
+        Each VM has its own stream, a hash of (seed, VM, draw): with one stream for the run,
+        which VM got which value depended on the order in which one instant's events ran, an
+        accident of when each was queued that skipping settled VMs changes. (Agents on
+        different nodes share no random state either.)"""
+        vm.jitter_draws += 1
+        return (mix64(vm.jitter_mix + vm.jitter_draws) >> 11) / 2**53
 
     def _resized(self, vm: _Vm, target: int) -> None:
         previous = vm.vcpus
@@ -1100,12 +1116,12 @@ class Simulation:
             if permit.error is not None or permit.permit is None:
                 vm.permit_errors += 1
                 error = permit.error.message if permit.error is not None else "no permit"
-                st.permit_failed(t, error, jitter=self.rng.random())
+                st.permit_failed(t, error, jitter=self._jitter(vm))
                 self.note("permit_error", vm.spec.name, error)
             else:
                 vcpus = permit.permit.vcpus
                 vm.granted = vcpus
-                outcome = st.permit_granted(t, vcpus, jitter=self.rng.random())
+                outcome = st.permit_granted(t, vcpus, jitter=self._jitter(vm))
                 if outcome is PermitOutcome.REJECTED:
                     raise InvariantViolation(
                         "permit protocol",
@@ -1155,7 +1171,7 @@ class Simulation:
             return
         vm.op = None
         vm.permit_errors += 1
-        st.permit_failed(self.t, "extender unreachable (timeout)", jitter=self.rng.random())
+        st.permit_failed(self.t, "extender unreachable (timeout)", jitter=self._jitter(vm))
         self.trace("permit_failed", vm.spec.name, "extender unreachable")
         self._step(vm)
 

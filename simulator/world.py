@@ -36,7 +36,16 @@ SEED_MIX: Final = 0x9E3779B97F4A7C15
 def noise_bits(seed_mix: int, t: float) -> int:
     """64 pseudo-random bits for (seed, t to the millisecond): splitmix64's finaliser.
     ``seed_mix`` is ``seed * SEED_MIX``, its first step, taken once per guest."""
+    # mix64 inlined: this runs at every scrape.
     x = (seed_mix + round(t * 1000)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: 64 well-mixed bits from ``x`` (taken mod 2**64)."""
+    x &= _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
