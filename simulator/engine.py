@@ -80,6 +80,7 @@ from scheduler_extender.recommender import (
     POOL_LABEL,
     ZONE_LABEL,
     Capacity,
+    DiagnosticsLevel,
     NodePool,
     NodeTemplate,
     RecommenderConfig,
@@ -1304,7 +1305,11 @@ class Simulation:
         infos = [vm.info(node=None, permitted=None) for vm in pending]
         try:
             snapshot = snapshot_from_ledger(ext.ledger, infos, self._pools)
-            rec = recommend(snapshot, config=RecommenderConfig(scheduler_name=SCHEDULER_NAME))
+            # Only the scale-up and the unscheduled pods are read: no per-round records.
+            config = RecommenderConfig(
+                scheduler_name=SCHEDULER_NAME, diagnostics=DiagnosticsLevel.SUMMARY
+            )
+            rec = recommend(snapshot, config=config)
         except SnapshotError as e:
             raise InvariantViolation("recommender snapshot", str(e)) from e
         record = RecommendationRecord(
