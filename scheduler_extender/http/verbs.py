@@ -171,8 +171,8 @@ class PodInfos:
 
     kube-scheduler sends the same version of a pod to filter, prioritize and preempt, and
     again on every retry while it is pending; the API server never gives two contents one
-    version, so the answer is the same. A pod without a resourceVersion is never kept, and
-    an invalid pod is refused every time (nothing is kept for it).
+    version, so the answer is the same. A pod without a uid or a resourceVersion (never one
+    from the API server) is never kept, and an invalid pod is refused every time.
     """
 
     def __init__(self, scheduler_name: str, *, max_entries: int = 4096) -> None:
@@ -191,7 +191,7 @@ class PodInfos:
             info = pod_info(pod, scheduler_name=self._scheduler_name)
         except PodError as e:
             raise ProtocolError(str(e)) from e
-        if meta.resource_version:
+        if meta.uid and meta.resource_version:
             self._entries[key] = info
             if len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)

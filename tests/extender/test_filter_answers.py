@@ -100,6 +100,7 @@ def test_answers_are_bounded_by_bytes_lists_included() -> None:
 
 def _pod(uid: str, rv: str, *, max_vcpus: int = 4) -> Pod:
     obj = vm_pod("vm", uid=uid, max_vcpus=max_vcpus)
+    obj["metadata"]["uid"] = uid  # also when empty (the builder would make one up)
     if rv:
         obj["metadata"]["resourceVersion"] = rv
     return msgspec.convert(obj, Pod)
@@ -118,6 +119,8 @@ def test_pod_infos_are_kept_by_uid_and_resource_version() -> None:
     infos.get(_pod("u-3", "1"))
     assert infos.get(_pod("u-1", "11")) is newer
     assert infos.get(_pod("u-1", "10")) is not first
+    # Nor without a uid: two uid-less pods of one resourceVersion are not the same pod.
+    assert infos.get(_pod("", "7")) is not infos.get(_pod("", "7"))
 
 
 def test_a_pod_with_bad_requests_is_refused_every_time() -> None:
