@@ -17,7 +17,7 @@ from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
 from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
 from scheduler_extender.permits import decide, decide_batch
-from scheduler_extender.placement import FitIndex, rejection
+from scheduler_extender.placement import NOT_KNOWN, FitIndex, rejection, verdict
 from scheduler_extender.podinfo import Demand, PodInfo
 
 GI = 2**30
@@ -293,6 +293,22 @@ class LedgerMachine(RuleBasedStateMachine):
         self.index = FitIndex(rebuilt)
         self.answers.clear()  # a new index: the extender's answer cache is new too
 
+    @precondition(lambda self: not any(e.is_tentative for e in self.ledger.pods.values()))
+    @rule()
+    def extender_restarted_agents_silent(self):
+        """A restart the agents have not answered yet: every VM found bound is unverified,
+        its room up to its maximum kept out of ``free``, until its agent's next request
+        settles it (``agent_asked``): the index must follow that room coming back."""
+        rebuilt = Ledger(reserve=self.ledger.reserve)
+        rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
+        rebuilt.replace_pods(self.api_pods.values(), at=self.at)
+        assert {u: e.held for u, e in rebuilt.pods.items()} == {
+            u: e.held for u, e in self.ledger.pods.items()
+        }
+        self.ledger = rebuilt
+        self.index = FitIndex(rebuilt)
+        self.answers.clear()
+
     @rule(data=st.data())
     def everything_deleted(self, data):
         # rare: otherwise histories never grow long enough to fill nodes
@@ -312,12 +328,22 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def fit_index_matches_a_fresh_computation(self):
+        """Which nodes pass, and each rejected node's words and kind, as computed afresh (the
+        kind decides between FailedNodes and FailedAndUnresolvableNodes: preemption)."""
         for size in SIZES:
-            result = self.index.filter(size, NODES)
-            for node in NODES:
+            result = self.index.filter(size, [*NODES, "ghost"])
+            for node in [*NODES, "ghost"]:
                 state = self.ledger.nodes.get(node)
                 fresh = rejection(state, size) if state is not None else "unknown"
                 assert (node in result.passed) == (fresh is None), (node, size, fresh)
+                if state is None or not state.is_known:
+                    assert result.failed.get(node) == NOT_KNOWN, (node, result)
+                    continue
+                words = verdict(state, size)
+                if words is None:
+                    continue
+                where = result.unresolvable if words.is_unresolvable else result.failed
+                assert where.get(node) == words.summary, (node, size, words, result)
 
     @invariant()
     def an_unchanged_version_means_an_unchanged_answer(self):

@@ -318,6 +318,18 @@ def test_a_vm_found_bound_holds_its_maximum_until_its_agent_reports(ledger):
     ledger.check_invariants()
 
 
+def test_the_fit_index_sees_an_unverified_vm_settle_at_its_size(ledger):
+    # The agent reports exactly the size the VM was found at: what it holds does not change,
+    # but the room up to its maximum comes back, and filter must see it.
+    index = FitIndex(ledger)
+    ledger.observe_pod(info("v1", node="n1", ours=True, vm=vmspec(lo=1, hi=3), mem=GI), at=0)
+    size = Demand(2000, GI)
+    assert index.filter(size, ["n1"]).passed == []  # 4000 - 1000 held - 2000 uncertain
+    decide(ledger, request("v1", "n1", 1, 1))
+    assert ledger.nodes["n1"].own_total == Demand(1000, GI)
+    assert index.filter(size, ["n1"]).passed == ["n1"]
+
+
 def test_a_vm_we_place_is_fresh_and_holds_its_minimum(ledger):
     bound_vm(ledger, vm=vmspec(lo=1, hi=3))
     assert not ledger.pods["v1"].is_unverified
