@@ -81,9 +81,7 @@ class CapacityWaits:
     def permit_met(self, uid: str) -> None:
         """``permit_answered(is_short=False)`` without the subject (the permit path calls this
         for every VM of every batch; only a wait needs the pod's name)."""
-        found = self.waits.get(uid)
-        if found is not None and found.kind is WaitKind.DENIED:
-            del self.waits[uid]
+        self._end(uid, WaitKind.DENIED)
 
     def retain(self, *, pending: Collection[str], running: Collection[str]) -> None:
         """Drop the waits of pods no longer unbound (pending) or no longer running (denied)."""

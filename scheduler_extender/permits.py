@@ -117,11 +117,9 @@ def decide(
         return _error(req, 409, "NotBound", f"pod {req.pod.key} is still being bound")
     vm = entry.vm
     want = req.requested
-    if not (
-        vm.min_vcpus <= want.vcpus <= vm.max_vcpus
-        and vm.min_memory_bytes <= want.memory_bytes <= vm.max_memory_bytes
-    ):
-        return _error(req, 400, "OutOfBounds", _bounds_error(vm, req))
+    bad = _bounds_error(vm, req)
+    if bad is not None:
+        return _error(req, 400, "OutOfBounds", bad)
     state = ledger.nodes[entry.node]
     free = state.free
     # What this VM could hold at most, per resource, after giving back what it holds now.
@@ -239,7 +237,7 @@ class _QuotaLimit(NamedTuple):
         )
 
 
-def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str:
+def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
     want = req.requested
     if not vm.min_vcpus <= want.vcpus <= vm.max_vcpus:
         return (
@@ -251,7 +249,7 @@ def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str:
             f"requested {want.memory_bytes} bytes of memory is outside this VM's bounds"
             f" {vm.min_memory_bytes}..{vm.max_memory_bytes}"
         )
-    raise AssertionError("within bounds")
+    return None
 
 
 def _adopt_last_permit(

@@ -76,13 +76,30 @@ def rejection(state: NodeState, demand: Demand) -> Rejection | None:
     """Why ``demand`` does not fit on ``state`` now, with the node's numbers, or None."""
     if not state.is_known:
         return Rejection(f"node {state.name} is not known to the extender yet", False)
-    free, usable, static = state.free, state.usable, state.static_total
+    short = _shortfall(state, demand)
+    return None if short is None else _rejection(*short)
+
+
+def verdict(state: NodeState, demand: Demand) -> Verdict | None:
+    """``rejection`` in the words every node shares (see ``Verdict``), or None if it fits."""
+    if not state.is_known:
+        return _NOT_KNOWN
+    short = _shortfall(state, demand)
+    if short is None:
+        return None
+    unit, need, _, usable, static = short
+    return _verdict(unit, need, need > usable - static)
+
+
+def _shortfall(state: NodeState, demand: Demand) -> tuple[str, int, int, int, int] | None:
+    """The first resource ``demand`` lacks on ``state``: (unit, need, free, usable, static)."""
+    free = state.free
     if demand.cpu_millis > free.cpu_millis:
-        return _rejection(
-            "cpu", demand.cpu_millis, free.cpu_millis, usable.cpu_millis, static.cpu_millis
-        )
+        usable, static = state.usable, state.static_total
+        return "cpu", demand.cpu_millis, free.cpu_millis, usable.cpu_millis, static.cpu_millis
     if demand.memory_bytes > free.memory_bytes:
-        return _rejection(
+        usable, static = state.usable, state.static_total
+        return (
             "memory",
             demand.memory_bytes,
             free.memory_bytes,
@@ -90,22 +107,6 @@ def rejection(state: NodeState, demand: Demand) -> Rejection | None:
             static.memory_bytes,
         )
     return None
-
-
-def verdict(state: NodeState, demand: Demand) -> Verdict | None:
-    """``rejection`` in the words every node shares (see ``Verdict``), or None if it fits."""
-    if not state.is_known:
-        return _NOT_KNOWN
-    free = state.free
-    if demand.cpu_millis > free.cpu_millis:
-        unit, need, limit = "cpu", demand.cpu_millis, state.usable.cpu_millis
-        limit -= state.static_total.cpu_millis
-    elif demand.memory_bytes > free.memory_bytes:
-        unit, need, limit = "memory", demand.memory_bytes, state.usable.memory_bytes
-        limit -= state.static_total.memory_bytes
-    else:
-        return None
-    return _verdict(unit, need, need > limit)
 
 
 _NOT_KNOWN: Final = Verdict(NOT_KNOWN, False)
