@@ -217,20 +217,28 @@ def main() -> None:
     best = best_millis(timers, args.repeat)
     decode, load = best["decode"], best["load"]
     results = {}
-    for name, rec in recs.items():
-        rec_ms, enc_ms = best[f"{name}:recommend"], best[f"{name}:encode"]
-        whole_ms = best[f"{name}:whole"]
-        results[name] = {
-            "decodeMillis": decode,
-            "loadSnapshotMillis": load,
+
+    def timings(key: str) -> dict[str, Any]:
+        """One chain's (and level's) times and their ratios to the shared baselines."""
+        rec_ms, enc_ms, whole_ms = (
+            best[f"{key}:{part}"] for part in ("recommend", "encode", "whole")
+        )
+        return {
             "recommendMillis": rec_ms,
             "encodeMillis": enc_ms,
             "bytesToAnswerMillis": whole_ms,
             "recommendToDecodeRatio": round(rec_ms / decode, 2),
             "recommendToLoadRatio": round(rec_ms / load, 2),
-            "loadToDecodeRatio": round(load / decode, 2),
             "encodeToDecodeRatio": round(enc_ms / decode, 2),
             "bytesToAnswerToDecodeRatio": round(whole_ms / decode, 2),
+        }
+
+    for name, rec in recs.items():
+        results[name] = {
+            "decodeMillis": decode,
+            "loadSnapshotMillis": load,
+            **timings(name),
+            "loadToDecodeRatio": round(load / decode, 2),
             "newNodes": sum(s.increment_by for s in rec.scale_up),
             "rounds": len(rec.diagnostics.rounds),
             "placedOnExisting": len(rec.diagnostics.placed_on_existing),
@@ -239,16 +247,8 @@ def main() -> None:
             "answerBytes": len(encode_recommendation(rec)),
         }
         lean = lean_recs[name]
-        rec_ms, enc_ms = best[f"{name}:summary:recommend"], best[f"{name}:summary:encode"]
-        whole_ms = best[f"{name}:summary:whole"]
         results[name]["summary"] = {
-            "recommendMillis": rec_ms,
-            "encodeMillis": enc_ms,
-            "bytesToAnswerMillis": whole_ms,
-            "recommendToDecodeRatio": round(rec_ms / decode, 2),
-            "recommendToLoadRatio": round(rec_ms / load, 2),
-            "encodeToDecodeRatio": round(enc_ms / decode, 2),
-            "bytesToAnswerToDecodeRatio": round(whole_ms / decode, 2),
+            **timings(f"{name}:summary"),
             "rounds": len(lean.diagnostics.rounds),
             "answerBytes": len(encode_recommendation(lean)),
         }
