@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from heapq import heappop, heappush
+from itertools import pairwise
 from typing import Final, cast
 
 from msgspec.structs import replace
@@ -82,14 +83,21 @@ class _Trial:
     __slots__ = ("cpu", "groups", "keys", "mem", "placed", "sigs")
 
     def __init__(
-        self, placed: list[int], keys: list[str], groups: list[int], sigs: list[int], used: Demand
+        self,
+        placed: list[int],
+        keys: list[str],
+        groups: list[int],
+        sigs: list[int],
+        *,
+        cpu: int,
+        mem: int,
     ) -> None:
         self.placed = placed  # pass-local pod indices, in placement order
         self.keys = keys  # the placed pods' names, for the rounds' records (or _UNNAMED)
         self.groups = groups  # the groups it took from
         self.sigs = sigs  # the signatures it is the trial of, while valid (never changed)
-        self.cpu = used.cpu_millis  # what the placed pods request
-        self.mem = used.memory_bytes
+        self.cpu = cpu  # what the placed pods request
+        self.mem = mem
 
 
 class _Pass:
@@ -114,6 +122,14 @@ class _Pass:
                 mem.append(p.demand.memory_bytes)
             self.members[n].append(i)
             self.group_of.append(n)
+        # Per pod: its size, and the next member of its group (``_NEVER`` after the last), so
+        # that a trial's heap of started groups holds bare pod indices.
+        self.pod_cpu = [cpu[g] for g in self.group_of]
+        self.pod_mem = [mem[g] for g in self.group_of]
+        self.next_pod = [_NEVER] * len(pods)
+        for group in self.members:
+            for a, b in pairwise(group):
+                self.next_pod[a] = b
         self.cpu, self.mem = cpu, mem
         groups = len(self.members)
         self.head = [0] * groups
@@ -127,7 +143,7 @@ class _Pass:
         sigs: dict[tuple[Demand, int], int] = {}
         # Signatures with the same room form a *family* (a pool's zones, typically): their
         # trials agree until one meets a group that fits and only some of them may take, so
-        # a family is filled together and splits only there (``_fill``). Bit i of a family's
+        # a family is filled together and splits only there (``refill``). Bit i of a family's
         # masks is its i-th signature.
         families: dict[Demand, int] = {}
         self.family_sigs: list[list[int]] = []
@@ -184,21 +200,6 @@ class _Pass:
         self.family_branches: list[dict[int, tuple[int, int, list[int]]]] = [{} for _ in families]
         self.trials: list[_Trial | None] = [None] * len(self.least)
 
-    def refill(self, sigs: list[int]) -> None:
-        """Fill the trials of ``sigs`` (all dropped), each family's at once."""
-        masks: dict[int, int] = {}
-        family_of = self.family_of
-        for sig in sigs:
-            family, bit = family_of[sig]
-            masks[family] = masks.get(family, 0) | bit
-        trials, watchers = self.trials, self.watchers
-        for family, mask in masks.items():
-            for t in self._fill(family, mask):
-                for s in t.sigs:
-                    trials[s] = t
-                for g in t.groups:
-                    watchers[g].append(t)
-
     def _branch(self, family: int, mask: int) -> tuple[int, int, list[int]]:
         """The smallest cpu and memory any signature in ``mask`` may take, and those
         signatures."""
@@ -215,25 +216,33 @@ class _Pass:
             found = memo[mask] = (least_cpu, least_mem, sigs)
         return found
 
-    def _fill(self, family: int, mask: int) -> list[_Trial]:
-        """First fit of the pass's remaining pods onto one new node, for the signatures of
-        ``family`` in ``mask``; each trial knows the signatures it is for."""
-        may_take = self.family_masks[family]
-        room = self.rooms[family]
-        room_cpu, room_mem = room.cpu_millis, room.memory_bytes
-        members, head, cpu, mem, live = self.members, self.head, self.cpu, self.mem, self.live
+    def refill(self, sigs: list[int]) -> None:
+        """Fill the trials of ``sigs`` (all dropped): first fit of the pass's remaining pods
+        onto one new node, each family's signatures at once (see ``_Pass``); each trial knows
+        the signatures it is for, and the groups it took from know it."""
+        masks: dict[int, int] = {}
+        family_of = self.family_of
+        for sig in sigs:
+            family, bit = family_of[sig]
+            masks[family] = masks.get(family, 0) | bit
+        trials, watchers = self.trials, self.watchers
+        cpu, mem, live, live_pods = self.cpu, self.mem, self.live, self.live_pods
+        pod_cpu, pod_mem, next_pod = self.pod_cpu, self.pod_mem, self.next_pod
         end = len(live)
         keys = self.keys
-        branches = self.family_branches[family]
-        done: list[_Trial] = []
-        # Branches still to run: (mask, free cpu, free memory, placed, groups, started, scan).
-        todo: list[tuple[int, int, int, list[int], list[int], list[tuple[int, int, int]], int]]
-        todo = [(mask, room_cpu, room_mem, [], [], [], 0)]
+        rooms, family_masks, family_branches = self.rooms, self.family_masks, self.family_branches
+        # Branches still to run: (family, mask, free cpu, free memory, placed, groups, started,
+        # scan); one per family to begin with.
+        todo: list[tuple[int, int, int, int, list[int], list[int], list[int], int]] = []
+        for family, mask in masks.items():
+            room = rooms[family]
+            todo.append((family, mask, room.cpu_millis, room.memory_bytes, [], [], [], 0))
         while todo:
-            mask, free_cpu, free_mem, placed, groups, started, scan = todo.pop()
+            family, mask, free_cpu, free_mem, placed, groups, started, scan = todo.pop()
+            may_take, branches = family_masks[family], family_branches[family]
             found = branches.get(mask) or self._branch(family, mask)
             least_cpu, least_mem = found[0], found[1]
-            # ``started``: a heap of (next pod, group, its position) of the groups taken from.
+            # ``started``: a heap of the next pod of each group taken from.
             # ``ahead``: the earliest group not yet started that fits. The live groups are in
             # head order, and ``live[:scan]`` have been passed: those never fit again, as room
             # only shrinks.
@@ -248,6 +257,7 @@ class _Pass:
                             # The others pass this group by: a branch of their own.
                             todo.append(
                                 (
+                                    family,
                                     mask & ~takers,
                                     free_cpu,
                                     free_mem,
@@ -263,41 +273,45 @@ class _Pass:
                         ahead = g
                         break
                 # The started groups' pods before ``ahead``'s head (all of them, if none).
-                ahead_pod = members[ahead][head[ahead]] if ahead >= 0 else _NEVER
-                while started and started[0][0] < ahead_pod:
-                    pod, g, pos = heappop(started)
-                    if cpu[g] > free_cpu or mem[g] > free_mem:
+                ahead_pod = live_pods[scan - 1] if ahead >= 0 else _NEVER
+                while started and started[0] < ahead_pod:
+                    pod = heappop(started)
+                    c, m = pod_cpu[pod], pod_mem[pod]
+                    if c > free_cpu or m > free_mem:
                         continue  # and never again: room only shrinks
                     placed.append(pod)
-                    free_cpu -= cpu[g]
-                    free_mem -= mem[g]
+                    free_cpu -= c
+                    free_mem -= m
                     if free_cpu < least_cpu or free_mem < least_mem:
                         break
-                    pos += 1
-                    group = members[g]
-                    if pos < len(group):
-                        heappush(started, (group[pos], g, pos))
+                    pod = next_pod[pod]
+                    if pod != _NEVER:
+                        heappush(started, pod)
                 if ahead < 0 or free_cpu < least_cpu or free_mem < least_mem:
                     break
-                if cpu[ahead] > free_cpu or mem[ahead] > free_mem:
+                c, m = cpu[ahead], mem[ahead]
+                if c > free_cpu or m > free_mem:
                     continue  # it no longer fits: look further
                 placed.append(ahead_pod)
                 groups.append(ahead)
-                free_cpu -= cpu[ahead]
-                free_mem -= mem[ahead]
-                pos = head[ahead] + 1
-                group = members[ahead]
-                if pos < len(group):
-                    heappush(started, (group[pos], ahead, pos))
+                free_cpu -= c
+                free_mem -= m
+                pod = next_pod[ahead_pod]
+                if pod != _NEVER:
+                    heappush(started, pod)
+            room = rooms[family]
             t = _Trial(
                 placed,
                 list(map(keys.__getitem__, placed)) if keys is not None else _UNNAMED,
                 groups,
                 branches[mask][2],
-                Demand(room_cpu - free_cpu, room_mem - free_mem),
+                cpu=room.cpu_millis - free_cpu,
+                mem=room.memory_bytes - free_mem,
             )
-            done.append(t)
-        return done
+            for sig in t.sigs:
+                trials[sig] = t
+            for g in groups:
+                watchers[g].append(t)
 
     def taken(self, won: _Trial) -> list[int]:
         """The winner's pods are placed: advance their groups and drop the trials that took
@@ -415,6 +429,7 @@ def run_rounds(
                 reasons = texts[winner] = [f"{win_cand.label} ranks higher on {x}" for x in links]
             # A loser's reason depends on the winner and the best key: when both stand, only the
             # changed candidates need theirs.
+            first = best[0] if chain else None
             for ci in changed if winner == last_winner and best is last_best else range(count):
                 t = trial_of[ci]
                 if t is None:
@@ -425,11 +440,15 @@ def run_rounds(
                     )
                     continue
                 mine = keys[ci]
-                for link in range(chain):
-                    if mine[link] != best[link]:
-                        break
+                # The first link it differs from the best on: mostly the first.
+                if chain and mine[0] != first:
+                    link = 0
                 else:
-                    link = chain if pools[ci] is not win_pool else chain + 1
+                    for link in range(1, chain):
+                        if mine[link] != best[link]:
+                            break
+                    else:
+                        link = chain if pools[ci] is not win_pool else chain + 1
                 reason = reasons[link]
                 record = records[ci]
                 if record.pods is not t.keys or record.reason is not reason:
