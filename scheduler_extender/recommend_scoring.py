@@ -88,6 +88,11 @@ class Ranking:
         # (pool index, cpu millis, memory bytes, pods) -> ``values``: callers may look here
         # first (the rounds do, for each candidate whose trial changed).
         self.memo: dict[tuple[int, int, int, int], tuple[ChainValues, Score]] = {}
+        # How many leading links ``bound`` gives exactly (a pool's priority does not depend on
+        # what its node holds).
+        self.exact_links = 0
+        while self.exact_links < len(chain) and chain[self.exact_links] is Scorer.PRIORITY:
+            self.exact_links += 1
 
     def values(
         self, pool: Pool, cpu_millis: int, memory_bytes: int, pods: int
@@ -103,6 +108,13 @@ class Ranking:
                 self._score(pool, requested, pods),
             )
         return found
+
+    def bound(self, pool: Pool, room: Demand, pods: int) -> ChainValues:
+        """A key that ranks no later than any key of a new ``pool`` node whose room is
+        ``room``, holding at most ``pods`` pods: its key when full, with all of them. Every
+        link is non-increasing in the requested cpu and memory and in the pods, and each
+        link's bound holds, so the whole key's does (lexicographically)."""
+        return self._key(pool, room, pods)
 
     def _key(self, pool: Pool, requested: Demand, pods: int) -> ChainValues:
         config = self.config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from hypothesis import given
@@ -69,3 +70,32 @@ def test_keys_order_and_tie_like_the_fractions_and_floats_are_theirs(shapes, req
         for key_b, exact_b in seen:
             assert (key_a < key_b) == (exact_a < exact_b)
             assert (key_a == key_b) == (exact_a == exact_b)
+
+
+@given(
+    chain=st.permutations(list(Scorer)).flatmap(
+        lambda c: st.integers(0, len(c)).map(lambda n: c[:n])
+    ),
+    shape=st.tuples(sizes, prices),
+    priority=st.integers(0, 5),
+    room=sizes,
+    filled=st.tuples(st.integers(0, 64_000), st.integers(0, 2**38), st.integers(0, 50)),
+)
+def test_a_node_never_ranks_before_its_bound(chain, shape, priority, room, filled):
+    """What the lazy SUMMARY rounds rely on: whatever a new node holds within its room, and
+    however few of the pods, its key ranks no earlier than ``bound`` (the node full)."""
+    (cpu, memory), price = shape
+    pool = replace(make_pool(0, cpu, memory, price), priority=priority)
+    ranking = Ranking(RecommenderConfig(scorers=tuple(chain)), [pool])
+    room_cpu, room_mem = min(room[0], cpu), min(room[1], memory)
+    pods = 50
+    used_cpu, used_mem, placed = min(filled[0], room_cpu), min(filled[1], room_mem), filled[2]
+    bound = ranking.bound(pool, Demand(room_cpu, room_mem), pods)
+    key, _shown = ranking.values(pool, used_cpu, used_mem, placed)
+    assert bound <= key
+    if used_cpu == room_cpu and used_mem == room_mem and placed == pods:
+        assert bound == key
+    # The priority links are exact: a bound ranks with its own tier.
+    for link, scorer in enumerate(chain[: ranking.exact_links]):
+        assert scorer is Scorer.PRIORITY
+        assert bound[link] == key[link]
