@@ -43,7 +43,12 @@ def cheaper_plans(sim: PlanInput, notes: list[str]) -> tuple[float | None, list[
     if unpriced:
         notes.append(f"cheaper-plan check skipped: pools without a price: {', '.join(unpriced)}")
         return None, []
-    greedy = sum((price_of(c.pool) for c, _ in sim.new_nodes.values()), Fraction(0))
+    # Per pool, then priced: one Fraction product per pool, not one sum per new node.
+    added: dict[int, tuple[Candidate, int]] = {}
+    for c, _ in sim.new_nodes.values():
+        found = added.get(c.pool.index)
+        added[c.pool.index] = (c, 1 if found is None else found[1] + 1)
+    greedy = sum((price_of(c.pool) * n for c, n in added.values()), Fraction(0))
     plans: list[CheaperPlan] = []
     by_pool: dict[str, list[Candidate]] = {}
     for c in sim.candidates:
