@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-class _Out(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True):
+class _Out(msgspec.Struct, rename="camel", kw_only=True, frozen=True, omit_defaults=True, gc=False):
     pass
 
 
