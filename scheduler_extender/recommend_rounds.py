@@ -518,7 +518,10 @@ def run_rounds(
         block = sim.blocked(win_cand)  # the same for every zone of the pool
         if block is not None:
             for ci in by_pool[win_pool.index]:
-                open_cands[sig_of[ci]].remove(ci)
+                sig = sig_of[ci]
+                open_cands[sig].remove(ci)
+                if not open_cands[sig]:
+                    stale.discard(sig)  # nobody left to rank with it
                 trial_of[ci], keys[ci], shown[ci] = None, _OUT, None
                 if is_recorded:
                     records[ci] = _record(cands[ci], *block)
