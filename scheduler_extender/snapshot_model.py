@@ -66,7 +66,9 @@ __all__ = [
 _Expr = tuple[str, str, tuple[str, ...]]  # key, operator, values
 _Term = tuple[tuple[_Expr, ...], tuple[tuple[str, tuple[str, ...]], ...]]  # exprs, name fields
 _TolKey = tuple[str, str, str, str]  # key, operator, value, effect
-_OrderKey = tuple[int, bool, datetime, str, str]  # -priority, no timestamp, created, key, uid
+# A pending pod before it is numbered: its scheduling order key (-priority, no timestamp,
+# created, key) first, then the rest of its ``Pending``: uid, vm_error, demand, cls.
+_Queued = tuple[int, bool, datetime, str, str, str | None, Demand, int]
 
 
 # Frozen msgspec Structs rather than frozen dataclasses: one of these is built per node and per
@@ -96,8 +98,9 @@ class Host(msgspec.Struct, frozen=True):
     taints: tuple[tuple[str, str, str], ...]  # key, value, effect; NoSchedule/NoExecute only
 
 
-@dataclass(slots=True)
-class Pending:
+# A Struct (gc=False: it holds no container) rather than a dataclass: one is built per pending
+# pod, and a Struct's constructor is several times cheaper.
+class Pending(msgspec.Struct, gc=False):
     order: int  # position in scheduling order (priority desc, oldest, name)
     uid: str
     priority: int
@@ -109,7 +112,7 @@ class Pending:
     key: str
     # Interned (cls, demand): pods of one shape are interchangeable for every fit and
     # feasibility question. ``Model.shapes`` of them, numbered from 0.
-    shape: int = 0
+    shape: int
 
 
 @dataclass(slots=True)
@@ -178,15 +181,14 @@ class _Quantities:
 
     def __init__(self, errors: _Errors) -> None:
         self._errors = errors
-        self._cpu: dict[Quantity, int] = {}
-        self._mem: dict[Quantity, int] = {}
-        # Looked up by the callers first (``pairs.get``), so that the path of a bad quantity
-        # is only formatted for a pair not seen yet.
+        # An absent quantity (None) is zero.
+        self._cpu: dict[Quantity | None, int] = {None: 0}
+        self._mem: dict[Quantity | None, int] = {None: 0}
+        # Looked up by the callers first (``pairs.get``): a pair seen before, the common case,
+        # costs that one lookup.
         self.pairs: dict[Resources | Capacity, Demand] = {}
 
     def cpu(self, value: Quantity | None, path: str) -> int:
-        if value is None:
-            return 0
         found = self._cpu.get(value)
         if found is None:
             try:
@@ -197,8 +199,6 @@ class _Quantities:
         return found
 
     def memory(self, value: Quantity | None, path: str) -> int:
-        if value is None:
-            return 0
         found = self._mem.get(value)
         if found is None:
             try:
@@ -210,17 +210,22 @@ class _Quantities:
 
     def demand(self, pair: Resources | Capacity, *, at: str, index: int, field: str) -> Demand:
         """``pair`` parsed; a bad quantity is reported at ``at[index].field.cpu`` (or
-        ``.memory``). The path is formatted only then: most pairs are parsed fine."""
-        cpu = 0 if pair.cpu is None else self._cpu.get(pair.cpu)
-        mem = 0 if pair.memory is None else self._mem.get(pair.memory)
-        if cpu is None or mem is None:
-            errors = len(self._errors.items)
+        ``.memory``). The paths are formatted only then: most pairs are parsed fine, and
+        a snapshot may have hundreds of distinct ones (placed pods' requests)."""
+        cpu = self._cpu.get(pair.cpu)
+        mem = self._mem.get(pair.memory)
+        try:
             if cpu is None:
-                cpu = self.cpu(pair.cpu, f"{at}[{index}].{field}.cpu")
+                cpu = self._cpu[pair.cpu] = cpu_millis(str(pair.cpu))
             if mem is None:
-                mem = self.memory(pair.memory, f"{at}[{index}].{field}.memory")
-            if len(self._errors.items) != errors:
-                return Demand(cpu, mem)
+                mem = self._mem[pair.memory] = memory_bytes(str(pair.memory))
+        except QuantityError:
+            # Again, through the reporting parsers: the pair is not interned, so that each
+            # occurrence of a bad quantity is reported.
+            return Demand(
+                self.cpu(pair.cpu, f"{at}[{index}].{field}.cpu"),
+                self.memory(pair.memory, f"{at}[{index}].{field}.memory"),
+            )
         found = self.pairs[pair] = Demand(cpu, mem)
         return found
 
@@ -297,21 +302,26 @@ def _constraints(
                 fields.append((f.operator, tuple(f.values)))
             built.append((tuple(exprs), tuple(fields)))
         terms = tuple(built)
-    tols: tuple[_TolKey, ...] = ()
-    if pod.tolerations:
-        listed = tuple(pod.tolerations)
-        found = seen.get(listed)
-        if found is None:
-            found = seen[listed] = _tolerations(listed)
-        tols, problems = found
-        for j, field, message in problems:
-            errors.add(f"{path}.tolerations[{j}].{field}", message)
     selector = pod.node_selector
     return Constraints(
         selector=tuple(sorted(selector.items())) if selector else (),
         terms=terms,
-        tolerations=tols,
+        tolerations=_checked_tolerations(pod, path, errors, seen) if pod.tolerations else (),
     )
+
+
+def _checked_tolerations(
+    pod: SnapshotPod, path: str, errors: _Errors, seen: dict[tuple[Toleration, ...], _Tolerations]
+) -> tuple[_TolKey, ...]:
+    """The pod's tolerations, canonical; each malformed one reported under ``path``."""
+    listed = tuple(pod.tolerations)
+    found = seen.get(listed)
+    if found is None:
+        found = seen[listed] = _tolerations(listed)
+    tols, problems = found
+    for j, field, message in problems:
+        errors.add(f"{path}.tolerations[{j}].{field}", message)
+    return tols
 
 
 def _pod_info(pod: SnapshotPod, requests: Demand, priority: int, *, scheduler_name: str) -> PodInfo:
@@ -484,7 +494,7 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     # Pods. A placed pod only adds what it holds to its node; no PodInfo is kept for it.
     held_cpu = [0] * len(nodes)
     held_mem = [0] * len(nodes)
-    pending: list[tuple[_OrderKey, Pending]] = []
+    pending: list[_Queued] = []
     classes: list[Constraints] = []
     class_ids: dict[Constraints, int] = {}
     seen_tolerations: dict[tuple[Toleration, ...], _Tolerations] = {}
@@ -517,6 +527,26 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             priority = pod.priority if pod.priority is not None else (value or 0)
         else:
             priority = pod.priority if pod.priority is not None else default_priority
+        node_name = pod.node_name
+        if node_name:
+            # A placed pod's constraints are only checked: nothing asks where else it could
+            # run, so they are not compiled.
+            if pod.affinity is not None:
+                _constraints(pod, f"$.pods[{i}]", errors, seen_tolerations)
+            elif pod.tolerations:
+                _checked_tolerations(pod, f"$.pods[{i}]", errors, seen_tolerations)
+            demand = requests
+            if pod.labels and pod.scheduler_name == scheduler_name and ann.is_vm(pod.labels):
+                demand = _pod_info(
+                    pod, requests, priority, scheduler_name=scheduler_name
+                ).initial_demand()
+            node = node_index.get(node_name)
+            if node is None:
+                errors.add(f"$.pods[{i}].nodeName", f"unknown node {node_name!r}")
+            else:
+                held_cpu[node] += demand.cpu_millis
+                held_mem[node] += demand.memory_bytes
+            continue
         if pod.affinity is None and not pod.tolerations and not pod.node_selector:
             constraints = _NO_CONSTRAINTS
         else:
@@ -528,38 +558,28 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             info = _pod_info(pod, requests, priority, scheduler_name=scheduler_name)
             demand = info.initial_demand()
             vm_error = info.vm_error
-        node_name = pod.node_name
-        if node_name:
-            node = node_index.get(node_name)
-            if node is None:
-                errors.add(f"$.pods[{i}].nodeName", f"unknown node {node_name!r}")
-            else:
-                held_cpu[node] += demand.cpu_millis
-                held_mem[node] += demand.memory_bytes
-            continue
         cls = class_ids.get(constraints)
         if cls is None:
             cls = class_ids[constraints] = len(classes)
             classes.append(constraints)
         created = pod.creation_timestamp
         # Scheduling order: highest priority, then oldest (no timestamp: last, after a
-        # placeholder that only keeps the tuples comparable), then name; uid last only so
-        # that the order is total.
-        order_key = (-priority, created is None, created or _EPOCH, key, uid)
-        pending.append((order_key, Pending(0, uid, priority, vm_error, demand, cls, key)))
+        # placeholder that only keeps the tuples comparable), then name.
+        pending.append(
+            (-priority, created is None, created or _EPOCH, key, uid, vm_error, demand, cls)
+        )
 
     if errors.items:
         raise SnapshotError(errors.items)
 
-    pending.sort(key=_order_key)
-    ordered = [item for _, item in pending]
+    # Sorted as they are: keys are unique (a duplicate raised above), so comparing two
+    # tuples never goes past the key.
+    pending.sort()
+    ordered: list[Pending] = []
     shapes: dict[tuple[int, Demand], int] = {}
-    for position, item in enumerate(ordered):
-        item.order = position
-        shape = shapes.get((item.cls, item.demand))
-        if shape is None:
-            shape = shapes[(item.cls, item.demand)] = len(shapes)
-        item.shape = shape
+    for position, (minus, _, _, key, uid, vm_error, demand, cls) in enumerate(pending):
+        shape = shapes.setdefault((cls, demand), len(shapes))
+        ordered.append(Pending(position, uid, -minus, vm_error, demand, cls, key, shape))
     return Model(
         nodes=nodes,
         allocatable=allocatable,
@@ -575,10 +595,6 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
         pools=pools,
         has_priority_classes=bool(snapshot.priority_classes),
     )
-
-
-def _order_key(item: tuple[_OrderKey, Pending]) -> _OrderKey:
-    return item[0]
 
 
 _ZERO: Final = Demand(0, 0)
