@@ -498,17 +498,23 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     classes: list[Constraints] = []
     class_ids: dict[Constraints, int] = {}
     seen_tolerations: dict[tuple[Toleration, ...], _Tolerations] = {}
+    pods = snapshot.pods
+    pod_keys = [f"{pod.namespace}/{pod.name}" for pod in pods]
+    # Duplicates are rare: sets of the whole lists say whether there are any, and only then
+    # is each pod looked for in the loop (to report each in its place among the errors).
+    repeated = len(set(pod_keys)) < len(pods) or len({pod.uid for pod in pods}) < len(pods)
     uids: set[str] = set()
     keys: set[str] = set()
-    for i, pod in enumerate(snapshot.pods):
-        key = f"{pod.namespace}/{pod.name}"
+    for i, pod in enumerate(pods):
+        key = pod_keys[i]
         uid = pod.uid
-        if uid in uids:
-            errors.add(f"$.pods[{i}].uid", f"duplicate pod uid {uid!r}")
-        if key in keys:
-            errors.add(f"$.pods[{i}].name", f"duplicate pod {key!r}")
-        uids.add(uid)
-        keys.add(key)
+        if repeated:
+            if uid in uids:
+                errors.add(f"$.pods[{i}].uid", f"duplicate pod uid {uid!r}")
+            if key in keys:
+                errors.add(f"$.pods[{i}].name", f"duplicate pod {key!r}")
+            uids.add(uid)
+            keys.add(key)
         requests = pair(pod.requests) or qty.demand(
             pod.requests, at="$.pods", index=i, field="requests"
         )
