@@ -507,8 +507,8 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     keys: set[str] = set()
     for i, pod in enumerate(pods):
         key = pod_keys[i]
-        uid = pod.uid
         if repeated:
+            uid = pod.uid
             if uid in uids:
                 errors.add(f"$.pods[{i}].uid", f"duplicate pod uid {uid!r}")
             if key in keys:
@@ -518,6 +518,7 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
         requests = pair(pod.requests) or qty.demand(
             pod.requests, at="$.pods", index=i, field="requests"
         )
+        priority = pod.priority
         class_name = pod.priority_class_name
         if class_name is not None:
             value = class_values.get(class_name)
@@ -525,14 +526,15 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
                 errors.add(
                     f"$.pods[{i}].priorityClassName", f"unknown priority class {class_name!r}"
                 )
-            elif pod.priority is not None and pod.priority != value:
+            elif priority is not None and priority != value:
                 errors.add(
                     f"$.pods[{i}].priority",
-                    f"{pod.priority} differs from priority class {class_name!r} ({value})",
+                    f"{priority} differs from priority class {class_name!r} ({value})",
                 )
-            priority = pod.priority if pod.priority is not None else (value or 0)
-        else:
-            priority = pod.priority if pod.priority is not None else default_priority
+            if priority is None:
+                priority = value or 0
+        elif priority is None:
+            priority = default_priority
         node_name = pod.node_name
         if node_name:
             # A placed pod's constraints are only checked: nothing asks where else it could
@@ -568,6 +570,7 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
         if cls is None:
             cls = class_ids[constraints] = len(classes)
             classes.append(constraints)
+        uid = pod.uid
         created = pod.creation_timestamp
         # Scheduling order: highest priority, then oldest (no timestamp: last, after a
         # placeholder that only keeps the tuples comparable), then name.
