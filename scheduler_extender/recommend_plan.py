@@ -46,8 +46,8 @@ def cheaper_plans(sim: PlanInput, notes: list[str]) -> tuple[float | None, list[
     # Per pool, then priced: one Fraction product per pool, not one sum per new node.
     added: dict[int, tuple[Candidate, int]] = {}
     for c, _ in sim.new_nodes.values():
-        found = added.get(c.pool.index)
-        added[c.pool.index] = (c, 1 if found is None else found[1] + 1)
+        so_far = added.get(c.pool.index)
+        added[c.pool.index] = (c, 1 if so_far is None else so_far[1] + 1)
     greedy = sum((price_of(c.pool) * n for c, n in added.values()), Fraction(0))
     plans: list[CheaperPlan] = []
     by_pool: dict[str, list[Candidate]] = {}
