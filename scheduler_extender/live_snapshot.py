@@ -44,8 +44,9 @@ def snapshot_from_ledger(
     pod_specs: Mapping[str, kube.PodSpec] | None = None,
     node_taints: Mapping[str, Sequence[kube.Taint]] | None = None,
     unschedulable_nodes: Collection[str] = (),
-    priority_classes: Sequence[PriorityClass] = (),
+    priority_classes: Sequence[PriorityClass] | None = None,
     pool_label: str = POOL_LABEL,
+    left_out: list[str] | None = None,
 ) -> ClusterSnapshot:
     """A snapshot of the live ledger, for ``recommend``. Reads the ledger, never changes it.
 
@@ -57,8 +58,17 @@ def snapshot_from_ledger(
     nothing new can be placed there anyway. Pending pods with unusable VM annotations are left
     out too: the extender rejects them everywhere and no node would change that.
 
-    Raises ``SnapshotError`` when the result is inconsistent (say, an affinity operator this
-    model does not support).
+    A pending pod whose constraints this model cannot express (an affinity operator such as
+    ``Gt``) is left out rather than simulated as if it had none, which could recommend a pool
+    it cannot use; ``left_out`` gets a sentence for each such pod.
+
+    With ``priority_classes`` None, the classes are the ones the pending pods name, each at
+    the priority the API server resolved for the first of its pods (a pod carries it in
+    ``spec.priority``); a pod whose priority differs (its class changed since) is written
+    without its class. So the passes per priority class happen live too.
+
+    Raises ``SnapshotError`` when the result is inconsistent (say, a node labelled with a
+    pool the config does not have).
     """
     specs = pod_specs or {}
     taints = node_taints or {}
@@ -98,14 +108,32 @@ def snapshot_from_ledger(
                 priority=entry.priority,
             )
         )
+    classes: dict[str, int] = {}
     for info in pending:
         if info.vm_error is not None or info.uid in ledger.pods:
             continue
         spec = specs.get(info.uid, kube.PodSpec())
         demand = info.initial_demand()
-        affinity: Affinity | None = None
-        if spec.affinity is not None:
-            affinity = msgspec.convert(msgspec.to_builtins(spec.affinity), Affinity)
+        try:
+            affinity = (
+                None
+                if spec.affinity is None
+                else msgspec.convert(msgspec.to_builtins(spec.affinity), Affinity)
+            )
+            tolerations = [
+                msgspec.convert(msgspec.to_builtins(t), Toleration) for t in spec.tolerations or ()
+            ]
+        except msgspec.ValidationError as e:
+            if left_out is not None:
+                left_out.append(f"pod {info.key} left out: its constraints are not modelled ({e})")
+            continue
+        class_name = spec.priority_class_name
+        if (
+            class_name is not None
+            and priority_classes is None
+            and classes.setdefault(class_name, info.priority) != info.priority
+        ):
+            class_name = None
         pods.append(
             SnapshotPod(
                 namespace=info.namespace,
@@ -113,16 +141,15 @@ def snapshot_from_ledger(
                 uid=info.uid,
                 requests=Resources(cpu=f"{demand.cpu_millis}m", memory=demand.memory_bytes),
                 priority=info.priority,
-                priority_class_name=spec.priority_class_name,
+                priority_class_name=class_name,
                 creation_timestamp=_parse_created(info.created),
                 node_selector=dict(spec.node_selector or {}),
                 affinity=affinity,
-                tolerations=[
-                    msgspec.convert(msgspec.to_builtins(t), Toleration)
-                    for t in spec.tolerations or ()
-                ],
+                tolerations=tolerations,
             )
         )
+    if priority_classes is None:
+        priority_classes = [PriorityClass(name=n, value=v) for n, v in sorted(classes.items())]
     snapshot = ClusterSnapshot(
         api_version=API_VERSION,
         kind=KIND,

@@ -31,7 +31,7 @@ import msgspec
 import structlog
 
 from kube_io.errors import KubeError
-from protocol.kube import Node, Pod
+from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import SUPPORTED
@@ -93,6 +93,12 @@ class Extender:
         # Our pods that wait for a node, by "namespace/name": bind needs their PodInfo, and
         # kube-scheduler's bind call carries only names.
         self.unbound: dict[str, PodInfo] = {}
+        # What the recommender's live snapshot needs and neither the ledger nor ``PodInfo``
+        # keeps: the specs of those pods (node selector, affinity, tolerations, priority class;
+        # same keys), and per node its taints and whether it is cordoned.
+        self.unbound_specs: dict[str, PodSpec] = {}
+        self.node_taints: dict[str, list[Taint]] = {}
+        self.cordoned: set[str] = set()
         # uid -> the VM's container, resized in place by the durability writer.
         self.vm_containers: dict[str, str] = {}
         self.binds_in_flight: set[str] = set()
@@ -143,14 +149,22 @@ class Extender:
     # -- what the API server says (from sync.py or standalone.py) ---------------------------
 
     def nodes_listed(self, nodes: Iterable[Node]) -> None:
-        self.ledger.replace_nodes(n for n in map(_node_tuple, nodes) if n is not None)
+        listed = list(nodes)
+        self.node_taints.clear()
+        self.cordoned.clear()
+        for node in listed:
+            self._note_node_spec(node)
+        self.ledger.replace_nodes(n for n in map(_node_tuple, listed) if n is not None)
         self.has_nodes = True
         self._synced_changed()
 
     def node_changed(self, change: str, node: Node) -> None:
         if change == "DELETED":
             self.ledger.remove_node(node.metadata.name)
+            self.node_taints.pop(node.metadata.name, None)
+            self.cordoned.discard(node.metadata.name)
             return
+        self._note_node_spec(node)
         found = _node_tuple(node)
         if found is not None:
             name, allocatable, labels = found
@@ -159,9 +173,23 @@ class Extender:
                 # Room may come back with the node (its pods' holds are re-counted).
                 self.recheck_queue()
 
+    def _note_node_spec(self, node: Node) -> None:
+        """The node's taints and cordon, for the recommender (kube-scheduler applies them
+        itself, so the ledger does not keep them)."""
+        name = node.metadata.name
+        if node.spec.taints:
+            self.node_taints[name] = list(node.spec.taints)
+        else:
+            self.node_taints.pop(name, None)
+        if node.spec.unschedulable:
+            self.cordoned.add(name)
+        else:
+            self.cordoned.discard(name)
+
     def pods_listed(self, pods: Iterable[Pod]) -> None:
         infos: list[PodInfo] = []
         self.unbound.clear()
+        self.unbound_specs.clear()
         self.vm_containers.clear()
         for pod in pods:
             info = self._info(pod)
@@ -198,6 +226,7 @@ class Extender:
         found = self.unbound.get(key)
         if found is not None and found.uid == uid:
             del self.unbound[key]
+            self.unbound_specs.pop(key, None)
         self.vm_containers.pop(uid, None)
         if self.recorder is not None:
             self.recorder.forget(uid)
@@ -275,10 +304,12 @@ class Extender:
         key = info.key
         if info.is_ours and info.node_name is None and not info.is_terminated:
             self.unbound[key] = info
+            self.unbound_specs[key] = pod.spec
         else:
             found = self.unbound.get(key)
             if found is not None and found.uid == info.uid:
                 del self.unbound[key]
+                self.unbound_specs.pop(key, None)
         if info.is_ours and info.vm is not None and not info.is_terminated:
             container = self._vm_container(pod)
             if container is not None:
@@ -334,6 +365,7 @@ class Extender:
         if self.binder is None:
             # Standalone: no API server to ask; the pod is bound as soon as it is reserved.
             self.unbound.pop(key, None)
+            self.unbound_specs.pop(key, None)
             bound = msgspec.structs.replace(info, node_name=node)
             self.reporter.report(self.ledger.observe_pod(bound, at=self.wall_clock()))
             self.metrics.binds.labels("bound").inc()

@@ -6,8 +6,11 @@ live state, times the call, and publishes.
 * ``POST /v1/recommend``: the body is a ClusterSnapshot (JSON, or YAML when the Content-Type
   says so). A bad snapshot is a 400 listing every ``$.path``; nothing is stored, so nothing can
   be half-applied. An *empty* body means the live state: our pods still waiting for a node
-  (the pod watch's ``unbound``), the ledger's nodes and pods, and the node pools of the config
-  (``snapshot_from_ledger``). The answer is the recommendation JSON with ``runTimeMillis``.
+  (the pod watch's ``unbound``, with their node selectors, affinity, tolerations and priority
+  classes), the ledger's nodes and pods, the nodes' taints and cordons, and the node pools of
+  the config (``snapshot_from_ledger``). The answer is the recommendation JSON with
+  ``runTimeMillis``; a pending pod whose constraints the model cannot express is left out and
+  named in ``diagnostics.notes``.
   How much of the rounds it records comes from the config's ``recommender.diagnostics``, like
   the scorer chain; ``?diagnostics=summary`` (or ``full``) overrides it for one request.
   ``summary`` keeps one line per round instead of every candidate of every round, and does
@@ -129,17 +132,30 @@ def live_recommendation(
     ``diagnostics`` overrides the config's level."""
     config = extender.config
     pending = sorted(extender.unbound.values(), key=lambda p: p.key)
+    specs = extender.unbound_specs
+    left_out: list[str] = []
     snapshot = snapshot_from_ledger(
         extender.ledger,
         pending,
         config.recommender.node_pools,
+        pod_specs={p.uid: specs[p.key] for p in pending if p.key in specs},
+        node_taints=extender.node_taints,
+        unschedulable_nodes=extender.cordoned,
         pool_label=config.recommender.pool_label,
+        left_out=left_out,
     )
     rec_config = config.recommender_config()
     if diagnostics is not None:
         rec_config = msgspec.structs.replace(rec_config, diagnostics=diagnostics)
     prepared = prepare_snapshot(snapshot, scheduler_name=rec_config.scheduler_name)
-    return recommend(prepared, config=rec_config)
+    rec = recommend(prepared, config=rec_config)
+    if left_out:
+        # Said in the answer, not only logged: auto-publish recomputes every interval.
+        notes = [*rec.diagnostics.notes, *left_out]
+        rec = msgspec.structs.replace(
+            rec, diagnostics=msgspec.structs.replace(rec.diagnostics, notes=notes)
+        )
+    return rec
 
 
 def _diagnostics_asked(request: web.Request) -> DiagnosticsLevel | None:

@@ -293,3 +293,55 @@ async def test_auto_publish_computes_the_summary_and_publishes_what_the_full_ans
     assert event["message"] == (
         f"scale-up recommended: {plan}; 1 pod(s) left unscheduled; because {published.reason}"
     )
+
+
+async def test_live_state_brings_pod_constraints_node_taints_and_cordons_to_the_simulation(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    db_pool = {
+        **POOL,
+        "name": "db",
+        "template": {**POOL["template"], "labels": {"tier": "db"}},
+    }
+    tainted = pooled_node("node-a")
+    tainted["spec"]["taints"] = [{"key": "maintenance", "effect": "NoSchedule"}]
+    cordoned = pooled_node("node-b")
+    cordoned["spec"]["unschedulable"] = True
+    kube_api.add_node(tainted)
+    kube_api.add_node(cordoned)
+    kube_api.add_pod(vm_pod("small", uid="u-small", min_vcpus=1))
+    db = vm_pod("db", uid="u-db", min_vcpus=1)
+    db["spec"]["nodeSelector"] = {"tier": "db"}
+    kube_api.add_pod(db)
+    gt = vm_pod("gt", uid="u-gt", min_vcpus=1)
+    gt["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["8"]}]}
+                ]
+            }
+        }
+    }  # fmt: skip
+    kube_api.add_pod(gt)
+    running = await start_extender(recommender_config(node_pools=[POOL, db_pool]))
+    response = await running.verbs.post("/v1/recommend")
+    assert response.status == 200
+    answer = await response.json()
+    # Both nodes have room for "small", but one is tainted and one cordoned; "db" selects
+    # its pool (and "small" shares its new node); "gt" is left out, and said to be.
+    assert answer["diagnostics"]["newNodes"] == {"db-zone-a-new-1": ["vms/db", "vms/small"]}
+    assert "placedOnExisting" not in answer["diagnostics"]
+    assert [n.split(":")[0] for n in answer["diagnostics"]["notes"]] == [
+        "cheaper-plan check skipped",  # the pools have no price
+        "pod vms/gt left out",
+    ]
+    # The node watch keeps them current: the taint lifted, "small" fits node-a again.
+    kube_api.update_node("node-a", lambda n: n["spec"].pop("taints"))
+    await wait_until(lambda: not running.extender.node_taints)
+    answer = await (await running.verbs.post("/v1/recommend")).json()
+    assert answer["diagnostics"]["placedOnExisting"] == [{"pod": "vms/small", "node": "node-a"}]
+    # A pod that gets bound leaves its spec behind with it.
+    kube_api.update_pod("vms", "db", lambda p: p["spec"].update(nodeName="node-a"))
+    await wait_until(lambda: "vms/db" not in running.extender.unbound_specs)
+    assert set(running.extender.unbound_specs) == set(running.extender.unbound)
