@@ -166,3 +166,20 @@ def test_any_snapshot_summary_is_the_full_answer_without_candidates(doc, chain):
     assert_summary_is_the_full_answer_without_candidates(
         load_snapshot(msgspec.json.encode(doc)), RecommenderConfig(scorers=tuple(chain))
     )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    doc=snapshots(),
+    rest=st.permutations([s for s in Scorer if s is not Scorer.PRIORITY]).flatmap(
+        lambda links: st.integers(0, len(links)).map(lambda n: links[:n])
+    ),
+)
+def test_priority_first_summary_skips_lower_tiers_and_still_matches_the_full_answer(doc, rest):
+    """Summary rounds leave a lower-priority tier's trials unfilled while a higher tier places
+    pods (pools at their maximum push the rounds down the tiers): the winners must still be
+    the full answer's."""
+    assert_summary_is_the_full_answer_without_candidates(
+        load_snapshot(msgspec.json.encode(doc)),
+        RecommenderConfig(scorers=(Scorer.PRIORITY, *rest)),
+    )
