@@ -7,8 +7,9 @@ compile into a ``PreparedSnapshot``), (c) ``recommend`` on that prepared snapsho
 ``encode_recommendation``, (e) all of b-d from bytes, as ``POST /v1/recommend`` does; and the
 ratios of b-e to (a). These are for the full diagnostics (the default: every round lists every
 candidate). Under ``summary``, each chain also gets c-e and their ratios at
-``DiagnosticsLevel.SUMMARY`` (one line per round, the candidates' records never built; what
-auto-publish and ``?diagnostics=summary`` run), against the same decode and load. All of them,
+``DiagnosticsLevel.SUMMARY`` (one line per round, the candidates' records never built, and no
+trial filled for a pool whose priority cannot win the round; what auto-publish and
+``?diagnostics=summary`` run), against the same decode and load. All of them,
 for both scorer chains and both levels, are timed round-robin in one loop (``best_millis``), so
 every ratio divides figures taken in the same conditions.
 
