@@ -69,16 +69,14 @@ from autoscaler_agent.core import (
 )
 from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples, goal_vcpus
 from protocol.annotations import VmSpec
-from protocol.permits import LoadReport, PodRef, ResourceRequest, Resources
+from protocol.permits import LoadReport, ResourceRequest, Resources
 from scheduler_extender import admission as adm
-from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
+from scheduler_extender.accounting import LedgerError
 from scheduler_extender.permits import BatchRefused, decide_batch
-from scheduler_extender.placement import FitIndex, score_nodes
+from scheduler_extender.placement import score_nodes
 from scheduler_extender.podinfo import Demand, PodInfo
 from scheduler_extender.quota import QuotaConfig
 from scheduler_extender.recommender import (
-    POOL_LABEL,
-    ZONE_LABEL,
     Capacity,
     DiagnosticsLevel,
     NodePool,
@@ -89,6 +87,13 @@ from scheduler_extender.recommender import (
     snapshot_from_ledger,
 )
 from simulator import scenario as sc
+from simulator.records import (
+    SCHEDULER_NAME,
+    ExtenderLife,
+    ForeignRecord,
+    NodeRecord,
+    VmRecord,
+)
 from simulator.report import (
     Counters,
     LogEntry,
@@ -104,7 +109,6 @@ from simulator.report import (
 )
 from simulator.world import SEED_MIX, GuestLoad, mix64
 
-SCHEDULER_NAME: Final = "vm-scheduler"
 MAX_PLOTTED: Final = 8
 MAX_LOG: Final = 400
 RECENT: Final = 25
@@ -117,157 +121,10 @@ class InvariantViolation(Exception):
         self.message = message
 
 
-class _Vm:
-    """One VM: the scenario's spec, the simulated guest and hypervisor, the agent's VmState."""
-
-    __slots__ = (
-        "agent",
-        "deleted_at",
-        "denials",
-        "granted",
-        "grows",
-        "guest",
-        "hv_fail_until",
-        "hv_retryable",
-        "index",
-        "is_deleted",
-        "is_pending",
-        "is_settled",
-        "jitter_draws",
-        "jitter_mix",
-        "last_scrape_at",
-        "memory",
-        "node",
-        "op",
-        "op_token",
-        "op_value",
-        "open_step",
-        "peak",
-        "permit_errors",
-        "placed_at",
-        "ref",
-        "resize_errors",
-        "shrinks",
-        "spec",
-        "steps",
-        "uid",
-        "vcpus",
-        "vm_spec",
-        "wake_token",
-    )
-
-    def __init__(self, index: int, spec: sc.Vm, vm_spec: VmSpec, memory: int) -> None:
-        self.index = index
-        self.spec = spec
-        self.vm_spec = vm_spec
-        self.memory = memory
-        self.uid = f"uid-{spec.namespace}-{spec.name}"
-        self.ref = PodRef(namespace=spec.namespace, name=spec.name, uid=self.uid)
-        self.node: str | None = None
-        self.vcpus = spec.min_vcpus  # what the hypervisor really runs
-        self.granted = spec.min_vcpus  # what the extender last permitted (survives restarts)
-        self.agent: VmState | None = None
-        self.guest: GuestLoad | None = None
-        self.op: str | None = None
-        self.op_token = 0
-        self.op_value = 0
-        self.wake_token = 0
-        self.is_settled = False
-        self.last_scrape_at = 0.0
-        # The agent's backoff jitter: this VM's own stream (``Simulation._jitter``).
-        self.jitter_mix = 0
-        self.jitter_draws = 0
-        self.is_deleted = False
-        self.is_pending = False
-        self.hv_fail_until = -1.0
-        self.hv_retryable = True
-        self.placed_at: float | None = None
-        self.deleted_at: float | None = None
-        self.peak = spec.min_vcpus
-        self.grows = self.shrinks = self.denials = self.permit_errors = self.resize_errors = 0
-        self.steps: list[StepResult] = []
-        # The step being chased: (at, demand, from, target, is_up).
-        self.open_step: tuple[float, float, int, int, bool] | None = None
-
-    def info(self, *, node: str | None, permitted: int | None) -> PodInfo:
-        return PodInfo(
-            uid=self.uid,
-            namespace=self.spec.namespace,
-            name=self.spec.name,
-            node_name=node,
-            scheduler_name=SCHEDULER_NAME,
-            requests=Demand(self.spec.min_vcpus * 1000, self.memory),
-            priority=self.spec.priority,
-            is_ours=True,
-            is_vm=True,
-            is_static=False,
-            is_terminated=False,
-            vm=self.vm_spec,
-            permitted_vcpus=permitted,
-            permitted_memory_bytes=self.memory if permitted is not None else None,
-            created=f"2026-01-01T00:00:00.{self.index:06d}Z",
-        )
-
-
-class _Foreign:
-    def __init__(self, index: int, spec: sc.ForeignPod) -> None:
-        self.index = index
-        self.spec = spec
-        self.uid = f"uid-foreign-{spec.namespace}-{spec.name}"
-        self.demand = Demand(sc.milli(spec.cpu), sc.bytes_of(spec.memory))
-        self.node: str | None = None
-
-    def info(self) -> PodInfo:
-        return PodInfo(
-            uid=self.uid,
-            namespace=self.spec.namespace,
-            name=self.spec.name,
-            node_name=self.node,
-            scheduler_name="default-scheduler",
-            requests=self.demand,
-            priority=0,
-            is_ours=False,
-            is_vm=False,
-            is_static=False,
-            is_terminated=False,
-        )
-
-
-class _Node:
-    def __init__(
-        self, name: str, allocatable: Demand, pool: str, zone: str, joined_at: float
-    ) -> None:
-        self.name = name
-        self.allocatable = allocatable
-        self.usable = SystemReserve().of(allocatable)
-        self.usable = Demand(
-            allocatable.cpu_millis - self.usable.cpu_millis,
-            allocatable.memory_bytes - self.usable.memory_bytes,
-        )
-        self.pool = pool
-        self.zone = zone
-        self.labels = {POOL_LABEL: pool, ZONE_LABEL: zone}
-        self.joined_at = joined_at
-        self.peak_reserved = 0
-        self.reality_millis = 0  # what runs there: VMs at their real size, foreign pods
-        self.overcommit_seconds = 0.0
-        self.overcommit_since: float | None = None
-
-
-class _Extender:
-    """One incarnation of the extender: everything it loses when it dies."""
-
-    def __init__(self, epoch: int, quotas: QuotaConfig) -> None:
-        self.epoch = epoch
-        self.ledger = Ledger()
-        self.fit = FitIndex(self.ledger)
-        self.admission = adm.AdmissionState(self.ledger, quotas)
-
-
 Hook = Callable[["Simulation", float], None]
 
 
-def _sent_order(entry: tuple[_Vm, PermitCall, int, float]) -> tuple[float, int]:
+def _sent_order(entry: tuple[VmRecord, PermitCall, int, float]) -> tuple[float, int]:
     return entry[3], entry[0].index
 
 
@@ -304,10 +161,10 @@ class Simulation:
         # spend most of its time comparing entries that share their time.
         self._times: list[float] = []  # a heap: the times that have events queued
         self._queued: dict[float, deque[tuple[float, Callable[[int], None], int]]] = {}
-        self.nodes: dict[str, _Node] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         self.node_names: list[str] = []
         self.vms = [
-            _Vm(
+            VmRecord(
                 i,
                 v,
                 VmSpec(
@@ -332,17 +189,17 @@ class Simulation:
             )
             for v in self.vms
         ]
-        self.foreign = [_Foreign(i, p) for i, p in enumerate(scenario.foreign_pods)]
+        self.foreign = [ForeignRecord(i, p) for i, p in enumerate(scenario.foreign_pods)]
         # The API server's durable record: uid -> permitted vCPUs annotation.
         self.annotations: dict[str, int] = {}
-        self.extender: _Extender | None = None
+        self.extender: ExtenderLife | None = None
         self.epoch = 0
         # Permit batches by id, each with its node; and each node's open one, with the time its
         # window closes (when its flush is queued).
-        self.batches: dict[int, tuple[str, list[tuple[_Vm, PermitCall, int, float]]]] = {}
+        self.batches: dict[int, tuple[str, list[tuple[VmRecord, PermitCall, int, float]]]] = {}
         self._open_batches: dict[str, tuple[int, float]] = {}
         self._batch_ids = 0
-        self.pending: list[_Vm] = []
+        self.pending: list[VmRecord] = []
         self._schedule_queued = False
         self.provisioning = 0
         self.recommendations: list[RecommendationRecord] = []
@@ -393,7 +250,7 @@ class Simulation:
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
         self._node_by_id: list[str] = []
         # The VMs on each node when the extender last restarted (for the agents' reports).
-        self._vms_by_node: dict[str, list[_Vm]] = {}
+        self._vms_by_node: dict[str, list[VmRecord]] = {}
 
     # -- the event queue -------------------------------------------------------------------
 
@@ -481,7 +338,7 @@ class Simulation:
     # -- nodes -------------------------------------------------------------------------------
 
     def _add_node(self, name: str, allocatable: Demand, pool: str, zone: str) -> None:
-        node = _Node(name, allocatable, pool, zone, self.t)
+        node = NodeRecord(name, allocatable, pool, zone, self.t)
         self.nodes[name] = node
         self.node_names = sorted(self.nodes)
         self._node_by_id.append(name)
@@ -515,7 +372,7 @@ class Simulation:
     def _start_extender(self, _: int) -> None:
         """A fresh extender lists nodes and pods from the API server and rebuilds its ledger."""
         self.epoch += 1
-        ext = _Extender(self.epoch, self.quotas)
+        ext = ExtenderLife(self.epoch, self.quotas)
         ext.ledger.subscribe(self._ledger_changed)
         ext.ledger.replace_nodes(
             (n.name, n.allocatable, dict(n.labels)) for n in self.nodes.values()
@@ -598,7 +455,7 @@ class Simulation:
         if ext is None:
             self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
             return
-        still: list[_Vm] = []
+        still: list[VmRecord] = []
         for vm in sorted(self.pending, key=lambda v: (-v.spec.priority, v.index)):
             if vm.is_deleted:
                 continue
@@ -636,13 +493,13 @@ class Simulation:
         adm.recheck(ext.admission, now=self.t)
         self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
 
-    def _note_pending(self, vm: _Vm, kind: str, reason: str) -> None:
+    def _note_pending(self, vm: VmRecord, kind: str, reason: str) -> None:
         # kube-scheduler retries every few seconds: keep the first of a run of equal reasons.
         is_new = self._pending_reason.get(vm.uid) != reason
         self._pending_reason[vm.uid] = reason
         self.note(kind, vm.spec.name, reason, keep=is_new)
 
-    def _bind(self, vm: _Vm, node: str, *, decided: bool) -> None:
+    def _bind(self, vm: VmRecord, node: str, *, decided: bool) -> None:
         """The Binding lands: the pod runs on ``node``, the VM boots, its agent starts."""
         vm.node = node
         vm.is_pending = False
@@ -749,7 +606,7 @@ class Simulation:
                 f"for {ev.for_seconds:.0f}s ({'retryable' if ev.is_retryable else 'fatal'})",
             )
 
-    def _delete_vm(self, vm: _Vm) -> None:
+    def _delete_vm(self, vm: VmRecord) -> None:
         vm.is_deleted = True
         vm.deleted_at = self.t
         vm.op_token += 1
@@ -774,7 +631,7 @@ class Simulation:
 
     # -- one VM's agent loop (autoscaler_agent.runner, in virtual time) -------------------------
 
-    def _wake(self, vm: _Vm) -> None:
+    def _wake(self, vm: VmRecord) -> None:
         vm.wake_token += 1
         self._step(vm)
 
@@ -783,7 +640,7 @@ class Simulation:
         if token_and_index & 0xFFFFFFFF == vm.wake_token & 0xFFFFFFFF and not vm.is_deleted:
             self._step(vm)
 
-    def _step(self, vm: _Vm) -> None:
+    def _step(self, vm: VmRecord) -> None:
         st = vm.agent
         guest = vm.guest
         if st is None or guest is None or vm.is_deleted:
@@ -813,7 +670,7 @@ class Simulation:
         if actions.wait_seconds is not None:
             self._wake_at(vm, t + actions.wait_seconds)
 
-    def _catch_up(self, vm: _Vm, st: VmState, guest: GuestLoad, at: float) -> None:
+    def _catch_up(self, vm: VmRecord, st: VmState, guest: GuestLoad, at: float) -> None:
         """Take the skipped scrape at ``at`` (the one just before the VM's next real one), so
         the agent's previous CPU counters are one interval old, as without skipping. It holds
         with a quiet state, as every skipped one would have: the policy state is then exactly
@@ -821,7 +678,7 @@ class Simulation:
         if at > vm.last_scrape_at + 1e-9:
             self._skipped_scrape(vm, st, at, guest.samples(at))
 
-    def _skipped_scrape(self, vm: _Vm, st: VmState, at: float, samples: Samples) -> None:
+    def _skipped_scrape(self, vm: VmRecord, st: VmState, at: float, samples: Samples) -> None:
         interval = self.core.scrape_interval_seconds
         self.counts["scrapes_skipped"] += round((at - vm.last_scrape_at) / interval) - 1
         st.scrape_started(at)
@@ -831,7 +688,7 @@ class Simulation:
 
     def _holds(
         self,
-        vm: _Vm,
+        vm: VmRecord,
         st: VmState,
         *,
         current: int,
@@ -854,7 +711,7 @@ class Simulation:
         return goal.vcpus == current and goal.state.is_quiet
 
     def _settled_until(
-        self, vm: _Vm, st: VmState, guest: GuestLoad, actions: Actions
+        self, vm: VmRecord, st: VmState, guest: GuestLoad, actions: Actions
     ) -> float | None:
         """How long scrapes may be skipped (see the module docstring): None, not at all; inf,
         until the next breakpoint; else the first scrape time at which the policy would act.
@@ -888,7 +745,7 @@ class Simulation:
 
     def _holds_until(
         self,
-        vm: _Vm,
+        vm: VmRecord,
         st: VmState,
         guest: GuestLoad,
         *,
@@ -963,7 +820,7 @@ class Simulation:
                 hi = mid
         return math.inf if lo > last else start + lo * interval
 
-    def _start_op(self, vm: _Vm, st: VmState, actions: Actions) -> bool:
+    def _start_op(self, vm: VmRecord, st: VmState, actions: Actions) -> bool:
         t = self.t
         if actions.read_vcpus:
             st.vcpus_read_started(t)
@@ -1006,7 +863,7 @@ class Simulation:
             return True
         return False
 
-    def _op(self, vm: _Vm, kind: str, value: int, done_at: float) -> None:
+    def _op(self, vm: VmRecord, kind: str, value: int, done_at: float) -> None:
         vm.op = kind
         vm.op_value = value
         vm.op_token += 1
@@ -1041,7 +898,7 @@ class Simulation:
                 st.resize_succeeded(t, current_vcpus=target, max_vcpus=vm.spec.max_vcpus)
         self._step(vm)
 
-    def _jitter(self, vm: _Vm) -> float:
+    def _jitter(self, vm: VmRecord) -> float:
         """The next value in [0, 1) of ``vm``'s agent's backoff jitter.
 
         Each VM has its own stream, a hash of (seed, VM, draw): with one stream for the run,
@@ -1051,7 +908,7 @@ class Simulation:
         vm.jitter_draws += 1
         return (mix64(vm.jitter_mix + vm.jitter_draws) >> 11) / 2**53
 
-    def _resized(self, vm: _Vm, target: int) -> None:
+    def _resized(self, vm: VmRecord, target: int) -> None:
         previous = vm.vcpus
         if target == previous:
             return
@@ -1147,7 +1004,7 @@ class Simulation:
                     )
             self._step(vm)
 
-    def _request(self, vm: _Vm, call: PermitCall, node: str) -> ResourceRequest:
+    def _request(self, vm: VmRecord, call: PermitCall, node: str) -> ResourceRequest:
         mem = vm.memory
         return ResourceRequest(
             pod=vm.ref,
@@ -1234,16 +1091,16 @@ class Simulation:
             self._skipped_scrape(vm, st, before_at, catch_up)
         self._wake_at(vm, wake_at)
 
-    def _next_breakpoint(self, vm: _Vm, guest: GuestLoad) -> None:
+    def _next_breakpoint(self, vm: VmRecord, guest: GuestLoad) -> None:
         bp = guest.next_breakpoint()
         if bp is not None:
             self.at(bp, self._breakpoint, vm.index)
 
-    def _wake_at(self, vm: _Vm, t: float) -> None:
+    def _wake_at(self, vm: VmRecord, t: float) -> None:
         vm.wake_token += 1
         self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
 
-    def _track_step(self, vm: _Vm) -> None:
+    def _track_step(self, vm: VmRecord) -> None:
         """A new load level: if it changes the size the policy aims at, time how long it takes."""
         guest = vm.guest
         assert guest is not None
@@ -1270,7 +1127,7 @@ class Simulation:
         if target is not None:
             vm.open_step = (self.t, guest.demand, vm.vcpus, target, target > vm.vcpus)
 
-    def _check_step(self, vm: _Vm) -> None:
+    def _check_step(self, vm: VmRecord) -> None:
         step = vm.open_step
         if step is None:
             return
@@ -1278,7 +1135,7 @@ class Simulation:
         if (is_up and vm.vcpus >= target) or (not is_up and vm.vcpus <= target):
             self._close_step(vm, reached=True)
 
-    def _close_step(self, vm: _Vm, *, reached: bool) -> None:
+    def _close_step(self, vm: VmRecord, *, reached: bool) -> None:
         step = vm.open_step
         if step is None:
             return
