@@ -34,17 +34,9 @@ wake-up is queued, so the order in which one instant's events run: nothing that 
 depend on that order. A node's permit batch is in the order sent, ties in VM order, and a
 request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
-Invariants are checked as the run goes, and a violation stops it with a ``Violation`` saying
-what broke, when, and what happened just before:
-
-* **decided over-commit:** no bind or permit makes a node's reservation exceed its usable
-  capacity, nor an over-committed node more so (reality, like a foreign pod, may: counted as
-  over-commit seconds, never hidden);
-* **permit exceeded:** no VM ever runs more vCPUs than the extender last permitted it;
-* **leaked reservation:** a deleted pod holds nothing; the ledger holds exactly the live pods;
-* **ledger:** ``Ledger.check_invariants()`` and the admission queue's ``check_invariants()``.
-
-The cheap checks run at every step; the full ones after every event time, or every
+Invariants (``simulator.invariants``) are checked as the run goes, and a violation stops it
+with a ``Violation`` saying what broke, when, and what happened just before. The cheap checks
+run at every step; the full ones after every event time, or every
 ``timing.check_interval_seconds`` on fleet-sized runs.
 """
 
@@ -87,6 +79,13 @@ from scheduler_extender.recommender import (
     snapshot_from_ledger,
 )
 from simulator import scenario as sc
+from simulator.invariants import (
+    InvariantViolation,
+    check_all,
+    check_decision,
+    check_reality,
+    violation_of,
+)
 from simulator.records import (
     SCHEDULER_NAME,
     ExtenderLife,
@@ -112,13 +111,6 @@ from simulator.world import SEED_MIX, GuestLoad, mix64
 MAX_PLOTTED: Final = 8
 MAX_LOG: Final = 400
 RECENT: Final = 25
-
-
-class InvariantViolation(Exception):
-    def __init__(self, invariant: str, message: str) -> None:
-        super().__init__(f"{invariant}: {message}")
-        self.invariant = invariant
-        self.message = message
 
 
 Hook = Callable[["Simulation", float], None]
@@ -315,15 +307,7 @@ class Simulation:
             self._last_full_check = -1e18
             self._checks_between()
         except InvariantViolation as e:
-            self.violation = Violation(
-                at_seconds=round(self.t, 3),
-                invariant=e.invariant,
-                message=e.message,
-                recent=[
-                    LogEntry(at_seconds=round(t, 3), kind=k, subject=subj, detail=fmt.format(*args))
-                    for t, k, subj, fmt, args in self.recent
-                ],
-            )
+            self.violation = violation_of(e, at=self.t, recent=self.recent)
         if progress is not None:
             progress(self.t)
         return self._report()
@@ -487,7 +471,7 @@ class Simulation:
                 self.note("bind_failed", vm.spec.name, str(e))
                 still.append(vm)
                 continue
-            self._check_decision(best, before, f"bind of {vm.spec.name}")
+            check_decision(ext.ledger, best, before, f"bind of {vm.spec.name}")
             self._bind(vm, best, decided=True)
         self.pending = still
         adm.recheck(ext.admission, now=self.t)
@@ -512,7 +496,7 @@ class Simulation:
         vm.peak = max(vm.peak, vm.vcpus)
         self._reality(node, vm.vcpus * 1000)
         if decided:
-            self._check_reality(node, f"{vm.spec.name} was bound at {vm.vcpus} vCPUs")
+            check_reality(self.nodes[node], ext, f"{vm.spec.name} was bound at {vm.vcpus} vCPUs")
         vm.guest = GuestLoad(
             self.segments[vm.index],
             model=self.s.load1_model,
@@ -923,7 +907,11 @@ class Simulation:
             vm.shrinks += 1
         self._reality(vm.node, (target - previous) * 1000)
         if target > previous:
-            self._check_reality(vm.node, f"{vm.spec.name} grew {previous} -> {target} vCPUs")
+            check_reality(
+                self.nodes[vm.node],
+                self.extender,
+                f"{vm.spec.name} grew {previous} -> {target} vCPUs",
+            )
         if target > vm.granted:
             raise InvariantViolation(
                 "permit exceeded",
@@ -965,7 +953,7 @@ class Simulation:
             decisions = decide_batch(ext.ledger, node, requests)
         except BatchRefused as e:
             raise InvariantViolation("permit batch refused", e.message) from e
-        self._check_decision(node, before, f"permit batch for {node}")
+        check_decision(ext.ledger, node, before, f"permit batch for {node}")
         for (vm, call, _, _), decision in zip(live, decisions, strict=True):
             st = vm.agent
             assert st is not None
@@ -1213,68 +1201,9 @@ class Simulation:
         if t + self.timing.sample_interval_seconds <= self.s.duration_seconds:
             self.at(t + self.timing.sample_interval_seconds, self._sample)
 
-    # -- invariants ------------------------------------------------------------------------------
-
-    def _check_decision(self, node: str, free_before: int, what: str) -> None:
-        ext = self.extender
-        assert ext is not None
-        free = ext.ledger.nodes[node].free.cpu_millis
-        if free < 0 and free < free_before:
-            raise InvariantViolation(
-                "decided over-commit",
-                f"{what} left node {node} {-free}m over its usable cpu (was {free_before}m free)",
-            )
-
-    def _check_reality(self, node_name: str, what: str) -> None:
-        """What we decided (a bind, a permitted grow) must fit in what really runs there, not
-        only in what the ledger believes: a stale ledger is how real over-commit happens."""
-        node = self.nodes[node_name]
-        if node.reality_millis <= node.usable.cpu_millis:
-            return
-        ext = self.extender
-        state = ext.ledger.nodes.get(node_name) if ext is not None else None
-        believed = f"; the ledger holds {state.allocated.cpu_millis}m there" if state else ""
-        raise InvariantViolation(
-            "decided over-commit",
-            f"{what} on {node_name}: {node.reality_millis}m now run on"
-            f" {node.usable.cpu_millis}m usable{believed}",
-        )
-
     def full_check(self) -> None:
         self.counts["full_checks"] += 1
-        ext = self.extender
-        if ext is not None:
-            try:
-                ext.ledger.check_invariants()
-                ext.admission.check_invariants()
-            except AssertionError as e:
-                raise InvariantViolation("ledger", str(e)) from e
-            live = {vm.uid for vm in self.vms if vm.node is not None and not vm.is_deleted}
-            live.update(f.uid for f in self.foreign if f.node is not None)
-            held = set(ext.ledger.pods)
-            leaked = sorted(held - live)
-            if leaked:
-                raise InvariantViolation(
-                    "leaked reservation", f"the ledger holds pods that are gone: {leaked[:5]}"
-                )
-            missing = sorted(live - held)
-            if missing:
-                raise InvariantViolation("lost pod", f"running pods the ledger lost: {missing[:5]}")
-            for vm in self.vms:
-                if vm.node is None or vm.is_deleted:
-                    continue
-                entry = ext.ledger.pods[vm.uid]
-                if entry.has_agent and (entry.vcpus or 0) < vm.vcpus:
-                    raise InvariantViolation(
-                        "ledger behind reality",
-                        f"{vm.spec.name} runs {vm.vcpus} vCPUs but the ledger, which has heard"
-                        f" from its agent, holds {entry.vcpus}",
-                    )
-        for vm in self.vms:
-            if vm.node is not None and not vm.is_deleted and vm.vcpus > vm.granted:
-                raise InvariantViolation(
-                    "permit exceeded", f"{vm.spec.name} runs {vm.vcpus} > permit {vm.granted}"
-                )
+        check_all(self.extender, self.vms, self.foreign)
 
     # -- the report --------------------------------------------------------------------------------
 
