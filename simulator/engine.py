@@ -86,6 +86,14 @@ from simulator.invariants import (
     check_reality,
     violation_of,
 )
+from simulator.measurements import (
+    MAX_PLOTTED,
+    PlotSamples,
+    build_report,
+    check_step,
+    close_step,
+    track_step,
+)
 from simulator.records import (
     SCHEDULER_NAME,
     ExtenderLife,
@@ -94,21 +102,13 @@ from simulator.records import (
     VmRecord,
 )
 from simulator.report import (
-    Counters,
     LogEntry,
-    NodeSeries,
-    NodeSummary,
     RecommendationRecord,
     Report,
-    Series,
-    StepResult,
     Violation,
-    VmSeries,
-    VmSummary,
 )
 from simulator.world import SEED_MIX, GuestLoad, mix64
 
-MAX_PLOTTED: Final = 8
 MAX_LOG: Final = 400
 RECENT: Final = 25
 
@@ -216,12 +216,7 @@ class Simulation:
             0,
         )
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
-        self.plotted = [self.vm_by_name[n] for n in names[:MAX_PLOTTED]]
-        self.sample_times: list[float] = []
-        self.vm_series: dict[str, tuple[list[float], list[float], list[int], list[int]]] = {
-            v.spec.name: ([], [], [], []) for v in self.plotted
-        }
-        self.node_series: dict[str, list[int]] = {}
+        self.samples = PlotSamples([self.vm_by_name[n] for n in names[:MAX_PLOTTED]])
         self._pools = [
             NodePool(
                 name=p.name,
@@ -310,7 +305,18 @@ class Simulation:
             self.violation = violation_of(e, at=self.t, recent=self.recent)
         if progress is not None:
             progress(self.t)
-        return self._report()
+        return build_report(
+            self.s,
+            end=self.t,
+            vms=self.vms,
+            nodes=self.nodes,
+            pending=self.pending,
+            violation=self.violation,
+            counts=self.counts,
+            recommendations=self.recommendations,
+            log=self.log,
+            samples=self.samples,
+        )
 
     def _checks_between(self) -> None:
         """Time is about to move on: every event of this instant has been handled."""
@@ -319,6 +325,10 @@ class Simulation:
             self.full_check()
             self._last_full_check = self.t
 
+    def full_check(self) -> None:
+        self.counts["full_checks"] += 1
+        check_all(self.extender, self.vms, self.foreign)
+
     # -- nodes -------------------------------------------------------------------------------
 
     def _add_node(self, name: str, allocatable: Demand, pool: str, zone: str) -> None:
@@ -326,8 +336,7 @@ class Simulation:
         self.nodes[name] = node
         self.node_names = sorted(self.nodes)
         self._node_by_id.append(name)
-        if len(self.node_series) < MAX_PLOTTED:
-            self.node_series[name] = [-1] * len(self.sample_times)
+        self.samples.node_added(name)
         if self.extender is not None:
             self.extender.ledger.upsert_node(name, allocatable=allocatable, labels=node.labels)
 
@@ -510,7 +519,7 @@ class Simulation:
         vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t, explain=False)
         self.counts["placements"] += 1
         self.note("placed", vm.spec.name, f"on {node} at {vm.vcpus} vCPUs", keep=decided)
-        self._track_step(vm)
+        track_step(vm, self.core.policy, self.t)
         bp = vm.guest.next_breakpoint()
         if bp is not None:
             self.at(bp, self._breakpoint, vm.index)
@@ -597,7 +606,7 @@ class Simulation:
         vm.wake_token += 1
         if vm.guest is not None:
             vm.guest.finish(self.t)
-        self._close_step(vm, reached=False)
+        close_step(vm, self.t, reached=False)
         self.annotations.pop(vm.uid, None)
         if vm.node is not None:
             self._reality(vm.node, -vm.vcpus * 1000)
@@ -918,7 +927,7 @@ class Simulation:
                 f"{vm.spec.name} runs {target} vCPUs, its permit is {vm.granted}",
             )
         self.trace("resized", vm.spec.name, "{} -> {} vCPUs", previous, target)
-        self._check_step(vm)
+        check_step(vm, self.t)
 
     def _flush(self, batch_id: int) -> None:
         """One batched POST /v1/permits for a node: every VM's request, one decide_batch."""
@@ -1039,7 +1048,7 @@ class Simulation:
         st = vm.agent
         if not vm.is_settled or st is None or st.goal is None or st.current_vcpus is None:
             guest.advance_segment(self.t)
-            self._track_step(vm)
+            track_step(vm, self.core.policy, self.t)
             self._next_breakpoint(vm, guest)
             return
         # A settled VM: its next scrape on the grid it kept (``wake_at``) is the first to see
@@ -1051,7 +1060,7 @@ class Simulation:
         before_at = wake_at - interval
         catch_up = guest.projected_samples(before_at) if before_at > vm.last_scrape_at else None
         guest.advance_segment(self.t)
-        self._track_step(vm)
+        track_step(vm, self.core.policy, self.t)
         self._next_breakpoint(vm, guest)
         # If the policy holds through the new level too, the VM stays settled and scrapes
         # nothing here (the skipped scrape before its eventual wake is taken then, from this
@@ -1087,57 +1096,6 @@ class Simulation:
     def _wake_at(self, vm: VmRecord, t: float) -> None:
         vm.wake_token += 1
         self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
-
-    def _track_step(self, vm: VmRecord) -> None:
-        """A new load level: if it changes the size the policy aims at, time how long it takes."""
-        guest = vm.guest
-        assert guest is not None
-        aim = goal_vcpus(
-            Samples(load1=guest.demand),
-            vm.vm_spec,
-            PolicyState(),
-            current_vcpus=vm.vcpus,
-            top_vcpus=vm.vm_spec.top_vcpus,
-            config=self.core.policy,
-            now=self.t,
-            explain=False,
-        )
-        grow, shrink = aim.grow_vcpus, aim.shrink_vcpus
-        target: int | None = None
-        if grow is not None and grow > vm.vcpus:
-            target = grow
-        elif shrink is not None and shrink < vm.vcpus:
-            target = shrink
-        if vm.open_step is not None:
-            if target is not None and target == vm.open_step[3]:
-                return
-            self._close_step(vm, reached=False)
-        if target is not None:
-            vm.open_step = (self.t, guest.demand, vm.vcpus, target, target > vm.vcpus)
-
-    def _check_step(self, vm: VmRecord) -> None:
-        step = vm.open_step
-        if step is None:
-            return
-        target, is_up = step[3], step[4]
-        if (is_up and vm.vcpus >= target) or (not is_up and vm.vcpus <= target):
-            self._close_step(vm, reached=True)
-
-    def _close_step(self, vm: VmRecord, *, reached: bool) -> None:
-        step = vm.open_step
-        if step is None:
-            return
-        at, demand, frm, target, _ = step
-        vm.steps.append(
-            StepResult(
-                at_seconds=round(at, 3),
-                demand_vcpus=demand,
-                from_vcpus=frm,
-                target_vcpus=target,
-                reached_after_seconds=round(self.t - at, 3) if reached else None,
-            )
-        )
-        vm.open_step = None
 
     # -- recommender -------------------------------------------------------------------------
 
@@ -1182,117 +1140,13 @@ class Simulation:
         self.note("node_joined", name, f"pool {pool.name}, zone {zone}")
         self._queue_schedule(self.t)
 
-    # -- samples for the plot and the report ----------------------------------------------------
+    # -- samples for the plot ----------------------------------------------------
 
     def _sample(self, _: int) -> None:
         t = self.t
-        self.sample_times.append(round(t, 3))
-        for vm in self.plotted:
-            demand, load1, vcpus, permit = self.vm_series[vm.spec.name]
-            live = vm.guest is not None and not vm.is_deleted
-            demand.append(vm.guest.demand if live and vm.guest is not None else 0.0)
-            load1.append(round(vm.guest.load1(t), 3) if live and vm.guest is not None else 0.0)
-            vcpus.append(vm.vcpus if live else 0)
-            permit.append(vm.granted if live else 0)
-        ext = self.extender
-        for name, series in self.node_series.items():
-            state = ext.ledger.nodes.get(name) if ext is not None else None
-            series.append(state.allocated.cpu_millis if state is not None else -1)
+        self.samples.take(t, self.extender)
         if t + self.timing.sample_interval_seconds <= self.s.duration_seconds:
             self.at(t + self.timing.sample_interval_seconds, self._sample)
-
-    def full_check(self) -> None:
-        self.counts["full_checks"] += 1
-        check_all(self.extender, self.vms, self.foreign)
-
-    # -- the report --------------------------------------------------------------------------------
-
-    def _report(self) -> Report:
-        end = self.t
-        for node in self.nodes.values():
-            if node.overcommit_since is not None:
-                node.overcommit_seconds += end - node.overcommit_since
-                node.overcommit_since = None
-        vms: list[VmSummary] = []
-        for vm in self.vms:
-            if vm.guest is not None and not vm.is_deleted:
-                vm.guest.finish(end)
-            vms.append(
-                VmSummary(
-                    name=vm.spec.name,
-                    node=vm.node,
-                    min_vcpus=vm.spec.min_vcpus,
-                    max_vcpus=vm.spec.max_vcpus,
-                    final_vcpus=vm.vcpus if vm.node is not None and not vm.is_deleted else 0,
-                    peak_vcpus=vm.peak,
-                    grows=vm.grows,
-                    shrinks=vm.shrinks,
-                    denials=vm.denials,
-                    permit_errors=vm.permit_errors,
-                    resize_errors=vm.resize_errors,
-                    over_target_seconds=round(vm.guest.over_target_seconds, 3)
-                    if vm.guest is not None
-                    else 0.0,
-                    placed_at_seconds=vm.placed_at,
-                    deleted_at_seconds=vm.deleted_at,
-                    steps=vm.steps
-                    + (
-                        [
-                            StepResult(
-                                at_seconds=round(vm.open_step[0], 3),
-                                demand_vcpus=vm.open_step[1],
-                                from_vcpus=vm.open_step[2],
-                                target_vcpus=vm.open_step[3],
-                                reached_after_seconds=None,
-                            )
-                        ]
-                        if vm.open_step is not None
-                        else []
-                    ),
-                )
-            )
-        nodes = [
-            NodeSummary(
-                name=n.name,
-                pool=n.pool,
-                zone=n.zone,
-                usable_millis=n.usable.cpu_millis,
-                peak_reserved_millis=n.peak_reserved,
-                overcommit_seconds=round(n.overcommit_seconds, 3),
-                joined_at_seconds=round(n.joined_at, 3),
-            )
-            for n in sorted(self.nodes.values(), key=lambda n: n.name)
-        ]
-        c = self.counts
-        return Report(
-            scenario=self.s.name,
-            seed=self.s.seed,
-            duration_seconds=self.s.duration_seconds,
-            ended_at_seconds=round(end, 3),
-            is_ok=self.violation is None,
-            violation=self.violation,
-            counters=Counters(**c),
-            vms=vms,
-            nodes=nodes,
-            pending_at_end=sorted(vm.spec.name for vm in self.pending if not vm.is_deleted),
-            recommendations=self.recommendations,
-            log=self.log,
-            series=Series(
-                times_seconds=self.sample_times,
-                vms=[
-                    VmSeries(name=name, demand_vcpus=d, load1=l1, vcpus=v, permit_vcpus=p)
-                    for name, (d, l1, v, p) in self.vm_series.items()
-                ],
-                nodes=[
-                    NodeSeries(
-                        name=name,
-                        usable_millis=self.nodes[name].usable.cpu_millis,
-                        reserved_millis=r,
-                    )
-                    for name, r in self.node_series.items()
-                ],
-            ),
-        )
 
 
 def simulate(
