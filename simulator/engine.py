@@ -22,16 +22,11 @@ What is real and what is simulated:
 
 Event-driven, not ticked. A queue ordered by time holds the next thing that happens. A VM costs
 work only when its state machine asks to be woken (``wait_seconds``), an operation of it
-completes, or its load trace reaches a breakpoint. A *settled* VM skips scrapes: when nothing is
-in flight and it holds a size the policy keeps (``goal == current``, no shrink window open, no
-permit owed to the extender), its next scrape that matters is the first one at which the real
-``goal_vcpus`` would not hold. Within a segment load1 moves monotonically towards the level and
-the policy's sizes are monotone in load1, so that scrape is found by galloping and bisecting
-over the scrape grid (or there is none before the next breakpoint). The VM is woken on that
-grid, so skipping changes how much work is done, never a decision (``tests/simulator`` runs
-every library scenario and two small fleets both ways and compares). It does change when each
-wake-up is queued, so the order in which one instant's events run: nothing that VMs share may
-depend on that order. A node's permit batch is in the order sent, ties in VM order, and a
+completes, or its load trace reaches a breakpoint. A *settled* VM skips the scrapes that
+cannot change its size (``simulator.settling`` says which), and is woken on its scrape grid, so
+skipping changes how much work is done, never a decision. It does change when each wake-up
+is queued, so the order in which one instant's events run: nothing that VMs share may depend
+on that order. A node's permit batch is in the order sent, ties in VM order, and a
 request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
 Invariants (``simulator.invariants``) are checked as the run goes, and a violation stops it
@@ -49,8 +44,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-import msgspec
-
 from autoscaler_agent.core import (
     Actions,
     CallKind,
@@ -59,7 +52,7 @@ from autoscaler_agent.core import (
     PermitOutcome,
     VmState,
 )
-from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples, goal_vcpus
+from autoscaler_agent.policy import PolicyConfig, PolicyState
 from protocol.annotations import VmSpec
 from protocol.permits import LoadReport, ResourceRequest, Resources
 from scheduler_extender import admission as adm
@@ -107,6 +100,7 @@ from simulator.report import (
     Report,
     Violation,
 )
+from simulator.settling import Settling
 from simulator.world import SEED_MIX, GuestLoad, mix64
 
 MAX_LOG: Final = 400
@@ -145,6 +139,27 @@ class Simulation:
             ),
         )
         self.timing = scenario.timing
+        self.counts = dict.fromkeys(
+            (
+                "events",
+                "scrapes",
+                "scrapes_skipped",
+                "permit_batches",
+                "permit_requests",
+                "resizes",
+                "placements",
+                "full_checks",
+                "extender_restarts",
+            ),
+            0,
+        )
+        self.settling = Settling(
+            self.core, end_seconds=scenario.duration_seconds, counts=self.counts
+        )
+        # Bound once: _step calls these for every wake-up of a VM, and the hot path must not
+        # pay for one more attribute lookup than it did when they were methods here.
+        self._catch_up = self.settling.catch_up
+        self._settled_until = self.settling.settled_until
         self.quotas = scenario.quotas or QuotaConfig()
         self.t = 0.0
         # The event queue: what happens next is the earliest time's oldest event, as a heap of
@@ -201,20 +216,6 @@ class Simulation:
         self.recent: deque[tuple[float, str, str, str, tuple[object, ...]]] = deque(maxlen=RECENT)
         self.violation: Violation | None = None
         self._last_full_check = -1.0
-        self.counts = dict.fromkeys(
-            (
-                "events",
-                "scrapes",
-                "scrapes_skipped",
-                "permit_batches",
-                "permit_requests",
-                "resizes",
-                "placements",
-                "full_checks",
-                "extender_restarts",
-            ),
-            0,
-        )
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
         self.samples = PlotSamples([self.vm_by_name[n] for n in names[:MAX_PLOTTED]])
         self._pools = [
@@ -426,7 +427,7 @@ class Simulation:
                 # before it (not to "one interval before now", as a grid wake-up does), so
                 # that skipping still changes no decision.
                 k = math.floor((self.t - vm.last_scrape_at) / interval + 1e-9)
-                self._catch_up(vm, vm.agent, vm.guest, vm.last_scrape_at + k * interval)
+                self.settling.catch_up(vm, vm.agent, vm.guest, vm.last_scrape_at + k * interval)
                 vm.is_settled = False
             vm.agent.extender_restarted(self.t)
             self._step(vm)
@@ -662,156 +663,6 @@ class Simulation:
                 return
         if actions.wait_seconds is not None:
             self._wake_at(vm, t + actions.wait_seconds)
-
-    def _catch_up(self, vm: VmRecord, st: VmState, guest: GuestLoad, at: float) -> None:
-        """Take the skipped scrape at ``at`` (the one just before the VM's next real one), so
-        the agent's previous CPU counters are one interval old, as without skipping. It holds
-        with a quiet state, as every skipped one would have: the policy state is then exactly
-        what the skipped scrapes would have left."""
-        if at > vm.last_scrape_at + 1e-9:
-            self._skipped_scrape(vm, st, at, guest.samples(at))
-
-    def _skipped_scrape(self, vm: VmRecord, st: VmState, at: float, samples: Samples) -> None:
-        interval = self.core.scrape_interval_seconds
-        self.counts["scrapes_skipped"] += round((at - vm.last_scrape_at) / interval) - 1
-        st.scrape_started(at)
-        st.metrics_scraped(at, samples)
-        vm.last_scrape_at = at
-        self.counts["scrapes"] += 1
-
-    def _holds(
-        self,
-        vm: VmRecord,
-        st: VmState,
-        *,
-        current: int,
-        before: PolicyState,
-        samples: Samples,
-        at: float,
-    ) -> bool:
-        """Would the real policy keep ``current``, quietly, if it scraped ``samples`` at ``at``
-        after a scrape that left ``before``?"""
-        goal = goal_vcpus(
-            samples,
-            vm.vm_spec,
-            before,
-            current_vcpus=current,
-            top_vcpus=st.top_vcpus,
-            config=self.core.policy,
-            now=at,
-            explain=False,
-        )
-        return goal.vcpus == current and goal.state.is_quiet
-
-    def _settled_until(
-        self, vm: VmRecord, st: VmState, guest: GuestLoad, actions: Actions
-    ) -> float | None:
-        """How long scrapes may be skipped (see the module docstring): None, not at all; inf,
-        until the next breakpoint; else the first scrape time at which the policy would act.
-
-        The first scrape ahead is checked as it will be (its interval may hold a resize). From
-        the second on, within a segment, the busy fraction is constant and load1 moves
-        monotonically from its value now towards the level; the policy's sizes are monotone in
-        load1, so the load1 values at which it holds form one interval: the trajectory leaves
-        it at most once, found by bisection over the scrape grid with the real ``goal_vcpus``.
-        The run queue is noise, but it only counts when the VM is saturated below its top:
-        such a VM is not skipped.
-        """
-        goal = st.goal
-        current = st.current_vcpus
-        if (
-            actions.read_vcpus
-            or actions.resize is not None
-            or actions.request_permit is not None
-            or actions.notify_extender is not None
-            or goal is None
-            or current is None
-            or goal.vcpus != current
-            or not goal.state.is_quiet
-            or st.permit_vcpus != current
-            or st.is_extender_degraded
-        ):
-            return None
-        return self._holds_until(
-            vm, st, guest, current=current, start=vm.last_scrape_at, before=goal.state
-        )
-
-    def _holds_until(
-        self,
-        vm: VmRecord,
-        st: VmState,
-        guest: GuestLoad,
-        *,
-        current: int,
-        start: float,
-        before: PolicyState,
-    ) -> float | None:
-        """Over the grid ``start + k * interval`` (k >= 1) up to the next breakpoint, the first
-        scrape time at which the policy would not hold quietly: None if that is the first one,
-        inf if there is none. ``before`` is the state after a scrape at ``start``."""
-        if (
-            current < st.top_vcpus
-            and min(guest.demand, current) / current >= self.core.policy.saturated_busy_fraction
-        ):
-            return None
-        interval = self.core.scrape_interval_seconds
-        end = guest.next_breakpoint()
-        limit = end if end is not None else self.s.duration_seconds + interval
-        # Grid points start + k * interval with k in [1, last] lie strictly before the end.
-        last = math.ceil((limit - start) / interval - 1e-9) - 1
-        if last < 1:
-            return math.inf
-
-        def inputs_at(k: int) -> tuple[Samples, PolicyState]:
-            """The samples a scrape at k would see, and the state the scrape before it left."""
-            at = start + k * interval
-            if k == 1:  # its interval may hold a resize: the run queue may count
-                return guest.projected_samples(at), before
-            # Not saturated below the top (checked above): the run queue is unread.
-            cpu, idle = guest.projected_counters(at - interval)
-            prev = PolicyState(
-                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=guest.vcpus
-            )
-            return guest.projected_samples(at, is_run_queue_exact=False), prev
-
-        def holds_at(k: int) -> bool:
-            now, prev = inputs_at(k)
-            return self._holds(
-                vm, st, current=current, before=prev, samples=now, at=start + k * interval
-            )
-
-        if not holds_at(1):
-            return None
-        if last < 2:
-            return math.inf
-        at = start + 2 * interval
-        now, prev = inputs_at(2)
-        if not self._holds(vm, st, current=current, before=prev, samples=now, at=at):
-            return at
-        # At the level (load1 = demand, reached only in the limit) with the steady counters.
-        level = msgspec.structs.replace(now, load1=guest.demand)
-        if self._holds(vm, st, current=current, before=prev, samples=level, at=at):
-            return math.inf
-
-        # Gallop (k = 2, 3, 5, ...) then bisect: a VM in the middle of an approach usually
-        # leaves the interval within a few scrapes, and this finds that in a call or two.
-        lo, step = 2, 1  # holds at lo
-        hi = last + 1  # first k known not to hold; last + 1: none up to the end
-        while lo + step < hi:
-            if holds_at(lo + step):
-                lo += step
-                step *= 2
-            else:
-                hi = lo + step
-                break
-        lo += 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if holds_at(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return math.inf if lo > last else start + lo * interval
 
     def _start_op(self, vm: VmRecord, st: VmState, actions: Actions) -> bool:
         t = self.t
@@ -1075,7 +926,7 @@ class Simulation:
                     cpu_idle_seconds_total=catch_up.cpu_idle_seconds_total,
                     cpu_count=catch_up.cpu_count,
                 )
-            until = self._holds_until(
+            until = self.settling.holds_until(
                 vm, st, guest, current=st.current_vcpus, start=before_at, before=before
             )
         if until is not None and until > wake_at:
@@ -1085,7 +936,7 @@ class Simulation:
                 vm.wake_token += 1  # the wake scheduled before is void: no scrape matters
             return
         if catch_up is not None:
-            self._skipped_scrape(vm, st, before_at, catch_up)
+            self.settling.skipped_scrape(vm, st, before_at, catch_up)
         self._wake_at(vm, wake_at)
 
     def _next_breakpoint(self, vm: VmRecord, guest: GuestLoad) -> None:
