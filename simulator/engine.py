@@ -61,16 +61,6 @@ from scheduler_extender.permits import BatchRefused, decide_batch
 from scheduler_extender.placement import score_nodes
 from scheduler_extender.podinfo import Demand, PodInfo
 from scheduler_extender.quota import QuotaConfig
-from scheduler_extender.recommender import (
-    Capacity,
-    DiagnosticsLevel,
-    NodePool,
-    NodeTemplate,
-    RecommenderConfig,
-    SnapshotError,
-    recommend,
-    snapshot_from_ledger,
-)
 from simulator import scenario as sc
 from simulator.invariants import (
     InvariantViolation,
@@ -87,8 +77,8 @@ from simulator.measurements import (
     close_step,
     track_step,
 )
+from simulator.provisioning import Provisioning
 from simulator.records import (
-    SCHEDULER_NAME,
     ExtenderLife,
     ForeignRecord,
     NodeRecord,
@@ -208,7 +198,7 @@ class Simulation:
         self._batch_ids = 0
         self.pending: list[VmRecord] = []
         self._schedule_queued = False
-        self.provisioning = 0
+        self.provisioning = Provisioning(scenario.node_pools)
         self.recommendations: list[RecommendationRecord] = []
         self.log: list[LogEntry] = []
         # The last things that happened, formatted only if a violation needs them: the hot
@@ -218,23 +208,7 @@ class Simulation:
         self._last_full_check = -1.0
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
         self.samples = PlotSamples([self.vm_by_name[n] for n in names[:MAX_PLOTTED]])
-        self._pools = [
-            NodePool(
-                name=p.name,
-                zones=list(p.zones),
-                template=NodeTemplate(
-                    instance_type=f"{p.name}-{p.cpu}cpu",
-                    allocatable=Capacity(cpu=str(p.cpu), memory=str(p.memory)),
-                ),
-                max_count=p.max_count,
-                priority=p.priority,
-            )
-            for p in scenario.node_pools
-        ]
-        self._pool_specs = {p.name: p for p in scenario.node_pools}
-        self._new_nodes = 0
         self._pending_reason: dict[str, str] = {}
-        self._joining: list[tuple[str, sc.NodePoolSpec, str]] = []
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
         self._node_by_id: list[str] = []
         # The VMs on each node when the extender last restarted (for the agents' reports).
@@ -954,39 +928,20 @@ class Simulation:
         self.at(self.t + self.timing.recommend_interval_seconds, self._recommend)
         ext = self.extender
         pending = [vm for vm in self.pending if not vm.is_deleted]
-        if ext is None or not pending or self.provisioning:
+        if ext is None or not pending or self.provisioning.in_flight:
             return
-        infos = [vm.info(node=None, permitted=None) for vm in pending]
-        try:
-            snapshot = snapshot_from_ledger(ext.ledger, infos, self._pools)
-            # Only the scale-up and the unscheduled pods are read: no per-round records.
-            config = RecommenderConfig(
-                scheduler_name=SCHEDULER_NAME, diagnostics=DiagnosticsLevel.SUMMARY
-            )
-            rec = recommend(snapshot, config=config)
-        except SnapshotError as e:
-            raise InvariantViolation("recommender snapshot", str(e)) from e
-        record = RecommendationRecord(
-            at_seconds=round(self.t, 3),
-            scale_up=[f"{u.node_pool}/{u.zone} x{u.increment_by}" for u in rec.scale_up],
-            unscheduled=list(rec.unscheduled_pods),
-        )
-        if not record.scale_up and not record.unscheduled:
+        asked = self.provisioning.recommend(ext, pending, now=self.t)
+        if asked is None:
             return
+        record, joins = asked
         self.recommendations.append(record)
         self.note("recommended", "recommender", "; ".join(record.scale_up) or "nothing")
-        for up in rec.scale_up:
-            pool = self._pool_specs[up.node_pool]
-            for _ in range(up.increment_by):
-                self._new_nodes += 1
-                self.provisioning += 1
-                name = f"{pool.name}-{self._new_nodes}"
-                self._joining.append((name, pool, up.zone))
-                self.at(self.t + pool.provision_seconds, self._node_joined, len(self._joining) - 1)
+        for i in joins:
+            pool = self.provisioning.joining[i][1]
+            self.at(self.t + pool.provision_seconds, self._node_joined, i)
 
     def _node_joined(self, i: int) -> None:
-        name, pool, zone = self._joining[i]
-        self.provisioning -= 1
+        name, pool, zone = self.provisioning.joined(i)
         self._add_node(name, Demand(sc.milli(pool.cpu), sc.bytes_of(pool.memory)), pool.name, zone)
         self.note("node_joined", name, f"pool {pool.name}, zone {zone}")
         self._queue_schedule(self.t)
