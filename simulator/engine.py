@@ -59,9 +59,15 @@ from scheduler_extender import admission as adm
 from scheduler_extender.accounting import LedgerError
 from scheduler_extender.permits import BatchRefused, decide_batch
 from scheduler_extender.placement import score_nodes
-from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.podinfo import Demand
 from scheduler_extender.quota import QuotaConfig
 from simulator import scenario as sc
+from simulator.extender_restarts import (
+    epoch_seen_after,
+    rebuild_extender,
+    restart_detail,
+    vms_by_node,
+)
 from simulator.invariants import (
     InvariantViolation,
     check_all,
@@ -340,52 +346,31 @@ class Simulation:
     def _start_extender(self, _: int) -> None:
         """A fresh extender lists nodes and pods from the API server and rebuilds its ledger."""
         self.epoch += 1
-        ext = ExtenderLife(self.epoch, self.quotas)
-        ext.ledger.subscribe(self._ledger_changed)
-        ext.ledger.replace_nodes(
-            (n.name, n.allocatable, dict(n.labels)) for n in self.nodes.values()
+        ext, pods = rebuild_extender(
+            epoch=self.epoch,
+            quotas=self.quotas,
+            nodes=self.nodes.values(),
+            vms=self.vms,
+            foreign=self.foreign,
+            pending=self.pending,
+            annotations=self.annotations,
+            now=self.t,
+            on_change=self._ledger_changed,
         )
-        pods: list[PodInfo] = [
-            vm.info(node=vm.node, permitted=self.annotations.get(vm.uid))
-            for vm in self.vms
-            if vm.node is not None and not vm.is_deleted
-        ]
-        pods.extend(f.info() for f in self.foreign if f.node is not None)
-        ext.ledger.replace_pods(pods, at=self.t)
-        for vm in self.pending:
-            ext.admission.observe_pending(vm.info(node=None, permitted=None))
-        adm.recheck(ext.admission, now=self.t)
         self.extender = ext
         if self.epoch > 1:
             self.counts["extender_restarts"] += 1
-            behind = [
-                vm.spec.name
-                for vm in self.vms
-                if vm.node is not None
-                and not vm.is_deleted
-                and ext.ledger.pods[vm.uid].vcpus != vm.vcpus
-            ]
             self.note(
-                "extender_started",
-                f"epoch {self.epoch}",
-                f"rebuilt {len(pods)} pods; ledger differs from the VM's size for"
-                f" {len(behind)} VM(s) until their agents speak"
-                + (f": {', '.join(behind[:5])}" if behind else ""),
+                "extender_started", f"epoch {self.epoch}", restart_detail(ext, self.vms, pods)
             )
         self._queue_schedule(self.t)
         if self.vms:
-            # Each node's agent sees the new epoch at its next exchange with the extender, at
-            # the latest its periodic empty batch; spread deterministically over that period.
             # The first epoch an agent sees counts too: the extender may have found its VMs
             # already running (all of them, when the scenario starts them bound).
+            self._vms_by_node = vms_by_node(self.vms)
             period = self.timing.epoch_check_seconds
-            self._vms_by_node = {}
-            for vm in self.vms:
-                if vm.node is not None and not vm.is_deleted:
-                    self._vms_by_node.setdefault(vm.node, []).append(vm)
             for node_id, name in enumerate(self._node_by_id):
-                phase = (zlib.crc32(name.encode()) % 1000) / 1000 * period
-                self.at(self.t + phase, self._agents_learn_epoch, node_id)
+                self.at(self.t + epoch_seen_after(name, period), self._agents_learn_epoch, node_id)
 
     def _agents_learn_epoch(self, node_id: int) -> None:
         """Every VM on the node reports its size and permit to the restarted extender."""
