@@ -29,6 +29,14 @@ is queued, so the order in which one instant's events run: nothing that VMs shar
 on that order. A node's permit batch is in the order sent, ties in VM order, and a
 request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
+This module is the event loop and what runs on it per event (each VM's agent loop, its
+operations, the node's permit batches, placement): the hot path, kept in one class so that an
+event costs no more calls than it must. What has another reason to change lives next to it:
+``simulator.records`` (the per-VM, pod, node and extender state), ``simulator.settling`` (which
+scrapes a settled VM may skip), ``simulator.extender_restarts`` (what a restarted extender
+rebuilds), ``simulator.provisioning`` (the recommender and new nodes), ``simulator.invariants``
+and ``simulator.measurements`` (step timings, plotted series, the ``Report``).
+
 Invariants (``simulator.invariants``) are checked as the run goes, and a violation stops it
 with a ``Violation`` saying what broke, when, and what happened just before. The cheap checks
 run at every step; the full ones after every event time, or every
@@ -931,7 +939,7 @@ class Simulation:
         self.note("node_joined", name, f"pool {pool.name}, zone {zone}")
         self._queue_schedule(self.t)
 
-    # -- samples for the plot ----------------------------------------------------
+    # -- samples for the plot ----------------------------------------------------------------
 
     def _sample(self, _: int) -> None:
         t = self.t
