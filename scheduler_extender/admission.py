@@ -653,12 +653,17 @@ def quota_room(state: AdmissionState, namespace: str) -> Demand | None:
     """How much more ``namespace`` may hold now, per resource, never negative; None when it has
     no quota (unlimited). ZERO while the quota section has not been loaded: an upscale then
     could take room a quota is about to forbid. Upscales are never queued: ``permits.decide``
-    grants at most this much more than the VM holds, and denies (or grants part) at once."""
-    state._refresh_nodes()
-    if state.quotas is None:
-        return ZERO
-    if namespace not in state.quotas.namespaces:
+    grants at most this much more than the VM holds, and denies (or grants part) at once.
+
+    Asked once per VM of a permit batch: a namespace the loaded quotas do not list is
+    unlimited whatever the ledger says, so it is answered before refreshing the nodes the
+    batch just changed (one pass over a node's pods per VM would make a batch quadratic)."""
+    quotas = state.quotas
+    if quotas is not None and namespace not in quotas.namespaces:
         return None
+    state._refresh_nodes()
+    if quotas is None:
+        return ZERO
     rooms, cohort_room = state._rooms(state._group_of(namespace))
     room = _tighter(rooms[namespace], cohort_room)
     assert room is not None  # a namespace with a quota always has one limit or the other

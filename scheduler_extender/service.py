@@ -280,15 +280,7 @@ class Extender:
         return admitted
 
     def quota_room(self, namespace: str) -> Demand | None:
-        """``admission.quota_room`` for ``permits.decide``, per VM of a batch.
-
-        Speed: a namespace the loaded quotas do not list is unlimited whatever the ledger says,
-        so this answers without ``quota_room``'s refresh of the nodes the batch just changed
-        (one pass over the node's pods per VM would make a batch quadratic).
-        """
-        quotas = self.admission.quotas
-        if quotas is not None and namespace not in quotas.namespaces:
-            return None
+        """``admission.quota_room`` for ``permits.decide``, per VM of a batch."""
         return admission.quota_room(self.admission, namespace)
 
     def _info(self, pod: Pod) -> PodInfo | None:

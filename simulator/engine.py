@@ -50,6 +50,7 @@ import math
 import zlib
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 from autoscaler_agent.core import (
@@ -774,10 +775,11 @@ class Simulation:
         requests = [self._request(vm, call, node) for vm, call, _, _ in live]
         before = ext.ledger.nodes[node].free.cpu_millis
         try:
-            # Seam: once decide_batch takes ``quota_room`` (in progress), pass
-            # ``functools.partial(adm.quota_room, ext.admission)`` when the scenario has quotas,
-            # so upscales are limited by namespace quotas as in the extender.
-            decisions = decide_batch(ext.ledger, node, requests)
+            # Upscales are limited by namespace quotas as in the extender (a namespace
+            # without one is unlimited, answered without a refresh).
+            decisions = decide_batch(
+                ext.ledger, node, requests, quota_room=partial(adm.quota_room, ext.admission)
+            )
         except BatchRefused as e:
             raise InvariantViolation("permit batch refused", e.message) from e
         check_decision(ext.ledger, node, before, f"permit batch for {node}")

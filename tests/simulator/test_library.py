@@ -208,3 +208,27 @@ def test_the_admission_queue_holds_a_vm_past_its_namespace_quota_until_room_free
     assert vm(report, "c").placed_at_seconds == 100
     assert vm(report, "free").placed_at_seconds == 0  # no quota in its namespace
     assert report.pending_at_end == []
+
+
+QUOTA_UPSCALE_SCENARIO = """
+name: quota-upscale
+duration_seconds: 600
+nodes: [{name: node-1, cpu: 32, memory: 128Gi}]
+quotas: {namespaces: {team: {vcpus: 6, memory_bytes: 68719476736}}}
+traces:
+  full: [{at_seconds: 0, level_vcpus: 8}]
+vms:
+  - {name: busy, namespace: team, min_vcpus: 2, max_vcpus: 8, trace: full}
+  - {name: idle, namespace: team, min_vcpus: 2, max_vcpus: 2}
+  - {name: free, min_vcpus: 2, max_vcpus: 8, trace: full}
+"""
+
+
+def test_a_namespace_quota_caps_upscales_as_the_extenders_permits_do():
+    report = simulate(parse_scenario(QUOTA_UPSCALE_SCENARIO))
+    assert_sound(report)
+    # The node has room for 8, but "team" may hold 6 vCPUs and "idle" holds 2 of them.
+    assert vm(report, "busy").peak_vcpus == 4
+    assert vm(report, "busy").denials > 0
+    # A namespace without a quota grows to what its load needs.
+    assert vm(report, "free").peak_vcpus == 8
