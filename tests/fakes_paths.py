@@ -1,8 +1,10 @@
-"""Where the shared reference material lives (beside the repo, or VMA_SHARED_DIR)."""
+"""Where the recorded reference samples are: the repository's copy (``tests/reference``), or
+``$VMA_SHARED_DIR/reference`` when that is set."""
 
 import os
 from pathlib import Path
 
-SHARED = Path(
-    os.environ.get("VMA_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared"
+_override = os.environ.get("VMA_SHARED_DIR")
+REFERENCE = (
+    Path(_override) / "reference" if _override else Path(__file__).resolve().parent / "reference"
 )

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 from scheduler_extender.http.app import Deps, make_app, make_permits_app
 from tests.deploy.render import MANIFESTS, container, find, mount, pod_spec, volume
 from tests.deploy.system import AGENT_CFG, AGENT_DS, DOCS, EXTENDER_CFG, EXTENDER_POD, SCHED
-from tests.fakes_paths import SHARED
+from tests.fakes_paths import REFERENCE
 
-REFERENCE = SHARED / "reference" / "kube" / "scheduler-config" / "sched-extender-cache.yaml"
+RECORDED = REFERENCE / "kube" / "scheduler-config" / "sched-extender-cache.yaml"
 
 
 async def _never_connects():
@@ -39,7 +39,7 @@ def test_scheduler_config_is_a_v1_configuration_with_our_profile():
 
 
 def test_extender_entry_uses_only_keys_a_real_v136_scheduler_accepted():
-    recorded = yaml.safe_load(REFERENCE.read_text(encoding="utf-8"))["extenders"][0]
+    recorded = yaml.safe_load(RECORDED.read_text(encoding="utf-8"))["extenders"][0]
     (ours,) = SCHED["extenders"]
     assert set(ours) <= set(recorded), set(ours) - set(recorded)
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,13 +26,6 @@ from tests.fakes.kube_api import FakeKubeApi
 STATIC_TOKEN = "local-test-token"
 # A round wall-clock instant, so that /state (which shows allocation times) is reproducible.
 WALL_CLOCK = 1_800_000_000.0
-
-
-def shared_dir() -> Path:
-    override = os.environ.get("VMA_SHARED_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2].parent / "shared"
 
 
 def make_config(**sections: Any) -> Config:

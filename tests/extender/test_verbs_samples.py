@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.extender.conftest import StartExtender, make_config, shared_dir, wait_until
+from tests.extender.conftest import StartExtender, make_config, wait_until
 from tests.fakes.kube_api import FakeKubeApi, node_object
+from tests.fakes_paths import REFERENCE
 
-SAMPLES = shared_dir() / "reference" / "kube" / "extender"
+SAMPLES = REFERENCE / "kube" / "extender"
 
 
 def _samples(mode: str) -> list[tuple[str, dict[str, Any]]]:

@@ -1,6 +1,6 @@
 """A small fake kube-apiserver over real HTTP on 127.0.0.1, for tests of anything that talks to it.
 
-It answers like the v1.36 samples in shared/reference/kube/api/ (the tests in
+It answers like the v1.36 samples in tests/reference/kube/api/ (the tests in
 tests/kube_io/test_fake_kube_api.py hold it to them): lists with ``kind``/``apiVersion``/
 ``metadata.resourceVersion`` and ``limit``/``continue`` paging, watch streams as JSON lines with
 ADDED/MODIFIED/DELETED/BOOKMARK, a 200 stream with one ``ERROR`` 410 ``Expired`` event for a

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from kube_io import KubeClient
 from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes_paths import REFERENCE
 
-
-def shared_dir() -> Path:
-    """shared/ beside the checkout, unless ``VMA_SHARED_DIR`` points elsewhere."""
-    override = os.environ.get("VMA_SHARED_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / ".." / "shared"
-
-
-SAMPLES = shared_dir() / "reference" / "kube" / "api"
+SAMPLES = REFERENCE / "kube" / "api"
 
 
 def sample_bytes(name: str) -> bytes:

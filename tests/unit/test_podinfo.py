@@ -17,7 +17,7 @@ from protocol.kube import (
     ResourceRequirements,
 )
 from scheduler_extender.podinfo import Demand, PodError, pod_info, pod_requests
-from tests.fakes_paths import SHARED
+from tests.fakes_paths import REFERENCE
 
 
 def container(name, cpu=None, mem=None, restart=None):
@@ -150,7 +150,7 @@ def test_vm_of_another_scheduler_is_foreign_and_not_parsed():
 
 
 def test_recorded_pod_list_converts():
-    body = (SHARED / "reference/kube/api/list-pods.json").read_bytes()
+    body = (REFERENCE / "kube/api/list-pods.json").read_bytes()
     pods = decode(PodList, body).items or []
     infos = [pod_info(p, scheduler_name="vm-scheduler") for p in pods]
     assert infos and all(i.uid for i in infos)
@@ -167,5 +167,5 @@ def test_vm_spec_rounding():
     assert spec.top_vcpus == 8
 
 
-def test_shared_dir_exists():
-    assert Path(SHARED / "reference").is_dir()
+def test_the_recorded_samples_are_there():
+    assert Path(REFERENCE / "kube").is_dir()
