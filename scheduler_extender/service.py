@@ -25,6 +25,7 @@ import gc
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Final, Protocol
 
 import msgspec
@@ -279,10 +280,6 @@ class Extender:
         log.info("quotas_loaded", namespaces=len(quotas.namespaces), admitted=len(admitted))
         return admitted
 
-    def quota_room(self, namespace: str) -> Demand | None:
-        """``admission.quota_room`` for ``permits.decide``, per VM of a batch."""
-        return admission.quota_room(self.admission, namespace)
-
     def _info(self, pod: Pod) -> PodInfo | None:
         try:
             return pod_info(pod, scheduler_name=self.config.scheduler_name)
@@ -400,7 +397,10 @@ class Extender:
         self.require_synced()
         try:
             decisions = decide_batch(
-                self.ledger, batch.node, batch.requests, quota_room=self.quota_room
+                self.ledger,
+                batch.node,
+                batch.requests,
+                quota_room=partial(admission.quota_room, self.admission),
             )
         except BatchRefused as e:
             raise error_for_status(e.status, e.message, reason=e.reason) from e
