@@ -23,6 +23,7 @@ from kube_io.client import KubeClient
 from observability.log import configure_logging
 from scheduler_extender.config import ConfigError, load_config
 from scheduler_extender.http.app import Deps, serve
+from scheduler_extender.kube.standalone import load_cluster
 from scheduler_extender.recommender import (
     DiagnosticsLevel,
     SnapshotError,
@@ -30,7 +31,6 @@ from scheduler_extender.recommender import (
     load_snapshot,
     recommend,
 )
-from scheduler_extender.standalone import load_cluster
 
 EXIT_CONFIG: Final = 2
 EXIT_STARTUP: Final = 1

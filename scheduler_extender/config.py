@@ -18,11 +18,11 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
-from scheduler_extender.accounting import SystemReserve
-from scheduler_extender.cluster_snapshot import POOL_LABEL, NodePool
-from scheduler_extender.placement import Strategy
-from scheduler_extender.quota import QuotaConfig, QuotaConfigError, parse_quota_config
-from scheduler_extender.recommend_config import DiagnosticsLevel, RecommenderConfig, Scorer
+from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
+from scheduler_extender.core.ledger import SystemReserve
+from scheduler_extender.core.placement import Strategy
+from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
+from scheduler_extender.recommender.snapshot import POOL_LABEL, NodePool
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)]
@@ -190,7 +190,7 @@ class RecommenderSection(_Section, frozen=True):
 
 
 class QuotaSection(QuotaConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-namespace quotas for VM pods and the admission queue (``scheduler_extender.quota``).
+    """Per-namespace quotas for VM pods and the admission queue (``admission.quota``).
 
     Either written here, in ``quota``'s own format (``admission_ttl_seconds``, ``namespaces``),
     or kept in a separate ``file`` that is read at start and re-read every

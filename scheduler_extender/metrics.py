@@ -6,7 +6,7 @@ mutation, which only marks the node dirty; the gauges of dirty nodes are refresh
 Series of nodes that disappear are removed (``node`` is the only per-object label).
 
 Per-namespace quota gauges (``namespace`` label: as many series as namespaces with VMs or a
-quota, which is low) are likewise set at scrape time from ``admission_view.queue_numbers``; a
+quota, which is low) are likewise set at scrape time from ``admission.view.queue_numbers``; a
 namespace without a quota exports no quota sample, and a namespace that is gone loses its
 series.
 """
@@ -19,8 +19,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from scheduler_extender.accounting import Ledger
-from scheduler_extender.admission_view import NamespaceNumbers
+from scheduler_extender.admission.view import NamespaceNumbers
+from scheduler_extender.core.ledger import Ledger
 
 PREFIX: Final = "vmautoscale_extender_"
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import structlog
 
+from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, load_quota_config
 from scheduler_extender.config import ConfigError
-from scheduler_extender.quota import QuotaConfig, QuotaConfigError, load_quota_config
 from scheduler_extender.service import Extender
 
 log = structlog.get_logger(__name__)

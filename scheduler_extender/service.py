@@ -36,21 +36,21 @@ from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import SUPPORTED
-from scheduler_extender import admission
-from scheduler_extender.accounting import Ledger, LedgerError
-from scheduler_extender.admission import AdmissionDecision, AdmissionState, PodKey
-from scheduler_extender.auth import Identity
-from scheduler_extender.capacity_waits import CapacityWaits
+from scheduler_extender.admission import queue as admission
+from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
+from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
-from scheduler_extender.durability import PermitRecorder, PermitWrite
+from scheduler_extender.core.ledger import Ledger, LedgerError
+from scheduler_extender.core.permits import BatchRefused, decide_batch
+from scheduler_extender.core.placement import FitIndex
+from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
+from scheduler_extender.kube.auth import Identity
+from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
+from scheduler_extender.kube.node_alloc import NodeAllocReporter
+from scheduler_extender.kube.queue_notices import QueueNotices
 from scheduler_extender.metrics import Metrics
-from scheduler_extender.node_alloc import NodeAllocReporter
-from scheduler_extender.permits import BatchRefused, decide_batch
-from scheduler_extender.placement import FitIndex
-from scheduler_extender.podinfo import Demand, PodError, PodInfo, pod_info
-from scheduler_extender.queue_notices import QueueNotices
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.recommender.capacity_waits import CapacityWaits
 
 log = structlog.get_logger(__name__)
 

@@ -10,7 +10,7 @@ What is real and what is simulated:
 
 * **Real:** the extender's ``Ledger`` (accounting), ``FitIndex`` + ``score_nodes`` (filter and
   prioritize), ``Ledger.reserve_for_bind`` (bind), ``permits.decide_batch`` (one batch per node,
-  as the agent's batcher sends them), the admission queue (``admission.admit`` / ``recheck``),
+  as the agent's batcher sends them), the admission queue (``admission.queue.admit`` / ``recheck``),
   the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
   ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
   ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
@@ -64,12 +64,12 @@ from autoscaler_agent.core import (
 from autoscaler_agent.policy import PolicyConfig, PolicyState
 from protocol.annotations import VmSpec
 from protocol.permits import LoadReport, ResourceRequest, Resources
-from scheduler_extender import admission as adm
-from scheduler_extender.accounting import LedgerError
-from scheduler_extender.permits import BatchRefused, decide_batch
-from scheduler_extender.placement import score_nodes
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.admission import queue as adm
+from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.ledger import LedgerError
+from scheduler_extender.core.permits import BatchRefused, decide_batch
+from scheduler_extender.core.placement import score_nodes
+from scheduler_extender.core.podinfo import Demand
 from simulator import scenario as sc
 from simulator.extender_restarts import (
     epoch_seen_after,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from scheduler_extender import admission as adm
-from scheduler_extender.podinfo import PodInfo
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.admission import queue as adm
+from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.podinfo import PodInfo
 from simulator.records import ExtenderLife, ForeignRecord, NodeRecord, VmRecord
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from scheduler_extender.accounting import Ledger
+from scheduler_extender.core.ledger import Ledger
 from simulator.records import ExtenderLife, ForeignRecord, NodeRecord, VmRecord
 from simulator.report import LogEntry, Violation
 

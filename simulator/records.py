@@ -14,11 +14,11 @@ from typing import Final
 from autoscaler_agent.core import VmState
 from protocol.annotations import VmSpec
 from protocol.permits import PodRef
-from scheduler_extender import admission as adm
-from scheduler_extender.accounting import Ledger, SystemReserve
-from scheduler_extender.placement import FitIndex
-from scheduler_extender.podinfo import Demand, PodInfo
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.admission import queue as adm
+from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.ledger import Ledger, SystemReserve
+from scheduler_extender.core.placement import FitIndex
+from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL
 from simulator import scenario as sc
 from simulator.report import StepResult

@@ -37,8 +37,8 @@ import msgspec
 import yaml
 
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
-from scheduler_extender.placement import Strategy
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.placement import Strategy
 
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]

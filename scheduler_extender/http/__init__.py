@@ -5,5 +5,10 @@
 ``middleware``  request context (request id, canonical log line, latency) and error mapping.
 ``verbs``       filter, prioritize, bind, preempt: decode, call the core, encode.
 ``permit_port`` ``POST /v1/permits``.
-``ops``         healthz, readyz, metrics, state.
+``recommend``   ``/v1/recommend`` and the auto-publish task.
+``ops``         healthz, readyz, metrics, state, queue.
+
+The top of the extender's layers: it may import everything below it (``sync``, ``service``,
+``kube``, the pure packages); nothing but ``__main__`` imports it. Handlers stay thin:
+decode, call the ``Extender`` or a pure function, encode.
 """

@@ -26,19 +26,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
-from scheduler_extender.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
 from scheduler_extender.config import AuthMode, Config, ConfigError, QuotaSection
-from scheduler_extender.durability import PermitRecorder
 from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
-from scheduler_extender.kube_link import KubeLink
+from scheduler_extender.kube.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
+from scheduler_extender.kube.durability import PermitRecorder
+from scheduler_extender.kube.link import KubeLink
+from scheduler_extender.kube.node_alloc import NodeAllocReporter
+from scheduler_extender.kube.queue_notices import QueueNotices
+from scheduler_extender.kube.standalone import StandaloneCluster
 from scheduler_extender.metrics import Metrics
-from scheduler_extender.node_alloc import NodeAllocReporter
-from scheduler_extender.queue_notices import QueueNotices
 from scheduler_extender.quota_source import follow_quota_file, read_quota_file
 from scheduler_extender.service import Extender
-from scheduler_extender.standalone import StandaloneCluster
 from scheduler_extender.sync import follow_cluster
 
 log = structlog.get_logger(__name__)

@@ -9,7 +9,7 @@ import asyncio
 
 from aiohttp import web
 
-from scheduler_extender.auth import Authenticator
+from scheduler_extender.kube.auth import Authenticator
 from scheduler_extender.service import Extender
 
 EXTENDER = web.AppKey("extender", Extender)

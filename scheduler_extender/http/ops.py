@@ -14,10 +14,10 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scheduler_extender.admission_view import queue_numbers, queue_view
+from scheduler_extender.admission.view import queue_numbers, queue_view
 from scheduler_extender.http.keys import EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, json_response
-from scheduler_extender.snapshot import dump_namespaces, dump_state
+from scheduler_extender.state import dump_namespaces, dump_state
 
 
 async def healthz(request: web.Request) -> web.Response:

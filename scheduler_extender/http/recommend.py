@@ -49,12 +49,10 @@ import structlog
 from aiohttp import web
 
 from kube_io.objects import ObjectReference
-from scheduler_extender.capacity_waits import Overdue
 from scheduler_extender.config import Config
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.keys import EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, read_body
-from scheduler_extender.live_snapshot import snapshot_from_ledger
 from scheduler_extender.recommender import (
     DiagnosticsLevel,
     FieldError,
@@ -65,6 +63,8 @@ from scheduler_extender.recommender import (
     prepare_snapshot,
     recommend,
 )
+from scheduler_extender.recommender.capacity_waits import Overdue
+from scheduler_extender.recommender.live import snapshot_from_ledger
 from scheduler_extender.service import Extender
 
 log = structlog.get_logger(__name__)

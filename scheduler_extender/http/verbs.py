@@ -37,11 +37,11 @@ from protocol.extender import (
     MetaVictims,
 )
 from protocol.kube import Pod
+from scheduler_extender.core.placement import choose_victims, reject_all, score_nodes
+from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.keys import EXTENDER
 from scheduler_extender.http.middleware import JSON, decode, json_response, read_body
-from scheduler_extender.placement import choose_victims, reject_all, score_nodes
-from scheduler_extender.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.service import Extender
 
 

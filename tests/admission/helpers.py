@@ -6,11 +6,11 @@ import msgspec
 
 from protocol import annotations as ann
 from protocol.permits import PodRef, ResourceRequest, Resources
-from scheduler_extender.accounting import Ledger, SystemReserve
-from scheduler_extender.admission import AdmissionState, quota_room
-from scheduler_extender.permits import decide
-from scheduler_extender.podinfo import Demand, PodInfo
-from scheduler_extender.quota import QuotaConfig, parse_quota_config
+from scheduler_extender.admission.queue import AdmissionState, quota_room
+from scheduler_extender.admission.quota import QuotaConfig, parse_quota_config
+from scheduler_extender.core.ledger import Ledger, SystemReserve
+from scheduler_extender.core.permits import decide
+from scheduler_extender.core.podinfo import Demand, PodInfo
 
 GI = 2**30
 # A round start, only ever moved forward (the house FakeClock habit).

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from scheduler_extender.accounting import LedgerError, Owner
-from scheduler_extender.admission import admit, quota_room, recheck
-from scheduler_extender.podinfo import ZERO, Demand
-from scheduler_extender.quota import QueueingStrategy, covers, minus, parse_quota_config
+from scheduler_extender.admission.queue import admit, quota_room, recheck
+from scheduler_extender.admission.quota import QueueingStrategy, covers, minus, parse_quota_config
+from scheduler_extender.core.ledger import LedgerError, Owner
+from scheduler_extender.core.podinfo import ZERO, Demand
 
 from .helpers import GI, T0, cluster, grow, place, vm
 

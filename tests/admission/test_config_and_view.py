@@ -2,15 +2,15 @@
 
 import pytest
 
-from scheduler_extender.admission import admit
-from scheduler_extender.admission_view import NamespaceNumbers, queue_numbers, queue_view
-from scheduler_extender.quota import (
+from scheduler_extender.admission.queue import admit
+from scheduler_extender.admission.quota import (
     NamespaceQuota,
     QueueingStrategy,
     QuotaConfig,
     QuotaConfigError,
     load_quota_config,
 )
+from scheduler_extender.admission.view import NamespaceNumbers, queue_numbers, queue_view
 
 from .helpers import GI, T0, cluster, place, quotas, vm
 

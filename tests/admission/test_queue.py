@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from scheduler_extender.admission import (
+from scheduler_extender.admission.queue import (
     AdmissionDecision,
     AdmissionStatus,
     PodKey,
@@ -14,8 +14,8 @@ from scheduler_extender.admission import (
     recheck,
     user_state,
 )
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.quota import QuotaConfig
+from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.podinfo import Demand
 
 from .helpers import GI, T0, cluster, delete, grow, place, quotas, vm, vmspec
 

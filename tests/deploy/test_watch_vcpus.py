@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from protocol.annotations import VmSpec
-from scheduler_extender.accounting import Allocation, ForeignTag, NodeState, Owner
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.snapshot import dump_node
+from scheduler_extender.core.ledger import Allocation, ForeignTag, NodeState, Owner
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.state import dump_node
 from tests.deploy.render import ROOT
 
 SCRIPT = ROOT / "scripts" / "watch-vcpus"

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_extender.queue_notices import ADMITTED_AT_ANNOTATION
+from scheduler_extender.kube.queue_notices import ADMITTED_AT_ANNOTATION
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object

@@ -9,7 +9,7 @@ import yaml
 
 from scheduler_extender.__main__ import EXIT_CONFIG, main
 from scheduler_extender.config import AuthMode, Config, ConfigError, load_config, parse_config
-from scheduler_extender.standalone import load_cluster
+from scheduler_extender.kube.standalone import load_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

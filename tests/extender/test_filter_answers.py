@@ -9,9 +9,9 @@ import msgspec
 import pytest
 
 from protocol.kube import Pod
+from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.verbs import FilterAnswers, PodInfos, _Cached, fingerprint
-from scheduler_extender.podinfo import Demand
 from tests.extender.conftest import StartExtender
 from tests.extender.helpers import bind_body, filter_body, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object

@@ -15,10 +15,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
-from scheduler_extender.accounting import Ledger, LedgerError, SystemReserve
-from scheduler_extender.permits import decide, decide_batch
-from scheduler_extender.placement import NOT_KNOWN, FitIndex, rejection, verdict
-from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.core.ledger import Ledger, LedgerError, SystemReserve
+from scheduler_extender.core.permits import decide, decide_batch
+from scheduler_extender.core.placement import NOT_KNOWN, FitIndex, rejection, verdict
+from scheduler_extender.core.podinfo import Demand, PodInfo
 
 GI = 2**30
 NODES = ["n1", "n2", "n3"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_extender.capacity_waits import CapacityWaits, Overdue, WaitKind
+from scheduler_extender.recommender.capacity_waits import CapacityWaits, Overdue, WaitKind
 
 T0 = 1000.0
 

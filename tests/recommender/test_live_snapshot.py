@@ -14,8 +14,8 @@ import msgspec
 from msgspec.structs import replace
 
 from protocol import kube
-from scheduler_extender.accounting import Ledger
-from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.core.ledger import Ledger
+from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.recommender import (
     POOL_LABEL,
     ZONE_LABEL,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import annotations as ann
-from scheduler_extender.accounting import Ledger
-from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.core.ledger import Ledger
+from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.recommender import (
     API_VERSION,
     KIND,

@@ -8,10 +8,10 @@ from fractions import Fraction
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_config import RecommenderConfig, Scorer
-from scheduler_extender.recommend_scoring import Ranking
-from scheduler_extender.snapshot_model import Pool
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.recommender.config import RecommenderConfig, Scorer
+from scheduler_extender.recommender.model import Pool
+from scheduler_extender.recommender.scoring import Ranking
 
 CONFIG = RecommenderConfig(scorers=(Scorer.LEAST_COST, Scorer.LEAST_WASTE))
 

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from scheduler_extender.cluster_snapshot import decode_snapshot
 from scheduler_extender.recommender import SnapshotError, load_snapshot
-from scheduler_extender.snapshot_model import compile_snapshot
+from scheduler_extender.recommender.model import compile_snapshot
+from scheduler_extender.recommender.snapshot import decode_snapshot
 
 from .test_recommender import affinity, good, node, pod, pool, snap
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_extender.podinfo import Demand
+from scheduler_extender.core.podinfo import Demand
 from simulator.engine import Simulation
 from simulator.report import format_table
 from tests.simulator.helpers import library

@@ -5,7 +5,7 @@ import pytest
 
 from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
-from scheduler_extender.accounting import (
+from scheduler_extender.core.ledger import (
     Conflict,
     ForeignTag,
     Ledger,
@@ -13,9 +13,15 @@ from scheduler_extender.accounting import (
     SystemReserve,
     UnknownNode,
 )
-from scheduler_extender.permits import BatchRefused, decide, decide_batch
-from scheduler_extender.placement import FitIndex, Strategy, choose_victims, rejection, score_nodes
-from scheduler_extender.podinfo import Demand, PodInfo
+from scheduler_extender.core.permits import BatchRefused, decide, decide_batch
+from scheduler_extender.core.placement import (
+    FitIndex,
+    Strategy,
+    choose_victims,
+    rejection,
+    score_nodes,
+)
+from scheduler_extender.core.podinfo import Demand, PodInfo
 
 GI = 2**30
 

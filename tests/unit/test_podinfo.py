@@ -16,7 +16,7 @@ from protocol.kube import (
     PodStatus,
     ResourceRequirements,
 )
-from scheduler_extender.podinfo import Demand, PodError, pod_info, pod_requests
+from scheduler_extender.core.podinfo import Demand, PodError, pod_info, pod_requests
 from tests.fakes_paths import REFERENCE
 
 

@@ -19,7 +19,7 @@ of its pod's requests and its permitted size:
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
 were lost, the agent's ``lastPermit`` is adopted when it fits, so a restart never shrinks a VM's
 entitlement behind its back. Until its agent reports, such a VM holds its maximum (see
-``accounting``), so the space it may really use is never handed to anyone else meanwhile.
+``ledger``), so the space it may really use is never handed to anyone else meanwhile.
 
 Quotas. ``decide`` takes ``quota_room`` (namespace -> how much more it may hold, None when it
 has no quota): an increase is limited by the node's room *and* by what the VM holds plus its
@@ -40,8 +40,8 @@ from protocol.permits import (
     ResourceRequest,
     Resources,
 )
-from scheduler_extender.accounting import Allocation, Ledger, Owner
-from scheduler_extender.podinfo import Demand
+from scheduler_extender.core.ledger import Allocation, Ledger, Owner
+from scheduler_extender.core.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
 # namespace -> how much more it may hold now (never negative), or None: no quota.

@@ -9,7 +9,7 @@ changed.
 It does not run a ``Ledger`` with a ``FitIndex``: those are built for a long-lived cluster
 (every reservation re-checks every cached size and formats rejection strings). It keeps per-node
 free cpu and memory in plain arrays and applies the ledger's own fit rule, ``need <= free`` per
-resource after the system reserve (``snapshot_model.usable`` goes through ``NodeState`` for
+resource after the system reserve (``model.usable`` goes through ``NodeState`` for
 that), so its placements are exactly the extender's.
 """
 
@@ -19,11 +19,11 @@ from bisect import insort
 from collections.abc import Sequence
 
 from protocol.quantity import format_cpu
-from scheduler_extender.cluster_snapshot import HOSTNAME_LABEL, ZONE_LABEL
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_config import RecommenderConfig
-from scheduler_extender.recommendation import CandidateOutcome, ExistingPlacement, Round
-from scheduler_extender.snapshot_model import Candidate, Host, Model, Pending, admission, usable
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.recommender.config import RecommenderConfig
+from scheduler_extender.recommender.model import Candidate, Host, Model, Pending, admission, usable
+from scheduler_extender.recommender.recommendation import CandidateOutcome, ExistingPlacement, Round
+from scheduler_extender.recommender.snapshot import HOSTNAME_LABEL, ZONE_LABEL
 
 __all__ = ["Blocked", "Cluster", "Simulation", "SimulationError"]
 

@@ -49,7 +49,7 @@ from typing import Final
 import msgspec
 
 from protocol.annotations import VmSpec
-from scheduler_extender.podinfo import ZERO, Demand, PodInfo
+from scheduler_extender.core.podinfo import ZERO, Demand, PodInfo
 
 
 class Owner(enum.StrEnum):

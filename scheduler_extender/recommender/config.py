@@ -10,7 +10,7 @@ from typing import Annotated
 
 import msgspec
 
-from scheduler_extender.accounting import SystemReserve
+from scheduler_extender.core.ledger import SystemReserve
 
 __all__ = ["DEFAULT_SCHEDULER_NAME", "DiagnosticsLevel", "RecommenderConfig", "Scorer"]
 

@@ -1,4 +1,4 @@
-"""Scale-up recommender: which nodes to add so that pending pods can run.
+"""The recommender's phases in order: which nodes to add so that pending pods can run.
 
 Pure: no I/O, no clock, no randomness, no globals. The same snapshot and config give the same
 ``Recommendation``, and ``encode_recommendation`` turns it into the same bytes. Timing is the
@@ -10,7 +10,7 @@ waits 10 s of wall time per zone simulation; this answers in milliseconds), in n
 like kueue's scheduling cycle:
 
 1. **Snapshot.** Validate the ``ClusterSnapshot`` (every error with its ``$.path``) and compile
-   it (``snapshot_model``; done once by ``load_snapshot``, whose ``PreparedSnapshot`` any number
+   it (``model``; done once by ``load_snapshot``, whose ``PreparedSnapshot`` any number
    of calls reuse). The simulation works on its own copy of the nodes' free room; the live
    ledger is never touched (``snapshot_from_ledger`` only reads it).
 2. **Existing nodes.** Pending pods, highest priority first, then oldest, then name, go onto
@@ -37,122 +37,48 @@ else is the same bytes. The extender's auto-publish, which acts on the scale-up 
 
 Decisions are an enum plus a reason a human can read (``CandidateOutcome``, ``UnscheduledReason``).
 
-Modules, one phase or concern each (all pure):
+Modules of the package, one phase or concern each (all pure):
 
-* ``cluster_snapshot``: the wire types and decoding;
-* ``snapshot_model``: phase 1, the cross-field checks and the compiled model;
-* ``recommend_sim``: the virtual cluster, phase 2 and committing a new node;
-* ``recommend_rounds``: phases 3-5, the greedy rounds (and what makes them cheap);
-* ``recommend_scoring``: phase 4's scorer chain;  ``recommend_plan``: phase 6;
-* ``recommend_explain``: phase 7's reasons for the pods left unscheduled;
-* ``recommender`` (this module): the phases in order, and the answer;
-* ``recommendation``: the answer and its encoding;  ``live_snapshot``: a snapshot of the ledger.
+* ``snapshot``: the wire types and decoding;
+* ``model``: phase 1, the cross-field checks and the compiled model;
+* ``sim``: the virtual cluster, phase 2 and committing a new node;
+* ``rounds``: phases 3-5, the greedy rounds (and what makes them cheap);
+* ``scoring``: phase 4's scorer chain;  ``plan``: phase 6;
+* ``explain``: phase 7's reasons for the pods left unscheduled;
+* ``phases`` (this module): the phases in order, and the answer;
+* ``recommendation``: the answer and its encoding;  ``live``: a snapshot of the ledger;
+* ``capacity_waits``: who has waited for room too long (the trigger of auto-publish).
 
-This module re-exports the public names callers need, so ``from
+The package re-exports the public names callers need, so ``from
 scheduler_extender.recommender import ...`` is the one import they use.
 """
 
 from __future__ import annotations
 
-from scheduler_extender.cluster_snapshot import (
-    API_VERSION,
-    KIND,
-    POOL_LABEL,
-    ZONE_LABEL,
-    Affinity,
-    Capacity,
-    ClusterSnapshot,
-    FieldError,
-    NodeAffinity,
-    NodePool,
-    NodeSelector,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
-    NodeTemplate,
-    PoolLimits,
-    PriorityClass,
-    Resources,
-    SnapshotError,
-    SnapshotNode,
-    SnapshotPod,
-    Taint,
-    Toleration,
-    decode_snapshot,
-)
-from scheduler_extender.live_snapshot import snapshot_from_ledger
-from scheduler_extender.recommend_config import DiagnosticsLevel, RecommenderConfig, Scorer
-from scheduler_extender.recommend_explain import explain
-from scheduler_extender.recommend_plan import cheaper_plans
-from scheduler_extender.recommend_rounds import run_rounds
-from scheduler_extender.recommend_scoring import Ranking
-from scheduler_extender.recommend_sim import Simulation
-from scheduler_extender.recommendation import (
-    CandidateOutcome,
-    CandidateTrial,
-    CheaperPlan,
-    Diagnostics,
-    ExistingPlacement,
-    Recommendation,
-    Round,
-    ScaleUp,
-    UnscheduledPod,
-    UnscheduledReason,
-    encode_recommendation,
-)
-from scheduler_extender.snapshot_model import (
+from scheduler_extender.recommender.config import RecommenderConfig, Scorer
+from scheduler_extender.recommender.explain import explain
+from scheduler_extender.recommender.model import (
     Pending,
     PreparedSnapshot,
     candidates,
-    load_snapshot,
     prepare_snapshot,
-    validate_snapshot,
+)
+from scheduler_extender.recommender.plan import cheaper_plans
+from scheduler_extender.recommender.recommendation import (
+    Diagnostics,
+    Recommendation,
+    ScaleUp,
+)
+from scheduler_extender.recommender.rounds import run_rounds
+from scheduler_extender.recommender.scoring import Ranking
+from scheduler_extender.recommender.sim import Simulation
+from scheduler_extender.recommender.snapshot import (
+    ClusterSnapshot,
+    FieldError,
+    SnapshotError,
 )
 
-__all__ = [
-    "API_VERSION",
-    "KIND",
-    "POOL_LABEL",
-    "ZONE_LABEL",
-    "Affinity",
-    "CandidateOutcome",
-    "CandidateTrial",
-    "Capacity",
-    "CheaperPlan",
-    "ClusterSnapshot",
-    "Diagnostics",
-    "DiagnosticsLevel",
-    "ExistingPlacement",
-    "FieldError",
-    "NodeAffinity",
-    "NodePool",
-    "NodeSelector",
-    "NodeSelectorRequirement",
-    "NodeSelectorTerm",
-    "NodeTemplate",
-    "PoolLimits",
-    "PreparedSnapshot",
-    "PriorityClass",
-    "Recommendation",
-    "RecommenderConfig",
-    "Resources",
-    "Round",
-    "ScaleUp",
-    "Scorer",
-    "SnapshotError",
-    "SnapshotNode",
-    "SnapshotPod",
-    "Taint",
-    "Toleration",
-    "UnscheduledPod",
-    "UnscheduledReason",
-    "decode_snapshot",
-    "encode_recommendation",
-    "load_snapshot",
-    "prepare_snapshot",
-    "recommend",
-    "snapshot_from_ledger",
-    "validate_snapshot",
-]
+__all__ = ["recommend"]
 
 
 def recommend(

@@ -23,8 +23,10 @@ import msgspec
 
 from protocol import annotations as ann
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
-from scheduler_extender.accounting import NodeState, SystemReserve
-from scheduler_extender.cluster_snapshot import (
+from scheduler_extender.core.ledger import NodeState, SystemReserve
+from scheduler_extender.core.podinfo import Demand, PodInfo
+from scheduler_extender.recommender.config import DEFAULT_SCHEDULER_NAME
+from scheduler_extender.recommender.snapshot import (
     HOSTNAME_LABEL,
     ZONE_LABEL,
     Capacity,
@@ -41,8 +43,6 @@ from scheduler_extender.cluster_snapshot import (
     Toleration,
     decode_snapshot,
 )
-from scheduler_extender.podinfo import Demand, PodInfo
-from scheduler_extender.recommend_config import DEFAULT_SCHEDULER_NAME
 
 __all__ = [
     "Candidate",

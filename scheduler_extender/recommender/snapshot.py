@@ -2,8 +2,8 @@
 
 Pure: no I/O, no clock. Decoding only: msgspec checks types and shapes (the first error, with its
 ``$.path``); the cross-field checks (duplicate names, unknown pools, bad quantities) belong to
-``snapshot_model``, which compiles a snapshot into the simulation's model. ``scheduler_extender/
-snapshot.py`` is the unrelated ``/state`` dump.
+``model``, which compiles a snapshot into the simulation's model. ``scheduler_extender/
+state.py`` is the unrelated ``/state`` dump.
 
 Snapshots are versioned input, so unknown fields are errors, not silently dropped.
 """

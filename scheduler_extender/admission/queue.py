@@ -44,9 +44,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from scheduler_extender.accounting import Ledger, Owner
-from scheduler_extender.podinfo import ZERO, Demand, PodInfo
-from scheduler_extender.quota import (
+from scheduler_extender.admission.quota import (
     NamespaceQuota,
     QueueingStrategy,
     QuotaConfig,
@@ -56,6 +54,8 @@ from scheduler_extender.quota import (
     shortage,
     smaller,
 )
+from scheduler_extender.core.ledger import Ledger, Owner
+from scheduler_extender.core.podinfo import ZERO, Demand, PodInfo
 
 # (-priority, requeues, creation unknown, creation timestamp, name, uid): the queue's order.
 # Priority first (higher first), then age; RFC 3339 timestamps from the API server all have the

@@ -31,8 +31,8 @@ import structlog
 from kube_io.errors import KubeError
 from kube_io.objects import ObjectReference
 from protocol.kube import Pod
-from scheduler_extender.admission import PodKey
-from scheduler_extender.node_alloc import NodeAllocReporter
+from scheduler_extender.admission.queue import PodKey
+from scheduler_extender.kube.node_alloc import NodeAllocReporter
 
 log = structlog.get_logger(__name__)
 

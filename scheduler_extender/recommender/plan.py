@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Protocol
 
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_config import RecommenderConfig
-from scheduler_extender.recommend_scoring import price_of
-from scheduler_extender.recommendation import CheaperPlan
-from scheduler_extender.snapshot_model import Candidate, Pending
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.recommender.config import RecommenderConfig
+from scheduler_extender.recommender.model import Candidate, Pending
+from scheduler_extender.recommender.recommendation import CheaperPlan
+from scheduler_extender.recommender.scoring import price_of
 
 __all__ = ["PlanInput", "cheaper_plans"]
 

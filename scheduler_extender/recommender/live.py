@@ -13,8 +13,10 @@ from typing import cast
 import msgspec
 
 from protocol import kube
-from scheduler_extender.accounting import Ledger
-from scheduler_extender.cluster_snapshot import (
+from scheduler_extender.core.ledger import Ledger
+from scheduler_extender.core.podinfo import PodInfo
+from scheduler_extender.recommender.model import validate_snapshot
+from scheduler_extender.recommender.snapshot import (
     API_VERSION,
     KIND,
     POOL_LABEL,
@@ -30,8 +32,6 @@ from scheduler_extender.cluster_snapshot import (
     TaintEffect,
     Toleration,
 )
-from scheduler_extender.podinfo import PodInfo
-from scheduler_extender.snapshot_model import validate_snapshot
 
 __all__ = ["snapshot_from_ledger"]
 

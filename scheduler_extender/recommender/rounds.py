@@ -2,7 +2,7 @@
 
 Pure: no I/O, no clock, no randomness. Each round tries one new node of every candidate (node
 pool x zone) against the still-unscheduled pods, in scheduling order, first fit; ranks the
-candidates that place something (``recommend_scoring``); commits the winner's node and pods to
+candidates that place something (``scoring``); commits the winner's node and pods to
 the virtual cluster (``Simulation.commit``); and records the round, every candidate with its
 outcome, score and pods. Rounds repeat until every pod is placed or no candidate places any.
 
@@ -30,7 +30,7 @@ x pods (about 1 s for the benchmark). What makes it cheap:
 * A block (pool at its maximum or limit) changes only when its pool wins, and never lifts.
   What a round records of a candidate (``CandidateTrial``) is rebuilt only when its trial,
   block or reason changed; a loser's reason changes only with the winner or the best key.
-* Keys are exact integers (``recommend_scoring.Ranking``) memoised per (pool, requested,
+* Keys are exact integers (``scoring.Ranking``) memoised per (pool, requested,
   pods), so ranking a round compares ints, not Fractions.
 
 What is left is inherent to the answer: every round records every candidate with its pods,
@@ -55,12 +55,17 @@ from typing import Final, cast
 
 from msgspec.structs import replace
 
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_config import DiagnosticsLevel
-from scheduler_extender.recommend_scoring import Ranking
-from scheduler_extender.recommend_sim import Simulation
-from scheduler_extender.recommendation import CandidateOutcome, CandidateTrial, Round, Score
-from scheduler_extender.snapshot_model import Candidate, Pending
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.recommender.config import DiagnosticsLevel
+from scheduler_extender.recommender.model import Candidate, Pending
+from scheduler_extender.recommender.recommendation import (
+    CandidateOutcome,
+    CandidateTrial,
+    Round,
+    Score,
+)
+from scheduler_extender.recommender.scoring import Ranking
+from scheduler_extender.recommender.sim import Simulation
 
 __all__ = ["run_rounds"]
 

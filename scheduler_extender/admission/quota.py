@@ -37,7 +37,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
-from scheduler_extender.podinfo import Demand
+from scheduler_extender.core.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]

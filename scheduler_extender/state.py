@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from scheduler_extender.accounting import Allocation, Ledger, NodeState
-from scheduler_extender.admission_view import NamespaceNumbers
-from scheduler_extender.podinfo import Demand
+from scheduler_extender.admission.view import NamespaceNumbers
+from scheduler_extender.core.ledger import Allocation, Ledger, NodeState
+from scheduler_extender.core.podinfo import Demand
 
 
 def _resources(d: Demand) -> dict[str, int]:

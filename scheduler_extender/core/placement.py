@@ -31,8 +31,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
-from scheduler_extender.accounting import ForeignTag, Ledger, NodeState
-from scheduler_extender.podinfo import Demand
+from scheduler_extender.core.ledger import ForeignTag, Ledger, NodeState
+from scheduler_extender.core.podinfo import Demand
 
 MAX_SCORE: Final = 10
 

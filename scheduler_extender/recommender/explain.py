@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from scheduler_extender.accounting import NodeState
-from scheduler_extender.placement import rejection
-from scheduler_extender.recommend_sim import Simulation
-from scheduler_extender.recommendation import CandidateOutcome, UnscheduledPod, UnscheduledReason
-from scheduler_extender.snapshot_model import Candidate, Pending
+from scheduler_extender.core.ledger import NodeState
+from scheduler_extender.core.placement import rejection
+from scheduler_extender.recommender.model import Candidate, Pending
+from scheduler_extender.recommender.recommendation import (
+    CandidateOutcome,
+    UnscheduledPod,
+    UnscheduledReason,
+)
+from scheduler_extender.recommender.sim import Simulation
 
 __all__ = ["explain"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import msgspec
 
-from scheduler_extender.admission import AdmissionState, PodState, admitted_reason
-from scheduler_extender.podinfo import ZERO, Demand
-from scheduler_extender.quota import NamespaceQuota, at_least_zero, minus
+from scheduler_extender.admission.queue import AdmissionState, PodState, admitted_reason
+from scheduler_extender.admission.quota import NamespaceQuota, at_least_zero, minus
+from scheduler_extender.core.podinfo import ZERO, Demand
 
 
 class NamespaceNumbers(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Final
 
-from scheduler_extender.podinfo import Demand
-from scheduler_extender.recommend_config import RecommenderConfig, Scorer
-from scheduler_extender.recommendation import Score
-from scheduler_extender.snapshot_model import Pool
+from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.recommender.config import RecommenderConfig, Scorer
+from scheduler_extender.recommender.model import Pool
+from scheduler_extender.recommender.recommendation import Score
 
 __all__ = ["ChainValues", "Ranking", "cost_ratio", "price_of", "waste_ratio"]
 

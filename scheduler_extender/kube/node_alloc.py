@@ -23,7 +23,7 @@ import structlog
 
 from kube_io.errors import KubeError
 from kube_io.objects import ObjectReference
-from scheduler_extender.accounting import AllocAction, AllocEvent
+from scheduler_extender.core.ledger import AllocAction, AllocEvent
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger(__name__)
