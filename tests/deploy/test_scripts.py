@@ -14,6 +14,7 @@ SHELL_SCRIPTS = [
     ROOT / "kind" / "up.sh",
     ROOT / "kind" / "down.sh",
     ROOT / "scripts" / "run-bench.sh",
+    ROOT / "scripts" / "kube-bin",
 ]
 IDS = [str(p.relative_to(ROOT)) for p in SHELL_SCRIPTS]
 
@@ -83,3 +84,20 @@ def test_watch_vcpus_is_lint_clean():
     ):
         result = _run(argv)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kube_bin_refuses_a_folder_without_checksums(tmp_path):
+    (tmp_path / "etcd.xz").write_bytes(b"not xz")
+    result = _run([str(ROOT / "scripts" / "kube-bin"), str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no SHA256SUMS" in result.stderr
+
+
+def test_kube_bin_refuses_binaries_whose_checksums_differ(tmp_path):
+    (tmp_path / "etcd.xz").write_bytes(b"tampered")
+    (tmp_path / "SHA256SUMS").write_text("0" * 64 + "  etcd.xz\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = _run([str(ROOT / "scripts" / "kube-bin"), str(tmp_path)], env=env)
+    assert result.returncode == 2
+    assert "checksums do not match" in result.stderr
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,263 @@
+"""Fixtures of the real-control-plane tier.
+
+``control_plane``: etcd + kube-apiserver, once per session. ``cluster``: the extender process
+and kube-scheduler calling it, once per module, both under the manifests' ServiceAccount. Tests
+stay independent through names: each makes its own namespace and nodes (``Names``), and its
+pods select their own nodes by label, so another test's nodes never take its pods.
+
+Without ``$VMA_KUBE_BIN`` the tier skips with one line saying how to provide the binaries; in CI
+(``CI`` set) it fails instead, since CI must run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.controlplane.harness import (
+    KUBE_BIN_HINT,
+    SCHEDULER_NAME,
+    Api,
+    ControlPlane,
+    Extender,
+    LaggingLink,
+    Obj,
+    Scheduler,
+    extender_config,
+    extender_identity,
+    extender_token,
+    free_port,
+    kube_bin_dir,
+    pod_path,
+    scheduler_config,
+    wait_for,
+)
+from tests.deploy.render import MANIFESTS, find, render
+
+DOCS = render(MANIFESTS)
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+              "RoleBinding"}  # fmt: skip
+MANIFEST_EXTENDER_CONFIG: Obj = yaml.safe_load(
+    find(DOCS, "ConfigMap", "scheduler-extender-config")["data"]["extender.yaml"]
+)
+MANIFEST_SCHEDULER_CONFIG: Obj = yaml.safe_load(
+    find(DOCS, "ConfigMap", "vm-scheduler-config")["data"]["kube-scheduler.yaml"]
+)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    bin_dir = kube_bin_dir()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the control-plane tier; {KUBE_BIN_HINT}")
+        pytest.skip(KUBE_BIN_HINT)
+    cp = ControlPlane(bin_dir, tmp_path_factory.mktemp("control-plane"))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def extender_kubeconfig(control_plane: ControlPlane) -> Path:
+    return extender_identity(control_plane, [d for d in DOCS if d["kind"] in RBAC_KINDS])
+
+
+@dataclass
+class Cluster:
+    cp: ControlPlane
+    api: Api
+    extender: Extender
+    scheduler: Scheduler
+
+
+def new_extender(cp: ControlPlane, kubeconfig: Path, work: Path, **overrides: Any) -> Extender:
+    config = extender_config(
+        MANIFEST_EXTENDER_CONFIG, verbs_port=free_port(), permits_port=free_port()
+    )
+    config.update(overrides)
+    return Extender(work, kubeconfig, config)
+
+
+@contextlib.contextmanager
+def running_cluster(
+    cp: ControlPlane, kubeconfig: Path, work: Path, *, api_lag_seconds: float = 0.0
+) -> Iterator[Cluster]:
+    """The extender and kube-scheduler calling it; with ``api_lag_seconds``, everything the
+    API server sends the extender (lists, watch events, answers) arrives that much late."""
+    link = None
+    extender_kubeconfig = kubeconfig
+    if api_lag_seconds:
+        link = LaggingLink(cp.port, delay_seconds=api_lag_seconds)
+        extender_kubeconfig = cp.write_kubeconfig(
+            work / "lagging.kubeconfig", token=extender_token(kubeconfig), port=link.port
+        )
+    extender = new_extender(cp, extender_kubeconfig, work)
+    scheduler = Scheduler(
+        cp.bin_dir,
+        work,
+        cp,
+        scheduler_config(
+            MANIFEST_SCHEDULER_CONFIG, kubeconfig=kubeconfig, verbs_port=extender.verbs_port
+        ),
+    )
+    api = cp.admin()
+    try:
+        extender.start()
+        scheduler.start()
+        yield Cluster(cp, api, extender, scheduler)
+    finally:
+        scheduler.stop()
+        extender.stop()
+        api.close()
+        if link is not None:
+            link.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    control_plane: ControlPlane, extender_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with running_cluster(
+        control_plane, extender_kubeconfig, tmp_path_factory.mktemp("cluster")
+    ) as running:
+        yield running
+
+
+_counter = itertools.count()
+
+
+@dataclass
+class Names:
+    """A test's own namespace and node-name prefix, and builders for its objects."""
+
+    api: Api
+    namespace: str
+    group: str
+    nodes: list[str] = field(default_factory=list)
+
+    def node(self, suffix: str, *, cpu: str, memory: str = "16Gi", **labels: str) -> str:
+        name = f"{self.group}-{suffix}"
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"vma-test-group": self.group, **labels}},
+            "status": {
+                "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
+                "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        self.api.create("/api/v1/nodes", body)
+        self.nodes.append(name)
+        return name
+
+    def vm(
+        self,
+        name: str,
+        *,
+        min_vcpus: int = 1,
+        max_vcpus: int = 1,
+        memory: str = "1Gi",
+        annotations: dict[str, str] | None = None,
+    ) -> Obj:
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {"vm-autoscaling.io/vm": "true"},
+                "annotations": {
+                    "vm-autoscaling.io/min-vcpus": str(min_vcpus),
+                    "vm-autoscaling.io/max-vcpus": str(max_vcpus),
+                    **(annotations or {}),
+                },
+            },
+            "spec": {
+                "schedulerName": SCHEDULER_NAME,
+                "nodeSelector": {"vma-test-group": self.group},
+                "containers": [
+                    {
+                        "name": "vm",
+                        "image": "vm-runner",
+                        "resources": {
+                            "requests": {"cpu": str(min_vcpus), "memory": memory},
+                            "limits": {"cpu": str(min_vcpus), "memory": memory},
+                        },
+                    }
+                ],
+            },
+        }
+        return self.api.create(pod_path(self.namespace), body)
+
+    def foreign(self, name: str, *, node: str, cpu: str, static: bool = False) -> Obj:
+        """A pod someone else placed: already bound (``nodeName``), default scheduler."""
+        meta: Obj = {"name": name, "namespace": self.namespace}
+        if static:
+            # What the kubelet's mirror of a static pod looks like through the API.
+            meta["annotations"] = {"kubernetes.io/config.mirror": "mirror"}
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": str(uuid.uuid4())}
+            ]
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {"name": "c", "image": "app", "resources": {"requests": {"cpu": cpu}}}
+                ],
+            },
+        }
+        return self.api.create(pod_path(self.namespace), body)
+
+    def node_of(self, pod: str) -> str | None:
+        node: str | None = self.api.pod(self.namespace, pod)["spec"].get("nodeName")
+        return node
+
+    def wait_bound(self, pod: str, *, timeout_seconds: float = 30) -> str:
+        node: str = wait_for(
+            lambda: self.node_of(pod), timeout_seconds=timeout_seconds, what=f"{pod} bound"
+        )
+        return node
+
+    def failed_scheduling(self, pod: str) -> list[str]:
+        return [
+            e.get("message", "")
+            for e in self.api.events_for(self.namespace, pod)
+            if e.get("reason") == "FailedScheduling"
+        ]
+
+
+@pytest.fixture
+def names(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Names]:
+    api = control_plane.admin()
+    n = next(_counter)
+    namespace = f"t{n}-{uuid.uuid4().hex[:6]}"
+    api.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    made = Names(api, namespace, group=namespace)
+    try:
+        yield made
+    finally:
+        # Leave nothing for the next test's scheduler to see: pods first, then nodes.
+        for pod in api.get(pod_path(namespace))["items"]:
+            api.delete(pod_path(namespace, pod["metadata"]["name"]))
+        for node in made.nodes:
+            api.delete(f"/api/v1/nodes/{node}")
+        api.close()
