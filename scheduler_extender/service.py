@@ -41,6 +41,7 @@ from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
 from scheduler_extender.core.ledger import Ledger, LedgerError
+from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import BatchRefused, decide_batch
 from scheduler_extender.core.placement import FitIndex
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
@@ -117,6 +118,10 @@ class Extender:
             initial = None if quota.file is not None else quota.inline()
         self.admission = AdmissionState(self.ledger, initial)
         self.notices = notices or QueueNotices(reporter, None, wall_clock=wall_clock)
+        # Our pods that filter rejected on every node: kube-scheduler parks them, so the
+        # notices nudge each one once a node it was offered has room for it again.
+        self.parked = ParkedPods(self.ledger, on_change=self.notices.room_changed)
+        self.notices.watch_room(self.parked)
         # Monotonic seconds for the admission core (``loop.time()``, virtual in tests).
         self.clock = clock or _loop_time
         # Pods handed to ``observe_pending``, so that a new list can forget the ones it lacks.
@@ -205,6 +210,7 @@ class Extender:
             self._forget_queued(uid)
         for info in infos:
             self._observe(info)
+        self.parked.retain({info.uid for info in self.unbound.values()})
         self.has_pods = True
         self._synced_changed()
         self.recheck_queue()
@@ -229,6 +235,7 @@ class Extender:
             del self.unbound[key]
             self.unbound_specs.pop(key, None)
         self.vm_containers.pop(uid, None)
+        self.parked.unpark(uid)
         if self.recorder is not None:
             self.recorder.forget(uid)
         self.reporter.report(self.ledger.forget_pod(uid))
@@ -299,6 +306,7 @@ class Extender:
             if found is not None and found.uid == info.uid:
                 del self.unbound[key]
                 self.unbound_specs.pop(key, None)
+            self.parked.unpark(info.uid)
         if info.is_ours and info.vm is not None and not info.is_terminated:
             container = self._vm_container(pod)
             if container is not None:

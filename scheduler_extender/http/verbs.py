@@ -227,16 +227,18 @@ def _listed(args: FilterArgs) -> tuple[bool, msgspec.Raw]:
     raise ProtocolError("ExtenderArgs: neither NodeNames nor Nodes is set")
 
 
+def _listed_names(is_cache: bool, listed: msgspec.Raw) -> list[str]:
+    if is_cache:
+        return decode(list[str], listed)
+    return [n.metadata.name for n in decode(_NamedNodeList, listed).items]
+
+
 def _answer(
     extender: Extender, info: PodInfo, *, is_cache: bool, listed: msgspec.Raw
 ) -> tuple[bytes, str, bool]:
     """Decode the node list, filter, encode: the uncached path. (body, reason, has_room)."""
-    raw = None
-    if is_cache:
-        names = decode(list[str], listed)
-    else:
-        raw = decode(_RawNodeList, listed)
-        names = [n.metadata.name for n in decode(_NamedNodeList, listed).items]
+    raw = None if is_cache else decode(_RawNodeList, listed)
+    names = _listed_names(is_cache, listed)
     if info.vm_error is not None:
         result = reject_all(names, f"VM pod {info.key} is invalid: {info.vm_error}")
     else:
@@ -261,13 +263,11 @@ def _answer(
 def _waiting_answer(*, is_cache: bool, listed: msgspec.Raw, reason: str) -> bytes:
     """Every node failed (resolvable) for the pod's own reason: it waits for quota."""
     answer = _FilterAnswer(failed_nodes={}, failed_and_unresolvable_nodes={})
+    names = _listed_names(is_cache, listed)
     if is_cache:
-        names = decode(list[str], listed)
         answer.node_names = []
     else:
-        raw = decode(_RawNodeList, listed)
-        names = [n.metadata.name for n in decode(_NamedNodeList, listed).items]
-        answer.nodes = _RawNodeList(metadata=raw.metadata, items=[])
+        answer.nodes = _RawNodeList(metadata=decode(_RawNodeList, listed).metadata, items=[])
     answer.failed_nodes = dict.fromkeys(names, reason)
     return codec.encode(answer)
 
@@ -305,6 +305,17 @@ async def filter_nodes(request: web.Request) -> web.Response:
         extender.capacity_waits.filter_answered(
             info.uid, info.key, has_room=has_room, now=_loop_time()
         )
+        if has_room:
+            extender.parked.unpark(info.uid)
+        elif info.vm_error is None:
+            # Rejected everywhere for room: kube-scheduler parks it; nudge it once room shows.
+            extender.parked.park(
+                uid=info.uid,
+                namespace=info.namespace,
+                name=info.name,
+                demand=info.initial_demand(),
+                nodes=_listed_names(is_cache, listed),
+            )
     structlog.contextvars.bind_contextvars(reason=reason)
     return web.Response(body=encoded, content_type=JSON)
 

@@ -1,7 +1,7 @@
-"""Telling pods and humans about the admission queue: Events, and nudges for admitted pods.
+"""Telling pods and humans about waits: Events, and nudges for pods that may now be placed.
 
-Shell. Two things, both off the request path and both best effort (the admission itself is
-already decided; a lost notice only costs time):
+Shell. Three things, all off the request path and all best effort (the decisions are already
+made; a lost notice only costs time):
 
 * **Waiting.** A pod that filter leaves waiting for its namespace's quota gets an Event
   ``WaitingForQuota`` with the reason (position included), at most once per
@@ -16,7 +16,16 @@ already decided; a lost notice only costs time):
   queue), so it is retried within a scheduling cycle instead of after the back-off. Admission
   holds the quota only for ``admission_ttl_seconds``, so promptness is not cosmetic.
 
-Patches are coalesced per pod (a pod admitted twice before the writer runs is touched once).
+* **Room.** A pod that filter rejected on every node is parked by kube-scheduler just the
+  same; ``core.parked`` says when one of its nodes has room for it again (a pod deleted or
+  finished, a VM shrunk, a node added or grown, a failed bind's hold given back). It gets the
+  same kind of touch, annotation ``vm-autoscaling.io/room-freed-at``, and no Event: the
+  retry's own outcome is what a human needs to see. Without it a pod that kube-scheduler
+  retried before the extender's watch saw the room waited for the five-minute flush.
+
+Patches are coalesced per pod (a pod admitted twice before the writer runs is touched once)
+and paced (``touches_per_second``), so a relist that frees room for a thousand pods spreads
+its patches instead of bursting them at the API server.
 """
 
 from __future__ import annotations
@@ -32,11 +41,13 @@ from kube_io.errors import KubeError
 from kube_io.objects import ObjectReference
 from protocol.kube import Pod
 from scheduler_extender.admission.queue import PodKey
+from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 
 log = structlog.get_logger(__name__)
 
 ADMITTED_AT_ANNOTATION: Final = "vm-autoscaling.io/admitted-at"
+ROOM_FREED_AT_ANNOTATION: Final = "vm-autoscaling.io/room-freed-at"
 WAITING_REASON: Final = "WaitingForQuota"
 ADMITTED_REASON: Final = "QuotaAdmitted"
 # Per pod: a user running ``kubectl describe`` sees the current reason within a minute, and a
@@ -63,15 +74,28 @@ class QueueNotices:
         patcher: AnnotationPatcher | None,
         *,
         wall_clock: Callable[[], float],
+        touches_per_second: float = 50.0,
     ) -> None:
         self._reporter = reporter
         # None: standalone mode, no API server; there is no kube-scheduler to nudge either.
         self._patcher = patcher
         self._wall_clock = wall_clock
+        self._touch_interval = 1.0 / touches_per_second
         self._last_waiting_event: dict[str, float] = {}
-        self._to_touch: dict[str, PodKey] = {}
+        # uid -> (pod, the annotation that says why it is touched)
+        self._to_touch: dict[str, tuple[PodKey, str]] = {}
+        self._parked: ParkedPods | None = None
         self._wake = asyncio.Event()
         self.touched_total = 0
+        self.room_nudged_total = 0
+
+    def watch_room(self, parked: ParkedPods) -> None:
+        """Nudge the parked pods that ``parked`` finds room for (call ``room_changed`` when it
+        has changes: it is ``ParkedPods``' ``on_change``)."""
+        self._parked = parked
+
+    def room_changed(self) -> None:
+        self._wake.set()
 
     def waiting(self, key: PodKey, reason: str, *, now: float) -> None:
         """Filter left ``key`` waiting; post the reason unless it was posted recently."""
@@ -93,7 +117,7 @@ class QueueNotices:
                 " resumes",
             )
             if self._patcher is not None:
-                self._to_touch[key.uid] = key
+                self._to_touch[key.uid] = (key, ADMITTED_AT_ANNOTATION)
                 self._wake.set()
 
     def forget(self, uid: str) -> None:
@@ -105,29 +129,49 @@ class QueueNotices:
     def pending_touches(self) -> int:
         return len(self._to_touch)
 
+    def _take_room(self) -> None:
+        """Queue a touch for every parked pod that now fits a node it was offered."""
+        if self._parked is None or self._patcher is None:
+            return
+        for pod in self._parked.fitting():
+            key = PodKey(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+            log.info("pod_room_nudged", pod=key.key, uid=key.uid)
+            self.room_nudged_total += 1
+            self._to_touch[key.uid] = (key, ROOM_FREED_AT_ANNOTATION)
+
     async def run(self) -> None:
-        """Touch admitted pods one at a time, forever (a ``cleanup_ctx`` task)."""
+        """Touch pods one at a time, paced, forever (a ``cleanup_ctx`` task)."""
         if self._patcher is None:
             return
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._take_room()
             while self._to_touch:
                 uid = next(iter(self._to_touch))
-                key = self._to_touch.pop(uid)
-                await self._touch(self._patcher, key)
+                key, annotation = self._to_touch.pop(uid)
+                await self._touch(self._patcher, key, annotation)
+                # Room that freed while the patch was in flight: before the next pod, so that
+                # a pod that found room again is not touched twice.
+                self._take_room()
+                if self._to_touch:
+                    await asyncio.sleep(self._touch_interval)
 
-    async def _touch(self, patcher: AnnotationPatcher, key: PodKey) -> None:
+    async def _touch(self, patcher: AnnotationPatcher, key: PodKey, annotation: str) -> None:
         stamp = datetime.datetime.fromtimestamp(self._wall_clock(), datetime.UTC)
         try:
             await patcher.patch_pod_annotations(
-                key.namespace,
-                key.name,
-                {ADMITTED_AT_ANNOTATION: stamp.isoformat(timespec="milliseconds")},
+                key.namespace, key.name, {annotation: stamp.isoformat(timespec="milliseconds")}
             )
         except KubeError as e:
-            # Best effort: kube-scheduler still retries after its back-off; the quota stays
-            # reserved for the pod until admission_ttl_seconds.
-            log.warning("admitted_touch_failed", pod=key.key, error=e.message, status=e.status)
+            # Best effort: kube-scheduler still retries after its back-off or flush; an
+            # admitted pod keeps its quota until admission_ttl_seconds.
+            log.warning(
+                "pod_touch_failed",
+                pod=key.key,
+                annotation=annotation,
+                error=e.message,
+                status=e.status,
+            )
             return
         self.touched_total += 1
