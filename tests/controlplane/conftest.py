@@ -146,6 +146,8 @@ class Names:
     namespace: str
     group: str
     nodes: list[str] = field(default_factory=list)
+    # Objects outside the namespace to delete at the end (paths).
+    cleanup: list[str] = field(default_factory=list)
 
     def node(self, suffix: str, *, cpu: str, memory: str = "16Gi", **labels: str) -> str:
         name = f"{self.group}-{suffix}"
@@ -258,6 +260,8 @@ def names(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterat
         # Leave nothing for the next test's scheduler to see: pods first, then nodes.
         for pod in api.get(pod_path(namespace))["items"]:
             api.delete(pod_path(namespace, pod["metadata"]["name"]))
+        for path in made.cleanup:
+            api.delete(path)
         for node in made.nodes:
             api.delete(f"/api/v1/nodes/{node}")
         api.close()
