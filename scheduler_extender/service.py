@@ -43,7 +43,7 @@ from scheduler_extender.config import Config
 from scheduler_extender.core.ledger import Ledger, LedgerError
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import BatchRefused, decide_batch
-from scheduler_extender.core.placement import FitIndex
+from scheduler_extender.core.placement import FitIndex, ScoreIndex
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
 from scheduler_extender.kube.auth import Identity
@@ -91,6 +91,7 @@ class Extender:
         # their VMs at once, so a rebuilt ledger stops holding them at their maximum quickly.
         self.epoch = uuid.uuid4().hex
         self.index = FitIndex(self.ledger)
+        self.scores = ScoreIndex(self.ledger)
         self.ledger.subscribe(metrics.node_changed)
         # Our pods that wait for a node, by "namespace/name": bind needs their PodInfo, and
         # kube-scheduler's bind call carries only names.
@@ -358,7 +359,7 @@ class Extender:
             self.metrics.binds.labels("refused").inc()
             log_.info("bind_refused", reason=str(e))
             return f"cannot bind {key} to {node}: {e}"
-        self.reporter.report([event] if event is not None else [])
+        self.reporter.report([event] if event is not None else [], is_announced=True)
         if self.binder is None:
             # Standalone: no API server to ask; the pod is bound as soon as it is reserved.
             self.unbound.pop(key, None)

@@ -17,7 +17,15 @@ from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
 from scheduler_extender.core.ledger import Ledger, LedgerError, SystemReserve
 from scheduler_extender.core.permits import decide, decide_batch
-from scheduler_extender.core.placement import NOT_KNOWN, FitIndex, rejection, verdict
+from scheduler_extender.core.placement import (
+    NOT_KNOWN,
+    FitIndex,
+    ScoreIndex,
+    Strategy,
+    rejection,
+    score_nodes,
+    verdict,
+)
 from scheduler_extender.core.podinfo import Demand, PodInfo
 
 GI = 2**30
@@ -38,6 +46,7 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.ledger = Ledger(reserve=SystemReserve(cpu_fraction=0.2))
         self.index = FitIndex(self.ledger)
+        self.scores = ScoreIndex(self.ledger)
         self.api_nodes: dict[str, Demand] = {}
         self.api_pods: dict[str, PodInfo] = {}
         self.current: dict[str, int] = {}  # vCPUs each VM really runs with
@@ -291,6 +300,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert rebuilt.nodes[name].uncertain_total == Demand(0, 0)
         self.ledger = rebuilt
         self.index = FitIndex(rebuilt)
+        self.scores = ScoreIndex(self.ledger)
         self.answers.clear()  # a new index: the extender's answer cache is new too
 
     @precondition(lambda self: not any(e.is_tentative for e in self.ledger.pods.values()))
@@ -307,6 +317,7 @@ class LedgerMachine(RuleBasedStateMachine):
         }
         self.ledger = rebuilt
         self.index = FitIndex(rebuilt)
+        self.scores = ScoreIndex(self.ledger)
         self.answers.clear()
 
     @rule(data=st.data())
@@ -354,6 +365,19 @@ class LedgerMachine(RuleBasedStateMachine):
             if seen is not None and seen[0] == version:
                 assert seen[1] == answer, (size, version, seen[1], answer)
             self.answers[size] = (version, answer)
+
+    @invariant()
+    def score_index_matches_a_fresh_computation(self):
+        """Prioritize's kept scores are what scoring every node afresh gives."""
+        names = [*NODES, "ghost"]
+        for size in SIZES:
+            for growth in (0, 3000):
+                for strategy in Strategy:
+                    kept = self.scores.scores(names, size, growth_millis=growth, strategy=strategy)
+                    fresh = score_nodes(
+                        self.ledger, names, size, growth_millis=growth, strategy=strategy
+                    )
+                    assert kept == fresh, (size, growth, strategy)
 
 
 TestLedgerMachine = LedgerMachine.TestCase
