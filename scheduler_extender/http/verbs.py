@@ -27,7 +27,6 @@ from aiohttp import web
 
 from protocol import codec
 from protocol.extender import (
-    ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderPreemptionArgs,
@@ -37,7 +36,7 @@ from protocol.extender import (
     MetaVictims,
 )
 from protocol.kube import Pod
-from scheduler_extender.core.placement import choose_victims, reject_all, score_nodes
+from scheduler_extender.core.placement import choose_victims, reject_all
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.keys import EXTENDER
@@ -207,14 +206,6 @@ def _pod(request: web.Request, pod: Pod) -> PodInfo:
     return info
 
 
-def _names(args: ExtenderArgs) -> list[str]:
-    if args.node_names is not None:
-        return args.node_names
-    if args.nodes is not None:
-        return [n.metadata.name for n in args.nodes.items]
-    raise ProtocolError("ExtenderArgs: neither NodeNames nor Nodes is set")
-
-
 def _listed(args: FilterArgs) -> tuple[bool, msgspec.Raw]:
     """(is cache mode, the raw node list): the field the request used, as the answer must.
 
@@ -323,20 +314,19 @@ async def filter_nodes(request: web.Request) -> web.Response:
 async def prioritize(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     extender.require_synced()
-    args = decode(ExtenderArgs, await read_body(request))
+    # The same lean decode as filter: in non-cache mode the body carries every passing Node
+    # object, and turning them all into structs cost more than the scoring (only names count).
+    args = decode(FilterArgs, await read_body(request))
     info = _pod(request, args.pod)
-    names = _names(args)
+    is_cache, listed = _listed(args)
+    names = _listed_names(is_cache, listed)
     if info.vm_error is not None:
         scores = [(name, 0) for name in names]
     else:
         size = info.initial_demand()
         growth = max(0, info.vm.top_vcpus * 1000 - size.cpu_millis) if info.vm else 0
-        scores = score_nodes(
-            extender.ledger,
-            names,
-            size,
-            growth_millis=growth,
-            strategy=extender.config.scoring.strategy,
+        scores = extender.scores.scores(
+            names, size, growth_millis=growth, strategy=extender.config.scoring.strategy
         )
     structlog.contextvars.bind_contextvars(reason=f"scored {len(scores)} nodes")
     return json_response([HostPriority(host=name, score=score) for name, score in scores])
