@@ -7,7 +7,9 @@ pods only, a Kubernetes Event with reason ``NODE_ALLOC`` on the pod (``kubectl d
 The initial list is not reported pod by pod: on a large cluster that would be thousands of
 Events at every start (a flood the API server does not need); one summary line is logged
 instead. Resizes (permits) are not reported here: the permit request's own log line says it, and
-there can be tens of thousands a second.
+there can be tens of thousands a second. Nor is a bind through the bind verb given an Event of
+its own: kube-scheduler's ``Scheduled`` Event already says where the pod went, and one more
+write per pod cost the API server a third of its work at full scheduling speed.
 
 Events are posted by a background task from a bounded queue; when the API is slow, Events are
 dropped (counted), never the decisions that caused them.
@@ -52,7 +54,16 @@ class NodeAllocReporter:
         self._poster = poster
         self._queue: asyncio.Queue[tuple[ObjectReference, str, str]] = asyncio.Queue(_QUEUE_SIZE)
 
-    def report(self, events: Iterable[AllocEvent], *, is_initial: bool = False) -> None:
+    def report(
+        self,
+        events: Iterable[AllocEvent],
+        *,
+        is_initial: bool = False,
+        is_announced: bool = False,
+    ) -> None:
+        """``is_announced``: the pods' Events are someone else's to post (a bind through the
+        bind verb: kube-scheduler posts ``Scheduled`` naming the node for every pod it binds,
+        and a second Event per pod would double the API server's writes for each bind)."""
         count = 0
         for event in events:
             if event.action is AllocAction.RESIZE:
@@ -71,7 +82,7 @@ class NodeAllocReporter:
                 cpu_millis=held.cpu_millis,
                 memory_bytes=held.memory_bytes,
             )
-            if not event.is_foreign and self._poster is not None:
+            if not event.is_foreign and not is_announced and self._poster is not None:
                 self._enqueue(event, held.cpu_millis, held.memory_bytes)
         if is_initial and count:
             log.info("node_alloc_initial", allocations=count)

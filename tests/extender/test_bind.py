@@ -26,10 +26,15 @@ async def test_bind_success_posts_binding_and_holds(
     (node,) = (await running.state())["nodes"]
     assert [a["pod"] for a in node["allocations"]] == ["vms/vm-1"]
     assert node["allocated"]["cpuMillis"] == 2000
-    # NODE_ALLOC Event for our own pod (and not for anything in the initial list).
+    # No NODE_ALLOC Event for the bind: kube-scheduler's own Scheduled Event says where the
+    # pod went. Its release does get one (Events go out in order, so a bind Event would come
+    # first), and nothing in the initial list does.
+    kube_api.delete_pod("vms", "vm-1")
     await wait_until(lambda: len(kube_api.events) == 1)
-    assert kube_api.events[0]["reason"] == "NODE_ALLOC"
-    assert kube_api.events[0]["involvedObject"]["name"] == "vm-1"
+    (event,) = kube_api.events
+    assert event["reason"] == "NODE_ALLOC"
+    assert event["involvedObject"]["name"] == "vm-1"
+    assert "released from node node-a" in event["message"]
 
 
 @pytest.mark.parametrize(
