@@ -529,6 +529,12 @@ class Extender:
     kubeconfig: Path
     config: Obj
     process: Process | None = None
+    # Before ``-m scheduler_extender`` (e.g. ``-m cProfile -o FILE`` in a benchmark).
+    python_args: list[str] = field(default_factory=list)
+    # Tests read every request's line (debug); a benchmark runs as deployed (info).
+    log_level: str = "debug"
+    # Where the extender's code comes from (a benchmark compares another checkout's).
+    source: Path = ROOT
 
     @property
     def verbs_port(self) -> int:
@@ -546,13 +552,13 @@ class Extender:
         self.process = _spawn(
             "extender",
             [
-                sys.executable, "-m", "scheduler_extender",
+                sys.executable, *self.python_args, "-m", "scheduler_extender",
                 "--kubeconfig", str(self.kubeconfig),
                 "--config", str(config_path),
-                "--log-level", "debug",
+                "--log-level", self.log_level,
             ],
             self.work,
-            env={"PYTHONPATH": str(ROOT)},
+            env={"PYTHONPATH": str(self.source)},
         )  # fmt: skip
         if wait_ready:
             self.wait_ready()

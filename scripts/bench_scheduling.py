@@ -1,0 +1,511 @@
+"""Benchmark (not a test): scheduling throughput through the real kube-scheduler, with and
+without the extender, and how soon a pending VM binds once room frees.
+
+Real etcd, kube-apiserver and kube-scheduler v1.36 (``$VMA_KUBE_BIN``, or unpacked from
+``../shared/kube-bin``), the real ``scheduler-extender`` process under the manifests'
+ServiceAccount, the scheduler and extender configs of ``manifests/config``. Same nodes and
+same pods for every mode; modes interleaved round by round, so drift on a shared machine
+hits them alike:
+
+* ``alone``: kube-scheduler with no extender (its own profile), the baseline;
+* ``cache``: with the extender, ``nodeCacheCapable: true`` (the deployed config);
+* ``nocache``: with the extender, ``nodeCacheCapable: false`` (full Node objects per call).
+
+Per run the pods are created first, then the scheduler (and extender) started; throughput is
+pods bound per second between the first and the last bind seen on a pod watch (start-up not
+included). The extender's CPU time per scheduled pod comes from ``/proc`` (the whole
+process: verbs, watch events, Binding POSTs, Events, durable writes), split by verb from its
+own request-duration histogram. ``--profile`` runs the extender of one extra cache-mode run
+under cProfile and splits its CPU by the work behind it.
+
+The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
+the time until a pending VM is bound is measured, ``--latency-samples`` times; p50 and p99.
+
+Prints one JSON object.
+
+    .venv/bin/python scripts/bench_scheduling.py [--nodes 500] [--pods 1000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+REPO: Final = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.controlplane.conftest import (  # noqa: E402
+    MANIFEST_EXTENDER_CONFIG,
+    MANIFEST_SCHEDULER_CONFIG,
+    RBAC_KINDS,
+)
+from tests.controlplane.harness import (  # noqa: E402
+    BINARIES,
+    KUBE_BIN_ENV,
+    SCHEDULER_NAME,
+    Api,
+    ControlPlane,
+    Extender,
+    Obj,
+    Scheduler,
+    extender_config,
+    extender_identity,
+    free_port,
+    kube_bin_dir,
+    pod_path,
+    scheduler_config,
+    wait_for,
+)
+from tests.deploy.render import MANIFESTS, render  # noqa: E402
+
+ALONE_SCHEDULER: Final = "bench-alone"
+MODES: Final = ("alone", "cache", "nocache")
+
+
+def find_binaries() -> Path:
+    found = kube_bin_dir()
+    if found is not None:
+        return found
+    shared = REPO.parent / "shared" / "kube-bin"
+    if (shared / "SHA256SUMS").is_file():
+        out = subprocess.run(
+            [str(REPO / "scripts" / "kube-bin"), str(shared)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return Path(out.stdout.strip())
+    sys.exit(f"bench_scheduling: set ${KUBE_BIN_ENV} to a folder with {', '.join(BINARIES)}")
+
+
+class BindWatch:
+    """A pod watch on one namespace in a thread: when each pod was first seen bound."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.bound_at: dict[str, float] = {}
+        self._cp = cp
+        self._namespace = namespace
+        listed = cp.admin().get(pod_path(namespace))
+        self._rv = listed["metadata"]["resourceVersion"]
+        for pod in listed["items"]:
+            if pod["spec"].get("nodeName"):
+                self.bound_at[pod["metadata"]["name"]] = time.monotonic()
+        self._conn = http.client.HTTPSConnection(
+            "127.0.0.1", cp.port, context=cp.ssl_context(client_cert=True), timeout=600
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        path = f"{pod_path(self._namespace)}?watch=1&resourceVersion={self._rv}"
+        try:
+            self._conn.request("GET", path)
+            response = self._conn.getresponse()
+            pending = b""
+            while True:
+                # read1, not readline: one event's line may span chunks of the stream.
+                data = response.read1(65536)
+                if not data:
+                    return
+                now = time.monotonic()
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    pod = json.loads(line).get("object", {})
+                    name = pod.get("metadata", {}).get("name")
+                    if name and pod.get("spec", {}).get("nodeName") and name not in self.bound_at:
+                        self.bound_at[name] = now
+        except (OSError, http.client.HTTPException, ValueError):
+            return
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.sock and self._conn.sock.shutdown(2)  # type: ignore[func-returns-value]
+        self._conn.close()
+
+
+def create_all(cp: ControlPlane, items: list[tuple[str, Obj]], *, threads: int = 8) -> None:
+    """POST every (path, body), over a few connections at once (set-up, not measured)."""
+    chunks = [items[i::threads] for i in range(threads)]
+
+    def post(chunk: list[tuple[str, Obj]]) -> None:
+        api = cp.admin()
+        try:
+            for path, body in chunk:
+                api.create(path, body)
+        finally:
+            api.close()
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(post, chunks))
+
+
+def make_nodes(cp: ControlPlane, count: int, *, cpu: str = "64") -> list[str]:
+    names = [f"bench-node-{i:04d}" for i in range(count)]
+    node: Obj = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "status": {
+            "capacity": {"cpu": cpu, "memory": "256Gi", "pods": "110"},
+            "allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    meta = {"labels": {"bench": "throughput"}}
+    create_all(cp, [("/api/v1/nodes", {**node, "metadata": {**meta, "name": n}}) for n in names])
+    return names
+
+
+def vm_pod(name: str, namespace: str, scheduler: str, selector: dict[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"vm-autoscaling.io/vm": "true"},
+            "annotations": {
+                "vm-autoscaling.io/min-vcpus": "1",
+                "vm-autoscaling.io/max-vcpus": "4",
+            },
+        },
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": selector,
+            "containers": [
+                {
+                    "name": "vm",
+                    "image": "vm-runner",
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "1Gi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def namespace(api: Api, name: str) -> None:
+    api.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+
+
+def clear_namespace(api: Api, name: str) -> None:
+    api.request("DELETE", pod_path(name), query={"gracePeriodSeconds": "0"}, ok=(200, 202, 404))
+    wait_for(
+        lambda: not api.get(pod_path(name))["items"], timeout_seconds=120, what=f"{name} empty"
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def verb_seconds(extender: Extender) -> dict[str, float]:
+    """Seconds spent in each verb's handler (the request-duration histogram's sums)."""
+    status, body = extender.get("/metrics")
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for line in body.decode().splitlines():
+        if line.startswith("vmautoscale_extender_verb_duration_seconds_sum{"):
+            labels, value = line.rsplit(" ", 1)
+            verb = labels.split('verb="', 1)[1].split('"', 1)[0]
+            out[verb] = out.get(verb, 0.0) + float(value)
+    return out
+
+
+class Bench:
+    def __init__(self, cp: ControlPlane, kubeconfig: Path, work: Path, nodes: list[str]) -> None:
+        self.cp = cp
+        self.api = cp.admin()
+        self.kubeconfig = kubeconfig
+        self.work = work
+        self.nodes = nodes
+        self.runs = 0
+
+    def new_extender(self, *, profile: Path | None = None, source: Path | None = None) -> Extender:
+        config = extender_config(
+            MANIFEST_EXTENDER_CONFIG, verbs_port=free_port(), permits_port=free_port()
+        )
+        extender = Extender(
+            self.work, self.kubeconfig, config, log_level="info", source=source or REPO
+        )
+        if profile is not None:
+            extender.python_args = ["-m", "cProfile", "-o", str(profile)]
+        return extender
+
+    def scheduler(self, mode: str, verbs_port: int | None) -> Scheduler:
+        config = scheduler_config(
+            MANIFEST_SCHEDULER_CONFIG, kubeconfig=self.kubeconfig, verbs_port=verbs_port or 0
+        )
+        if mode == "alone":
+            config["extenders"] = []
+            config["profiles"] = [{"schedulerName": ALONE_SCHEDULER}]
+        else:
+            for ext in config["extenders"]:
+                ext["nodeCacheCapable"] = mode == "cache"
+        self.runs += 1
+        return Scheduler(self.cp.bin_dir, self.work, self.cp, config, name=f"sched-{self.runs}")
+
+    def throughput(
+        self, mode: str, pods: int, *, profile: Path | None = None, source: Path | None = None
+    ) -> dict[str, Any]:
+        ns = f"bench-{mode}-{self.runs}"
+        namespace(self.api, ns)
+        scheduler_name = ALONE_SCHEDULER if mode == "alone" else SCHEDULER_NAME
+        selector = {"bench": "throughput"}
+        create_all(
+            self.cp,
+            [(pod_path(ns), vm_pod(f"vm-{i}", ns, scheduler_name, selector)) for i in range(pods)],
+        )
+        watch = BindWatch(self.cp, ns)
+        extender = None if mode == "alone" else self.new_extender(profile=profile, source=source)
+        result: dict[str, Any] = {"mode": mode}
+        try:
+            if extender is not None:
+                extender.start()
+                assert extender.process is not None
+                cpu_before = cpu_seconds(extender.process.popen.pid)
+                verbs_before = verb_seconds(extender)
+            scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
+            scheduler.start()
+            try:
+                wait_for(
+                    lambda: len(watch.bound_at) >= pods,
+                    timeout_seconds=float(os.environ.get("BENCH_RUN_TIMEOUT", "600")),
+                    what=f"{pods} pods bound ({mode}; saw {len(watch.bound_at)})",
+                    interval=0.2,
+                )
+            finally:
+                scheduler.stop()
+            times = sorted(watch.bound_at.values())
+            span = times[-1] - times[0]
+            result["podsPerSecond"] = round((len(times) - 1) / span, 1) if span > 0 else None
+            if extender is not None:
+                assert extender.process is not None
+                time.sleep(1)  # the last binds' watch events and writes
+                cpu = cpu_seconds(extender.process.popen.pid) - cpu_before
+                verbs = verb_seconds(extender)
+                result["extenderCpuMsPerPod"] = round(cpu * 1000 / pods, 3)
+                result["verbMsPerPod"] = {
+                    verb: round((verbs[verb] - verbs_before.get(verb, 0.0)) * 1000 / pods, 3)
+                    for verb in sorted(verbs)
+                }
+        finally:
+            watch.close()
+            if extender is not None:
+                extender.stop()
+            clear_namespace(self.api, ns)
+        return result
+
+    def latency(self, samples: int, *, lag_seconds: float = 0.0) -> dict[str, Any]:
+        """Deletion (or termination) to the next pending VM bound, on a full node."""
+        ns = f"bench-latency-{self.runs}"
+        self.runs += 1
+        namespace(self.api, ns)
+        node = f"bench-latency-node-{self.runs}"
+        self.api.create(
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"bench": node}},
+                "status": {
+                    "capacity": {"cpu": "5", "memory": "64Gi", "pods": "110"},
+                    "allocatable": {"cpu": "5", "memory": "64Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+        )
+        extender = self.new_extender()
+        extender.start()
+        scheduler = self.scheduler("cache", extender.verbs_port)
+        scheduler.start()
+        watch = BindWatch(self.cp, ns)
+        selector = {"bench": node}
+        delays: list[float] = []
+        try:
+            holders = []
+            for i in range(4):  # 5 CPUs, 20% reserved: room for four VMs of one vCPU
+                self.api.create(pod_path(ns), vm_pod(f"hold-{i}", ns, SCHEDULER_NAME, selector))
+                holders.append(f"hold-{i}")
+            wait_for(lambda: len(watch.bound_at) >= 4, timeout_seconds=60, what="holders bound")
+            for i in range(samples):
+                waiting = f"wait-{i}"
+                self.api.create(pod_path(ns), vm_pod(waiting, ns, SCHEDULER_NAME, selector))
+                wait_for(
+                    lambda w=waiting: any(  # type: ignore[misc]
+                        e.get("reason") == "FailedScheduling" for e in self.api.events_for(ns, w)
+                    ),
+                    timeout_seconds=60,
+                    what=f"{waiting} rejected",
+                )
+                time.sleep(1.2)  # past the first back-off, as a deletion minutes later is
+                victim = holders.pop(0)
+                freed = time.monotonic()
+                if i % 2:
+                    self.api.set_pod_phase(ns, victim, "Succeeded")
+                else:
+                    self.api.delete(pod_path(ns, victim))
+                wait_for(
+                    lambda w=waiting: w in watch.bound_at,  # type: ignore[misc]
+                    timeout_seconds=360,
+                    what=f"{waiting} bound",
+                    interval=0.005,
+                )
+                delays.append(watch.bound_at[waiting] - freed)
+                holders.append(waiting)
+        finally:
+            watch.close()
+            scheduler.stop()
+            extender.stop()
+            clear_namespace(self.api, ns)
+            self.api.delete(f"/api/v1/nodes/{node}")
+        delays.sort()
+        return {
+            "samples": len(delays),
+            "p50Seconds": round(statistics.median(delays), 3),
+            "p99Seconds": round(delays[min(len(delays) - 1, int(len(delays) * 0.99))], 3),
+            "maxSeconds": round(delays[-1], 3),
+        }
+
+
+def profile_split(path: Path, pods: int) -> dict[str, float]:
+    """CPU ms per pod by the work behind it, from the extender's cProfile (own time)."""
+    stats = pstats.Stats(str(path))
+    buckets = {
+        "decode": ("msgspec", "decode"),
+        "encode": ("encode",),
+        "ledger+placement": ("scheduler_extender/core/",),
+        "kube client (Binding POST, patches, Events)": ("kube_io/client.py", "kubernetes_asyncio"),
+        "watch events": ("kube_io/watch.py", "scheduler_extender/sync.py"),
+        "durable writes": ("scheduler_extender/kube/durability.py",),
+        "aiohttp": ("aiohttp/",),
+        "logging": ("structlog", "observability/"),
+    }
+    split = dict.fromkeys(buckets, 0.0)
+    split["other"] = 0.0
+    for (filename, _line, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        own = row[2]
+        where = f"{filename}:{function}"
+        for bucket, marks in buckets.items():
+            if any(mark in where for mark in marks):
+                split[bucket] += own
+                break
+        else:
+            split["other"] += own
+    return {k: round(v * 1000 / pods, 3) for k, v in split.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=500, help="Nodes (default 500)")
+    parser.add_argument("--pods", type=int, default=1000, help="pods per run (default 1000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode (default 3)")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
+    parser.add_argument(
+        "--latency-samples", type=int, default=20, help="deletions timed (default 20; 0: skip)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="one more cache run with the extender under cProfile, written to FILE, and its CPU"
+        " split by the work behind it",
+    )
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="work in DIR and keep it (logs, configs)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run each extender mode with the extender's code from CHECKOUT (e.g. a"
+        " worktree of an older commit), interleaved, for a before/after in one run",
+    )
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    bin_dir = find_binaries()
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            work = args.keep.resolve()
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sched-")))
+        cp = ControlPlane(bin_dir, work)
+        cp.start()
+        try:
+            kubeconfig = extender_identity(
+                cp, [d for d in render(MANIFESTS) if d["kind"] in RBAC_KINDS]
+            )
+            started = time.monotonic()
+            nodes = make_nodes(cp, args.nodes)
+            bench = Bench(cp, kubeconfig, work, nodes)
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+            baseline_modes = [m for m in modes if m != "alone"] if args.baseline else []
+            for m in baseline_modes:
+                runs[f"{m}@baseline"] = []
+            for _ in range(args.rounds):
+                for mode in modes:
+                    runs[mode].append(bench.throughput(mode, args.pods))
+                    if mode in baseline_modes:
+                        runs[f"{mode}@baseline"].append(
+                            bench.throughput(mode, args.pods, source=args.baseline.resolve())
+                        )
+            out: dict[str, Any] = {
+                "nodes": args.nodes,
+                "pods": args.pods,
+                "rounds": args.rounds,
+                "setupSeconds": round(time.monotonic() - started, 1),
+            }
+            medians = {}
+            for mode, results in runs.items():
+                if not results:
+                    continue
+                rates = [r["podsPerSecond"] for r in results]
+                medians[mode] = statistics.median(rates)
+                entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
+                if not mode.startswith("alone"):
+                    entry["extenderCpuMsPerPod"] = statistics.median(
+                        r["extenderCpuMsPerPod"] for r in results
+                    )
+                    entry["verbMsPerPod"] = results[-1]["verbMsPerPod"]
+                out[mode] = entry
+            if "alone" in medians:
+                for mode, median in medians.items():
+                    if mode != "alone":
+                        out[f"{mode}ToAloneRatio"] = round(median / medians["alone"], 3)
+            if args.profile:
+                bench.throughput("cache", args.pods, profile=args.profile.resolve())
+                out["profileCpuMsPerPod"] = profile_split(args.profile, args.pods)
+            if args.latency_samples:
+                out["deleteToBind"] = bench.latency(args.latency_samples)
+        finally:
+            cp.stop()
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
