@@ -37,6 +37,7 @@ import msgspec
 import yaml
 
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from protocol.yaml_errors import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.placement import Strategy
 
@@ -268,7 +269,7 @@ def parse_scenario(text: str | bytes, *, base_dir: Path | None = None) -> Scenar
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        raise ScenarioError([f"not valid YAML - at `$`: {e}"]) from e
+        raise ScenarioError([f"not valid YAML - at `$`: {describe_yaml_error(e)}"]) from e
     _check_traces_first(data)
     try:
         scenario = msgspec.convert(data, Scenario)

@@ -18,6 +18,8 @@ from typing import Annotated, Final, Literal
 import msgspec
 import yaml
 
+from protocol.yaml_errors import describe_yaml_error
+
 __all__ = [
     "API_VERSION",
     "HOSTNAME_LABEL",
@@ -291,4 +293,6 @@ def decode_snapshot(data: bytes, *, fmt: SnapshotFormat = "json") -> ClusterSnap
     except msgspec.DecodeError as e:
         raise SnapshotError([FieldError(path="$", message=f"malformed JSON: {e}")]) from e
     except yaml.YAMLError as e:
-        raise SnapshotError([FieldError(path="$", message=f"malformed YAML: {e}")]) from e
+        raise SnapshotError(
+            [FieldError(path="$", message=f"malformed YAML: {describe_yaml_error(e)}")]
+        ) from e
