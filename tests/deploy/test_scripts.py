@@ -112,3 +112,53 @@ def test_watch_vcpus_is_lint_clean():
     ):
         result = _run(argv)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _recording_path(tmp_path):
+    """A PATH whose dpkg-query, apt-get and sudo only record that they were called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    for tool in ("dpkg-query", "apt-get", "sudo"):
+        fake = bin_dir / tool
+        # dpkg-query reports every package installed, so a full setup installs nothing.
+        fake.write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
+            + ('printf "install ok installed"\n' if tool == "dpkg-query" else "exit 1\n")
+        )
+        fake.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}", log
+
+
+def test_run_installs_no_debian_packages(tmp_path):
+    """A simulation needs no QEMU, PostgreSQL or node_exporter: scripts/run asks apt nothing."""
+    path, log = _recording_path(tmp_path)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "run"), "simulate", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PATH": path},
+    )
+    assert result.returncode == 0, result.stderr
+    assert not log.exists(), log.read_text()
+
+
+def test_setup_checks_every_package_the_tests_use(tmp_path):
+    """scripts/setup (what scripts/test runs) still looks for every Debian package."""
+    path, log = _recording_path(tmp_path)
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "setup")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": path},
+    )
+    assert result.returncode == 0, result.stderr
+    asked = log.read_text()
+    for package in ("qemu-system-x86", "prometheus-node-exporter", "postgresql", "shellcheck"):
+        assert f" {package}\n" in asked, asked
+    assert "apt-get" not in asked
