@@ -31,7 +31,7 @@ case "${1:-}" in
   -h | --help) usage; exit 0 ;;
 esac
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 
 say() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'run-bench: %s\n' "$*" >&2; exit 1; }
