@@ -55,7 +55,7 @@ import yaml
 
 from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.policy import PolicyConfig
-from protocol.yaml_errors import describe_yaml_error
+from protocol.strict_yaml import describe_yaml_error
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]

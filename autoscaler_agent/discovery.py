@@ -37,7 +37,7 @@ from protocol.annotations import (
 from protocol.kube import Pod
 from protocol.permits import PodRef
 from protocol.quantity import QuantityError, memory_bytes
-from protocol.yaml_errors import describe_yaml_error
+from protocol.strict_yaml import describe_yaml_error
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
-from protocol.yaml_errors import describe_yaml_error
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
 from scheduler_extender.core.placement import Strategy

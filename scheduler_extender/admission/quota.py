@@ -37,7 +37,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
-from protocol.yaml_errors import describe_yaml_error
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.core.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000

@@ -25,7 +25,7 @@ from protocol.kube import (
     PodStatus,
     ResourceRequirements,
 )
-from protocol.yaml_errors import describe_yaml_error
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.config import ConfigError
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
