@@ -217,6 +217,8 @@ class Timing(_Strict, frozen=True, kw_only=True):
 class Scenario(_Strict, frozen=True, kw_only=True):
     name: Name
     duration_seconds: PositiveSeconds
+    # What the scenario shows and what to expect, printed under the summary's title.
+    description: str = ""
     seed: int = 0
     load1_model: Load1Model = Load1Model.KERNEL
     strategy: Strategy = Strategy.SPREAD
