@@ -223,9 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     except OSError as e:
-        if e.errno not in _LISTEN_ERRNOS:
-            raise
-        return fail(PROG, _listen_problem(config, args.config, e), ExitCode.PORT_IN_USE)
+        if e.errno in _LISTEN_ERRNOS:
+            return fail(PROG, _listen_problem(config, args.config, e), ExitCode.PORT_IN_USE)
+        structlog.get_logger(__name__).exception("startup_failed")
+        return EXIT_STARTUP
     except Exception:
         # A bug, not an operator's mistake: keep the traceback for the report.
         structlog.get_logger(__name__).exception("startup_failed")
