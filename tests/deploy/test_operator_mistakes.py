@@ -7,10 +7,12 @@ real sockets: a port we hold, a loopback port nobody listens on. The codes are
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,40 @@ def test_unreachable_api_server(service, tmp_path, agent_config):
     kubeconfig = _kubeconfig(tmp_path, f"https://127.0.0.1:{port}")
     result = _run(service, *_args(service, agent_config), "--kubeconfig", str(kubeconfig))
     _one_line(result, ExitCode.API_UNREACHABLE, f"127.0.0.1:{port}")
+
+
+class _Refuses(http.server.BaseHTTPRequestHandler):
+    """An API server that refuses every credential, as a real one does a wrong token."""
+
+    def do_GET(self) -> None:
+        body = b'{"kind":"Status","status":"Failure","reason":"Unauthorized","code":401}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_api_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_credentials_refused(service, tmp_path, agent_config, refusing_api_server):
+    kubeconfig = _kubeconfig(tmp_path, refusing_api_server)
+    result = _run(service, *_args(service, agent_config), "--kubeconfig", str(kubeconfig))
+    _one_line(result, ExitCode.KUBECONFIG, "refused the credentials", str(kubeconfig))
 
 
 def test_extender_port_in_use(tmp_path, held_port):
