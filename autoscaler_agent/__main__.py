@@ -1,8 +1,9 @@
 """``autoscaler-agent``: the per-node agent that keeps each VM's vCPUs matched to its load.
 
-Shell: parse the flags, load the config (exit 2 if unusable), configure logging once, then run
-the HTTP endpoints (``/healthz``, ``/metrics``) and the supervisor of the VM loops until SIGTERM
-or SIGINT. No policy here.
+Shell: parse the flags, load the config (exit 3 if unusable), check that the API server answers
+(unless standalone), and only then bind the HTTP port (``/healthz``, ``/metrics``) and run the
+supervisor of the VM loops until SIGTERM or SIGINT. Every operator mistake ends in one line and
+the exit code of its class (``observability.exits``). No policy here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -39,11 +41,16 @@ from autoscaler_agent.extender_client import (
 from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
 
 log = structlog.get_logger("autoscaler_agent")
 
-EXIT_CONFIG = 2
+PROG = "autoscaler-agent"
+EXIT_CONFIG = ExitCode.CONFIG
+# The start-up check of the API server waits at most this long for an answer (seconds).
+PREFLIGHT_TIMEOUT_SECONDS = 10.0
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 DESCRIPTION = """\
 Keep the vCPUs of each VM on this node matched to its load. Every scrape interval the agent
@@ -56,9 +63,10 @@ spec.nodeName); in standalone mode it defaults to this host's name.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autoscaler-agent",
+    p = OneLineParser(
+        prog=PROG,
         description=DESCRIPTION,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -67,14 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="agent config (YAML): scrape, policy, extender, retry, hypervisor, http and log"
         " sections; every key is optional (an empty file gives the defaults). Unknown keys and"
-        " bad values exit with status 2 and the $.path of the problem.",
+        " bad values exit with status 3 and the $.path of the problem.",
     )
     p.add_argument(
         "--kubeconfig",
         metavar="PATH",
         default=None,
-        help="kubeconfig used to watch this node's pods; default: in-cluster service account"
-        " (or $KUBECONFIG). Ignored with --standalone.",
+        help="kubeconfig used to watch this node's pods; default: the pod's in-cluster service"
+        " account. The API server must answer before the HTTP port is bound (exit 4, 5 or 6"
+        " otherwise). Ignored with --standalone.",
     )
     p.add_argument(
         "--standalone",
@@ -172,7 +181,15 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             await batcher.close()
 
 
-async def _main_async(config: Config, *, node: str, source: VmSource) -> None:
+async def _main_async(
+    config: Config, *, node: str, source: VmSource, kubeconfig: str | None, standalone: bool
+) -> None:
+    if not standalone:
+        # Before the port is bound: a bad kubeconfig or a silent API server is one line now.
+        from kube_io.preflight import check_api_server  # noqa: PLC0415 (kube_io stays optional)
+
+        await check_api_server(kubeconfig, timeout_seconds=PREFLIGHT_TIMEOUT_SECONDS)
+    log.info("agent_starting", standalone=standalone)
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -188,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as e:
-        print(f"autoscaler-agent: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     configure_logging(config.log.level)
     node = os.environ.get("NODE_NAME", "")
     source: VmSource
@@ -197,21 +213,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         node = node or socket.gethostname()
         source = StandaloneSource(Path(args.standalone), node=node)
         try:
-            source.load()  # fail fast (exit 2) on a broken file, before anything starts
+            source.load()  # fail fast (exit 3) on a broken file, before anything starts
         except DiscoveryError as e:
-            print(f"autoscaler-agent: {e}", file=sys.stderr)
-            return EXIT_CONFIG
+            return fail(PROG, str(e), EXIT_CONFIG)
     else:
         if not node:
-            print(
-                "autoscaler-agent: NODE_NAME is not set (downward API spec.nodeName)",
-                file=sys.stderr,
+            return fail(
+                PROG,
+                "NODE_NAME is not set: set it from the downward API (spec.nodeName), or pass"
+                " --standalone VMS.yaml",
+                EXIT_CONFIG,
             )
-            return EXIT_CONFIG
         source = KubeSource(kubeconfig=args.kubeconfig, node=node)
     structlog.contextvars.bind_contextvars(node=node)
-    log.info("agent_starting", standalone=bool(args.standalone), config=args.config)
-    asyncio.run(_main_async(config, node=node, source=source))
+    main_task = _main_async(
+        config,
+        node=node,
+        source=source,
+        kubeconfig=args.kubeconfig,
+        standalone=bool(args.standalone),
+    )
+    try:
+        asyncio.run(main_task)
+    except OSError as e:
+        if e.errno not in _LISTEN_ERRNOS:
+            raise
+        where = f"{config.http.host}:{config.http.port} (http in {args.config})"
+        return fail(PROG, f"cannot listen on {where}: {e.strerror or e}", ExitCode.PORT_IN_USE)
+    except Exception as e:
+        from kube_io.preflight import StartupProblem  # noqa: PLC0415 (kube_io stays optional)
+
+        if isinstance(e, StartupProblem):
+            return fail(PROG, str(e), e.code)
+        raise
     return 0
 
 

@@ -4,7 +4,7 @@ Shell (reads one file). Unknown keys are errors (a typo must not silently become
 and every error names its location as msgspec reports it, e.g.
 ``Expected `float` > 0.0, got `0` - at `$.scrape.interval_seconds```. Cross-field rules live in
 ``__post_init__``; msgspec turns their ValueError into the same kind of message with the path.
-``__main__`` exits with status 2 on any ``ConfigError``.
+``__main__`` exits with status 3 on any ``ConfigError``.
 
 Every key and its default (all optional; an empty file is a valid config)::
 
@@ -55,6 +55,7 @@ import yaml
 
 from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.policy import PolicyConfig
+from protocol.strict_yaml import describe_yaml_error
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
@@ -165,7 +166,7 @@ def parse_config(text: str, *, source: str = "<config>") -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from e
+        raise ConfigError(f"{source}: not valid YAML: {describe_yaml_error(e)}") from e
     if raw is None:
         raw = {}
     try:

@@ -37,6 +37,7 @@ from protocol.annotations import (
 from protocol.kube import Pod
 from protocol.permits import PodRef
 from protocol.quantity import QuantityError, memory_bytes
+from protocol.strict_yaml import describe_yaml_error
 
 log = structlog.get_logger(__name__)
 
@@ -207,7 +208,7 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
         raw = yaml.safe_load(text)
         parsed = msgspec.convert(raw if raw is not None else {}, StandaloneFile)
     except yaml.YAMLError as e:
-        raise DiscoveryError(f"{source}: not valid YAML: {e}") from e
+        raise DiscoveryError(f"{source}: not valid YAML: {describe_yaml_error(e)}") from e
     except msgspec.ValidationError as e:
         raise DiscoveryError(f"{source}: {e}") from e
     targets: dict[str, VmTarget] = {}

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Delete the kind cluster kind/up.sh created. Idempotent: no cluster, nothing to do.
 #
+#   kind/down.sh          delete it (needs kind on PATH)
+#   kind/down.sh --help   show this text
+#
+# Environment:
 #   CLUSTER_NAME   kind cluster name (default: vm-autoscaling)
 set -euo pipefail
+
+usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+esac
 
 CLUSTER_NAME="${CLUSTER_NAME:-vm-autoscaling}"
 

@@ -2,6 +2,9 @@
 # Bring up a kind cluster running vm-autoscaling, from this checkout.
 #
 #   kind/up.sh            create the cluster (if absent), build + load images, apply, wait
+#   kind/up.sh --help     show this text
+#
+# Needs docker, kind and kubectl on PATH (exit 1 naming the missing one).
 #
 # Idempotent: an existing cluster is reused, images are rebuilt (docker's cache makes that
 # cheap) and re-loaded, and `kubectl apply -k` converges the manifests.
@@ -11,6 +14,11 @@
 #   VM_RUNNER_DOCKERFILE   Dockerfile of the VM pod image (default: vm_runner/Dockerfile)
 #   SKIP_BUILD=1           load/apply only, reuse the images already built
 set -euo pipefail
+
+usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CLUSTER_NAME="${CLUSTER_NAME:-vm-autoscaling}"

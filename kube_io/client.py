@@ -134,6 +134,31 @@ class KubeClient:
             connect_timeout_seconds=connect_timeout_seconds,
         )
 
+    @property
+    def server_url(self) -> str:
+        """The API server's address, as the kubeconfig or the pod's environment gave it."""
+        return str(self._api.configuration.host)
+
+    async def server_version(self, *, timeout_seconds: float) -> str:
+        """GET /version (readable by every authenticated user): does the API server answer?
+
+        Raises ``Unavailable`` when nothing answers within ``timeout_seconds`` and
+        ``Unauthorized`` when it refuses the credentials.
+        """
+        timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        response = await self._send("GET", "/version", client_timeout=timeout)
+        async with response:
+            await _raise_for_status(response)
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise Unavailable(f"GET /version: reading the answer failed: {e!r}") from e
+        try:
+            version = msgspec.json.decode(data, type=dict[str, Any])
+        except msgspec.DecodeError:
+            return ""  # it answered; what it says about itself does not matter here
+        return str(version.get("gitVersion", ""))
+
     async def close(self) -> None:
         await self._api.close()
 

@@ -1,15 +1,18 @@
 """``scheduler-extender``: the command line.
 
-Shell: parse arguments, load the config (exit 2 on any config error, naming ``$.path``),
-configure logging once, serve until SIGTERM. Subcommands leave room for offline tools
-(``simulate``, ``recommend``) next to ``serve``, which is the default when none is named, so
-``scheduler-extender --config FILE`` keeps working.
+Shell: parse arguments, load the config (exit 3 on any config error, naming ``$.path``),
+check that the API server answers with the credentials given (before binding any port),
+configure logging once, serve until SIGTERM. Every operator mistake ends in one line and the
+exit code of its class (``observability.exits``); only a bug gets a traceback.
+Subcommands leave room for offline tools (``simulate``, ``recommend``) next to ``serve``, which
+is the default when none is named, so ``scheduler-extender --config FILE`` keeps working.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +23,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
+from kube_io.preflight import StartupProblem, check_api_server
+from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
-from scheduler_extender.config import ConfigError, load_config
+from scheduler_extender.config import Config, ConfigError, load_config
 from scheduler_extender.http.app import Deps, serve
 from scheduler_extender.kube.standalone import load_cluster
 from scheduler_extender.recommender import (
@@ -32,9 +37,13 @@ from scheduler_extender.recommender import (
     recommend,
 )
 
-EXIT_CONFIG: Final = 2
-EXIT_STARTUP: Final = 1
+PROG: Final = "scheduler-extender"
+EXIT_CONFIG: Final = ExitCode.CONFIG
+EXIT_STARTUP: Final = ExitCode.FAILED
 COMMANDS: Final = ("serve", "recommend")
+# The start-up check of the API server waits at most this long for an answer (seconds).
+PREFLIGHT_TIMEOUT_SECONDS: Final = 10.0
+_LISTEN_ERRNOS: Final = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 _DESCRIPTION = """\
 Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs live.
@@ -44,18 +53,20 @@ Commands:
           listener and the agents' permit requests on the permit listener.
   recommend SNAPSHOT.yaml [--config FILE] [--diagnostics full|summary]
           print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON;
-          exit 2 naming each bad $.path (see examples/snapshots/basic.yaml).
+          exit 3 naming each bad $.path (see examples/snapshots/basic.yaml).
   simulate [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]
           run the extender's and the agent's cores against a simulated fleet in virtual
           time (no cluster); without a file, the built-in scenario. Prints a summary, writes
-          a JSON report and a PNG plot; exit 1 if an invariant broke, 2 for a bad scenario.
+          a JSON report and a PNG plot; exit 1 if an invariant broke, 3 for a bad scenario.
+          `scheduler-extender simulate --help` lists its flags.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="scheduler-extender",
+    parser = OneLineParser(
+        prog=PROG,
         description=_DESCRIPTION,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -63,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the extender (the default command)",
         description=_DESCRIPTION,
+        epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve_parser.add_argument(
@@ -77,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig",
         metavar="PATH",
         help="kubeconfig for the API server; without it (and without --standalone) the pod's "
-        "in-cluster service account is used",
+        "in-cluster service account is used. Before any port is bound the API server must "
+        "answer GET /version (exit 4, 5 or 6 otherwise)",
     )
     source.add_argument(
         "--standalone",
@@ -96,10 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
         "recommend",
         help="print the scale-up recommendation for a ClusterSnapshot file",
         description="Print the scale-up recommendation for SNAPSHOT (YAML, or JSON when the"
-        " name ends in .json) as JSON on stdout. Exit 2 when the snapshot or config is invalid"
+        " name ends in .json) as JSON on stdout. Exit 3 when the snapshot or config is invalid"
         " (each error names its $.path).",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    recommend_parser.add_argument("snapshot", type=Path, metavar="SNAPSHOT")
+    recommend_parser.add_argument(
+        "snapshot",
+        type=Path,
+        metavar="SNAPSHOT",
+        help="a ClusterSnapshot: the cluster's nodes, its pending VM pods and the node pools it"
+        " could add (YAML, or JSON when the name ends in .json; see"
+        " examples/snapshots/basic.yaml)",
+    )
     recommend_parser.add_argument(
         "--config",
         type=Path,
@@ -123,16 +145,14 @@ def recommend_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config).recommender_config()
     except ConfigError as e:
-        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     if args.diagnostics is not None:
         config = msgspec.structs.replace(config, diagnostics=DiagnosticsLevel(args.diagnostics))
     path: Path = args.snapshot
     try:
         data = path.read_bytes()
     except OSError as e:
-        print(f"scheduler-extender: {path}: cannot read: {e.strerror}", file=sys.stderr)
-        return EXIT_CONFIG
+        return fail(PROG, f"{path}: cannot read: {e.strerror}", EXIT_CONFIG)
     fmt: Literal["json", "yaml"] = "json" if path.suffix == ".json" else "yaml"
     try:
         prepared = load_snapshot(data, fmt=fmt, scheduler_name=config.scheduler_name)
@@ -175,9 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
         cluster = load_cluster(args.standalone) if args.standalone is not None else None
     except ConfigError as e:
-        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    configure_logging(level=args.log_level)
+        return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     kubeconfig: str | None = args.kubeconfig
 
     async def connect() -> KubeClient:
@@ -189,16 +207,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         standalone=cluster,
         freeze_gc=True,
     )
+
+    async def start() -> None:
+        if cluster is None:
+            # Before any port is bound: a bad kubeconfig or a silent API server is one line
+            # now, not a traceback, nor a watch retrying forever behind a healthy-looking port.
+            await check_api_server(kubeconfig, timeout_seconds=PREFLIGHT_TIMEOUT_SECONDS)
+        configure_logging(level=args.log_level)
+        await serve(config, deps)
+
     try:
-        asyncio.run(serve(config, deps))
+        asyncio.run(start())
+    except StartupProblem as e:
+        return fail(PROG, str(e), e.code)
     except ConfigError as e:
-        print(f"scheduler-extender: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return fail(PROG, f"config error: {e}", EXIT_CONFIG)
+    except OSError as e:
+        if e.errno in _LISTEN_ERRNOS:
+            return fail(PROG, _listen_problem(config, args.config, e), ExitCode.PORT_IN_USE)
+        structlog.get_logger(__name__).exception("startup_failed")
+        return EXIT_STARTUP
     except Exception:
-        # The process boundary: say why we could not start (e.g. no kubeconfig) and exit 1.
+        # A bug, not an operator's mistake: keep the traceback for the report.
         structlog.get_logger(__name__).exception("startup_failed")
         return EXIT_STARTUP
     return 0
+
+
+def _listen_problem(config: Config, path: Path | None, error: OSError) -> str:
+    """Which listener could not bind, and the key that sets it."""
+    source = f" in {path}" if path is not None else " (the default; set it in --config FILE)"
+    for key, listen in (
+        ("listen.verbs", config.listen.verbs),
+        ("listen.permits", config.listen.permits),
+    ):
+        if f", {listen.port})" in str(error):
+            return (
+                f"cannot listen on {listen.host}:{listen.port} ({key}{source}):"
+                f" {error.strerror or error}"
+            )
+    return f"cannot listen: {error}"
 
 
 if __name__ == "__main__":

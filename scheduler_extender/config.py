@@ -4,7 +4,7 @@ Pure apart from ``load_config`` reading the file. Every section forbids unknown 
 is an error rather than a silently ignored setting; every error names its ``$.path`` (msgspec
 derives the paths from the decoder, so they cannot drift from the field names). Cross-field
 rules live in ``__post_init__``: msgspec reports their ``ValueError`` with the path of the
-section that raised it. ``__main__`` exits with status 2 on ``ConfigError``.
+section that raised it. ``__main__`` exits with status 3 on ``ConfigError``.
 
 Units are in the key names (``_seconds``, ``_bytes``, ``_fraction``).
 """
@@ -18,6 +18,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
 from scheduler_extender.core.placement import Strategy
@@ -195,7 +196,7 @@ class QuotaSection(QuotaConfig, frozen=True, kw_only=True, forbid_unknown_fields
     Either written here, in ``quota``'s own format (``admission_ttl_seconds``, ``namespaces``),
     or kept in a separate ``file`` that is read at start and re-read every
     ``reload_interval_seconds`` (mount a ConfigMap there: the kubelet updates the file when the
-    ConfigMap changes). A file that fails to load at start stops the extender (exit 2); a bad
+    ConfigMap changes). A file that fails to load at start stops the extender (exit 3); a bad
     edit later is logged and the previous quotas stay, so a typo never lifts every limit.
     Without a ``quota`` section every namespace is unlimited (pods are still queued, in order).
     """
@@ -273,7 +274,7 @@ def load_config(path: Path | None) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}: not valid YAML: {describe_yaml_error(e)}") from e
     try:
         return parse_config(data)
     except ConfigError as e:

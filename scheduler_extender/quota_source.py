@@ -7,7 +7,7 @@ events: the kubelet swaps a symlink (``..data``), which inotify reports on the d
 on the file, and polling costs one small read every few seconds.
 
 The first load happens before the extender serves and is fatal when it fails (``ConfigError``,
-exit 2): a quota that silently fails to load would leave every pod waiting. A later bad edit
+exit 3): a quota that silently fails to load would leave every pod waiting. A later bad edit
 is logged and the previous quotas stay.
 """
 

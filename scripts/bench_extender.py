@@ -813,8 +813,10 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--pods", type=int, default=50_000)
+    parser.add_argument("--nodes", type=int, default=5000, help="nodes in the fake API server")
+    parser.add_argument(
+        "--pods", type=int, default=50_000, help="pods already bound across those nodes"
+    )
     parser.add_argument("--iterations", type=int, default=2000, help="cache-mode filter calls")
     parser.add_argument(
         "--nocache-iterations",
@@ -824,9 +826,11 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=50, help="VMs per permit batch")
     parser.add_argument("--binds", type=int, default=500, help="pending pods to bind")
-    parser.add_argument("--permit-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--permit-seconds", type=float, default=5.0, help="seconds of permit traffic measured"
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="agents sending permits")
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, default=42, help="seed of the generated cluster")
     parser.add_argument("--log-level", default="info", help="the extender's (default: info)")
     parser.add_argument("--write", type=Path, help="also write the JSON here")
     parser.add_argument(

@@ -177,7 +177,9 @@ def best_millis(timers: dict[str, Callable[[], object]], repeat: int) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument(
+        "--repeat", type=int, default=10, help="runs of each measurement; the best is kept"
+    )
     parser.add_argument("--write", type=Path, help="also write the snapshot JSON here")
     args = parser.parse_args()
     data = msgspec.json.encode(generate())

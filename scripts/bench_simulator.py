@@ -30,11 +30,21 @@ from simulator.fleet import TICK_SECONDS, fleet
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--vms", type=int, default=20_000)
-    parser.add_argument("--seconds", type=float, default=3600.0)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--nodes", type=int, default=1000, help="nodes in the fleet (1000)")
+    parser.add_argument(
+        "--vms", type=int, default=20_000, help="VMs, spread over the nodes (20000)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=3600.0, help="simulated seconds to run (3600)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the VMs' load traces and jitter (1)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run under cProfile and add the top functions by cumulative time to the JSON",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()

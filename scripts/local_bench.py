@@ -358,9 +358,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cooldown", type=float, default=90,
         help="at most this many seconds after the load for the VM to shrink back (90)",
     )  # fmt: skip
-    p.add_argument("--cluster", type=Path, default=EXAMPLES / "cluster.yaml")
-    p.add_argument("--extender-config", type=Path, default=EXAMPLES / "extender.yaml")
-    p.add_argument("--agent-config", type=Path, default=EXAMPLES / "agent.yaml")
+    p.add_argument(
+        "--cluster", type=Path, default=EXAMPLES / "cluster.yaml",
+        help="standalone cluster file: the node and the VM pods; VM_NAME picks one of them"
+        " (examples/local/cluster.yaml)",
+    )  # fmt: skip
+    p.add_argument(
+        "--extender-config", type=Path, default=EXAMPLES / "extender.yaml",
+        help="scheduler-extender config; the bench fills in free listen ports and needs"
+        " auth.mode static (examples/local/extender.yaml)",
+    )  # fmt: skip
+    p.add_argument(
+        "--agent-config", type=Path, default=EXAMPLES / "agent.yaml",
+        help="autoscaler-agent config; the bench fills in the extender URL, token, socket root"
+        " and HTTP port"
+        " (examples/local/agent.yaml)",
+    )  # fmt: skip
     p.add_argument("--accel", default="tcg", help="vm_runner --accel (tcg; see vm_runner/README)")
     p.add_argument(
         "--out", type=Path, default=REPO / "out" / "local-bench",

@@ -3,6 +3,8 @@
 #
 #   VM_NAME=pg-vm-0 scripts/run-bench.sh          cluster path (kind/up.sh, then an example)
 #   scripts/run-bench.sh --local [--duration S]   one machine, no cluster (docs/LOCAL.md)
+#   scripts/run-bench.sh --local --help           every option of the local path
+#   scripts/run-bench.sh --help                   show this text
 #
 # Cluster path: pgbench runs in a throwaway pod next to the VM (so the load does not go through
 # a port-forward, which would be the bottleneck), while this terminal shows the extender's
@@ -19,9 +21,17 @@
 #   CLIENTS          pgbench clients, and threads (default: 8)
 #   DURATION         seconds of load (default: 120)
 #   STATE_PORT       local port for the extender's /state (default: 10298)
+#
+# Exit status: 0 when the benchmark ran; 1 when a tool or the cluster failed; 2 for arguments
+# the cluster path does not take (it is configured by the environment above).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+esac
+
+ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 
 say() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'run-bench: %s\n' "$*" >&2; exit 1; }
@@ -44,7 +54,10 @@ if [[ "${1:-}" == "--local" ]]; then
   run_local "$@"
   exit $?
 fi
-[[ $# -eq 0 ]] || die "unexpected arguments: $* (configure the cluster path with environment variables)"
+if [[ $# -ne 0 ]]; then
+  printf 'run-bench: unexpected arguments: %s (the cluster path is configured by environment variables: see scripts/run-bench.sh --help)\n' "$*" >&2
+  exit 2
+fi
 
 # --- cluster path ----------------------------------------------------------------------------
 : "${VM_NAME:?set VM_NAME to the VM pod, e.g. VM_NAME=pg-vm-0 $0}"

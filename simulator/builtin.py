@@ -15,6 +15,11 @@ from simulator.scenario import Scenario, parse_scenario
 DEFAULT_SCENARIO_YAML: Final = """\
 name: default
 duration_seconds: 3600
+description: >-
+  A small cluster over one hour with every part at work: three databases hit by pgbench-like
+  bursts, web servers on a sine, steady batch VMs, a foreign pod arriving, a hypervisor failing
+  during a burst, an extender restart, a VM deleted, and a large VM (analytics) that waits,
+  pending, until the recommender's new node joins.
 seed: 7
 nodes:
   - {name: node-a, cpu: 24, memory: 96Gi, pool: general, zone: zone-a}

@@ -6,7 +6,8 @@ writes the JSON report and the PNG plot, printing their paths. All decisions are
 never puts in the report, so reports of the same scenario stay identical).
 
 Exit status: 0 when every invariant held, 1 when one broke (the table says which, when and
-what happened before), 2 for a scenario that cannot run (every error with its ``$.path``).
+what happened before), 3 for a scenario that cannot run (every error with its ``$.path``),
+2 for a bad command line (``observability.exits``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Final, TextIO
 
 import msgspec
 
+from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser
 from simulator import plot
 from simulator.builtin import default_scenario
 from simulator.engine import simulate
@@ -28,7 +30,7 @@ from simulator.scenario import Scenario, ScenarioError, load_scenario_file
 
 EXIT_OK: Final = 0
 EXIT_VIOLATION: Final = 1
-EXIT_SCENARIO: Final = 2
+EXIT_SCENARIO: Final = ExitCode.CONFIG
 DEFAULT_OUT: Final = Path("out/simulate")
 
 
@@ -53,11 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="scheduler-extender simulate",
+def build_parser(prog: str = "scheduler-extender simulate") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
         description="Run the extender's and the agent's pure cores against a simulated fleet"
-        " in virtual time; no cluster needed.",
+        " in virtual time; no cluster needed. Prints a summary table with a key, writes"
+        " DIR/NAME.json (the report) and DIR/NAME.png (the plot). Paths are relative to the"
+        " current directory.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     return parser
@@ -124,6 +130,6 @@ def run(args: argparse.Namespace, *, stdout: TextIO, stderr: TextIO) -> int:
     return EXIT_OK if report.is_ok else EXIT_VIOLATION
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "scheduler-extender simulate") -> int:
+    args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     return run(args, stdout=sys.stdout, stderr=sys.stderr)

@@ -945,7 +945,8 @@ class Simulation:
 
     def _sample(self, _: int) -> None:
         t = self.t
-        self.samples.take(t, self.extender)
+        waiting = sum(1 for vm in self.pending if not vm.is_deleted)
+        self.samples.take(t, self.extender, pending=waiting)
         if t + self.timing.sample_interval_seconds <= self.s.duration_seconds:
             self.at(t + self.timing.sample_interval_seconds, self._sample)
 

@@ -99,19 +99,22 @@ class PlotSamples:
     def __init__(self, plotted: Sequence[VmRecord]) -> None:
         self.plotted = list(plotted)
         self.times: list[float] = []
-        self.vms: dict[str, tuple[list[float], list[float], list[int], list[int]]] = {
-            v.spec.name: ([], [], [], []) for v in self.plotted
+        self.vms: dict[str, tuple[list[float], list[float], list[int], list[int], list[int]]] = {
+            v.spec.name: ([], [], [], [], []) for v in self.plotted
         }
         self.nodes: dict[str, list[int]] = {}
+        self.pending: list[int] = []
 
     def node_added(self, name: str) -> None:
         if len(self.nodes) < MAX_PLOTTED:
             self.nodes[name] = [-1] * len(self.times)
 
-    def take(self, t: float, ext: ExtenderLife | None) -> None:
+    def take(self, t: float, ext: ExtenderLife | None, *, pending: int) -> None:
         self.times.append(round(t, 3))
+        self.pending.append(pending)
         for vm in self.plotted:
-            demand, load1, vcpus, permit = self.vms[vm.spec.name]
+            demand, load1, vcpus, permit, denials = self.vms[vm.spec.name]
+            denials.append(vm.denials)
             live = vm.guest is not None and not vm.is_deleted
             demand.append(vm.guest.demand if live and vm.guest is not None else 0.0)
             load1.append(round(vm.guest.load1(t), 3) if live and vm.guest is not None else 0.0)
@@ -125,9 +128,10 @@ class PlotSamples:
         return Series(
             times_seconds=self.times,
             vms=[
-                VmSeries(name=name, demand_vcpus=d, load1=l1, vcpus=v, permit_vcpus=p)
-                for name, (d, l1, v, p) in self.vms.items()
+                VmSeries(name=name, demand_vcpus=d, load1=l1, vcpus=v, permit_vcpus=p, denials=n)
+                for name, (d, l1, v, p, n) in self.vms.items()
             ],
+            pending_vms=self.pending,
             nodes=[
                 NodeSeries(
                     name=name,
@@ -213,6 +217,7 @@ def build_report(
     ]
     return Report(
         scenario=scenario.name,
+        description=scenario.description,
         seed=scenario.seed,
         duration_seconds=scenario.duration_seconds,
         ended_at_seconds=round(end, 3),

@@ -7,6 +7,7 @@ report byte for byte (``encode_report``); the shell prints timings beside it, ne
 from __future__ import annotations
 
 import statistics
+import textwrap
 from typing import Final
 
 import msgspec
@@ -80,8 +81,10 @@ class VmSeries(_Out, frozen=True):
     name: str
     demand_vcpus: list[float]
     load1: list[float]
-    vcpus: list[int]
+    vcpus: list[int]  # 0 while the VM does not run (not yet placed, or deleted)
     permit_vcpus: list[int]
+    # Permit answers so far that granted less than asked (the summary's ``denials``, over time).
+    denials: list[int]
 
 
 class NodeSeries(_Out, frozen=True):
@@ -94,6 +97,8 @@ class Series(_Out, frozen=True):
     times_seconds: list[float]
     vms: list[VmSeries]
     nodes: list[NodeSeries]
+    # VMs waiting for a node at each sample time (created, not yet placed, not deleted).
+    pending_vms: list[int]
 
 
 class Counters(_Out, frozen=True):
@@ -110,6 +115,7 @@ class Counters(_Out, frozen=True):
 
 class Report(_Out, frozen=True):
     scenario: str
+    description: str  # the scenario's own: what it shows, what to expect
     seed: int
     duration_seconds: float
     ended_at_seconds: float
@@ -135,14 +141,37 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}s"
 
 
+VM_KEY: Final = """\
+key: vcpus MIN..MAX=END  the VM's bounds and its size at the end (0 once deleted)
+     peak                the largest size it reached
+     grow, shrk          resizes up and down
+     deny                permit answers that granted less than the agent asked: the extender
+                         refusing to over-commit a node (or a namespace quota). Expected when
+                         VMs want more than there is; a broken invariant is the failure
+     errs                failed permit calls and failed resizes
+     over-target         time its load was above the agent's target load per vCPU times its
+                         size: the time it wanted to be bigger than it was
+     steps reached       load changes that changed the size the agent aims at, reached/all,
+                         with the median and longest time to reach it; "deleted": deleted in
+                         the run"""
+
+NODE_KEY: Final = """\
+key: usable              cores VMs may hold: allocatable minus the system reserve
+     peak reserved       the most the extender's ledger held at once, cores and % of usable
+     overcommit          time reserved was above usable (an invariant: must stay 0s)"""
+
+
 def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> str:
-    """The terminal summary: one row per VM and per node (the first ones, if there are many)."""
+    """The terminal summary: one row per VM and per node (the first ones, if there are many),
+    each table followed by a key to its columns, so the output reads without the source."""
     lines: list[str] = []
     lines.append(
         f"scenario {report.scenario}: {report.ended_at_seconds:.0f}s of"
         f" {report.duration_seconds:.0f}s simulated, seed {report.seed},"
-        f" {'OK' if report.is_ok else 'INVARIANT VIOLATED'}"
+        f" {'OK (every invariant held)' if report.is_ok else 'INVARIANT VIOLATED'}"
     )
+    if report.description:
+        lines.extend(textwrap.wrap(report.description, width=96))
     lines.append("")
     header = (
         f"{'vm':<14} {'node':<8} {'vcpus':>9} {'peak':>4} {'grow':>4} {'shrk':>4}"
@@ -169,6 +198,7 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
         )
     if len(report.vms) > max_vms:
         lines.append(f"... and {len(report.vms) - max_vms} more VMs (see the JSON report)")
+    lines.append(VM_KEY)
     lines.append("")
     header = (
         f"{'node':<10} {'pool/zone':<16} {'usable':>7} {'peak reserved':>14} {'overcommit':>10}"
@@ -185,6 +215,7 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
         )
     if len(report.nodes) > max_nodes:
         lines.append(f"... and {len(report.nodes) - max_nodes} more nodes")
+    lines.append(NODE_KEY)
     if report.recommendations:
         lines.append("")
         for rec in report.recommendations:
@@ -197,9 +228,14 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
     c = report.counters
     lines.append("")
     lines.append(
-        f"{c.events} events, {c.scrapes} scrapes ({c.scrapes_skipped} skipped while settled),"
-        f" {c.permit_requests} permit requests in {c.permit_batches} batches, {c.resizes} resizes,"
-        f" {c.full_checks} full invariant checks, {c.extender_restarts} extender restarts"
+        f"{c.events} events, {c.scrapes} scrapes, {c.permit_requests} permit requests in"
+        f" {c.permit_batches} batches, {c.resizes} resizes, {c.full_checks} full invariant"
+        f" checks, {c.extender_restarts} extender restarts."
+    )
+    lines.append(
+        f"{c.scrapes_skipped} more scrapes were skipped while settled: a VM whose load cannot"
+        " change its size needs no scrape until it can; skipping saves work, never changes a"
+        " decision."
     )
     if report.violation is not None:
         v = report.violation

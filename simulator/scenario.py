@@ -37,6 +37,7 @@ import msgspec
 import yaml
 
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from protocol.strict_yaml import describe_yaml_error, load_strict
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.placement import Strategy
 
@@ -216,6 +217,8 @@ class Timing(_Strict, frozen=True, kw_only=True):
 class Scenario(_Strict, frozen=True, kw_only=True):
     name: Name
     duration_seconds: PositiveSeconds
+    # What the scenario shows and what to expect, printed under the summary's title.
+    description: str = ""
     seed: int = 0
     load1_model: Load1Model = Load1Model.KERNEL
     strategy: Strategy = Strategy.SPREAD
@@ -244,31 +247,12 @@ class ScenarioError(ValueError):
 Segments = tuple[tuple[float, float], ...]  # (from_seconds, demand_vcpus), sorted, from 0
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1's ``on``/``yes`` booleans and duplicate keys are both surprises here."""
-
-
-def _no_duplicates(loader: _Loader, node: yaml.MappingNode) -> object:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def parse_scenario(text: str | bytes, *, base_dir: Path | None = None) -> Scenario:
     """YAML text -> a checked Scenario with its CSV traces read; ScenarioError with paths."""
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = load_strict(text)
     except yaml.YAMLError as e:
-        raise ScenarioError([f"not valid YAML - at `$`: {e}"]) from e
+        raise ScenarioError([f"not valid YAML - at `$`: {describe_yaml_error(e)}"]) from e
     _check_traces_first(data)
     try:
         scenario = msgspec.convert(data, Scenario)

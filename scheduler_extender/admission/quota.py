@@ -37,6 +37,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.core.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
@@ -154,7 +155,7 @@ def load_quota_config(raw: bytes) -> QuotaConfig:
     try:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as e:
-        raise QuotaConfigError(f"not valid YAML: {e}") from e
+        raise QuotaConfigError(f"not valid YAML: {describe_yaml_error(e)}") from e
     return parse_quota_config(data)
 
 

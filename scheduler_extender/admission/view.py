@@ -56,13 +56,14 @@ def _borrowed(quota: NamespaceQuota | None, usage: Demand) -> Demand:
 
 
 def _amount(d: Demand) -> dict[str, int]:
-    return {"cpu_millis": d.cpu_millis, "memory_bytes": d.memory_bytes}
+    return {"cpuMillis": d.cpu_millis, "memoryBytes": d.memory_bytes}
 
 
 def queue_view(state: AdmissionState, *, now: float | None = None) -> dict[str, object]:
     """The body of ``/v1/queue``: per namespace its quota, usage, borrowing, and its admitted
     and waiting pods in queue order with reasons. With ``now``, admitted pods show how long
-    their admission has left."""
+    their admission has left. Keys are camelCase, like ``/state`` and the rest of the JSON the
+    services emit (docs/API.md)."""
     namespaces: dict[str, object] = {}
     for name in state.namespaces():
         quota = state.quota_of(name)
@@ -80,7 +81,7 @@ def queue_view(state: AdmissionState, *, now: float | None = None) -> dict[str, 
                 "reason": admitted_reason(state, reservation),
             }
             if now is not None:
-                item["expires_in_seconds"] = max(0.0, reservation.expires_at - now)
+                item["expiresInSeconds"] = max(0.0, reservation.expires_at - now)
             admitted.append(item)
         waiting = [
             {
@@ -96,9 +97,9 @@ def queue_view(state: AdmissionState, *, now: float | None = None) -> dict[str, 
         ]
         namespaces[name] = {
             "quota": None if quota is None else _amount(quota.nominal),
-            "queueing_strategy": None if quota is None else quota.queueing_strategy.value,
+            "queueingStrategy": None if quota is None else quota.queueing_strategy.value,
             "cohort": None if quota is None else quota.cohort,
-            "borrowing_limit": None
+            "borrowingLimit": None
             if quota is None or quota.borrowing_limit is None
             else _amount(quota.borrowing_limit.demand()),
             "usage": _amount(usage),
@@ -109,7 +110,7 @@ def queue_view(state: AdmissionState, *, now: float | None = None) -> dict[str, 
             "waiting": waiting,
         }
     return {
-        "quotas_loaded": state.quotas is not None,
-        "admission_ttl_seconds": state.ttl_seconds,
+        "quotasLoaded": state.quotas is not None,
+        "admissionTtlSeconds": state.ttl_seconds,
         "namespaces": namespaces,
     }

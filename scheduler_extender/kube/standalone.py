@@ -25,6 +25,7 @@ from protocol.kube import (
     PodStatus,
     ResourceRequirements,
 )
+from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.config import ConfigError
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -110,13 +111,13 @@ class StandaloneCluster(_Section, frozen=True):
 
 
 def load_cluster(path: Path) -> StandaloneCluster:
-    """Read the standalone cluster file; ConfigError (exit 2) naming ``$.path`` otherwise."""
+    """Read the standalone cluster file; ConfigError (exit 3) naming ``$.path`` otherwise."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}: not valid YAML: {describe_yaml_error(e)}") from e
     try:
         return msgspec.convert(data or {}, StandaloneCluster)
     except msgspec.ValidationError as e:

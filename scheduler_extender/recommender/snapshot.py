@@ -18,6 +18,8 @@ from typing import Annotated, Final, Literal
 import msgspec
 import yaml
 
+from protocol.strict_yaml import describe_yaml_error, load_strict
+
 __all__ = [
     "API_VERSION",
     "HOSTNAME_LABEL",
@@ -252,28 +254,6 @@ def _from_msgspec(e: msgspec.ValidationError) -> SnapshotError:
     return SnapshotError([FieldError(path=m["path"], message=m["message"])])
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: PyYAML keeps the last one silently, and a
-    snapshot with two ``maxCount`` lines is a mistake, not a choice."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> object:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _mapping_without_duplicates,
-)
-
 _JSON_DECODER: Final = msgspec.json.Decoder(ClusterSnapshot)
 
 SnapshotFormat = Literal["json", "yaml"]
@@ -284,11 +264,13 @@ def decode_snapshot(data: bytes, *, fmt: SnapshotFormat = "json") -> ClusterSnap
     try:
         if fmt == "json":
             return _JSON_DECODER.decode(data)
-        raw = yaml.load(data, Loader=_StrictLoader)  # a SafeLoader subclass
+        raw = load_strict(data)  # duplicate keys refused: two maxCount lines are a mistake
         return msgspec.convert(raw, ClusterSnapshot)
     except msgspec.ValidationError as e:
         raise _from_msgspec(e) from e
     except msgspec.DecodeError as e:
         raise SnapshotError([FieldError(path="$", message=f"malformed JSON: {e}")]) from e
     except yaml.YAMLError as e:
-        raise SnapshotError([FieldError(path="$", message=f"malformed YAML: {e}")]) from e
+        raise SnapshotError(
+            [FieldError(path="$", message=f"malformed YAML: {describe_yaml_error(e)}")]
+        ) from e

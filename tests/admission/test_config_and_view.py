@@ -121,13 +121,13 @@ def test_queue_view_shows_quota_usage_borrowing_and_both_queues_in_order():
 
     view = queue_view(state, now=T0 + 30)
 
-    assert view["quotas_loaded"] is True
-    assert view["admission_ttl_seconds"] == 120.0
+    assert view["quotasLoaded"] is True
+    assert view["admissionTtlSeconds"] == 120.0
     a = view["namespaces"]["team-a"]
-    assert a["quota"] == {"cpu_millis": 2000, "memory_bytes": 8 * GI}
-    assert a["usage"] == {"cpu_millis": 3000, "memory_bytes": GI}
-    assert a["borrowed"] == {"cpu_millis": 1000, "memory_bytes": 0}
-    assert (a["cohort"], a["queueing_strategy"], a["borrowing_limit"]) == (
+    assert a["quota"] == {"cpuMillis": 2000, "memoryBytes": 8 * GI}
+    assert a["usage"] == {"cpuMillis": 3000, "memoryBytes": GI}
+    assert a["borrowed"] == {"cpuMillis": 1000, "memoryBytes": 0}
+    assert (a["cohort"], a["queueingStrategy"], a["borrowingLimit"]) == (
         "c",
         "BestEffortFIFO",
         None,
@@ -140,15 +140,15 @@ def test_queue_view_shows_quota_usage_borrowing_and_both_queues_in_order():
             "state": "waiting",
             "position": 1,
             "priority": 0,
-            "demand": {"cpu_millis": 1000, "memory_bytes": GI},
+            "demand": {"cpuMillis": 1000, "memoryBytes": GI},
             "reason": "waiting for quota in namespace team-a (position 1): needs 1000m cpu,"
             " 0m left in cohort c",
         }
     ]
     b = view["namespaces"]["team-b"]
-    assert b["reserved"] == {"cpu_millis": 1000, "memory_bytes": GI}
+    assert b["reserved"] == {"cpuMillis": 1000, "memoryBytes": GI}
     [item] = b["admitted"]
-    assert (item["pod"], item["state"], item["expires_in_seconds"]) == (
+    assert (item["pod"], item["state"], item["expiresInSeconds"]) == (
         "team-b/admitted",
         "admitted",
         90.0,
@@ -183,7 +183,7 @@ def test_view_before_the_quota_loads_and_for_unlimited_namespaces():
     _ledger, state = cluster(None)
     state.observe_pending(vm("early", ns="free"))
     view = queue_view(state)
-    assert view["quotas_loaded"] is False
+    assert view["quotasLoaded"] is False
     free = view["namespaces"]["free"]
     assert free["quota"] is None
     assert free["waiting"][0]["reason"] == (

@@ -43,7 +43,7 @@ def test_config_errors_name_the_path(text, needle):
     assert needle in str(e.value) and "agent.yaml" in str(e.value)
 
 
-def test_main_exits_2_on_bad_config(tmp_path, capsys):
+def test_main_exits_3_on_bad_config(tmp_path, capsys):
     bad = tmp_path / "agent.yaml"
     bad.write_text("extender: {url: ftp://x}\n")
     assert main(["--config", str(bad)]) == EXIT_CONFIG
@@ -51,7 +51,7 @@ def test_main_exits_2_on_bad_config(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "missing.yaml")]) == EXIT_CONFIG
 
 
-def test_main_exits_2_without_node_name(tmp_path, monkeypatch):
+def test_main_exits_3_without_node_name(tmp_path, monkeypatch):
     ok = tmp_path / "agent.yaml"
     ok.write_text("")
     monkeypatch.delenv("NODE_NAME", raising=False)

@@ -36,6 +36,9 @@ CALLS: dict[str, list[Access]] = {
     "resize_pod_cpu": [Access("patch", "", "pods/resize")],
     "create_event": [Access("create", "", "events")],
     "review_token": [Access("create", "authentication.k8s.io", "tokenreviews")],
+    # GET /version, the start-up check: a non-resource URL every authenticated (and anonymous)
+    # user may read through the built-in ClusterRole system:public-info-viewer; no grant needed.
+    "server_version": [],
 }
 
 EXTENDER_USES = [a for accesses in CALLS.values() for a in accesses]

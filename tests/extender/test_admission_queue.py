@@ -143,12 +143,12 @@ async def test_quota_file_reload_admits_waiting_pods_and_a_bad_edit_keeps_the_ol
     (failed,) = [e for e in logs if e["event"] == "quota_reload_failed"]
     assert "$.namespaces.vms.vcpus" in failed["error"]
     queue = await (await running.verbs.get("/v1/queue")).json()
-    assert queue["namespaces"]["vms"]["quota"] == {"cpu_millis": 1000, "memory_bytes": 64 * GI}
+    assert queue["namespaces"]["vms"]["quota"] == {"cpuMillis": 1000, "memoryBytes": 64 * GI}
 
     path.write_text("namespaces:\n  vms: {vcpus: 2, memory_bytes: 68719476736}\n")
     await wait_until(lambda: _admitted_at(kube_api, "vm-2") is not None)
     queue = await (await running.verbs.get("/v1/queue")).json()
-    assert queue["namespaces"]["vms"]["quota"] == {"cpu_millis": 2000, "memory_bytes": 64 * GI}
+    assert queue["namespaces"]["vms"]["quota"] == {"cpuMillis": 2000, "memoryBytes": 64 * GI}
     assert [p["pod"] for p in queue["namespaces"]["vms"]["admitted"]] == ["vms/vm-2"]
 
 
@@ -162,19 +162,19 @@ async def test_queue_state_and_metrics_show_the_namespaces(
     running = await start_extender(make_config(quota=quota_section(2, admission_ttl_seconds=30)))
 
     queue = await (await running.verbs.get("/v1/queue")).json()
-    gi64 = {"cpu_millis": 2000, "memory_bytes": 64 * GI}
-    used = {"cpu_millis": 2000, "memory_bytes": GI}
-    zero = {"cpu_millis": 0, "memory_bytes": 0}
+    gi64 = {"cpuMillis": 2000, "memoryBytes": 64 * GI}
+    used = {"cpuMillis": 2000, "memoryBytes": GI}
+    zero = {"cpuMillis": 0, "memoryBytes": 0}
     waiting = queue["namespaces"]["vms"].pop("waiting")
     assert queue == {
-        "quotas_loaded": True,
-        "admission_ttl_seconds": 30.0,
+        "quotasLoaded": True,
+        "admissionTtlSeconds": 30.0,
         "namespaces": {
             "vms": {
                 "quota": gi64,
-                "queueing_strategy": "BestEffortFIFO",
+                "queueingStrategy": "BestEffortFIFO",
                 "cohort": None,
-                "borrowing_limit": None,
+                "borrowingLimit": None,
                 "usage": used,
                 "running": used,
                 "reserved": zero,

@@ -1,4 +1,4 @@
-"""Config errors name their $.path and exit 2; --help explains every flag; examples load."""
+"""Config errors name their $.path and exit 3; --help explains every flag; examples load."""
 
 from __future__ import annotations
 
@@ -53,14 +53,14 @@ def test_errors_name_the_path(data: object, path: str) -> None:
     assert f"at `{path}`" in str(caught.value)
 
 
-def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_config_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("auth:\n  mode: sometimes\n")
-    assert main(["--config", str(bad)]) == EXIT_CONFIG == 2
+    assert main(["--config", str(bad)]) == EXIT_CONFIG == 3
     assert "$.auth.mode" in capsys.readouterr().err
-    assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 3
     bad.write_text("nodes: [{name: a}]\n")
-    assert main(["--standalone", str(bad)]) == 2
+    assert main(["--standalone", str(bad)]) == 3
     assert "$.nodes[0]" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""``scheduler-extender recommend SNAPSHOT``: JSON on stdout, exit 2 naming each bad path."""
+"""``scheduler-extender recommend SNAPSHOT``: JSON on stdout, exit 3 naming each bad path."""
 
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ def test_bad_snapshot_exits_2_with_every_path(
         "nodePools: [{name: p, zones: [a, a], maxCount: 1,"
         " template: {instanceType: t, allocatable: {cpu: 4x, memory: 1Gi}}}]\n"
     )
-    assert main(["recommend", str(bad)]) == 2
+    assert main(["recommend", str(bad)]) == 3
     out, err = capsys.readouterr()
     assert out == ""
     assert f"{bad}: duplicate zone 'a' - at `$.nodePools[0].zones[1]`" in err
     assert "at `$.nodePools[0].template.allocatable.cpu`" in err
 
 
-def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["recommend", str(tmp_path / "nope.yaml")]) == 2
+def test_missing_file_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recommend", str(tmp_path / "nope.yaml")]) == 3
     assert "cannot read" in capsys.readouterr().err
 
 

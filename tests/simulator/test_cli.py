@@ -33,13 +33,13 @@ def test_simulate_without_a_file_runs_the_built_in_scenario(tmp_path, capsys):
 def test_a_bad_scenario_exits_2_naming_the_path(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nduration_seconds: 10\nvms: [{name: a, min_vcpus: 0, max_vcpus: 2}]\n")
-    assert main(["simulate", str(bad), "--out", str(tmp_path)]) == 2
+    assert main(["simulate", str(bad), "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert "simulate: scenario error: Expected `int` >= 1 - at `$.vms[0].min_vcpus`" in err
 
 
-def test_a_missing_scenario_exits_2(tmp_path, capsys):
-    assert main(["simulate", str(tmp_path / "nope.yaml")]) == 2
+def test_a_missing_scenario_exits_3(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "nope.yaml")]) == 3
     assert "cannot read" in capsys.readouterr().err
 
 

@@ -26,6 +26,8 @@ test -L /etc/systemd/system/multi-user.target.wants/cpu-onliner.service
 test -x /usr/local/sbin/cpu-onliner
 # Root shell on the serial console without a password: the console is the test's keyboard.
 mkdir -p /etc/systemd/system/serial-getty@ttyS0.service.d
+# $TERM is for systemd to expand when it starts agetty, not for this shell.
+# shellcheck disable=SC2016
 printf '[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --keep-baud 115200 %%I $TERM\n' \
     > /etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf
 

@@ -1,0 +1,231 @@
+"""Every operator mistake ends both services with one line on stderr and its own exit code.
+
+Real processes (``python -m scheduler_extender`` / ``python -m autoscaler_agent``), real files,
+real sockets: a port we hold, a loopback port nobody listens on. The codes are
+``observability.exits.ExitCode``; each ``--help`` lists them.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from observability.exits import ExitCode
+from tests.deploy.render import ROOT
+from tests.support import free_port
+
+SERVICES = {"extender": "scheduler_extender", "agent": "autoscaler_agent"}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["NODE_NAME"] = "node-a"
+    return env
+
+
+def _run(service: str, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", SERVICES[service], *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+        env=_env(),
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: ExitCode, *needles: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.returncode == code, (result.returncode, result.stderr)
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port another process (this test) is listening on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.fixture
+def agent_config(tmp_path: Path) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"http: {{host: 127.0.0.1, port: {free_port()}}}\n")
+    return path
+
+
+def _args(service: str, agent_config: Path) -> list[str]:
+    """The flags each service needs besides the one under test."""
+    return ["--config", str(agent_config)] if service == "agent" else []
+
+
+def _kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_missing_kubeconfig(service, tmp_path, agent_config):
+    missing = tmp_path / "nope"
+    result = _run(service, *_args(service, agent_config), "--kubeconfig", str(missing))
+    _one_line(result, ExitCode.KUBECONFIG, str(missing), "cannot read")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("{}\n", "current-context"), ("clusters: [\n", "not a valid kubeconfig")],
+    ids=["no-context", "bad-yaml"],
+)
+@pytest.mark.parametrize("service", SERVICES)
+def test_invalid_kubeconfig(service, tmp_path, agent_config, text, needle):
+    bad = tmp_path / "kubeconfig"
+    bad.write_text(text)
+    result = _run(service, *_args(service, agent_config), "--kubeconfig", str(bad))
+    _one_line(result, ExitCode.KUBECONFIG, str(bad), needle)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_outside_a_cluster_without_kubeconfig(service, agent_config):
+    result = _run(service, *_args(service, agent_config))
+    _one_line(result, ExitCode.NOT_IN_CLUSTER, "--kubeconfig")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_unreachable_api_server(service, tmp_path, agent_config):
+    port = free_port()  # nothing listens there: connection refused
+    kubeconfig = _kubeconfig(tmp_path, f"https://127.0.0.1:{port}")
+    result = _run(service, *_args(service, agent_config), "--kubeconfig", str(kubeconfig))
+    _one_line(result, ExitCode.API_UNREACHABLE, f"127.0.0.1:{port}")
+
+
+class _Refuses(http.server.BaseHTTPRequestHandler):
+    """An API server that refuses every credential, as a real one does a wrong token."""
+
+    def do_GET(self) -> None:
+        body = b'{"kind":"Status","status":"Failure","reason":"Unauthorized","code":401}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_api_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_credentials_refused(service, tmp_path, agent_config, refusing_api_server):
+    kubeconfig = _kubeconfig(tmp_path, refusing_api_server)
+    result = _run(service, *_args(service, agent_config), "--kubeconfig", str(kubeconfig))
+    _one_line(result, ExitCode.KUBECONFIG, "refused the credentials", str(kubeconfig))
+
+
+def test_extender_port_in_use(tmp_path, held_port):
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        "auth: {mode: static, static_token: t}\n"
+        f"listen: {{verbs: {{host: 127.0.0.1, port: {held_port}}},"
+        f" permits: {{host: 127.0.0.1, port: {free_port()}}}}}\n"
+    )
+    cluster = ROOT / "examples" / "standalone-cluster.yaml"
+    result = _run(
+        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
+    )
+    _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", "listen.verbs", str(config))
+
+
+def test_agent_port_in_use(tmp_path, held_port):
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"http: {{host: 127.0.0.1, port: {held_port}}}\nlog: {{level: error}}\n")
+    vms = tmp_path / "vms.yaml"
+    vms.write_text("vms: []\n")
+    result = _run("agent", "--config", str(config), "--standalone", str(vms))
+    _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", str(config))
+
+
+def test_agent_checks_its_kubeconfig_before_binding_its_port(tmp_path, held_port):
+    """With its port taken and a bad kubeconfig the agent names the kubeconfig: it never
+    reached the bind (it would have said 'cannot listen', exit 7)."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"http: {{host: 127.0.0.1, port: {held_port}}}\n")
+    result = _run("agent", "--config", str(config), "--kubeconfig", str(tmp_path / "nope"))
+    _one_line(result, ExitCode.KUBECONFIG, "kubeconfig")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_missing_config_file(service, tmp_path):
+    missing = tmp_path / "missing.yaml"
+    result = _run(service, "--config", str(missing))
+    _one_line(result, ExitCode.CONFIG, str(missing))
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_bad_yaml_names_the_real_file(service, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("listen: {verbs: [\n")
+    line = _one_line(_run(service, "--config", str(bad)), ExitCode.CONFIG, str(bad), "line 2")
+    assert "<unicode string>" not in line and "<byte string>" not in line
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_invalid_config_names_the_path(service, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nonsense_key: 1\n")
+    _one_line(_run(service, "--config", str(bad)), ExitCode.CONFIG, str(bad), "nonsense_key")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_bad_flag(service, agent_config):
+    result = _run(service, *_args(service, agent_config), "--no-such-flag")
+    _one_line(result, ExitCode.USAGE, "--no-such-flag", "--help")
+
+
+def test_standalone_extender_with_tokenreview_auth(tmp_path):
+    """The mistake the README's old command made: standalone needs auth.mode static."""
+    config = tmp_path / "extender.yaml"
+    config.write_text(f"listen: {{verbs: {{host: 127.0.0.1, port: {free_port()}}}}}\n")
+    cluster = ROOT / "examples" / "standalone-cluster.yaml"
+    result = _run("extender", "--config", str(config), "--standalone", str(cluster))
+    _one_line(result, ExitCode.CONFIG, "auth.mode static")
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_help_lists_the_exit_codes(service):
+    result = _run(service, "--help")
+    assert result.returncode == 0, result.stderr
+    for code in ExitCode:
+        assert f"\n  {int(code)}  " in result.stdout, code
