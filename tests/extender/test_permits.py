@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config
+from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object
 
@@ -140,6 +140,8 @@ async def test_everything_is_503_before_the_first_lists(
     _cluster(kube_api)
     kube_api.fail_next(503, path="/api/v1/pods", times=10_000)
     running = await start_extender(wait_synced=False)
+    # The nodes list is in (the state below shows node-a); only the pods list never comes.
+    await wait_until(lambda: running.extender.has_nodes)
     response = await _post(running, permit_batch("node-a", uid="u-1"), STATIC_TOKEN)
     assert response.status == 503
     assert response.headers["Retry-After"] == "1"
