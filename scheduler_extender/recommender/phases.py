@@ -21,8 +21,9 @@ like kueue's scheduling cycle:
 4. **Rank.** Score the candidates with the configured chain of scorers; ties fall through to
    the next link and finally to (pool, zone) names. Never random.
 5. **Commit.** Add the winner's node and pods to the virtual cluster; go back to 3 until nothing
-   is left or no candidate places anything. When the snapshot has priority classes, 2-5 run
-   once per priority value, highest first, so high-priority pods choose the node shapes.
+   is left or no candidate places anything. 2-5 run once per priority value, highest first
+   (from the pod's class or its own ``priority``), so high-priority pods choose the node
+   shapes and are never left out for lower ones.
 6. **Check.** Greedy picks one node at a time and can miss a cheaper plan (one large node
    instead of two small ones). For each pool, pack everything greedy placed on new nodes onto
    the fewest nodes of that pool alone (bounded search) and report it when it costs less.
@@ -114,12 +115,14 @@ def recommend(
     sim = Simulation(model=model, config=config, candidates=cands, pool_label=pool_label)
     ranking = Ranking(config, model.pools)
 
-    # Passes: one per priority value when priority classes exist.
+    # Passes: one per priority value, highest first, whether the priority comes from a class
+    # or from the pod's own ``priority``. Only when there are no classes and every pod has one
+    # priority is there a single pass without a priority (``Round.pass_priority`` None).
     unscheduled: list[Pending] = []
     invalid: list[Pending] = [p for p in model.pending if p.vm_error is not None]
     valid = [p for p in model.pending if p.vm_error is None]
     passes: list[tuple[int | None, list[Pending]]] = []
-    if model.has_priority_classes:
+    if model.has_priority_classes or len({p.priority for p in valid}) > 1:
         for p in valid:
             if not passes or passes[-1][0] != p.priority:
                 passes.append((p.priority, []))

@@ -76,3 +76,25 @@ def test_diagnostics_help_names_both_levels(capsys: pytest.CaptureFixture[str]) 
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--diagnostics {full,summary}" in out
+
+
+@pytest.mark.parametrize("price", ["5.0e-324", "1.0e+308"])
+def test_a_price_out_of_range_is_one_line_naming_its_path(
+    price: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both used to crash (OverflowError): a traceback and exit 1.
+    bad = tmp_path / "price.yaml"
+    bad.write_text(
+        "apiVersion: vm-autoscaling.io/v1alpha1\nkind: ClusterSnapshot\n"
+        f"nodePools: [{{name: p, zones: [a], maxCount: 9, price: {price},"
+        " template: {instanceType: t, allocatable: {cpu: '4', memory: 8Gi}}}]\n"
+        "pods: [{namespace: n, name: a, uid: a, requests: {cpu: '3'}},"
+        " {namespace: n, name: b, uid: b, requests: {cpu: '3'}}]\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text("recommender:\n  scorers: [least-cost]\n")
+    assert main(["recommend", str(bad), "--config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.endswith("- at `$.nodePools[0].price`")
