@@ -244,7 +244,7 @@ def main() -> None:
             "rounds": len(rec.diagnostics.rounds),
             "placedOnExisting": len(rec.diagnostics.placed_on_existing),
             "unscheduled": len(rec.unscheduled_pods),
-            "cheaperPlans": len(rec.diagnostics.cheaper_plans),
+            "cost": msgspec.to_builtins(rec.diagnostics.cost),
             "answerBytes": len(encode_recommendation(rec)),
         }
         lean = lean_recs[name]

@@ -58,8 +58,10 @@ class RecommenderConfig(msgspec.Struct, frozen=True, kw_only=True):
     # least-cost's exchange rate between memory and CPU: this many bytes count as one vCPU
     # (1000 units). Exact: units are Fractions of millicores.
     memory_bytes_per_cpu: Annotated[int, msgspec.Meta(gt=0)] = 4 * 2**30
-    # Step budget of the exact search in the cheaper-plan check (per pool); beyond it the
-    # first-fit-decreasing packing stands, flagged as not proven fewest.
-    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = 20_000
+    # Step budget of phase 6's search for the cheapest plan (one step per open node or
+    # candidate tried): beyond it the best plan found so far stands (greedy's at worst),
+    # flagged ``isOptimal: false`` with a lower bound. Steps, not seconds: the answer must
+    # not depend on the machine's speed.
+    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = 50_000
     # What ``diagnostics.rounds`` records; the issue's full trace unless asked otherwise.
     diagnostics: DiagnosticsLevel = DiagnosticsLevel.FULL

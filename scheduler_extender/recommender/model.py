@@ -432,7 +432,9 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             limit_memory=None
             if limits.memory is None
             else qty.memory(limits.memory, f"{path}.limits.memory"),
-            price=Fraction(p.price) if p.price is not None else None,
+            # The decimal written (0.7 is 7/10, not the float nearest it), so that sums of
+            # prices read as the operator would add them.
+            price=Fraction(repr(p.price)) if p.price is not None else None,
             priority=p.priority,
         )
         pools.append(pool)

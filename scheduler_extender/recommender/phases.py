@@ -24,14 +24,16 @@ like kueue's scheduling cycle:
    is left or no candidate places anything. 2-5 run once per priority value, highest first
    (from the pod's class or its own ``priority``), so high-priority pods choose the node
    shapes and are never left out for lower ones.
-6. **Check.** Greedy picks one node at a time and can miss a cheaper plan (one large node
-   instead of two small ones). For each pool, pack everything greedy placed on new nodes onto
-   the fewest nodes of that pool alone (bounded search) and report it when it costs less.
-7. **Recommend.** Group the new nodes by pool and zone; explain every pod left unscheduled.
+6. **Cost.** Greedy picks one node at a time and can miss a cheaper plan (one large node
+   instead of two small ones, or a mix of pools). ``plan`` searches for the cheapest set of
+   new nodes, any priced pools and zones, holding every pod greedy put on a new node (branch
+   and bound within a step budget, with a lower bound), and reports greedy's extra cost.
+7. **Recommend.** The cheaper plan when phase 6 found one, else greedy's: group the new nodes
+   by pool and zone; explain every pod left unscheduled.
 
 The answer (``recommendation`` draws it) carries diagnostics: each round with every candidate,
 its score and the pods it would place, what went onto existing nodes, each new node's pods, why
-each pod is left, and the cheaper-plan report. ``RecommenderConfig.diagnostics`` set to
+each pod is left, and the cost report. ``RecommenderConfig.diagnostics`` set to
 ``DiagnosticsLevel.SUMMARY`` keeps one line per round and skips building the candidates'
 records in phases 3-5 (most of the answer, and of its time, on a large snapshot); everything
 else is the same bytes. The extender's auto-publish, which acts on the scale-up only, uses it.
@@ -44,7 +46,7 @@ Modules of the package, one phase or concern each (all pure):
 * ``model``: phase 1, the cross-field checks and the compiled model;
 * ``sim``: the virtual cluster, phase 2 and committing a new node;
 * ``rounds``: phases 3-5, the greedy rounds (and what makes them cheap);
-* ``scoring``: phase 4's scorer chain;  ``plan``: phase 6;
+* ``scoring``: phase 4's scorer chain;  ``plan``: phase 6, the cost plan;
 * ``explain``: phase 7's reasons for the pods left unscheduled;
 * ``phases`` (this module): the phases in order, and the answer;
 * ``recommendation``: the answer and its encoding;  ``live``: a snapshot of the ledger;
@@ -59,12 +61,13 @@ from __future__ import annotations
 from scheduler_extender.recommender.config import RecommenderConfig, Scorer
 from scheduler_extender.recommender.explain import explain
 from scheduler_extender.recommender.model import (
+    Candidate,
     Pending,
     PreparedSnapshot,
     candidates,
     prepare_snapshot,
 )
-from scheduler_extender.recommender.plan import cheaper_plans
+from scheduler_extender.recommender.plan import cost_plan
 from scheduler_extender.recommender.recommendation import (
     Diagnostics,
     Recommendation,
@@ -135,13 +138,17 @@ def recommend(
         # Phases 3-5.
         unscheduled.extend(run_rounds(sim, ranking, left, pass_priority))
 
-    # Phase 6: is there a cheaper plan than greedy's?
+    # Phase 6: the cheapest plan placing what greedy placed.
     notes: list[str] = []
-    greedy_price, plans = cheaper_plans(sim, notes)
+    plan = cost_plan(sim, notes)
 
     # Phase 7: recommend.
+    if plan is not None and plan.nodes is not None:
+        new_nodes = _plan_names(plan.nodes, taken={host.name for _, host in model.nodes})
+    else:
+        new_nodes = {name: (cand, pods) for name, (cand, pods) in sim.new_nodes.items()}
     groups: dict[str, list[str]] = {}
-    for name, (cand, _pods) in sim.new_nodes.items():
+    for name, (cand, _pods) in new_nodes.items():
         groups.setdefault(cand.label, []).append(name)
     by_label = {c.label: c for c in cands}
     scale_up = [
@@ -162,10 +169,25 @@ def recommend(
         diagnostics=Diagnostics(
             rounds=sim.rounds,
             placed_on_existing=sim.placed_on_existing,
-            new_nodes={name: pods for name, (_c, pods) in sim.new_nodes.items()},
+            new_nodes={name: pods for name, (_c, pods) in new_nodes.items()},
             unscheduled=explained,
-            greedy_price=greedy_price,
-            cheaper_plans=plans,
+            cost=plan.cost if plan is not None else None,
             notes=notes,
         ),
     )
+
+
+def _plan_names(
+    nodes: list[tuple[Candidate, list[str]]], *, taken: set[str]
+) -> dict[str, tuple[Candidate, list[str]]]:
+    """Names for the cost plan's nodes, as ``Simulation.commit`` names greedy's: numbered per
+    pool and zone, an ``x`` added while a real node has the name."""
+    named: dict[str, tuple[Candidate, list[str]]] = {}
+    counts: dict[str, int] = {}
+    for cand, pods in nodes:
+        n = counts[cand.label] = counts.get(cand.label, 0) + 1
+        name = f"{cand.pool.name}-{cand.zone}-new-{n}"
+        while name in taken:
+            name += "x"
+        named[name] = (cand, pods)
+    return named

@@ -1,7 +1,7 @@
 """``DiagnosticsLevel.SUMMARY``: the rounds without their candidates, and nothing else changed.
 
 The summary must be the full answer with each round's ``candidates`` left out, to the byte: the
-same scale-up, unscheduled pods and reasons, placements, new nodes and cheaper-plan report. Both
+same scale-up, unscheduled pods and reasons, placements, new nodes and cost report. Both
 come from the same rounds, so this holds only if skipping the records changes no decision.
 """
 
@@ -76,7 +76,7 @@ def test_bench_snapshot_summary_is_the_full_answer_without_candidates(chain):
     # Every part other than the rounds carries data here, so each is compared.
     doc = msgspec.json.decode(lean)
     assert doc["scaleUp"] and doc["diagnostics"]["placedOnExisting"]
-    assert doc["diagnostics"]["newNodes"] and "greedyPrice" in doc["diagnostics"]
+    assert doc["diagnostics"]["newNodes"] and "cost" in doc["diagnostics"]
 
 
 def test_basic_example_summary_is_the_full_answer_without_candidates():

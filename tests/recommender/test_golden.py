@@ -60,9 +60,9 @@ def test_prepared_and_plain_snapshots_give_the_same_bytes():
     [
         (
             (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS),
-            "2b44c53c494886b6355bc2f4d0156350af6629c350da41e1b6003eabfb37febb",
+            "ea802179be4aa0c35361bace7a0e5ed96b1f58671771c344d8a7386554587bc6",
         ),
-        ((Scorer.LEAST_COST,), "c763f2d0633f36041c01cb878b3a4def45e8cfaf75ca54804f93e0a9a780b916"),
+        ((Scorer.LEAST_COST,), "5bc7b0272ddedb239bd111dffa8d0f85ea33d5bc07522dbe5f516c9bcdbbce55"),
     ],
     ids=["default-chain", "least-cost"],
 )

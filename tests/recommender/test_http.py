@@ -333,7 +333,7 @@ async def test_live_state_brings_pod_constraints_node_taints_and_cordons_to_the_
     assert answer["diagnostics"]["newNodes"] == {"db-zone-a-new-1": ["vms/db", "vms/small"]}
     assert "placedOnExisting" not in answer["diagnostics"]
     assert [n.split(":")[0] for n in answer["diagnostics"]["notes"]] == [
-        "cheaper-plan check skipped",  # the pools have no price
+        "cost check skipped",  # the pools have no price
         "pod vms/gt left out",
     ]
     # The node watch keeps them current: the taint lifted, "small" fits node-a again.
