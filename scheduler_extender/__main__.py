@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="extender config whose scheduler_name, system_reserve, recommender.scorers and"
-        " recommender.diagnostics apply",
+        help="extender config whose scheduler_name, system_reserve, recommender.scorers,"
+        " recommender.plan_search_steps and recommender.diagnostics apply",
     )
     recommend_parser.add_argument(
         "--diagnostics",
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much of the greedy rounds to print: full (every candidate of every round,"
         " with its score and pods) or summary (one line per round: its winner and new node;"
         " faster, and far smaller on large snapshots). Everything else in the answer is the"
-        " same. Default: the config's recommender.diagnostics, full unless set",
+        " same. Default: the config's recommender.diagnostics, summary unless set",
     )
     return parser
 

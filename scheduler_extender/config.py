@@ -159,11 +159,15 @@ class RecommenderSection(_Section, frozen=True):
     pool_label: NonEmpty = POOL_LABEL
     # The ranking chain; each link only breaks the ties of the links before it.
     scorers: Annotated[tuple[Scorer, ...], msgspec.Meta(min_length=1)] = RecommenderConfig().scorers
-    # What ``diagnostics.rounds`` of ``POST /v1/recommend`` and the CLI records: ``full`` (every
-    # candidate of every round) or ``summary`` (one line per round, and the candidates' records
-    # never built: the benchmark's answer is 60 KB instead of 1 MB). A request's
-    # ``?diagnostics=`` overrides it. Auto-publish always uses ``summary``.
-    diagnostics: DiagnosticsLevel = DiagnosticsLevel.FULL
+    # What ``diagnostics.rounds`` of ``POST /v1/recommend`` and the CLI records: ``summary``
+    # (the default: one line per round, and the candidates' records never built; the
+    # benchmark's answer is 60 KB instead of 1 MB) or ``full`` (every candidate of every
+    # round, its score and pods). A request's ``?diagnostics=`` and the CLI's
+    # ``--diagnostics`` override it. Auto-publish always uses ``summary``.
+    diagnostics: DiagnosticsLevel = DiagnosticsLevel.SUMMARY
+    # Step budget of the search for the cheapest plan (``RecommenderConfig``): steps, not
+    # seconds, so that the answer does not depend on the machine.
+    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = RecommenderConfig().plan_search_steps
     # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
     # once a pod has been refused for capacity by filter, or an agent denied capacity, for
     # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted
@@ -186,6 +190,7 @@ class RecommenderSection(_Section, frozen=True):
             scheduler_name=scheduler_name,
             reserve=reserve,
             diagnostics=self.diagnostics,
+            plan_search_steps=self.plan_search_steps,
         )
 
 

@@ -186,7 +186,7 @@ def main() -> None:
     decoder = msgspec.json.Decoder(ClusterSnapshot)
     snapshot = load_snapshot(data)
     chains = {
-        "+".join(chain): RecommenderConfig(scorers=chain)
+        "+".join(chain): RecommenderConfig(scorers=chain, diagnostics=DiagnosticsLevel.FULL)
         for chain in ((Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS), (Scorer.LEAST_COST,))
     }
     recs = {name: recommend(snapshot, config=config) for name, config in chains.items()}

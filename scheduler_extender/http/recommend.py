@@ -11,10 +11,11 @@ live state, times the call, and publishes.
   the config (``snapshot_from_ledger``). The answer is the recommendation JSON with
   ``runTimeMillis``; a pending pod whose constraints the model cannot express is left out and
   named in ``diagnostics.notes``.
-  How much of the rounds it records comes from the config's ``recommender.diagnostics``, like
-  the scorer chain; ``?diagnostics=summary`` (or ``full``) overrides it for one request.
-  ``summary`` keeps one line per round instead of every candidate of every round, and does
-  not build the rest; a level that is neither is a 400 (``InvalidParameter``).
+  How much of the rounds it records comes from the config's ``recommender.diagnostics``
+  (``summary`` unless set), like the scorer chain; ``?diagnostics=full`` (or ``summary``)
+  overrides it for one request. ``summary`` keeps one line per round instead of every
+  candidate of every round, and does not build the rest; a level that is neither is a 400
+  (``InvalidParameter``).
 * ``GET /v1/recommendation``: the latest auto-published recommendation, with when and why.
   Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
   ``POST /v1/recommend?diagnostics=full`` gives the full rounds for the live state.

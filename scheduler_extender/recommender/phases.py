@@ -31,12 +31,12 @@ like kueue's scheduling cycle:
 7. **Recommend.** The cheaper plan when phase 6 found one, else greedy's: group the new nodes
    by pool and zone; explain every pod left unscheduled.
 
-The answer (``recommendation`` draws it) carries diagnostics: each round with every candidate,
-its score and the pods it would place, what went onto existing nodes, each new node's pods, why
-each pod is left, and the cost report. ``RecommenderConfig.diagnostics`` set to
-``DiagnosticsLevel.SUMMARY`` keeps one line per round and skips building the candidates'
-records in phases 3-5 (most of the answer, and of its time, on a large snapshot); everything
-else is the same bytes. The extender's auto-publish, which acts on the scale-up only, uses it.
+The answer (``recommendation`` draws it) carries diagnostics: each round, what went onto
+existing nodes, each new node's pods, why each pod is left, and the cost report. By default
+(``DiagnosticsLevel.SUMMARY``) a round is one line and the candidates' records are never
+built in phases 3-5 (most of the answer, and of its time, on a large snapshot);
+``DiagnosticsLevel.FULL`` adds every candidate of every round with its score and the pods it
+would place. Everything else is the same bytes at both levels.
 
 Decisions are an enum plus a reason a human can read (``CandidateOutcome``, ``UnscheduledReason``).
 

@@ -21,8 +21,8 @@ The answer::
        "notes": [...]}}
 
 ``RecommenderConfig.diagnostics`` (``DiagnosticsLevel``) says how much of the rounds is kept:
-``full`` (the default) lists every candidate of every round; ``summary`` keeps one line per
-round without ``candidates`` and never builds them. Everything else is the same bytes at both
+``summary`` (the default) keeps one line per round without ``candidates`` and never builds
+them; ``full`` lists every candidate of every round. Everything else is the same bytes at both
 levels. Keys whose value is empty or None are left out.
 """
 

@@ -1,10 +1,10 @@
 """Golden bytes: the recommender's answer must not drift when its code is reorganised or sped up.
 
 ``basic.recommendation.json`` is ``encode_recommendation`` of ``examples/snapshots/basic.yaml``
-with the default config. The benchmark snapshot (1,000 pending pods, 500 nodes, 10 pools x 3
-zones) is pinned by the SHA-256 of its answer, taken before the simulation was rewritten (a
-1 MB file is not worth committing). If a change *means* to alter the answer, regenerate both and
-say why in the commit.
+with the default config but the full diagnostics. The benchmark snapshot (1,000 pending pods,
+500 nodes, 10 pools x 3 zones) is pinned by the SHA-256 of its full answer (a 1 MB file is not
+worth committing). If a change *means* to alter the answer, regenerate both and say why in the
+commit.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from scheduler_extender.recommender import (
+    DiagnosticsLevel,
     RecommenderConfig,
     Scorer,
     decode_snapshot,
@@ -41,7 +42,10 @@ def bench_module() -> ModuleType:
 def test_basic_example_answer_is_the_golden_bytes():
     data = (ROOT / "examples/snapshots/basic.yaml").read_bytes()
     answer = encode_recommendation(
-        recommend(load_snapshot(data, fmt="yaml"), config=RecommenderConfig())
+        recommend(
+            load_snapshot(data, fmt="yaml"),
+            config=RecommenderConfig(diagnostics=DiagnosticsLevel.FULL),
+        )
     )
     assert answer == (DATA / "basic.recommendation.json").read_bytes()
 
@@ -68,5 +72,9 @@ def test_prepared_and_plain_snapshots_give_the_same_bytes():
 )
 def test_benchmark_snapshot_answer_is_unchanged(chain, digest):
     prepared = load_snapshot(msgspec.json.encode(bench_module().generate()))
-    answer = encode_recommendation(recommend(prepared, config=RecommenderConfig(scorers=chain)))
+    answer = encode_recommendation(
+        recommend(
+            prepared, config=RecommenderConfig(scorers=chain, diagnostics=DiagnosticsLevel.FULL)
+        )
+    )
     assert hashlib.sha256(answer).hexdigest() == digest

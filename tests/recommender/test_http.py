@@ -42,7 +42,9 @@ async def test_snapshot_body_in_yaml_answers_the_golden_recommendation_with_run_
 ) -> None:
     running = await start_extender()
     response = await running.verbs.post(
-        "/v1/recommend", data=BASIC.read_bytes(), headers={"Content-Type": "application/yaml"}
+        "/v1/recommend?diagnostics=full",
+        data=BASIC.read_bytes(),
+        headers={"Content-Type": "application/yaml"},
     )
     assert response.status == 200
     body = await response.read()
@@ -63,7 +65,7 @@ async def test_same_snapshot_as_json_gives_the_same_recommendation(
 ) -> None:
     running = await start_extender()
     doc = yaml.safe_load(BASIC.read_text())
-    response = await running.verbs.post("/v1/recommend", json=doc)
+    response = await running.verbs.post("/v1/recommend?diagnostics=full", json=doc)
     assert response.status == 200
     answer = await response.json()
     del answer["runTimeMillis"]
@@ -206,25 +208,26 @@ def basic_summary() -> dict[str, Any]:
     return golden
 
 
-async def test_diagnostics_summary_query_leaves_out_the_rounds_candidates_only(
+async def test_the_summary_is_the_default_and_the_query_asks_for_it_too(
     start_extender: StartExtender,
 ) -> None:
     running = await start_extender()
-    response = await running.verbs.post(
-        "/v1/recommend?diagnostics=summary",
-        data=BASIC.read_bytes(),
-        headers={"Content-Type": "application/yaml"},
-    )
-    assert response.status == 200
-    answer = msgspec.json.decode(await response.read())
-    assert isinstance(answer.pop("runTimeMillis"), int)
-    assert answer == basic_summary()
+    for query in ("", "?diagnostics=summary"):
+        response = await running.verbs.post(
+            f"/v1/recommend{query}",
+            data=BASIC.read_bytes(),
+            headers={"Content-Type": "application/yaml"},
+        )
+        assert response.status == 200
+        answer = msgspec.json.decode(await response.read())
+        assert isinstance(answer.pop("runTimeMillis"), int)
+        assert answer == basic_summary()
 
 
 async def test_config_sets_the_level_and_the_query_overrides_it(
     start_extender: StartExtender,
 ) -> None:
-    running = await start_extender(make_config(recommender={"diagnostics": "summary"}))
+    running = await start_extender(make_config(recommender={"diagnostics": "full"}))
 
     async def post(query: str) -> dict[str, Any]:
         response = await running.verbs.post(f"/v1/recommend{query}", json=BASIC_DOC)
@@ -233,8 +236,8 @@ async def test_config_sets_the_level_and_the_query_overrides_it(
         del answer["runTimeMillis"]
         return answer
 
-    assert await post("") == basic_summary()
-    assert await post("?diagnostics=full") == msgspec.json.decode(GOLDEN.read_bytes())
+    assert await post("") == msgspec.json.decode(GOLDEN.read_bytes())
+    assert await post("?diagnostics=summary") == basic_summary()
 
 
 async def test_unknown_diagnostics_level_is_400(start_extender: StartExtender) -> None:

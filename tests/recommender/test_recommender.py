@@ -20,6 +20,7 @@ from scheduler_extender.recommender import (
     POOL_LABEL,
     ZONE_LABEL,
     CandidateOutcome,
+    DiagnosticsLevel,
     NodePool,
     Recommendation,
     RecommenderConfig,
@@ -33,7 +34,8 @@ from scheduler_extender.recommender import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = RecommenderConfig()
+# The full trace: several tests read the rounds' candidates.
+CONFIG = RecommenderConfig(diagnostics=DiagnosticsLevel.FULL)
 
 
 def pool(name: str, cpu: str = "4", memory: str = "16Gi", **extra: Any) -> dict[str, Any]:
@@ -330,7 +332,7 @@ def test_each_scorer_alone(scorer, overrides, first_winner):
 
 
 def test_ties_fall_back_to_pool_then_zone_name():
-    rec = run(two_pools(), RecommenderConfig(scorers=()))
+    rec = run(two_pools(), RecommenderConfig(scorers=(), diagnostics=DiagnosticsLevel.FULL))
     assert rec.diagnostics.rounds[0].winner == "large/a"
     lost = {
         c.zone: c.reason for c in rec.diagnostics.rounds[0].candidates if c.node_pool == "large"
