@@ -16,7 +16,8 @@ live state, times the call, and publishes.
   overrides it for one request. ``summary`` keeps one line per round instead of every
   candidate of every round, and does not build the rest; a level that is neither is a 400
   (``InvalidParameter``).
-* ``GET /v1/recommendation``: the latest auto-published recommendation, with when and why.
+* ``GET /v1/recommendation`` (on the permits listener too, like ``/state``): the latest
+  auto-published recommendation, with when and why.
   Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
   ``POST /v1/recommend?diagnostics=full`` gives the full rounds for the live state.
 * Auto-publish (a ``cleanup_ctx`` task): every ``check_interval_seconds``, if a pod has been
