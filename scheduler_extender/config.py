@@ -145,6 +145,16 @@ class KubeConfig(_Section, frozen=True):
     post_events: bool = True
 
 
+class RecommendWorkerMode(enum.StrEnum):
+    """Where recommendations run (``http/recommend_worker.py``)."""
+
+    # A worker process (the default): the event loop only awaits, so filter, bind and permit
+    # calls are not held up while a large recommendation runs.
+    PROCESS = "process"
+    # On the event loop: every other request waits while it runs. For debugging.
+    INLINE = "inline"
+
+
 class RecommenderSection(_Section, frozen=True):
     """The scale-up recommender (``POST /v1/recommend``, ``GET /v1/recommendation``).
 
@@ -168,6 +178,9 @@ class RecommenderSection(_Section, frozen=True):
     # Step budget of the search for the cheapest plan (``RecommenderConfig``): steps, not
     # seconds, so that the answer does not depend on the machine.
     plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = RecommenderConfig().plan_search_steps
+    # Where recommendations run: ``process`` (one worker process, started on first use) or
+    # ``inline`` (on the event loop, delaying every other request while it runs).
+    worker: RecommendWorkerMode = RecommendWorkerMode.PROCESS
     # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
     # once a pod has been refused for capacity by filter, or an agent denied capacity, for
     # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted

@@ -61,16 +61,24 @@ POD_SHAPES = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1", "4Gi"), ("
               ("2", "8Gi"), ("4", "8Gi"), ("4", "16Gi"), ("8", "16Gi")]  # fmt: skip
 
 
-def generate(seed: int = 42) -> dict[str, Any]:
+def generate(
+    seed: int = 42, *, pending: int = 1000, pools_count: int = 10, nodes_count: int = 500
+) -> dict[str, Any]:
+    """The benchmark's snapshot. The defaults are the one the golden test pins; other sizes
+    repeat the ten pool shapes (each repetition a little dearer, so that they differ) and the
+    same mix of pending pods."""
     rng = random.Random(seed)
     pools: list[dict[str, Any]] = []
-    for i, (cores, gib, price) in enumerate(POOL_SHAPES):
+    for i in range(pools_count):
+        cores, gib, base_price = POOL_SHAPES[i % len(POOL_SHAPES)]
+        price = round(base_price * (1 + 0.03 * (i // len(POOL_SHAPES))), 4)
+        kind = i % len(POOL_SHAPES)
         template: dict[str, Any] = {
             "instanceType": f"t{i}-{cores}x{cores * gib}",
             "allocatable": {"cpu": str(cores), "memory": f"{cores * gib}Gi"},
-            "labels": {"tier": "gpu" if i in (7,) else ("high-mem" if gib == 8 else "general")},
+            "labels": {"tier": "gpu" if kind == 7 else ("high-mem" if gib == 8 else "general")},
         }
-        if i == 7:
+        if kind == 7:
             template["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
         pools.append(
             {
@@ -78,16 +86,18 @@ def generate(seed: int = 42) -> dict[str, Any]:
                 "zones": ZONES,
                 "template": template,
                 "currentCount": 50,
-                "maxCount": 150,
+                # Room grows with the pending pods, so that larger sizes are the same problem
+                # scaled rather than one where every pool is soon at its maximum.
+                "maxCount": 150 * max(1, pending // 1000),
                 "price": price,
                 "priority": rng.choice([0, 0, 5]),
-                **({"limits": {"cpu": "2400"}} if i == 3 else {}),
+                **({"limits": {"cpu": str(2400 * max(1, pending // 1000))}} if kind == 3 else {}),
             }
         )
     nodes = []
     pods: list[dict[str, Any]] = []
-    for i in range(500):
-        pool = pools[i % 10]
+    for i in range(nodes_count):
+        pool = pools[i % len(pools)]
         zone = ZONES[(i // 10) % 3]
         t: dict[str, Any] = pool["template"]
         name = f"node-{i:03d}"
@@ -122,7 +132,7 @@ def generate(seed: int = 42) -> dict[str, Any]:
                 }
             )
     classes = [("critical", 1000), ("standard", 100), ("batch", 10)]
-    for i in range(1000):
+    for i in range(pending):
         shape, mem = rng.choice(POD_SHAPES)
         pc, _ = rng.choices(classes, weights=[1, 3, 6])[0]
         pod: dict[str, Any] = {
@@ -131,7 +141,7 @@ def generate(seed: int = 42) -> dict[str, Any]:
             "uid": f"uid-pending-{i:04d}",
             "requests": {"cpu": shape, "memory": mem},
             "priorityClassName": pc,
-            "creationTimestamp": f"2024-05-01T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
+            "creationTimestamp": f"2024-05-{1 + i // 3600:02d}T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
         }
         r = rng.random()
         if r < 0.10:

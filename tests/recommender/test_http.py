@@ -273,7 +273,7 @@ async def test_auto_publish_computes_the_summary_and_publishes_what_the_full_ans
         assert response.status == 200
     app = running.verbs.app
     now = asyncio.get_running_loop().time() + config.recommender.pending_threshold_seconds + 1
-    published = publish_if_overdue(app, now=now)
+    published = await publish_if_overdue(app, now=now)
     assert published is not None
     full = live_recommendation(running.extender)
     assert full.diagnostics.rounds and all(r.candidates for r in full.diagnostics.rounds)
