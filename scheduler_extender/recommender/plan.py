@@ -205,25 +205,43 @@ class _Search:
 
     def descend(self) -> None:
         """The exact search's first descent alone, without recursion: first fit into the open
-        nodes, else a new node of the first candidate that may still grow."""
+        nodes, else a new node of the first candidate that may still grow. Written out with
+        local names (no method call per node tried): it is the search's whole cost on large
+        plans. Every open node tried is a step."""
+        shapes, bin_type, free_cpu, free_mem = (
+            self.shapes,
+            self.bin_type,
+            self.free_cpu,
+            self.free_mem,
+        )
+        allowed_of = [set(s.types) for s in shapes]
+        steps = self.steps
         for i, shape in enumerate(self.items):
-            s = self.shapes[shape]
-            allowed = set(s.types)
-            for b in range(len(self.bin_type)):
-                if not self._spend():
-                    return
-                if self._fits(b, s, allowed):
-                    self._put(b, i, 1)
+            s = shapes[shape]
+            need_cpu, need_mem, allowed = s.cpu, s.mem, allowed_of[shape]
+            found = -1
+            for b in range(len(bin_type)):
+                if need_cpu <= free_cpu[b] and need_mem <= free_mem[b] and bin_type[b] in allowed:
+                    found = b
                     break
+            steps -= found + 1 if found >= 0 else len(bin_type) + 1
+            if steps < 0:
+                self.steps, self.is_exhausted = steps, True
+                return
+            if found >= 0:
+                self._put(found, i, 1)
             else:
                 for t in s.types:
                     if self.used[self.pool_of[t]] < self.caps[self.pool_of[t]]:
                         self._open(t, i)
                         break
                 else:
+                    self.steps = steps
                     return  # no room left in any pool: greedy's plan stands
-            if self.cost >= self.best:
-                return
+                if self.cost >= self.best:
+                    self.steps = steps
+                    return
+        self.steps = steps
         self._record()
 
 

@@ -64,9 +64,9 @@ def test_prepared_and_plain_snapshots_give_the_same_bytes():
     [
         (
             (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS),
-            "ea802179be4aa0c35361bace7a0e5ed96b1f58671771c344d8a7386554587bc6",
+            "6f0d27f2658479f8b5de1c9ea248783ba04bf029d53a3b8ef4c11fe0bb4604db",
         ),
-        ((Scorer.LEAST_COST,), "5bc7b0272ddedb239bd111dffa8d0f85ea33d5bc07522dbe5f516c9bcdbbce55"),
+        ((Scorer.LEAST_COST,), "bd0b82d336d69f86eedcde8616e0b3c5a0c0f2373bda71096003ac26a8b50f59"),
     ],
     ids=["default-chain", "least-cost"],
 )
