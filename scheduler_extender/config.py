@@ -22,6 +22,7 @@ from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, pa
 from scheduler_extender.core.ledger import SystemReserve
 from scheduler_extender.core.placement import Strategy
 from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
+from scheduler_extender.recommender.scale_down import ScaleDownConfig
 from scheduler_extender.recommender.snapshot import POOL_LABEL, NodePool
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -181,6 +182,9 @@ class RecommenderSection(_Section, frozen=True):
     # Where recommendations run: ``process`` (one worker process, started on first use) or
     # ``inline`` (on the event loop, delaying every other request while it runs).
     worker: RecommendWorkerMode = RecommendWorkerMode.PROCESS
+    # The scale-down check (``POST /v1/scale-down``, ``recommend --scale-down``): the share of
+    # each VM's room to grow kept free where it would move, and at most how many nodes at once.
+    scale_down: ScaleDownConfig = ScaleDownConfig()
     # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
     # once a pod has been refused for capacity by filter, or an agent denied capacity, for
     # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted

@@ -16,6 +16,8 @@ live state, times the call, and publishes.
   overrides it for one request. ``summary`` keeps one line per round instead of every
   candidate of every round, and does not build the rest; a level that is neither is a 400
   (``InvalidParameter``).
+* ``POST /v1/scale-down``: which existing nodes could be removed (``recommender.scale_down``)
+  for the snapshot in the body; an empty body is a 400 (no live mode: see its handler).
 * ``GET /v1/recommendation`` (on the permits listener too, like ``/state``): the latest
   auto-published recommendation, with when and why.
   Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
@@ -123,6 +125,7 @@ def install(app: web.Application, config: Config) -> None:
     app.cleanup_ctx.append(_worker_ctx)
     app.router.add_post("/v1/recommend", recommend_handler, name="recommend")
     app.router.add_get("/v1/recommendation", latest_handler, name="recommendation")
+    app.router.add_post("/v1/scale-down", scale_down_handler, name="scale_down")
     if config.recommender.auto_publish:
         app.cleanup_ctx.append(_auto_publish_ctx)
 
@@ -224,6 +227,32 @@ async def recommend_handler(request: web.Request) -> web.Response:
     structlog.contextvars.bind_contextvars(
         reason=f"{result.new_nodes} new nodes, {result.unscheduled} pods unscheduled"
     )
+    return web.Response(body=result.answer, content_type=_JSON)
+
+
+async def scale_down_handler(request: web.Request) -> web.Response:
+    """Which existing nodes could go (``recommender.scale_down``) for the snapshot in the body;
+    a bad one is a 400 as for ``POST /v1/recommend``. No live mode: the ledger does not keep
+    what the check needs of placed pods (VM bounds, constraints, labels for budgets, static
+    pods), and answering without them would remove nodes it should keep."""
+    extender = request.app[EXTENDER]
+    body = await read_body(request)
+    if not body.strip():
+        raise ProtocolError(
+            "POST a ClusterSnapshot: the live state lacks what the scale-down check needs of"
+            " placed pods (VM bounds, constraints, labels, static pods)",
+            reason="SnapshotRequired",
+        )
+    fmt: Literal["json", "yaml"] = "yaml" if request.content_type in _YAML_TYPES else "json"
+    job = Job(
+        snapshot=body,
+        fmt=fmt,
+        config=extender.config.recommender_config(),
+        scale_down=extender.config.recommender.scale_down,
+    )
+    result = await request.app[RECOMMEND_WORKER].run(job)
+    if result.errors:
+        return _bad_snapshot(SnapshotError(result.errors), status=400, reason="InvalidSnapshot")
     return web.Response(body=result.answer, content_type=_JSON)
 
 

@@ -37,10 +37,13 @@ from scheduler_extender.recommender import (
     FieldError,
     Recommendation,
     RecommenderConfig,
+    ScaleDownConfig,
     SnapshotError,
     encode_recommendation,
+    encode_scale_down,
     load_snapshot,
     recommend,
+    recommend_scale_down,
 )
 
 __all__ = ["Job", "JobResult", "RecommendWorker", "WorkerMode", "compute"]
@@ -56,6 +59,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     fmt: Literal["json", "yaml"]
     config: RecommenderConfig
     notes: list[str] = []
+    # Which question: the scale-up (``recommend``) or the scale-down check with these settings.
+    scale_down: ScaleDownConfig | None = None
     # Send the Recommendation back too (auto-publish reads it); else only the answer bytes.
     is_kept: bool = False
 
@@ -83,6 +88,12 @@ def compute(job: Job) -> JobResult:
         prepared = load_snapshot(
             job.snapshot, fmt=job.fmt, scheduler_name=job.config.scheduler_name
         )
+        if job.scale_down is not None:
+            down = recommend_scale_down(prepared, config=job.config, scale_down=job.scale_down)
+            return JobResult(
+                answer=encode_scale_down(down),
+                run_time_millis=round((time.perf_counter() - start) * 1000),
+            )
         rec = recommend(prepared, config=job.config)
     except SnapshotError as e:
         return JobResult(errors=e.errors, message=str(e))

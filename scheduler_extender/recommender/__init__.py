@@ -1,9 +1,10 @@
-"""The scale-up recommender: which nodes to add so that pending pods can run.
+"""The recommender: which nodes to add so that pending pods can run, and which could go.
 
 Decides, for a ``ClusterSnapshot`` (a file, or the extender's own ledger in live mode), which
 node pool x zone to add and how many, and why every pod left is left. Pure, like ``core`` and
 ``admission``: no I/O, no clock, no randomness; it may import ``protocol`` and
-``scheduler_extender.core``, nothing of the shell. ``phases`` describes the design.
+``scheduler_extender.core``, nothing of the shell. ``phases`` describes the design;
+``scale_down`` the check of which existing nodes could be removed.
 
 Callers (the extender's ``/v1/recommend``, the simulator, ``scheduler-extender recommend``)
 import from here; the names below are the public surface.
@@ -34,6 +35,16 @@ from scheduler_extender.recommender.recommendation import (
     UnscheduledReason,
     encode_recommendation,
 )
+from scheduler_extender.recommender.scale_down import (
+    KeepReason,
+    KeptNode,
+    Move,
+    RemovableNode,
+    ScaleDown,
+    ScaleDownConfig,
+    encode_scale_down,
+    recommend_scale_down,
+)
 from scheduler_extender.recommender.snapshot import (
     API_VERSION,
     KIND,
@@ -43,12 +54,14 @@ from scheduler_extender.recommender.snapshot import (
     Capacity,
     ClusterSnapshot,
     FieldError,
+    LabelSelector,
     NodeAffinity,
     NodePool,
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     NodeTemplate,
+    PodDisruptionBudget,
     PoolLimits,
     PriorityClass,
     Resources,
@@ -74,6 +87,10 @@ __all__ = [
     "DiagnosticsLevel",
     "ExistingPlacement",
     "FieldError",
+    "KeepReason",
+    "KeptNode",
+    "LabelSelector",
+    "Move",
     "NodeAffinity",
     "NodePool",
     "NodeSelector",
@@ -82,13 +99,17 @@ __all__ = [
     "NodeTemplate",
     "PlanCost",
     "PlanNodes",
+    "PodDisruptionBudget",
     "PoolLimits",
     "PreparedSnapshot",
     "PriorityClass",
     "Recommendation",
     "RecommenderConfig",
+    "RemovableNode",
     "Resources",
     "Round",
+    "ScaleDown",
+    "ScaleDownConfig",
     "ScaleUp",
     "Scorer",
     "SnapshotError",
@@ -100,9 +121,11 @@ __all__ = [
     "UnscheduledReason",
     "decode_snapshot",
     "encode_recommendation",
+    "encode_scale_down",
     "load_snapshot",
     "prepare_snapshot",
     "recommend",
+    "recommend_scale_down",
     "snapshot_from_ledger",
     "validate_snapshot",
 ]

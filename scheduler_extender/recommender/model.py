@@ -383,6 +383,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             if defaults > 1:
                 errors.add(f"$.priorityClasses[{i}].globalDefault", "a second global default")
 
+    # PodDisruptionBudgets (read by the scale-down check only).
+    for i, pdb in enumerate(snapshot.pod_disruption_budgets):
+        if (pdb.min_available is None) == (pdb.max_unavailable is None):
+            errors.add(
+                f"$.podDisruptionBudgets[{i}]", "give exactly one of minAvailable, maxUnavailable"
+            )
+
     # Pools.
     pools: list[Pool] = []
     pools_by_name: dict[str, Pool] = {}

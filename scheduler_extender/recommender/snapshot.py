@@ -30,12 +30,14 @@ __all__ = [
     "Capacity",
     "ClusterSnapshot",
     "FieldError",
+    "LabelSelector",
     "NodeAffinity",
     "NodePool",
     "NodeSelector",
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
     "NodeTemplate",
+    "PodDisruptionBudget",
     "PoolLimits",
     "PriorityClass",
     "Quantity",
@@ -183,6 +185,24 @@ class PriorityClass(_Wire, frozen=True, kw_only=True):
     global_default: bool = False
 
 
+class LabelSelector(_Wire, frozen=True, kw_only=True):
+    # matchLabels only: PodDisruptionBudgets written with matchExpressions are refused rather
+    # than matched wrongly.
+    match_labels: dict[str, str] = {}
+
+
+class PodDisruptionBudget(_Wire, frozen=True, kw_only=True):
+    """Read by the scale-down check only. Whole numbers (percentages are not supported); one
+    of ``minAvailable`` and ``maxUnavailable``. The pods it covers are the placed pods of its
+    namespace matching ``selector``, all counted as healthy."""
+
+    namespace: NonEmpty
+    name: NonEmpty
+    selector: LabelSelector
+    min_available: Count | None = None
+    max_unavailable: Count | None = None
+
+
 class NodeTemplate(_Wire, frozen=True, kw_only=True):
     instance_type: NonEmpty
     allocatable: Capacity
@@ -226,6 +246,7 @@ class ClusterSnapshot(_Wire, frozen=True, kw_only=True):
     pods: list[SnapshotPod] = []
     priority_classes: list[PriorityClass] = []
     node_pools: list[NodePool] = []
+    pod_disruption_budgets: list[PodDisruptionBudget] = []
 
 
 # ---------------------------------------------------------------------------------------------
