@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -76,6 +77,10 @@ class JobResult(msgspec.Struct, frozen=True, kw_only=True):
     recommendation: Recommendation | None = None
 
 
+# How much lower the worker's scheduling priority is (``nice``): on a node with few cores the
+# worker and the event loop compete, and the loop must win.
+WORKER_NICENESS: Final = 10
+
 _JOB_ENCODER: Final = msgspec.msgpack.Encoder()
 _JOB_DECODER: Final = msgspec.msgpack.Decoder(Job)
 _RESULT_DECODER: Final = msgspec.msgpack.Decoder(JobResult)
@@ -121,6 +126,13 @@ def _compute_bytes(job: bytes) -> bytes:
     return _JOB_ENCODER.encode(compute(_JOB_DECODER.decode(job)))
 
 
+def _lower_priority() -> None:
+    """In the worker: yield the CPU to the extender's own process when they compete for it.
+    A recommendation is background work; filter, bind and permit calls are not."""
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICENESS)
+
+
 class RecommendWorker:
     """One worker process, created on first use; see the module docstring."""
 
@@ -136,7 +148,9 @@ class RecommendWorker:
         if pool is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload([__name__])
-            pool = self._pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
+            pool = self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=context, initializer=_lower_priority
+            )
         try:
             reply = await asyncio.get_running_loop().run_in_executor(pool, _compute_bytes, data)
         except BrokenProcessPool:
