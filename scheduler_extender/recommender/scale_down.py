@@ -25,23 +25,15 @@ then by name; each either is removed (its pods' destinations listed) or kept wit
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Annotated, Final
 
 import msgspec
 
-from protocol import annotations as ann
-from protocol.quantity import cpu_millis, memory_bytes
-from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.recommender.config import RecommenderConfig
+from scheduler_extender.recommender.growth import PlacedPod, placed_pods
 from scheduler_extender.recommender.model import (
-    Constraints,
     Host,
     PreparedSnapshot,
-    _constraints,
-    _Errors,
-    _pod_info,
     admission,
     prepare_snapshot,
     usable,
@@ -49,8 +41,6 @@ from scheduler_extender.recommender.model import (
 from scheduler_extender.recommender.snapshot import (
     ZONE_LABEL,
     ClusterSnapshot,
-    SnapshotError,
-    SnapshotPod,
 )
 
 __all__ = [
@@ -115,51 +105,11 @@ class ScaleDown(_Out, frozen=True, kw_only=True):
     kept: list[KeptNode]
 
 
-@dataclass(slots=True)
-class _Pod:
-    key: str
-    priority: int
-    now: Demand  # what the extender holds for it
-    grown: Demand  # with the growth headroom
-    cls: Constraints
-    labels: dict[str, str]
-    namespace: str
-    is_static: bool
-
-
 _ENCODER: Final = msgspec.json.Encoder()
 
 
 def encode_scale_down(answer: ScaleDown) -> bytes:
     return _ENCODER.encode(answer)
-
-
-def _demands(
-    pod: SnapshotPod, priority: int, *, scheduler_name: str, headroom: float
-) -> tuple[Demand, Demand]:
-    requests = Demand(
-        cpu_millis(str(pod.requests.cpu or 0)), memory_bytes(str(pod.requests.memory or 0))
-    )
-    if not (pod.scheduler_name == scheduler_name and ann.is_vm(pod.labels)):
-        return requests, requests
-    info = _pod_info(pod, requests, priority, scheduler_name=scheduler_name)
-    now = info.initial_demand()
-    if info.vm is None:
-        return now, now
-    top = Demand(info.vm.top_vcpus * 1000, info.vm.top_memory_bytes)
-    # Rounded up: the headroom is a promise of room, never overstated.
-    grown = Demand(
-        now.cpu_millis + _ceil_share(top.cpu_millis - now.cpu_millis, headroom),
-        now.memory_bytes + _ceil_share(top.memory_bytes - now.memory_bytes, headroom),
-    )
-    return now, grown
-
-
-def _ceil_share(room: int, share: float) -> int:
-    if room <= 0:
-        return 0
-    exact = Fraction(room) * Fraction(share)
-    return -(-exact.numerator // exact.denominator)
 
 
 def recommend_scale_down(
@@ -176,39 +126,11 @@ def recommend_scale_down(
         else prepare_snapshot(snapshot, scheduler_name=config.scheduler_name)
     )
     snap, model = prepared.snapshot, prepared.model
-    class_values = {pc.name: pc.value for pc in snap.priority_classes}
-    default_priority = next((pc.value for pc in snap.priority_classes if pc.global_default), 0)
     names = [n.name for n, _ in model.nodes]
-    index = {name: i for i, name in enumerate(names)}
     hosts: list[Host] = [host for _, host in model.nodes]
-    errors = _Errors()
-    pods_on: list[list[_Pod]] = [[] for _ in names]
-    for i, pod in enumerate(snap.pods):
-        if not pod.node_name:
-            continue
-        priority = pod.priority
-        if priority is None:
-            priority = class_values.get(pod.priority_class_name or "", default_priority)
-        now, grown = _demands(
-            pod,
-            priority,
-            scheduler_name=config.scheduler_name,
-            headroom=scale_down.growth_headroom,
-        )
-        pods_on[index[pod.node_name]].append(
-            _Pod(
-                key=f"{pod.namespace}/{pod.name}",
-                priority=priority,
-                now=now,
-                grown=grown,
-                cls=_constraints(pod, f"$.pods[{i}]", errors, {}),
-                labels=pod.labels,
-                namespace=pod.namespace,
-                is_static=ann.MIRROR_ANNOTATION in pod.annotations,
-            )
-        )
-    if errors.items:  # pragma: no cover - compile_snapshot checked the same constraints
-        raise SnapshotError(errors.items)
+    pods_on = placed_pods(
+        prepared, scheduler_name=config.scheduler_name, headroom=scale_down.growth_headroom
+    )
 
     # Room per node, with every pod at its grown size.
     room = [usable(a, config.reserve) for a in model.allocatable]
@@ -234,7 +156,7 @@ def recommend_scale_down(
         else:
             allowed.append(max(covered - (pdb.min_available or 0), 0))
 
-    def budgets_of(p: _Pod) -> list[int]:
+    def budgets_of(p: PlacedPod) -> list[int]:
         return [
             j
             for j, pdb in enumerate(snap.pod_disruption_budgets)
@@ -305,7 +227,7 @@ def recommend_scale_down(
         taken_cpu: dict[int, int] = {}
         taken_mem: dict[int, int] = {}
         moves: list[Move] = []
-        homeless: _Pod | None = None
+        homeless: PlacedPod | None = None
         for p in order:
             for d in destinations:
                 if d == i or d in removed:
