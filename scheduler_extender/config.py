@@ -179,6 +179,9 @@ class RecommenderSection(_Section, frozen=True):
     # Step budget of the search for the cheapest plan (``RecommenderConfig``): steps, not
     # seconds, so that the answer does not depend on the machine.
     plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = RecommenderConfig().plan_search_steps
+    # Plan for growth: above 0, size the scale-up for this share of every VM's room to grow
+    # (pending and running VMs; running ones their node cannot give it are planned to move).
+    growth_headroom: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     # Where recommendations run: ``process`` (one worker process, started on first use) or
     # ``inline`` (on the event loop, delaying every other request while it runs).
     worker: RecommendWorkerMode = RecommendWorkerMode.PROCESS
@@ -208,6 +211,7 @@ class RecommenderSection(_Section, frozen=True):
             reserve=reserve,
             diagnostics=self.diagnostics,
             plan_search_steps=self.plan_search_steps,
+            growth_headroom=self.growth_headroom,
         )
 
 

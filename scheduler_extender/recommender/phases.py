@@ -9,6 +9,8 @@ It follows the "ScaleSim" design, in memory instead of against a real scheduler 
 waits 10 s of wall time per zone simulation; this answers in milliseconds), in numbered phases
 like kueue's scheduling cycle:
 
+0. **Plan for growth** (``growth_headroom`` above 0): pending VMs at their grown size, and
+   running VMs that their node cannot give room to grow added as pods to place (``growth``).
 1. **Snapshot.** Validate the ``ClusterSnapshot`` (every error with its ``$.path``) and compile
    it (``model``; done once by ``load_snapshot``, whose ``PreparedSnapshot`` any number
    of calls reuse). The simulation works on its own copy of the nodes' free room; the live
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 from scheduler_extender.recommender.config import RecommenderConfig, Scorer
 from scheduler_extender.recommender.explain import explain
+from scheduler_extender.recommender.growth import Mover, plan_growth
 from scheduler_extender.recommender.model import (
     Candidate,
     Pending,
@@ -70,6 +73,7 @@ from scheduler_extender.recommender.model import (
 from scheduler_extender.recommender.plan import cost_plan
 from scheduler_extender.recommender.recommendation import (
     Diagnostics,
+    GrowthMove,
     Recommendation,
     ScaleUp,
 )
@@ -103,6 +107,9 @@ def recommend(
     else:
         prepared = prepare_snapshot(snapshot, scheduler_name=config.scheduler_name)
     model = prepared.model
+    movers: list[Mover] = []
+    if config.growth_headroom > 0:
+        model, movers = plan_growth(prepared, config)
     if Scorer.LEAST_COST in config.scorers:
         missing = [
             FieldError(
@@ -161,7 +168,12 @@ def recommend(
         )
         for label, names in sorted(groups.items())
     ]
-    left_over = sorted([*invalid, *unscheduled], key=lambda p: p.order)
+    # Movers are running VMs: where the plan puts them is ``growth``, never "unscheduled".
+    moving = {m.uid for m in movers}
+    left_over = sorted(
+        (p for p in [*invalid, *unscheduled] if p.uid not in moving), key=lambda p: p.order
+    )
+    growth = _growth_moves(movers, sim, new_nodes)
     explained = [explain(sim, p) for p in left_over]
     return Recommendation(
         scale_up=scale_up,
@@ -172,6 +184,7 @@ def recommend(
             new_nodes={name: pods for name, (_c, pods) in new_nodes.items()},
             unscheduled=explained,
             cost=plan.cost if plan is not None else None,
+            growth=growth,
             notes=notes,
         ),
     )
@@ -191,3 +204,25 @@ def _plan_names(
             name += "x"
         named[name] = (cand, pods)
     return named
+
+
+def _growth_moves(
+    movers: list[Mover], sim: Simulation, new_nodes: dict[str, tuple[Candidate, list[str]]]
+) -> list[GrowthMove]:
+    """Where the plan put each mover: an existing node with room, a new node, or nowhere."""
+    if not movers:
+        return []
+    placed = {e.pod: e.node for e in sim.placed_on_existing}
+    for name, (_cand, pods) in new_nodes.items():
+        for key in pods:
+            placed[key] = name
+    return [
+        GrowthMove(
+            pod=m.key,
+            node=m.node,
+            cpu_millis=m.grown.cpu_millis,
+            memory_bytes=m.grown.memory_bytes,
+            to_node=placed.get(m.key),
+        )
+        for m in movers
+    ]

@@ -38,6 +38,7 @@ __all__ = [
     "CandidateTrial",
     "Diagnostics",
     "ExistingPlacement",
+    "GrowthMove",
     "PlanCost",
     "PlanNodes",
     "Recommendation",
@@ -156,12 +157,24 @@ class PlanCost(_Out, frozen=True, kw_only=True):
     greedy_scale_up: list[PlanNodes] = []
 
 
+class GrowthMove(_Out, frozen=True, kw_only=True):
+    """Plan for growth: a running VM that would have to move so that the VMs on its node keep
+    their room to grow, and where the plan puts it (absent: nowhere, no pool can take it)."""
+
+    pod: str
+    node: str
+    cpu_millis: int  # its size with the headroom
+    memory_bytes: int
+    to_node: str | None = None
+
+
 class Diagnostics(_Out, frozen=True, kw_only=True):
     rounds: list[Round] = []
     placed_on_existing: list[ExistingPlacement] = []
     new_nodes: dict[str, list[str]] = {}
     unscheduled: list[UnscheduledPod] = []
     cost: PlanCost | None = None
+    growth: list[GrowthMove] = []
     notes: list[str] = []
 
 
