@@ -155,6 +155,8 @@ def live_job(
         unschedulable_nodes=extender.cordoned,
         pool_label=config.recommender.pool_label,
         left_out=left_out,
+        # VMs' bounds only travel when a plan for growth needs them.
+        vm_scheduler_name=config.scheduler_name if config.recommender.growth_headroom else None,
     )
     rec_config = config.recommender_config()
     if diagnostics is not None:
