@@ -33,8 +33,10 @@ from scheduler_extender.recommender import (
     DiagnosticsLevel,
     SnapshotError,
     encode_recommendation,
+    encode_scale_down,
     load_snapshot,
     recommend,
+    recommend_scale_down,
 )
 
 PROG: Final = "scheduler-extender"
@@ -51,9 +53,10 @@ Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs l
 Commands:
   serve   (default) answer kube-scheduler's filter/prioritize/bind/preempt on the verbs
           listener and the agents' permit requests on the permit listener.
-  recommend SNAPSHOT.yaml [--config FILE] [--diagnostics full|summary]
-          print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON;
-          exit 3 naming each bad $.path (see examples/snapshots/basic.yaml).
+  recommend SNAPSHOT.yaml [--config FILE] [--diagnostics full|summary] [--scale-down]
+          print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON,
+          or with --scale-down which nodes could be removed; exit 3 naming each bad $.path
+          (see examples/snapshots/basic.yaml and docs/RECOMMENDER.md).
   simulate [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]
           run the extender's and the agent's cores against a simulated fleet in virtual
           time (no cluster); without a file, the built-in scenario. Prints a summary, writes
@@ -126,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="extender config whose scheduler_name, system_reserve, recommender.scorers and"
-        " recommender.diagnostics apply",
+        help="extender config whose scheduler_name, system_reserve, recommender.scorers,"
+        " recommender.plan_search_steps and recommender.diagnostics apply",
     )
     recommend_parser.add_argument(
         "--diagnostics",
@@ -135,7 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much of the greedy rounds to print: full (every candidate of every round,"
         " with its score and pods) or summary (one line per round: its winner and new node;"
         " faster, and far smaller on large snapshots). Everything else in the answer is the"
-        " same. Default: the config's recommender.diagnostics, full unless set",
+        " same. Default: the config's recommender.diagnostics, summary unless set",
+    )
+    recommend_parser.add_argument(
+        "--scale-down",
+        action="store_true",
+        help="instead of the scale-up, print which existing nodes could be removed with every"
+        " pod still placed (the config's recommender.scale_down: growth_headroom,"
+        " max_nodes_at_once)",
     )
     return parser
 
@@ -143,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
 def recommend_command(args: argparse.Namespace) -> int:
     """Offline: read, check, simulate, print. No logging setup: stdout is the JSON alone."""
     try:
-        config = load_config(args.config).recommender_config()
+        full_config = load_config(args.config)
+        config = full_config.recommender_config()
     except ConfigError as e:
         return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     if args.diagnostics is not None:
@@ -156,14 +167,20 @@ def recommend_command(args: argparse.Namespace) -> int:
     fmt: Literal["json", "yaml"] = "json" if path.suffix == ".json" else "yaml"
     try:
         prepared = load_snapshot(data, fmt=fmt, scheduler_name=config.scheduler_name)
-        rec = recommend(prepared, config=config)
+        if args.scale_down:
+            down = recommend_scale_down(
+                prepared, config=config, scale_down=full_config.recommender.scale_down
+            )
+            answer = encode_scale_down(down)
+        else:
+            answer = encode_recommendation(recommend(prepared, config=config))
     except SnapshotError as e:
         for error in e.errors:
             print(
                 f"scheduler-extender: {path}: {error.message} - at `{error.path}`", file=sys.stderr
             )
         return EXIT_CONFIG
-    sys.stdout.buffer.write(encode_recommendation(rec) + b"\n")
+    sys.stdout.buffer.write(answer + b"\n")
     sys.stdout.flush()
     return 0
 

@@ -23,6 +23,7 @@ from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, pa
 from scheduler_extender.core.ledger import SystemReserve
 from scheduler_extender.core.placement import Strategy
 from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
+from scheduler_extender.recommender.scale_down import ScaleDownConfig
 from scheduler_extender.recommender.snapshot import POOL_LABEL, NodePool
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -146,6 +147,16 @@ class KubeConfig(_Section, frozen=True):
     post_events: bool = True
 
 
+class RecommendWorkerMode(enum.StrEnum):
+    """Where recommendations run (``http/recommend_worker.py``)."""
+
+    # A worker process (the default): the event loop only awaits, so filter, bind and permit
+    # calls are not held up while a large recommendation runs.
+    PROCESS = "process"
+    # On the event loop: every other request waits while it runs. For debugging.
+    INLINE = "inline"
+
+
 class RecommenderSection(_Section, frozen=True):
     """The scale-up recommender (``POST /v1/recommend``, ``GET /v1/recommendation``).
 
@@ -160,11 +171,24 @@ class RecommenderSection(_Section, frozen=True):
     pool_label: NonEmpty = POOL_LABEL
     # The ranking chain; each link only breaks the ties of the links before it.
     scorers: Annotated[tuple[Scorer, ...], msgspec.Meta(min_length=1)] = RecommenderConfig().scorers
-    # What ``diagnostics.rounds`` of ``POST /v1/recommend`` and the CLI records: ``full`` (every
-    # candidate of every round) or ``summary`` (one line per round, and the candidates' records
-    # never built: the benchmark's answer is 60 KB instead of 1 MB). A request's
-    # ``?diagnostics=`` overrides it. Auto-publish always uses ``summary``.
-    diagnostics: DiagnosticsLevel = DiagnosticsLevel.FULL
+    # What ``diagnostics.rounds`` of ``POST /v1/recommend`` and the CLI records: ``summary``
+    # (the default: one line per round, and the candidates' records never built; the
+    # benchmark's answer is 60 KB instead of 1 MB) or ``full`` (every candidate of every
+    # round, its score and pods). A request's ``?diagnostics=`` and the CLI's
+    # ``--diagnostics`` override it. Auto-publish always uses ``summary``.
+    diagnostics: DiagnosticsLevel = DiagnosticsLevel.SUMMARY
+    # Step budget of the search for the cheapest plan (``RecommenderConfig``): steps, not
+    # seconds, so that the answer does not depend on the machine.
+    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = RecommenderConfig().plan_search_steps
+    # Plan for growth: above 0, size the scale-up for this share of every VM's room to grow
+    # (pending and running VMs; running ones their node cannot give it are planned to move).
+    growth_headroom: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    # Where recommendations run: ``process`` (one worker process, started on first use) or
+    # ``inline`` (on the event loop, delaying every other request while it runs).
+    worker: RecommendWorkerMode = RecommendWorkerMode.PROCESS
+    # The scale-down check (``POST /v1/scale-down``, ``recommend --scale-down``): the share of
+    # each VM's room to grow kept free where it would move, and at most how many nodes at once.
+    scale_down: ScaleDownConfig = ScaleDownConfig()
     # Compute and publish a recommendation by itself (gauge, Event, GET /v1/recommendation)
     # once a pod has been refused for capacity by filter, or an agent denied capacity, for
     # longer than ``pending_threshold_seconds``. Short waits are normal (a pod being deleted
@@ -187,6 +211,8 @@ class RecommenderSection(_Section, frozen=True):
             scheduler_name=scheduler_name,
             reserve=reserve,
             diagnostics=self.diagnostics,
+            plan_search_steps=self.plan_search_steps,
+            growth_headroom=self.growth_headroom,
         )
 
 

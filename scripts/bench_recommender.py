@@ -1,19 +1,25 @@
 """Benchmark the scale-up recommender against decoding the same snapshot.
 
-1,000 pending pods, 500 existing nodes, 10 pools x 3 zones, generated deterministically (a
-seeded ``random.Random``: the same snapshot on every run). Prints one JSON object: the best of
+By default 1,000 pending pods, 500 existing nodes, 10 pools x 3 zones, generated deterministically
+(a seeded ``random.Random``: the same snapshot on every run). Prints one JSON object: the best of
 several runs of (a) decoding the snapshot bytes only, (b) ``load_snapshot`` (decode, check and
 compile into a ``PreparedSnapshot``), (c) ``recommend`` on that prepared snapshot, (d)
 ``encode_recommendation``, (e) all of b-d from bytes, as ``POST /v1/recommend`` does; and the
 ratios of b-e to (a). These are for the full diagnostics (the default: every round lists every
 candidate). Under ``summary``, each chain also gets c-e and their ratios at
-``DiagnosticsLevel.SUMMARY`` (one line per round, the candidates' records never built, and no
-trial filled for a pool whose priority cannot win the round; what auto-publish and
-``?diagnostics=summary`` run), against the same decode and load. All of them,
-for both scorer chains and both levels, are timed round-robin in one loop (``best_millis``), so
-every ratio divides figures taken in the same conditions.
+``DiagnosticsLevel.SUMMARY`` (one line per round, the candidates' records never built, and no trial
+filled for a pool whose priority cannot win the round; what auto-publish and
+``?diagnostics=summary`` run), against the same decode and load. All of them, for both scorer
+chains and both levels, are timed round-robin in one loop (``best_millis``), so every ratio divides
+figures taken in the same conditions.
+
+Sizes: ``--pending``, ``--pools`` (3 zones each) and ``--nodes`` scale the snapshot (the
+defaults are the one ``tests/recommender/test_golden.py`` pins). ``--scaling 1000,2500,5000,
+10000`` instead times bytes -> answer at summary for each number of pending pods and prints the
+time per pending pod (flat when the cost is linear in them).
 
     .venv/bin/python scripts/bench_recommender.py [--repeat N] [--write PATH]
+        [--pending N] [--pools N] [--nodes N] [--scaling N,N,...]
 """
 
 from __future__ import annotations
@@ -61,16 +67,24 @@ POD_SHAPES = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1", "4Gi"), ("
               ("2", "8Gi"), ("4", "8Gi"), ("4", "16Gi"), ("8", "16Gi")]  # fmt: skip
 
 
-def generate(seed: int = 42) -> dict[str, Any]:
+def generate(
+    seed: int = 42, *, pending: int = 1000, pools_count: int = 10, nodes_count: int = 500
+) -> dict[str, Any]:
+    """The benchmark's snapshot. The defaults are the one the golden test pins; other sizes
+    repeat the ten pool shapes (each repetition a little dearer, so that they differ) and the
+    same mix of pending pods."""
     rng = random.Random(seed)
     pools: list[dict[str, Any]] = []
-    for i, (cores, gib, price) in enumerate(POOL_SHAPES):
+    for i in range(pools_count):
+        cores, gib, base_price = POOL_SHAPES[i % len(POOL_SHAPES)]
+        price = round(base_price * (1 + 0.03 * (i // len(POOL_SHAPES))), 4)
+        kind = i % len(POOL_SHAPES)
         template: dict[str, Any] = {
             "instanceType": f"t{i}-{cores}x{cores * gib}",
             "allocatable": {"cpu": str(cores), "memory": f"{cores * gib}Gi"},
-            "labels": {"tier": "gpu" if i in (7,) else ("high-mem" if gib == 8 else "general")},
+            "labels": {"tier": "gpu" if kind == 7 else ("high-mem" if gib == 8 else "general")},
         }
-        if i == 7:
+        if kind == 7:
             template["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
         pools.append(
             {
@@ -78,16 +92,18 @@ def generate(seed: int = 42) -> dict[str, Any]:
                 "zones": ZONES,
                 "template": template,
                 "currentCount": 50,
-                "maxCount": 150,
+                # Room grows with the pending pods, so that larger sizes are the same problem
+                # scaled rather than one where every pool is soon at its maximum.
+                "maxCount": 150 * max(1, pending // 1000),
                 "price": price,
                 "priority": rng.choice([0, 0, 5]),
-                **({"limits": {"cpu": "2400"}} if i == 3 else {}),
+                **({"limits": {"cpu": str(2400 * max(1, pending // 1000))}} if kind == 3 else {}),
             }
         )
     nodes = []
     pods: list[dict[str, Any]] = []
-    for i in range(500):
-        pool = pools[i % 10]
+    for i in range(nodes_count):
+        pool = pools[i % len(pools)]
         zone = ZONES[(i // 10) % 3]
         t: dict[str, Any] = pool["template"]
         name = f"node-{i:03d}"
@@ -122,7 +138,7 @@ def generate(seed: int = 42) -> dict[str, Any]:
                 }
             )
     classes = [("critical", 1000), ("standard", 100), ("batch", 10)]
-    for i in range(1000):
+    for i in range(pending):
         shape, mem = rng.choice(POD_SHAPES)
         pc, _ = rng.choices(classes, weights=[1, 3, 6])[0]
         pod: dict[str, Any] = {
@@ -131,7 +147,7 @@ def generate(seed: int = 42) -> dict[str, Any]:
             "uid": f"uid-pending-{i:04d}",
             "requests": {"cpu": shape, "memory": mem},
             "priorityClassName": pc,
-            "creationTimestamp": f"2024-05-01T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
+            "creationTimestamp": f"2024-05-{1 + i // 3600:02d}T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
         }
         r = rng.random()
         if r < 0.10:
@@ -175,20 +191,85 @@ def best_millis(timers: dict[str, Callable[[], object]], repeat: int) -> dict[st
     return {name: round(seconds * 1000, 2) for name, seconds in best.items()}
 
 
+def scaling(sizes: list[int], *, pools: int, nodes: int, repeat: int) -> dict[str, Any]:
+    """Bytes -> answer at summary for each number of pending pods (same pools and nodes), with
+    the time per pending pod: flat when the cost is linear in pending pods."""
+    rows = []
+    for pending in sizes:
+        data = msgspec.json.encode(generate(pending=pending, pools_count=pools, nodes_count=nodes))
+        decoder = msgspec.json.Decoder(ClusterSnapshot)
+        row: dict[str, Any] = {"pendingPods": pending, "snapshotBytes": len(data)}
+        chains = {
+            "+".join(chain): RecommenderConfig(scorers=chain)
+            for chain in (
+                (Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS),
+                (Scorer.LEAST_COST,),
+            )
+        }
+        # Decode and both chains round-robin in one loop: each ratio divides figures taken
+        # in the same conditions.
+        timers: dict[str, Callable[[], object]] = {
+            "decode": lambda d=data, dec=decoder: dec.decode(d)
+        }
+        for name, config in chains.items():
+            timers[name] = lambda d=data, c=config: encode_recommendation(
+                recommend(load_snapshot(d), config=c)
+            )
+        best = best_millis(timers, repeat)
+        row["decodeMillis"] = best["decode"]
+        for name in chains:
+            row[name] = {
+                "bytesToAnswerMillis": best[name],
+                "bytesToAnswerToDecodeRatio": round(best[name] / best["decode"], 2),
+                "microsPerPendingPod": round(best[name] * 1000 / pending, 1),
+            }
+        rows.append(row)
+    per_pod = {
+        name: [row[name]["microsPerPendingPod"] for row in rows]
+        for name in rows[0]
+        if isinstance(rows[0][name], dict)
+    }
+    return {
+        "pools": pools,
+        "existingNodes": nodes,
+        "sizes": rows,
+        # Time per pending pod at the largest size over the smallest: 1.0 is exactly linear.
+        "perPodLargestToSmallestRatio": {
+            name: round(values[-1] / values[0], 2) for name, values in per_pod.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--repeat", type=int, default=10, help="runs of each measurement; the best is kept"
     )
     parser.add_argument("--write", type=Path, help="also write the snapshot JSON here")
+    parser.add_argument("--pending", type=int, default=1000, help="pending pods (default 1000)")
+    parser.add_argument("--pools", type=int, default=10, help="node pools, 3 zones each")
+    parser.add_argument("--nodes", type=int, default=500, help="existing nodes")
+    parser.add_argument(
+        "--scaling",
+        metavar="N,N,...",
+        help="instead: bytes -> answer at summary for each of these numbers of pending pods"
+        " (with --pools and --nodes), and the time per pending pod",
+    )
     args = parser.parse_args()
-    data = msgspec.json.encode(generate())
+    if args.scaling:
+        sizes = [int(n) for n in args.scaling.split(",")]
+        report = scaling(sizes, pools=args.pools, nodes=args.nodes, repeat=args.repeat)
+        print(json.dumps(report, indent=2))
+        return
+    data = msgspec.json.encode(
+        generate(pending=args.pending, pools_count=args.pools, nodes_count=args.nodes)
+    )
     if args.write:
         args.write.write_bytes(data)
     decoder = msgspec.json.Decoder(ClusterSnapshot)
     snapshot = load_snapshot(data)
     chains = {
-        "+".join(chain): RecommenderConfig(scorers=chain)
+        "+".join(chain): RecommenderConfig(scorers=chain, diagnostics=DiagnosticsLevel.FULL)
         for chain in ((Scorer.PRIORITY, Scorer.LEAST_WASTE, Scorer.MOST_PODS), (Scorer.LEAST_COST,))
     }
     recs = {name: recommend(snapshot, config=config) for name, config in chains.items()}
@@ -246,7 +327,7 @@ def main() -> None:
             "rounds": len(rec.diagnostics.rounds),
             "placedOnExisting": len(rec.diagnostics.placed_on_existing),
             "unscheduled": len(rec.unscheduled_pods),
-            "cheaperPlans": len(rec.diagnostics.cheaper_plans),
+            "cost": msgspec.to_builtins(rec.diagnostics.cost),
             "answerBytes": len(encode_recommendation(rec)),
         }
         lean = lean_recs[name]
@@ -259,9 +340,9 @@ def main() -> None:
         json.dumps(
             {
                 "snapshotBytes": len(data),
-                "pendingPods": 1000,
-                "existingNodes": 500,
-                "pools": 10,
+                "pendingPods": args.pending,
+                "existingNodes": args.nodes,
+                "pools": args.pools,
                 "zones": 3,
                 "repeat": args.repeat,
                 "results": results,

@@ -186,6 +186,11 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     # Also here: deployments keep the verbs listener on loopback (only kube-scheduler, in the
     # same pod, calls it), so the permit port is the one Prometheus and humans can reach.
     _add_status(app)
+    # Read-only like /state: the latest published recommendation, for humans and dashboards
+    # that cannot reach the verbs listener. ``POST /v1/recommend`` stays there: it computes,
+    # and the permit port is reachable from every node.
+    app[recommend.RECOMMENDATIONS] = verbs_app[recommend.RECOMMENDATIONS]
+    app.router.add_get("/v1/recommendation", recommend.latest_handler, name="recommendation")
     return app
 
 

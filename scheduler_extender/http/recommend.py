@@ -11,11 +11,15 @@ live state, times the call, and publishes.
   the config (``snapshot_from_ledger``). The answer is the recommendation JSON with
   ``runTimeMillis``; a pending pod whose constraints the model cannot express is left out and
   named in ``diagnostics.notes``.
-  How much of the rounds it records comes from the config's ``recommender.diagnostics``, like
-  the scorer chain; ``?diagnostics=summary`` (or ``full``) overrides it for one request.
-  ``summary`` keeps one line per round instead of every candidate of every round, and does
-  not build the rest; a level that is neither is a 400 (``InvalidParameter``).
-* ``GET /v1/recommendation``: the latest auto-published recommendation, with when and why.
+  How much of the rounds it records comes from the config's ``recommender.diagnostics``
+  (``summary`` unless set), like the scorer chain; ``?diagnostics=full`` (or ``summary``)
+  overrides it for one request. ``summary`` keeps one line per round instead of every
+  candidate of every round, and does not build the rest; a level that is neither is a 400
+  (``InvalidParameter``).
+* ``POST /v1/scale-down``: which existing nodes could be removed (``recommender.scale_down``)
+  for the snapshot in the body; an empty body is a 400 (no live mode: see its handler).
+* ``GET /v1/recommendation`` (on the permits listener too, like ``/state``): the latest
+  auto-published recommendation, with when and why.
   Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
   ``POST /v1/recommend?diagnostics=full`` gives the full rounds for the live state.
 * Auto-publish (a ``cleanup_ctx`` task): every ``check_interval_seconds``, if a pod has been
@@ -29,16 +33,15 @@ live state, times the call, and publishes.
   records (most of a large recommendation's work and size).
 
 The live snapshot is read without an ``await`` between reading the ledger and finishing the
-snapshot, so it is one consistent view. The simulation then runs on the loop too (tens of
-milliseconds for a thousand pending pods): it is deterministic and holds no shared state, but
-it does delay other requests for that long.
+snapshot, so it is one consistent view. The simulation then runs in a worker process
+(``recommend_worker``): on the loop it delayed every filter, bind and permit call for as long
+as it ran (``scripts/bench_recommend_hotpath.py`` measures this).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,15 +56,13 @@ from scheduler_extender.config import Config
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.keys import EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, read_body
+from scheduler_extender.http.recommend_worker import Job, RecommendWorker, compute
 from scheduler_extender.recommender import (
     DiagnosticsLevel,
     FieldError,
     Recommendation,
     SnapshotError,
     encode_recommendation,
-    load_snapshot,
-    prepare_snapshot,
-    recommend,
 )
 from scheduler_extender.recommender.capacity_waits import Overdue
 from scheduler_extender.recommender.live import snapshot_from_ledger
@@ -108,13 +109,23 @@ class Recommendations:
 
 
 RECOMMENDATIONS = web.AppKey("recommendations", Recommendations)
+RECOMMEND_WORKER = web.AppKey("recommend_worker", RecommendWorker)
+
+
+async def _worker_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    app[RECOMMEND_WORKER].close()
 
 
 def install(app: web.Application, config: Config) -> None:
-    """Routes, state and the auto-publish task; call after ``EXTENDER`` and ``METRICS`` are set."""
+    """Routes, state, the worker and the auto-publish task; call after ``EXTENDER`` and
+    ``METRICS`` are set."""
     app[RECOMMENDATIONS] = Recommendations()
+    app[RECOMMEND_WORKER] = RecommendWorker(config.recommender.worker)
+    app.cleanup_ctx.append(_worker_ctx)
     app.router.add_post("/v1/recommend", recommend_handler, name="recommend")
     app.router.add_get("/v1/recommendation", latest_handler, name="recommendation")
+    app.router.add_post("/v1/scale-down", scale_down_handler, name="scale_down")
     if config.recommender.auto_publish:
         app.cleanup_ctx.append(_auto_publish_ctx)
 
@@ -124,12 +135,13 @@ def _bad_snapshot(e: SnapshotError, *, status: int, reason: str) -> web.Response
     return web.Response(body=msgspec.json.encode(body), status=status, content_type=_JSON)
 
 
-def live_recommendation(
-    extender: Extender, *, diagnostics: DiagnosticsLevel | None = None
-) -> Recommendation:
-    """From the ledger and the pods waiting for a node; raises ``SnapshotError`` when the live
-    state does not match the configured pools (say, a node labelled with an unknown pool).
-    ``diagnostics`` overrides the config's level."""
+def live_job(
+    extender: Extender, *, diagnostics: DiagnosticsLevel | None = None, is_kept: bool = False
+) -> Job:
+    """The live state as a job for the worker: read from the ledger and the pods waiting for a
+    node, on the loop and without an await (one consistent view), and encoded. Raises
+    ``SnapshotError`` when the live state does not match the configured pools (say, a node
+    labelled with an unknown pool). ``diagnostics`` overrides the config's level."""
     config = extender.config
     pending = sorted(extender.unbound.values(), key=lambda p: p.key)
     specs = extender.unbound_specs
@@ -143,19 +155,30 @@ def live_recommendation(
         unschedulable_nodes=extender.cordoned,
         pool_label=config.recommender.pool_label,
         left_out=left_out,
+        # VMs' bounds only travel when a plan for growth needs them.
+        vm_scheduler_name=config.scheduler_name if config.recommender.growth_headroom else None,
     )
     rec_config = config.recommender_config()
     if diagnostics is not None:
         rec_config = msgspec.structs.replace(rec_config, diagnostics=diagnostics)
-    prepared = prepare_snapshot(snapshot, scheduler_name=rec_config.scheduler_name)
-    rec = recommend(prepared, config=rec_config)
-    if left_out:
-        # Said in the answer, not only logged: auto-publish recomputes every interval.
-        notes = [*rec.diagnostics.notes, *left_out]
-        rec = msgspec.structs.replace(
-            rec, diagnostics=msgspec.structs.replace(rec.diagnostics, notes=notes)
-        )
-    return rec
+    return Job(
+        snapshot=msgspec.json.encode(snapshot),
+        fmt="json",
+        config=rec_config,
+        notes=left_out,
+        is_kept=is_kept,
+    )
+
+
+def live_recommendation(
+    extender: Extender, *, diagnostics: DiagnosticsLevel | None = None
+) -> Recommendation:
+    """The live recommendation computed right here (tests and tools; the handlers hand the job
+    to the worker). Raises ``SnapshotError`` as ``live_job`` does."""
+    result = compute(live_job(extender, diagnostics=diagnostics, is_kept=True))
+    if result.recommendation is None:
+        raise SnapshotError(result.errors)
+    return result.recommendation
 
 
 def _diagnostics_asked(request: web.Request) -> DiagnosticsLevel | None:
@@ -176,34 +199,63 @@ async def recommend_handler(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     diagnostics = _diagnostics_asked(request)
     body = await read_body(request)
-    start = time.perf_counter()
+    metrics = request.app[METRICS]
     if not body.strip():
         extender.require_synced()
         try:
-            rec = live_recommendation(extender, diagnostics=diagnostics)
+            job = live_job(extender, diagnostics=diagnostics)
         except SnapshotError as e:
-            request.app[METRICS].recommendations.labels("request", "failed").inc()
+            metrics.recommendations.labels("request", "failed").inc()
             # Not the caller's fault: the configured pools do not describe the cluster.
             return _bad_snapshot(e, status=409, reason="LiveStateMismatch")
+        result = await request.app[RECOMMEND_WORKER].run(job)
+        if result.errors:  # the live snapshot passed the same checks when it was read
+            metrics.recommendations.labels("request", "failed").inc()
+            error = SnapshotError(result.errors)
+            return _bad_snapshot(error, status=409, reason="LiveStateMismatch")
     else:
         fmt: Literal["json", "yaml"] = "yaml" if request.content_type in _YAML_TYPES else "json"
         config = extender.config.recommender_config()
         if diagnostics is not None:
             config = msgspec.structs.replace(config, diagnostics=diagnostics)
-        try:
-            prepared = load_snapshot(body, fmt=fmt, scheduler_name=config.scheduler_name)
-            rec = recommend(prepared, config=config)
-        except SnapshotError as e:
-            request.app[METRICS].recommendations.labels("request", "failed").inc()
-            structlog.contextvars.bind_contextvars(reason=str(e))
-            return _bad_snapshot(e, status=400, reason="InvalidSnapshot")
-    millis = round((time.perf_counter() - start) * 1000)
-    request.app[METRICS].recommendations.labels("request", "published").inc()
+        # The body goes to the worker as received: decoding a large snapshot is work too.
+        result = await request.app[RECOMMEND_WORKER].run(Job(snapshot=body, fmt=fmt, config=config))
+        if result.errors:
+            metrics.recommendations.labels("request", "failed").inc()
+            structlog.contextvars.bind_contextvars(reason=result.message)
+            error = SnapshotError(result.errors)
+            return _bad_snapshot(error, status=400, reason="InvalidSnapshot")
+    metrics.recommendations.labels("request", "published").inc()
     structlog.contextvars.bind_contextvars(
-        reason=f"{sum(s.increment_by for s in rec.scale_up)} new nodes,"
-        f" {len(rec.unscheduled_pods)} pods unscheduled"
+        reason=f"{result.new_nodes} new nodes, {result.unscheduled} pods unscheduled"
     )
-    return web.Response(body=encode_recommendation(rec, run_time_millis=millis), content_type=_JSON)
+    return web.Response(body=result.answer, content_type=_JSON)
+
+
+async def scale_down_handler(request: web.Request) -> web.Response:
+    """Which existing nodes could go (``recommender.scale_down``) for the snapshot in the body;
+    a bad one is a 400 as for ``POST /v1/recommend``. No live mode: the ledger does not keep
+    what the check needs of placed pods (VM bounds, constraints, labels for budgets, static
+    pods), and answering without them would remove nodes it should keep."""
+    extender = request.app[EXTENDER]
+    body = await read_body(request)
+    if not body.strip():
+        raise ProtocolError(
+            "POST a ClusterSnapshot: the live state lacks what the scale-down check needs of"
+            " placed pods (VM bounds, constraints, labels, static pods)",
+            reason="SnapshotRequired",
+        )
+    fmt: Literal["json", "yaml"] = "yaml" if request.content_type in _YAML_TYPES else "json"
+    job = Job(
+        snapshot=body,
+        fmt=fmt,
+        config=extender.config.recommender_config(),
+        scale_down=extender.config.recommender.scale_down,
+    )
+    result = await request.app[RECOMMEND_WORKER].run(job)
+    if result.errors:
+        return _bad_snapshot(SnapshotError(result.errors), status=400, reason="InvalidSnapshot")
+    return web.Response(body=result.answer, content_type=_JSON)
 
 
 async def latest_handler(request: web.Request) -> web.Response:
@@ -223,8 +275,9 @@ async def latest_handler(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(answer), content_type=_JSON)
 
 
-def publish_if_overdue(app: web.Application, *, now: float) -> Published | None:
-    """One check of the auto-publish task (no await inside: one consistent view)."""
+async def publish_if_overdue(app: web.Application, *, now: float) -> Published | None:
+    """One check of the auto-publish task. The live snapshot is read without an await (one
+    consistent view); the recommendation runs in the worker."""
     extender = app[EXTENDER]
     if not extender.is_synced:
         return None
@@ -237,19 +290,24 @@ def publish_if_overdue(app: web.Application, *, now: float) -> Published | None:
     if overdue is None:
         return None
     metrics = app[METRICS]
-    start = time.perf_counter()
     try:
         # Nothing published reads the rounds' candidates: see the module docstring.
-        rec = live_recommendation(extender, diagnostics=DiagnosticsLevel.SUMMARY)
+        job = live_job(extender, diagnostics=DiagnosticsLevel.SUMMARY, is_kept=True)
     except SnapshotError as e:
         metrics.recommendations.labels("auto", "failed").inc()
         log.warning("recommendation_failed", reason=overdue.reason, error=str(e))
+        return None
+    result = await app[RECOMMEND_WORKER].run(job)
+    rec = result.recommendation
+    if rec is None:
+        metrics.recommendations.labels("auto", "failed").inc()
+        log.warning("recommendation_failed", reason=overdue.reason, error=result.message)
         return None
     published = Published(
         recommendation=rec,
         at_wall=extender.wall_clock(),
         reason=overdue.reason,
-        run_time_millis=round((time.perf_counter() - start) * 1000),
+        run_time_millis=result.run_time_millis,
     )
     state = app[RECOMMENDATIONS]
     state.latest = published
@@ -311,7 +369,7 @@ async def _auto_publish_ctx(app: web.Application) -> AsyncIterator[None]:
         while True:
             await asyncio.sleep(interval)
             try:
-                publish_if_overdue(app, now=loop.time())
+                await publish_if_overdue(app, now=loop.time())
             except Exception:
                 # Task boundary: a failed recommendation must not stop the next one.
                 log.exception("auto_publish_failed")

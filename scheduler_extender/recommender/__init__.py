@@ -1,9 +1,10 @@
-"""The scale-up recommender: which nodes to add so that pending pods can run.
+"""The recommender: which nodes to add so that pending pods can run, and which could go.
 
 Decides, for a ``ClusterSnapshot`` (a file, or the extender's own ledger in live mode), which
 node pool x zone to add and how many, and why every pod left is left. Pure, like ``core`` and
 ``admission``: no I/O, no clock, no randomness; it may import ``protocol`` and
-``scheduler_extender.core``, nothing of the shell. ``phases`` describes the design.
+``scheduler_extender.core``, nothing of the shell. ``phases`` describes the design;
+``scale_down`` the check of which existing nodes could be removed.
 
 Callers (the extender's ``/v1/recommend``, the simulator, ``scheduler-extender recommend``)
 import from here; the names below are the public surface.
@@ -23,15 +24,27 @@ from scheduler_extender.recommender.phases import recommend
 from scheduler_extender.recommender.recommendation import (
     CandidateOutcome,
     CandidateTrial,
-    CheaperPlan,
     Diagnostics,
     ExistingPlacement,
+    GrowthMove,
+    PlanCost,
+    PlanNodes,
     Recommendation,
     Round,
     ScaleUp,
     UnscheduledPod,
     UnscheduledReason,
     encode_recommendation,
+)
+from scheduler_extender.recommender.scale_down import (
+    KeepReason,
+    KeptNode,
+    Move,
+    RemovableNode,
+    ScaleDown,
+    ScaleDownConfig,
+    encode_scale_down,
+    recommend_scale_down,
 )
 from scheduler_extender.recommender.snapshot import (
     API_VERSION,
@@ -42,12 +55,14 @@ from scheduler_extender.recommender.snapshot import (
     Capacity,
     ClusterSnapshot,
     FieldError,
+    LabelSelector,
     NodeAffinity,
     NodePool,
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     NodeTemplate,
+    PodDisruptionBudget,
     PoolLimits,
     PriorityClass,
     Resources,
@@ -68,25 +83,35 @@ __all__ = [
     "CandidateOutcome",
     "CandidateTrial",
     "Capacity",
-    "CheaperPlan",
     "ClusterSnapshot",
     "Diagnostics",
     "DiagnosticsLevel",
     "ExistingPlacement",
     "FieldError",
+    "GrowthMove",
+    "KeepReason",
+    "KeptNode",
+    "LabelSelector",
+    "Move",
     "NodeAffinity",
     "NodePool",
     "NodeSelector",
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
     "NodeTemplate",
+    "PlanCost",
+    "PlanNodes",
+    "PodDisruptionBudget",
     "PoolLimits",
     "PreparedSnapshot",
     "PriorityClass",
     "Recommendation",
     "RecommenderConfig",
+    "RemovableNode",
     "Resources",
     "Round",
+    "ScaleDown",
+    "ScaleDownConfig",
     "ScaleUp",
     "Scorer",
     "SnapshotError",
@@ -98,9 +123,11 @@ __all__ = [
     "UnscheduledReason",
     "decode_snapshot",
     "encode_recommendation",
+    "encode_scale_down",
     "load_snapshot",
     "prepare_snapshot",
     "recommend",
+    "recommend_scale_down",
     "snapshot_from_ledger",
     "validate_snapshot",
 ]

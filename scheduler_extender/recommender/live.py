@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 
+from protocol import annotations as ann
 from protocol import kube
+from protocol.annotations import VmSpec
 from scheduler_extender.core.ledger import Ledger
 from scheduler_extender.core.podinfo import PodInfo
 from scheduler_extender.recommender.model import validate_snapshot
@@ -47,6 +49,7 @@ def snapshot_from_ledger(
     priority_classes: Sequence[PriorityClass] | None = None,
     pool_label: str = POOL_LABEL,
     left_out: list[str] | None = None,
+    vm_scheduler_name: str | None = None,
 ) -> ClusterSnapshot:
     """A snapshot of the live ledger, for ``recommend``. Reads the ledger, never changes it.
 
@@ -66,6 +69,10 @@ def snapshot_from_ledger(
     the priority the API server resolved for the first of its pods (a pod carries it in
     ``spec.priority``); a pod whose priority differs (its class changed since) is written
     without its class. So the passes per priority class happen live too.
+
+    With ``vm_scheduler_name`` (the extender's scheduler name), VM pods also carry their
+    bounds (the VM label and annotations, that scheduler's name), so that a growth headroom
+    can size them (``RecommenderConfig.growth_headroom``); their sizes are the same either way.
 
     Raises ``SnapshotError`` when the result is inconsistent (say, a node labelled with a
     pool the config does not have).
@@ -106,6 +113,7 @@ def snapshot_from_ledger(
                 node_name=entry.node,
                 requests=Resources(cpu=f"{entry.held.cpu_millis}m", memory=entry.held.memory_bytes),
                 priority=entry.priority,
+                **_vm_fields(vm_scheduler_name, entry.vm, entry.vcpus, entry.memory_bytes),
             )
         )
     classes: dict[str, int] = {}
@@ -146,6 +154,9 @@ def snapshot_from_ledger(
                 node_selector=dict(spec.node_selector or {}),
                 affinity=affinity,
                 tolerations=tolerations,
+                **_vm_fields(
+                    vm_scheduler_name, info.vm, info.permitted_vcpus, info.permitted_memory_bytes
+                ),
             )
         )
     if priority_classes is None:
@@ -169,3 +180,29 @@ def _parse_created(text: str) -> datetime | None:
     except ValueError:
         return None
     return created if created is not None and created.tzinfo is not None else None
+
+
+def _vm_fields(
+    scheduler_name: str | None, vm: VmSpec | None, vcpus: int | None, memory: int | None
+) -> dict[str, Any]:
+    """A VM pod's bounds as the snapshot writes them (``parse_vm_spec`` reads them back), when
+    asked for; nothing otherwise."""
+    if scheduler_name is None or vm is None:
+        return {}
+    annotations = {
+        ann.MIN_VCPUS: str(vm.min_vcpus),
+        ann.MAX_VCPUS: str(vm.max_vcpus),
+        ann.SCALING_UNIT: str(vm.scaling_unit),
+        ann.MIN_MEMORY: str(vm.min_memory_bytes),
+        ann.MAX_MEMORY: str(vm.max_memory_bytes),
+        ann.MEMORY_UNIT: str(vm.memory_unit_bytes),
+    }
+    if vcpus is not None:
+        annotations[ann.PERMITTED_VCPUS] = str(vcpus)
+    if memory is not None:
+        annotations[ann.PERMITTED_MEMORY] = str(memory)
+    return {
+        "scheduler_name": scheduler_name,
+        "labels": {ann.VM_LABEL: "true"},
+        "annotations": annotations,
+    }

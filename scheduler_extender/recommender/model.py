@@ -383,6 +383,13 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             if defaults > 1:
                 errors.add(f"$.priorityClasses[{i}].globalDefault", "a second global default")
 
+    # PodDisruptionBudgets (read by the scale-down check only).
+    for i, pdb in enumerate(snapshot.pod_disruption_budgets):
+        if (pdb.min_available is None) == (pdb.max_unavailable is None):
+            errors.add(
+                f"$.podDisruptionBudgets[{i}]", "give exactly one of minAvailable, maxUnavailable"
+            )
+
     # Pools.
     pools: list[Pool] = []
     pools_by_name: dict[str, Pool] = {}
@@ -432,7 +439,9 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
             limit_memory=None
             if limits.memory is None
             else qty.memory(limits.memory, f"{path}.limits.memory"),
-            price=Fraction(p.price) if p.price is not None else None,
+            # The decimal written (0.7 is 7/10, not the float nearest it), so that sums of
+            # prices read as the operator would add them.
+            price=Fraction(repr(p.price)) if p.price is not None else None,
             priority=p.priority,
         )
         pools.append(pool)

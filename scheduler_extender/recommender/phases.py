@@ -9,6 +9,8 @@ It follows the "ScaleSim" design, in memory instead of against a real scheduler 
 waits 10 s of wall time per zone simulation; this answers in milliseconds), in numbered phases
 like kueue's scheduling cycle:
 
+0. **Plan for growth** (``growth_headroom`` above 0): pending VMs at their grown size, and
+   running VMs that their node cannot give room to grow added as pods to place (``growth``).
 1. **Snapshot.** Validate the ``ClusterSnapshot`` (every error with its ``$.path``) and compile
    it (``model``; done once by ``load_snapshot``, whose ``PreparedSnapshot`` any number
    of calls reuse). The simulation works on its own copy of the nodes' free room; the live
@@ -21,19 +23,22 @@ like kueue's scheduling cycle:
 4. **Rank.** Score the candidates with the configured chain of scorers; ties fall through to
    the next link and finally to (pool, zone) names. Never random.
 5. **Commit.** Add the winner's node and pods to the virtual cluster; go back to 3 until nothing
-   is left or no candidate places anything. When the snapshot has priority classes, 2-5 run
-   once per priority value, highest first, so high-priority pods choose the node shapes.
-6. **Check.** Greedy picks one node at a time and can miss a cheaper plan (one large node
-   instead of two small ones). For each pool, pack everything greedy placed on new nodes onto
-   the fewest nodes of that pool alone (bounded search) and report it when it costs less.
-7. **Recommend.** Group the new nodes by pool and zone; explain every pod left unscheduled.
+   is left or no candidate places anything. 2-5 run once per priority value, highest first
+   (from the pod's class or its own ``priority``), so high-priority pods choose the node
+   shapes and are never left out for lower ones.
+6. **Cost.** Greedy picks one node at a time and can miss a cheaper plan (one large node
+   instead of two small ones, or a mix of pools). ``plan`` searches for the cheapest set of
+   new nodes, any priced pools and zones, holding every pod greedy put on a new node (branch
+   and bound within a step budget, with a lower bound), and reports greedy's extra cost.
+7. **Recommend.** The cheaper plan when phase 6 found one, else greedy's: group the new nodes
+   by pool and zone; explain every pod left unscheduled.
 
-The answer (``recommendation`` draws it) carries diagnostics: each round with every candidate,
-its score and the pods it would place, what went onto existing nodes, each new node's pods, why
-each pod is left, and the cheaper-plan report. ``RecommenderConfig.diagnostics`` set to
-``DiagnosticsLevel.SUMMARY`` keeps one line per round and skips building the candidates'
-records in phases 3-5 (most of the answer, and of its time, on a large snapshot); everything
-else is the same bytes. The extender's auto-publish, which acts on the scale-up only, uses it.
+The answer (``recommendation`` draws it) carries diagnostics: each round, what went onto
+existing nodes, each new node's pods, why each pod is left, and the cost report. By default
+(``DiagnosticsLevel.SUMMARY``) a round is one line and the candidates' records are never
+built in phases 3-5 (most of the answer, and of its time, on a large snapshot);
+``DiagnosticsLevel.FULL`` adds every candidate of every round with its score and the pods it
+would place. Everything else is the same bytes at both levels.
 
 Decisions are an enum plus a reason a human can read (``CandidateOutcome``, ``UnscheduledReason``).
 
@@ -43,7 +48,7 @@ Modules of the package, one phase or concern each (all pure):
 * ``model``: phase 1, the cross-field checks and the compiled model;
 * ``sim``: the virtual cluster, phase 2 and committing a new node;
 * ``rounds``: phases 3-5, the greedy rounds (and what makes them cheap);
-* ``scoring``: phase 4's scorer chain;  ``plan``: phase 6;
+* ``scoring``: phase 4's scorer chain;  ``plan``: phase 6, the cost plan;
 * ``explain``: phase 7's reasons for the pods left unscheduled;
 * ``phases`` (this module): the phases in order, and the answer;
 * ``recommendation``: the answer and its encoding;  ``live``: a snapshot of the ledger;
@@ -57,15 +62,18 @@ from __future__ import annotations
 
 from scheduler_extender.recommender.config import RecommenderConfig, Scorer
 from scheduler_extender.recommender.explain import explain
+from scheduler_extender.recommender.growth import Mover, plan_growth
 from scheduler_extender.recommender.model import (
+    Candidate,
     Pending,
     PreparedSnapshot,
     candidates,
     prepare_snapshot,
 )
-from scheduler_extender.recommender.plan import cheaper_plans
+from scheduler_extender.recommender.plan import cost_plan
 from scheduler_extender.recommender.recommendation import (
     Diagnostics,
+    GrowthMove,
     Recommendation,
     ScaleUp,
 )
@@ -99,6 +107,9 @@ def recommend(
     else:
         prepared = prepare_snapshot(snapshot, scheduler_name=config.scheduler_name)
     model = prepared.model
+    movers: list[Mover] = []
+    if config.growth_headroom > 0:
+        model, movers = plan_growth(prepared, config)
     if Scorer.LEAST_COST in config.scorers:
         missing = [
             FieldError(
@@ -114,12 +125,14 @@ def recommend(
     sim = Simulation(model=model, config=config, candidates=cands, pool_label=pool_label)
     ranking = Ranking(config, model.pools)
 
-    # Passes: one per priority value when priority classes exist.
+    # Passes: one per priority value, highest first, whether the priority comes from a class
+    # or from the pod's own ``priority``. Only when there are no classes and every pod has one
+    # priority is there a single pass without a priority (``Round.pass_priority`` None).
     unscheduled: list[Pending] = []
     invalid: list[Pending] = [p for p in model.pending if p.vm_error is not None]
     valid = [p for p in model.pending if p.vm_error is None]
     passes: list[tuple[int | None, list[Pending]]] = []
-    if model.has_priority_classes:
+    if model.has_priority_classes or len({p.priority for p in valid}) > 1:
         for p in valid:
             if not passes or passes[-1][0] != p.priority:
                 passes.append((p.priority, []))
@@ -132,13 +145,17 @@ def recommend(
         # Phases 3-5.
         unscheduled.extend(run_rounds(sim, ranking, left, pass_priority))
 
-    # Phase 6: is there a cheaper plan than greedy's?
+    # Phase 6: the cheapest plan placing what greedy placed.
     notes: list[str] = []
-    greedy_price, plans = cheaper_plans(sim, notes)
+    plan = cost_plan(sim, notes)
 
     # Phase 7: recommend.
+    if plan is not None and plan.nodes is not None:
+        new_nodes = _plan_names(plan.nodes, taken={host.name for _, host in model.nodes})
+    else:
+        new_nodes = {name: (cand, pods) for name, (cand, pods) in sim.new_nodes.items()}
     groups: dict[str, list[str]] = {}
-    for name, (cand, _pods) in sim.new_nodes.items():
+    for name, (cand, _pods) in new_nodes.items():
         groups.setdefault(cand.label, []).append(name)
     by_label = {c.label: c for c in cands}
     scale_up = [
@@ -151,7 +168,12 @@ def recommend(
         )
         for label, names in sorted(groups.items())
     ]
-    left_over = sorted([*invalid, *unscheduled], key=lambda p: p.order)
+    # Movers are running VMs: where the plan puts them is ``growth``, never "unscheduled".
+    moving = {m.uid for m in movers}
+    left_over = sorted(
+        (p for p in [*invalid, *unscheduled] if p.uid not in moving), key=lambda p: p.order
+    )
+    growth = _growth_moves(movers, sim, new_nodes)
     explained = [explain(sim, p) for p in left_over]
     return Recommendation(
         scale_up=scale_up,
@@ -159,10 +181,48 @@ def recommend(
         diagnostics=Diagnostics(
             rounds=sim.rounds,
             placed_on_existing=sim.placed_on_existing,
-            new_nodes={name: pods for name, (_c, pods) in sim.new_nodes.items()},
+            new_nodes={name: pods for name, (_c, pods) in new_nodes.items()},
             unscheduled=explained,
-            greedy_price=greedy_price,
-            cheaper_plans=plans,
+            cost=plan.cost if plan is not None else None,
+            growth=growth,
             notes=notes,
         ),
     )
+
+
+def _plan_names(
+    nodes: list[tuple[Candidate, list[str]]], *, taken: set[str]
+) -> dict[str, tuple[Candidate, list[str]]]:
+    """Names for the cost plan's nodes, as ``Simulation.commit`` names greedy's: numbered per
+    pool and zone, an ``x`` added while a real node has the name."""
+    named: dict[str, tuple[Candidate, list[str]]] = {}
+    counts: dict[str, int] = {}
+    for cand, pods in nodes:
+        n = counts[cand.label] = counts.get(cand.label, 0) + 1
+        name = f"{cand.pool.name}-{cand.zone}-new-{n}"
+        while name in taken:
+            name += "x"
+        named[name] = (cand, pods)
+    return named
+
+
+def _growth_moves(
+    movers: list[Mover], sim: Simulation, new_nodes: dict[str, tuple[Candidate, list[str]]]
+) -> list[GrowthMove]:
+    """Where the plan put each mover: an existing node with room, a new node, or nowhere."""
+    if not movers:
+        return []
+    placed = {e.pod: e.node for e in sim.placed_on_existing}
+    for name, (_cand, pods) in new_nodes.items():
+        for key in pods:
+            placed[key] = name
+    return [
+        GrowthMove(
+            pod=m.key,
+            node=m.node,
+            cpu_millis=m.grown.cpu_millis,
+            memory_bytes=m.grown.memory_bytes,
+            to_node=placed.get(m.key),
+        )
+        for m in movers
+    ]

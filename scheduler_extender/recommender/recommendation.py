@@ -16,11 +16,13 @@ The answer::
        "placedOnExisting": [{"pod", "node"}],
        "newNodes": {"node name": ["ns/name", ...]},
        "unscheduled": [{"pod", "uid", "priority", "reason", "message", "pools"}],
-       "greedyPrice", "cheaperPlans": [...], "notes": [...]}}
+       "cost": {"greedyPrice", "price", "greedyExtraCost", "lowerBound", "isOptimal",
+                "searchSteps", "greedyScaleUp": [{"nodePool", "zone", "incrementBy"}]},
+       "notes": [...]}}
 
 ``RecommenderConfig.diagnostics`` (``DiagnosticsLevel``) says how much of the rounds is kept:
-``full`` (the default) lists every candidate of every round; ``summary`` keeps one line per
-round without ``candidates`` and never builds them. Everything else is the same bytes at both
+``summary`` (the default) keeps one line per round without ``candidates`` and never builds
+them; ``full`` lists every candidate of every round. Everything else is the same bytes at both
 levels. Keys whose value is empty or None are left out.
 """
 
@@ -34,9 +36,11 @@ import msgspec
 __all__ = [
     "CandidateOutcome",
     "CandidateTrial",
-    "CheaperPlan",
     "Diagnostics",
     "ExistingPlacement",
+    "GrowthMove",
+    "PlanCost",
+    "PlanNodes",
     "Recommendation",
     "Round",
     "ScaleUp",
@@ -125,15 +129,43 @@ class ExistingPlacement(_Out, frozen=True, kw_only=True):
     node: str
 
 
-class CheaperPlan(_Out, frozen=True, kw_only=True):
+class PlanNodes(_Out, frozen=True, kw_only=True):
     node_pool: str
-    instance_type: str
-    node_count: int
-    zones: dict[str, int]
-    total_price: float
+    zone: str
+    increment_by: int
+
+
+class PlanCost(_Out, frozen=True, kw_only=True):
+    """Phase 6: what the new nodes cost, per hour, in the pools' ``price`` currency. Present
+    when greedy added nodes and every pool it used has a price."""
+
+    # Greedy's new nodes (the rounds' winners), summed.
     greedy_price: float
-    # False when the search budget ran out: fewer nodes may exist.
-    is_fewest_proven: bool
+    # The recommended plan (``scaleUp``): greedy's, or a cheaper one that places the same pods.
+    price: float
+    # greedy_price - price: what following the rounds alone would have cost on top (0 when
+    # greedy's plan is recommended).
+    greedy_extra_cost: float
+    # No plan placing these pods costs less. Equal to ``price`` when ``is_optimal``; otherwise
+    # ``price - lower_bound`` is how far from optimal the plan may be.
+    lower_bound: float
+    # The search finished within its step budget: no cheaper plan exists.
+    is_optimal: bool
+    # Steps the search took (``RecommenderConfig.plan_search_steps`` is the budget).
+    search_steps: int
+    # Greedy's plan, when it is not the one recommended.
+    greedy_scale_up: list[PlanNodes] = []
+
+
+class GrowthMove(_Out, frozen=True, kw_only=True):
+    """Plan for growth: a running VM that would have to move so that the VMs on its node keep
+    their room to grow, and where the plan puts it (absent: nowhere, no pool can take it)."""
+
+    pod: str
+    node: str
+    cpu_millis: int  # its size with the headroom
+    memory_bytes: int
+    to_node: str | None = None
 
 
 class Diagnostics(_Out, frozen=True, kw_only=True):
@@ -141,8 +173,8 @@ class Diagnostics(_Out, frozen=True, kw_only=True):
     placed_on_existing: list[ExistingPlacement] = []
     new_nodes: dict[str, list[str]] = {}
     unscheduled: list[UnscheduledPod] = []
-    greedy_price: float | None = None
-    cheaper_plans: list[CheaperPlan] = []
+    cost: PlanCost | None = None
+    growth: list[GrowthMove] = []
     notes: list[str] = []
 
 

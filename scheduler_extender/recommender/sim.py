@@ -240,7 +240,7 @@ class Simulation:
                 placed.append(ExistingPlacement(pod=p.key, node=node))
             else:
                 # Room an earlier pass's new node left over: this pod needs that node too,
-                # so it belongs to the scale-up (and to the cheaper-plan check).
+                # so it belongs to the scale-up (and to the cost plan of phase 6).
                 new_nodes[node][1].append(p.key)
                 self.greedy_pods.append(p)
         return left

@@ -24,18 +24,22 @@ __all__ = [
     "API_VERSION",
     "HOSTNAME_LABEL",
     "KIND",
+    "MAX_PRICE",
+    "MIN_PRICE",
     "POOL_LABEL",
     "ZONE_LABEL",
     "Affinity",
     "Capacity",
     "ClusterSnapshot",
     "FieldError",
+    "LabelSelector",
     "NodeAffinity",
     "NodePool",
     "NodeSelector",
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
     "NodeTemplate",
+    "PodDisruptionBudget",
     "PoolLimits",
     "PriorityClass",
     "Quantity",
@@ -56,6 +60,10 @@ KIND: Final = "ClusterSnapshot"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 POOL_LABEL: Final = "vm-autoscaling.io/node-pool"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+# A pool's price range (per node and hour). Quantities stop at 2**63, so units / price and
+# price x node count stay far below a float's 1.8e308 for any price in it.
+MIN_PRICE: Final = 1e-9
+MAX_PRICE: Final = 1e12
 
 # ---------------------------------------------------------------------------------------------
 # The ClusterSnapshot wire types (input). camelCase, strict: a typo is an error, not a default.
@@ -179,6 +187,24 @@ class PriorityClass(_Wire, frozen=True, kw_only=True):
     global_default: bool = False
 
 
+class LabelSelector(_Wire, frozen=True, kw_only=True):
+    # matchLabels only: PodDisruptionBudgets written with matchExpressions are refused rather
+    # than matched wrongly.
+    match_labels: dict[str, str] = {}
+
+
+class PodDisruptionBudget(_Wire, frozen=True, kw_only=True):
+    """Read by the scale-down check only. Whole numbers (percentages are not supported); one
+    of ``minAvailable`` and ``maxUnavailable``. The pods it covers are the placed pods of its
+    namespace matching ``selector``, all counted as healthy."""
+
+    namespace: NonEmpty
+    name: NonEmpty
+    selector: LabelSelector
+    min_available: Count | None = None
+    max_unavailable: Count | None = None
+
+
 class NodeTemplate(_Wire, frozen=True, kw_only=True):
     instance_type: NonEmpty
     allocatable: Capacity
@@ -205,8 +231,10 @@ class NodePool(_Wire, frozen=True, kw_only=True):
     current_count: Count | None = None
     max_count: Count
     limits: PoolLimits | None = None
-    # Per node and hour, in any currency as long as it is the same for every pool.
-    price: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # Per node and hour, in any currency as long as it is the same for every pool. Bounded so
+    # that every figure the answer shows (least-cost scores, plan prices) is a finite float:
+    # a price of 5e-324 made a least-cost score overflow, one near 1e308 the sum of two nodes.
+    price: Annotated[float, msgspec.Meta(ge=MIN_PRICE, le=MAX_PRICE)] | None = None
     # Higher wins under the ``priority`` scorer.
     priority: int = 0
 
@@ -220,6 +248,7 @@ class ClusterSnapshot(_Wire, frozen=True, kw_only=True):
     pods: list[SnapshotPod] = []
     priority_classes: list[PriorityClass] = []
     node_pools: list[NodePool] = []
+    pod_disruption_budgets: list[PodDisruptionBudget] = []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,9 @@ async def test_snapshot_body_in_yaml_answers_the_golden_recommendation_with_run_
 ) -> None:
     running = await start_extender()
     response = await running.verbs.post(
-        "/v1/recommend", data=BASIC.read_bytes(), headers={"Content-Type": "application/yaml"}
+        "/v1/recommend?diagnostics=full",
+        data=BASIC.read_bytes(),
+        headers={"Content-Type": "application/yaml"},
     )
     assert response.status == 200
     body = await response.read()
@@ -63,7 +65,7 @@ async def test_same_snapshot_as_json_gives_the_same_recommendation(
 ) -> None:
     running = await start_extender()
     doc = yaml.safe_load(BASIC.read_text())
-    response = await running.verbs.post("/v1/recommend", json=doc)
+    response = await running.verbs.post("/v1/recommend?diagnostics=full", json=doc)
     assert response.status == 200
     answer = await response.json()
     del answer["runTimeMillis"]
@@ -160,6 +162,10 @@ async def test_pod_refused_past_the_threshold_publishes_gauge_event_and_latest(
     assert latest["reason"].startswith("filter found no node with room for pod vms/big for ")
     assert latest["publishedAt"] == "2027-01-15T08:00:00+00:00"
     assert latest["recommendation"]["scaleUp"][0]["incrementBy"] == 1
+    # The permits listener (the one humans can reach) serves the same; it computes nothing.
+    response = await running.permits.get("/v1/recommendation")
+    assert response.status == 200 and await response.json() == latest
+    assert (await running.permits.post("/v1/recommend")).status == 404
     metrics = await (await running.verbs.get("/metrics")).text()
     assert 'vmautoscale_extender_recommended_nodes{pool="general",zone="zone-a"} 1.0' in metrics
     assert 'vmautoscale_extender_recommendations_total{outcome="published",trigger="auto"}' in (
@@ -206,25 +212,26 @@ def basic_summary() -> dict[str, Any]:
     return golden
 
 
-async def test_diagnostics_summary_query_leaves_out_the_rounds_candidates_only(
+async def test_the_summary_is_the_default_and_the_query_asks_for_it_too(
     start_extender: StartExtender,
 ) -> None:
     running = await start_extender()
-    response = await running.verbs.post(
-        "/v1/recommend?diagnostics=summary",
-        data=BASIC.read_bytes(),
-        headers={"Content-Type": "application/yaml"},
-    )
-    assert response.status == 200
-    answer = msgspec.json.decode(await response.read())
-    assert isinstance(answer.pop("runTimeMillis"), int)
-    assert answer == basic_summary()
+    for query in ("", "?diagnostics=summary"):
+        response = await running.verbs.post(
+            f"/v1/recommend{query}",
+            data=BASIC.read_bytes(),
+            headers={"Content-Type": "application/yaml"},
+        )
+        assert response.status == 200
+        answer = msgspec.json.decode(await response.read())
+        assert isinstance(answer.pop("runTimeMillis"), int)
+        assert answer == basic_summary()
 
 
 async def test_config_sets_the_level_and_the_query_overrides_it(
     start_extender: StartExtender,
 ) -> None:
-    running = await start_extender(make_config(recommender={"diagnostics": "summary"}))
+    running = await start_extender(make_config(recommender={"diagnostics": "full"}))
 
     async def post(query: str) -> dict[str, Any]:
         response = await running.verbs.post(f"/v1/recommend{query}", json=BASIC_DOC)
@@ -233,8 +240,8 @@ async def test_config_sets_the_level_and_the_query_overrides_it(
         del answer["runTimeMillis"]
         return answer
 
-    assert await post("") == basic_summary()
-    assert await post("?diagnostics=full") == msgspec.json.decode(GOLDEN.read_bytes())
+    assert await post("") == msgspec.json.decode(GOLDEN.read_bytes())
+    assert await post("?diagnostics=summary") == basic_summary()
 
 
 async def test_unknown_diagnostics_level_is_400(start_extender: StartExtender) -> None:
@@ -266,7 +273,7 @@ async def test_auto_publish_computes_the_summary_and_publishes_what_the_full_ans
         assert response.status == 200
     app = running.verbs.app
     now = asyncio.get_running_loop().time() + config.recommender.pending_threshold_seconds + 1
-    published = publish_if_overdue(app, now=now)
+    published = await publish_if_overdue(app, now=now)
     assert published is not None
     full = live_recommendation(running.extender)
     assert full.diagnostics.rounds and all(r.candidates for r in full.diagnostics.rounds)
@@ -333,7 +340,7 @@ async def test_live_state_brings_pod_constraints_node_taints_and_cordons_to_the_
     assert answer["diagnostics"]["newNodes"] == {"db-zone-a-new-1": ["vms/db", "vms/small"]}
     assert "placedOnExisting" not in answer["diagnostics"]
     assert [n.split(":")[0] for n in answer["diagnostics"]["notes"]] == [
-        "cheaper-plan check skipped",  # the pools have no price
+        "cost check skipped",  # the pools have no price
         "pod vms/gt left out",
     ]
     # The node watch keeps them current: the taint lifted, "small" fits node-a again.
@@ -345,3 +352,24 @@ async def test_live_state_brings_pod_constraints_node_taints_and_cordons_to_the_
     kube_api.update_pod("vms", "db", lambda p: p["spec"].update(nodeName="node-a"))
     await wait_until(lambda: "vms/db" not in running.extender.unbound_specs)
     assert set(running.extender.unbound_specs) == set(running.extender.unbound)
+
+
+async def test_plan_for_growth_live_gives_vms_denied_room_a_node(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    # node-a: 4 cpu, 3.2 usable. Two running VMs at 1 vCPU, top 3: at headroom 0.5 each
+    # counts 2, 4 in all. One is planned to move: "vms/a" (same priority and size: by name).
+    kube_api.add_node(pooled_node("node-a"))
+    for name in ("a", "b"):
+        kube_api.add_pod(vm_pod(name, uid=f"u-{name}", node="node-a", min_vcpus=1, max_vcpus=3))
+    running = await start_extender(recommender_config(growth_headroom=0.5, auto_publish=False))
+    answer = await (await running.verbs.post("/v1/recommend")).json()
+    assert [(s["nodePool"], s["incrementBy"]) for s in answer["scaleUp"]] == [("general", 1)]
+    assert answer["diagnostics"]["growth"] == [
+        {"pod": "vms/a", "node": "node-a", "cpuMillis": 2000,
+         "memoryBytes": 2**30, "toNode": "general-zone-a-new-1"}
+    ]  # fmt: skip
+    # Without a headroom the live state asks for nothing.
+    running = await start_extender(recommender_config(auto_publish=False))
+    answer = await (await running.verbs.post("/v1/recommend")).json()
+    assert answer["scaleUp"] == [] and "growth" not in answer["diagnostics"]

@@ -20,6 +20,7 @@ from scheduler_extender.recommender import (
     POOL_LABEL,
     ZONE_LABEL,
     CandidateOutcome,
+    DiagnosticsLevel,
     NodePool,
     Recommendation,
     RecommenderConfig,
@@ -33,7 +34,8 @@ from scheduler_extender.recommender import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = RecommenderConfig()
+# The full trace: several tests read the rounds' candidates.
+CONFIG = RecommenderConfig(diagnostics=DiagnosticsLevel.FULL)
 
 
 def pool(name: str, cpu: str = "4", memory: str = "16Gi", **extra: Any) -> dict[str, Any]:
@@ -330,7 +332,7 @@ def test_each_scorer_alone(scorer, overrides, first_winner):
 
 
 def test_ties_fall_back_to_pool_then_zone_name():
-    rec = run(two_pools(), RecommenderConfig(scorers=()))
+    rec = run(two_pools(), RecommenderConfig(scorers=(), diagnostics=DiagnosticsLevel.FULL))
     assert rec.diagnostics.rounds[0].winner == "large/a"
     lost = {
         c.zone: c.reason for c in rec.diagnostics.rounds[0].candidates if c.node_pool == "large"
@@ -348,7 +350,7 @@ def test_least_cost_needs_every_price():
     run(doc)  # fine without the least-cost link
 
 
-def test_greedy_suboptimal_is_reported_with_a_cheaper_plan():
+def test_greedy_suboptimal_is_replaced_by_the_cheaper_plan():
     # least-cost per round: small (2 cpu for 1.9) beats large (3 cpu for 3.0), twice, so greedy
     # buys 2 small nodes (3.8) where one large node (3.0) holds all three pods.
     doc = snap(
@@ -359,19 +361,15 @@ def test_greedy_suboptimal_is_reported_with_a_cheaper_plan():
         pods=[pod(f"x{i}", "1", "1Gi") for i in range(3)],
     )
     rec = run(doc, RecommenderConfig(scorers=(Scorer.LEAST_COST,)))
-    assert scaled(rec) == {"small/a": 2}
-    assert rec.diagnostics.greedy_price == pytest.approx(3.8)
-    [plan] = rec.diagnostics.cheaper_plans
-    assert (plan.node_pool, plan.node_count, plan.zones) == ("large", 1, {"a": 1})
-    assert plan.total_price == 3.0
-    assert plan.is_fewest_proven
-
-
-def test_no_cheaper_plan_when_greedy_is_optimal():
-    doc = snap(nodePools=[pool("p", price=1.0)], pods=[pod("x", "1")])
-    rec = run(doc)
-    assert rec.diagnostics.cheaper_plans == []
-    assert rec.diagnostics.greedy_price == 1.0
+    assert scaled(rec) == {"large/a": 1}
+    assert rec.diagnostics.new_nodes == {"large-a-new-1": ["ns/x0", "ns/x1", "ns/x2"]}
+    cost = rec.diagnostics.cost
+    assert cost is not None
+    assert (cost.greedy_price, cost.price, cost.is_optimal) == (3.8, 3.0, True)
+    assert cost.greedy_extra_cost == pytest.approx(0.8)
+    assert [(g.node_pool, g.zone, g.increment_by) for g in cost.greedy_scale_up] == [
+        ("small", "a", 2)
+    ]
 
 
 # -- output and determinism --------------------------------------------------------------------
