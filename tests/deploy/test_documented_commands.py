@@ -180,6 +180,27 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.RUN,
         None,
     ),
+    "scheduler-extender recommend examples/snapshots/basic.yaml": (How.RUN, None),
+    "scheduler-extender recommend SNAPSHOT --scale-down [--config FILE]": (
+        How.ELSEWHERE,
+        "tests/recommender/test_cli.py",
+    ),
+    "scheduler-extender recommend SNAPSHOT [--config FILE] [--diagnostics full\\|summary]": (
+        How.ELSEWHERE,
+        "tests/recommender/test_cli.py",
+    ),
+    "scheduler-extender recommend cluster.yaml --config extender.yaml --diagnostics full": (
+        How.PARSE,
+        _parse_extender,
+    ),
+    "scheduler-extender recommend snapshot.yaml --config config.yaml": (
+        How.ELSEWHERE,
+        "tests/recommender/test_doc.py",
+    ),
+    "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
+    "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
+    "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
+    "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }
 
 # Commands documented with a body too long to repeat here: matched by how they start.
@@ -188,6 +209,10 @@ PREFIXES: dict[str, tuple[How, object]] = {
     "curl -s -XPOST 127.0.0.1:10299/v1/permits ": (
         How.ELSEWHERE,
         "tests/deploy/test_api_doc.py",
+    ),
+    "curl -s -XPOST --data-binary @examples/snapshots/basic.yaml ": (
+        How.ELSEWHERE,
+        "tests/recommender/test_scale_down.py",
     ),
     "curl -s -XPOST '127.0.0.1:10298/v1/recommend?": (
         How.ELSEWHERE,

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from scheduler_extender.__main__ import main
+from scheduler_extender.__main__ import EXIT_CONFIG, main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "data/basic.recommendation.json"
@@ -96,7 +96,7 @@ def test_a_price_out_of_range_is_one_line_naming_its_path(
     )
     config = tmp_path / "config.yaml"
     config.write_text("recommender:\n  scorers: [least-cost]\n")
-    assert main(["recommend", str(bad), "--config", str(config)]) == 2
+    assert main(["recommend", str(bad), "--config", str(config)]) == EXIT_CONFIG
     out, err = capsys.readouterr()
     assert out == ""
     [line] = err.splitlines()
