@@ -34,6 +34,7 @@ import http.client
 import json
 import os
 import pstats
+import socket
 import statistics
 import subprocess
 import sys
@@ -133,8 +134,12 @@ class BindWatch:
             return
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.sock and self._conn.sock.shutdown(2)  # type: ignore[func-returns-value]
+        """End the stream from outside: the reading thread sees EOF and returns."""
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=10)
         self._conn.close()
 
 

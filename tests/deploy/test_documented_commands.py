@@ -198,6 +198,11 @@ COMMANDS: dict[str, tuple[How, object]] = {
         "tests/recommender/test_doc.py",
     ),
     "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
+    "scripts/kube-bin": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
+    "scripts/bench_scheduling.py": (
+        How.ELSEWHERE,
+        "tests/bench/test_bench_scheduling_smoke.py",
+    ),
     "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
