@@ -1,0 +1,157 @@
+"""Connections: the server options both listeners run with, and a cap per listener.
+
+Shell. ``server_options(listen)`` are aiohttp server settings, used by ``serve`` and by the
+tests' servers alike:
+
+* ``auto_decompress=False``: aiohttp would otherwise inflate a gzip body in its parser, before
+  any handler could authenticate the caller or bound the inflated size (``bodies`` does both);
+* ``lingering_time=0``: a body the handler refused without reading (401, 413, 415) is not
+  drained; the connection is closed after the answer instead;
+* ``keepalive_timeout``: aiohttp closes a connection that has no complete request head this
+  long after it opened or after its last answer: the idle timeout, and the header timeout for
+  slowloris heads.
+
+``GuardedSite`` is a ``TCPSite`` whose connections are counted. At ``max_connections`` a new
+connection evicts the one that has been quiet longest among those with no request in progress
+(an idle keep-alive or a head still dribbling in), and is refused with a canned 503 only when
+every connection is busy. So a flood of idle or slowloris connections costs the flooder its
+own connections, while kube-scheduler's and the kubelet's next connections get in; and each
+listener has its own cap, so one cannot take the other's file descriptors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from scheduler_extender.config import Listen
+
+log = structlog.get_logger(__name__)
+
+_REFUSED: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 34\r\n\r\ntoo many connections; retry later\n"
+)
+
+
+def server_options(listen: Listen) -> dict[str, Any]:
+    """aiohttp server settings for a listener (see the module docstring)."""
+    return {
+        "auto_decompress": False,
+        "lingering_time": 0,
+        "keepalive_timeout": listen.idle_timeout_seconds,
+    }
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: forwards everything to aiohttp's handler, notes when it last spoke."""
+
+    def __init__(self, site: GuardedSite, inner: RequestHandler) -> None:
+        self._site = site
+        self._inner: RequestHandler | None = inner
+        self.transport: asyncio.Transport | None = None
+        self.last_active = 0.0
+
+    @property
+    def is_busy(self) -> bool:
+        # aiohttp sets this while a request is being handled (its body read included), and
+        # offers nothing public that says so. tests/extender/test_hostile_clients.py checks
+        # that a busy connection survives eviction, so an aiohttp change cannot go unnoticed.
+        inner = self._inner
+        return inner is not None and inner._current_request is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.last_active = asyncio.get_running_loop().time()
+        if not self._site.admit(self):
+            self._inner = None
+            transport.write(_REFUSED)
+            transport.close()
+            return
+        assert self._inner is not None
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = asyncio.get_running_loop().time()
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> None:
+        if self._inner is not None:
+            self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._site.forget(self)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+            self._inner = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP listener with at most ``listen.max_connections`` open connections."""
+
+    def __init__(self, runner: web.BaseRunner, listen: Listen, **kwargs: Any) -> None:
+        super().__init__(runner, **kwargs)
+        self._listen = listen
+        self._open: set[_Guarded] = set()
+        self.evicted = 0
+        self.refused = 0
+        self.bound_port = listen.port
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._listen.host}:{self.bound_port}"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def admit(self, conn: _Guarded) -> bool:
+        if len(self._open) >= self._listen.max_connections:
+            idle = [c for c in self._open if not c.is_busy]
+            if not idle:
+                self.refused += 1
+                log.warning("connection_refused", listener=self.name, open=len(self._open))
+                return False
+            victim = min(idle, key=lambda c: c.last_active)
+            self._open.discard(victim)
+            victim.close()
+            self.evicted += 1
+            if self.evicted & (self.evicted - 1) == 0:  # 1, 2, 4, 8...: a flood logs little
+                log.warning("idle_connections_evicted", listener=self.name, total=self.evicted)
+        self._open.add(conn)
+        return True
+
+    def forget(self, conn: _Guarded) -> None:
+        self._open.discard(conn)
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Guarded(self, server()),
+            self._listen.host,
+            self._listen.port,
+            backlog=self._backlog,
+        )
+        if self._server.sockets:
+            self.bound_port = self._server.sockets[0].getsockname()[1]
