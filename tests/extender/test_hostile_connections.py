@@ -1,0 +1,157 @@
+"""Hostile connections (issue 16): idle and slowloris connections are bounded per listener, by
+time and by count, without locking out kube-scheduler or the kubelet's probes.
+
+The listeners run exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite`` and
+the server options), on loopback ports the OS picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import ClientSession
+from prometheus_client import CollectorRegistry
+
+from kube_io.client import KubeClient
+from scheduler_extender.config import Config, parse_config
+from scheduler_extender.http.app import Deps, make_app, make_permits_app, start_listeners
+from scheduler_extender.http.app import stop_listeners as stop
+from scheduler_extender.http.connections import GuardedSite
+from scheduler_extender.http.keys import EXTENDER
+from tests.extender.conftest import STATIC_TOKEN, make_config, wait_until
+from tests.fakes.kube_api import FakeKubeApi, node_object
+
+# Generous: what is awaited takes milliseconds (or the idle timeout the test sets, 0.3 s);
+# today's code kept these connections for an hour.
+WITHIN = 5.0
+
+Start = Callable[..., Awaitable[tuple[GuardedSite, GuardedSite]]]
+
+
+@pytest.fixture
+async def listeners(kube_api: FakeKubeApi) -> AsyncIterator[Start]:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    running: list[Any] = []
+
+    async def start(**listen: Any) -> tuple[GuardedSite, GuardedSite]:
+        config = make_config(listen=listen)
+        # Ports the OS picks (0 is not a valid port in a config file).
+        config = msgspec.structs.replace(
+            config,
+            listen=msgspec.structs.replace(
+                config.listen,
+                verbs=msgspec.structs.replace(config.listen.verbs, port=0),
+                permits=msgspec.structs.replace(config.listen.permits, port=0),
+            ),
+        )
+
+        async def connect() -> KubeClient:
+            return KubeClient.for_url(kube_api.url)
+
+        verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
+        started = await start_listeners(config, verbs_app, make_permits_app(config, verbs_app))
+        running.append(started)
+        extender = verbs_app[EXTENDER]
+        await wait_until(lambda: extender.is_synced)
+        return started[0][1], started[1][1]
+
+    yield start
+    for started in running:
+        await stop(started)
+
+
+@contextlib.asynccontextmanager
+async def _connections(
+    port: int, count: int, first_bytes: bytes = b""
+) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    opened = []
+    try:
+        for _ in range(count):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if first_bytes:
+                writer.write(first_bytes)
+                await writer.drain()
+            opened.append((reader, writer))
+        yield opened
+    finally:
+        for _, writer in opened:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(WITHIN):
+            while await reader.read(2**16):
+                pass
+    return reader.at_eof()
+
+
+async def _get(port: int, path: str) -> int:
+    async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as r:
+        return r.status
+
+
+def test_the_verbs_listener_binds_loopback_by_default() -> None:
+    config = parse_config({"listen": {"verbs": {"port": 10298}, "permits": {"port": 10299}}})
+    assert config.listen.verbs.host == "127.0.0.1"
+    assert Config().listen.verbs.host == "127.0.0.1"
+    assert Config().listen.permits.host == "0.0.0.0"
+
+
+async def test_an_idle_flood_evicts_itself_and_probes_still_get_in(listeners: Start) -> None:
+    verbs, permits = await listeners(permits={"port": 1, "max_connections": 8})
+    async with _connections(permits.bound_port, 20) as flood:
+        # Each connection past the cap closed the longest-quiet one: at most 8 stay open.
+        closed = [await _closed_by_server(reader) for reader, _ in flood[:12]]
+        assert all(closed)
+        assert permits.open_connections <= 8 and permits.evicted >= 12
+        # The kubelet's probe and kube-scheduler's next call still get in.
+        assert await _get(permits.bound_port, "/readyz") == 200
+        assert await _get(verbs.bound_port, "/healthz") == 200
+        assert verbs.evicted == 0  # the listeners' caps are their own
+
+
+async def test_slowloris_heads_and_idle_keepalives_are_closed_after_the_idle_timeout(
+    listeners: Start,
+) -> None:
+    _, permits = await listeners(permits={"port": 1, "idle_timeout_seconds": 0.3})
+    port = permits.bound_port
+    async with _connections(port, 3, b"GET /readyz HTTP/1.1\r\nHost: x\r\n") as slow:
+        for reader, _ in slow:
+            assert await _closed_by_server(reader)
+    async with _connections(port, 1) as (idle,):
+        assert await _closed_by_server(idle[0])
+    await wait_until(lambda: permits.open_connections == 0)
+
+
+async def test_a_busy_connection_is_never_evicted_and_a_full_house_is_refused(
+    listeners: Start,
+) -> None:
+    _, permits = await listeners(permits={"port": 1, "max_connections": 2})
+    port = permits.bound_port
+    head = (
+        f"POST /v1/permits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {STATIC_TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    # Two requests whose bodies are still arriving: both connections are busy.
+    async with _connections(port, 2, head.encode()) as busy:
+        await wait_until(lambda: permits.open_connections == 2)
+        async with _connections(port, 1) as (refused,):
+            answer = await refused[0].read()
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert permits.refused == 1 and permits.evicted == 0
+        # Neither busy request was cut off: each still gets its answer (a 400: "{" + spaces
+        # is not a batch) once its body is complete.
+        for reader, writer in busy:
+            writer.write(b" " * 99)
+            await writer.drain()
+            async with asyncio.timeout(WITHIN):
+                status = await reader.readline()
+            assert status.startswith(b"HTTP/1.1 400 "), status
