@@ -148,11 +148,6 @@ class AuthConfig(_Section, frozen=True):
     # working within it).
     agent_pod_cache_ttl_seconds: PositiveSeconds = 10.0
 
-    @property
-    def agent_username(self) -> str:
-        """The TokenReview username of the agent's ServiceAccount."""
-        return f"system:serviceaccount:{self.agent_service_account.replace('/', ':')}"
-
     def __post_init__(self) -> None:
         if self.mode is AuthMode.STATIC and not self.static_token:
             raise ValueError("auth.static_token is required when auth.mode is static")

@@ -32,7 +32,12 @@ from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
-from scheduler_extender.kube.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
+from scheduler_extender.kube.auth import (
+    Authenticator,
+    ReviewBudget,
+    StaticTokenAuth,
+    TokenReviewAuth,
+)
 from scheduler_extender.kube.durability import PermitRecorder
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -76,9 +81,14 @@ def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> A
     audiences = [auth.audience]
     return TokenReviewAuth(
         lambda token: link.review_token(token, audiences=audiences),
+        link.get_pod,
+        agent_service_account=auth.agent_service_account,
         ttl_seconds=auth.identity_cache_ttl_seconds,
         negative_ttl_seconds=auth.negative_cache_ttl_seconds,
         max_entries=auth.identity_cache_max_entries,
+        negative_max_entries=auth.negative_cache_max_entries,
+        budget=ReviewBudget(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
+        pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
         metrics=metrics,
     )
 

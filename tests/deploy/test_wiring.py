@@ -169,6 +169,12 @@ def test_agent_token_is_projected_for_the_extenders_audience():
     assert AGENT_CFG.extender.token_file == f"{m['mountPath']}/{token['path']}"
 
 
+def test_only_the_agents_service_account_gets_permits():
+    namespace, name = EXTENDER_CFG.auth.agent_service_account.split("/")
+    assert AGENT_DS["metadata"]["namespace"] == namespace
+    assert pod_spec(AGENT_DS)["serviceAccountName"] == name
+
+
 def test_agent_reaches_the_extender_through_its_service():
     url = urlsplit(AGENT_CFG.extender.url)
     svc = find(DOCS, "Service", "scheduler-extender")
