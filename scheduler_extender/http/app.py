@@ -32,6 +32,7 @@ from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
+from scheduler_extender.http.sequences import SequenceBook
 from scheduler_extender.kube.auth import (
     Authenticator,
     ReviewBudget,
@@ -195,6 +196,7 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     app[METRICS] = verbs_app[METRICS]
     app[TASKS] = verbs_app[TASKS]
     app[BODIES] = verbs_app[BODIES]
+    app[permit_port.SEQUENCES] = SequenceBook()
     app.router.add_post("/v1/permits", permit_port.permits, name="permits")
     # Probes only: /state names every VM pod and its size, /metrics every namespace's numbers,
     # and this port is open to every pod in the cluster. Both stay on the verbs listener

@@ -104,8 +104,8 @@ async def test_batch_for_another_node_is_403(
             "$.requests[0].current.vcpus",
         ),
         (
-            json.dumps(permit_batch("node-a", uid="u-1", protocol=(2, 3))).encode(),
-            "agent speaks v2..v3, extender speaks v1..v1",
+            json.dumps(permit_batch("node-a", uid="u-1", protocol=(3, 4))).encode(),
+            "agent speaks v3..v4, extender speaks v1..v2",
         ),
     ],
     ids=["malformed-json", "wrong-type", "negative", "version-mismatch"],
