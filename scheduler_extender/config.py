@@ -61,6 +61,11 @@ class Listen(_Section, frozen=True):
     host: NonEmpty = "127.0.0.1"
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 256
     idle_timeout_seconds: PositiveSeconds = 120.0
+    # New connections accepted per second on average, in bursts of up to the burst; above it a
+    # connection is closed at once (503) before any of it is read. Clients that keep their
+    # connections alive (kube-scheduler, the agents) open few.
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
 
 
 class VerbsListen(Listen, frozen=True):
@@ -77,6 +82,9 @@ class PermitsListen(Listen, frozen=True):
     host: NonEmpty = "0.0.0.0"
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 512
     idle_timeout_seconds: PositiveSeconds = 30.0
+    # One agent per node, each keeping its connection: 5,000 nodes reconnecting after a
+    # restart take ~25 s at this rate (they retry), and a flood costs the loop little.
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 200.0
 
 
 class ListenConfig(_Section, frozen=True):
@@ -137,7 +145,7 @@ class AuthConfig(_Section, frozen=True):
     # with Retry-After, and the API server never sees the flood. Agents' tokens are reviewed
     # once per ``identity_cache_ttl_seconds`` each (5,000 nodes: ~17 a second).
     review_rate_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 50.0
-    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 200
+    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 50
     # The only ServiceAccount whose tokens get permits, as ``namespace/name``: what
     # manifests/agent.yaml runs the agent as.
     agent_service_account: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")] = (

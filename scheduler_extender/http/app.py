@@ -35,8 +35,8 @@ from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.sequences import SequenceBook
 from scheduler_extender.kube.auth import (
     Authenticator,
-    ReviewBudget,
     StaticTokenAuth,
+    TokenBucket,
     TokenReviewAuth,
 )
 from scheduler_extender.kube.durability import PermitRecorder
@@ -88,7 +88,7 @@ def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> A
         negative_ttl_seconds=auth.negative_cache_ttl_seconds,
         max_entries=auth.identity_cache_max_entries,
         negative_max_entries=auth.negative_cache_max_entries,
-        budget=ReviewBudget(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
+        budget=TokenBucket(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
         pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
         metrics=metrics,
     )

@@ -11,7 +11,11 @@ tests' servers alike:
   long after it opened or after its last answer: the idle timeout, and the header timeout for
   slowloris heads.
 
-``GuardedSite`` is a ``TCPSite`` whose connections are counted. At ``max_connections`` a new
+``GuardedSite`` is a ``TCPSite`` whose connections are counted, and whose new connections are
+rate-limited (``new_connections_per_second``, a token bucket; over it a connection is closed
+at once with a canned 503, before aiohttp sees it): a flood of short hostile connections then
+costs the event loop that kube-scheduler's calls share an accept and a close each, not a
+request. At ``max_connections`` a new
 connection evicts the one that has been quiet longest among those with no request in progress
 (an idle keep-alive or a head still dribbling in), and is refused with a canned 503 only when
 every connection is busy. So a flood of idle or slowloris connections costs the flooder its
@@ -22,6 +26,7 @@ listener has its own cap, so one cannot take the other's file descriptors.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Final
 
 import structlog
@@ -29,6 +34,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from scheduler_extender.config import Listen
+from scheduler_extender.kube.auth import TokenBucket
 
 log = structlog.get_logger(__name__)
 
@@ -48,11 +54,15 @@ def server_options(listen: Listen) -> dict[str, Any]:
 
 
 class _Guarded(asyncio.Protocol):
-    """One connection: forwards everything to aiohttp's handler, notes when it last spoke."""
+    """One connection: forwards everything to aiohttp's handler, notes when it last spoke.
 
-    def __init__(self, site: GuardedSite, inner: RequestHandler) -> None:
+    The handler is made only once the connection is admitted: a refused one costs an accept
+    and a close, nothing of aiohttp's."""
+
+    def __init__(self, site: GuardedSite, make: Callable[[], RequestHandler]) -> None:
         self._site = site
-        self._inner: RequestHandler | None = inner
+        self._make = make
+        self._inner: RequestHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
 
@@ -69,11 +79,10 @@ class _Guarded(asyncio.Protocol):
         self.transport = transport
         self.last_active = asyncio.get_running_loop().time()
         if not self._site.admit(self):
-            self._inner = None
             transport.write(_REFUSED)
             transport.close()
             return
-        assert self._inner is not None
+        self._inner = self._make()
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -111,6 +120,9 @@ class GuardedSite(web.BaseSite):
         super().__init__(runner, **kwargs)
         self._listen = listen
         self._open: set[_Guarded] = set()
+        self._rate = TokenBucket(
+            rate_per_second=listen.new_connections_per_second, burst=listen.new_connections_burst
+        )
         self.evicted = 0
         self.refused = 0
         self.bound_port = listen.port
@@ -124,11 +136,17 @@ class GuardedSite(web.BaseSite):
         return len(self._open)
 
     def admit(self, conn: _Guarded) -> bool:
+        if self._rate.take(conn.last_active) > 0.0:
+            self.refused += 1
+            if self.refused & (self.refused - 1) == 0:  # 1, 2, 4, 8...: a flood logs little
+                log.warning("connections_over_rate", listener=self.name, total=self.refused)
+            return False
         if len(self._open) >= self._listen.max_connections:
             idle = [c for c in self._open if not c.is_busy]
             if not idle:
                 self.refused += 1
-                log.warning("connection_refused", listener=self.name, open=len(self._open))
+                if self.refused & (self.refused - 1) == 0:
+                    log.warning("connections_refused", listener=self.name, total=self.refused)
                 return False
             victim = min(idle, key=lambda c: c.last_active)
             self._open.discard(victim)
@@ -148,7 +166,7 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Guarded(self, server()),
+            lambda: _Guarded(self, server),
             self._listen.host,
             self._listen.port,
             backlog=self._backlog,

@@ -107,8 +107,9 @@ class _PodCheck(NamedTuple):
     error: str
 
 
-class ReviewBudget:
-    """A token bucket: ``burst`` reviews at once, refilled at ``rate_per_second``.
+class TokenBucket:
+    """A token bucket: ``burst`` at once, refilled at ``rate_per_second`` (TokenReviews here,
+    new connections in ``http.connections``).
 
     Pure: the caller passes the time. ``take(now)`` answers 0.0 when a review may go ahead
     (and counts it), otherwise the seconds until one may.
@@ -136,7 +137,7 @@ class TokenReviewAuth:
     Two caches, kept apart so that garbage never evicts an agent: verified tokens (the oldest
     goes first when full; an expired one is kept until then and reviewed again without the
     rate limit, since it was an agent's), and rejected tokens. Tokens in neither are reviewed
-    within a global ``ReviewBudget``; above it they get 503 with Retry-After and the API server
+    within a global ``TokenBucket``; above it they get 503 with Retry-After and the API server
     never hears of them. Then authorisation: the token's user must be ``agent_username``, bound
     to a pod (``extra`` pod-name/pod-uid/node-name), and that pod, looked up through the API
     server and trusted for ``pod_ttl_seconds``, must be the very pod (uid), Running, not being
@@ -154,7 +155,7 @@ class TokenReviewAuth:
         negative_ttl_seconds: float,
         max_entries: int,
         negative_max_entries: int,
-        budget: ReviewBudget,
+        budget: TokenBucket,
         pod_ttl_seconds: float,
         metrics: Metrics,
     ) -> None:

@@ -155,3 +155,24 @@ async def test_a_busy_connection_is_never_evicted_and_a_full_house_is_refused(
             async with asyncio.timeout(WITHIN):
                 status = await reader.readline()
             assert status.startswith(b"HTTP/1.1 400 "), status
+
+
+async def test_new_connections_over_the_rate_are_closed_before_aiohttp_sees_them(
+    listeners: Start,
+) -> None:
+    verbs, permits = await listeners(
+        permits={"port": 1, "new_connections_per_second": 0.001, "new_connections_burst": 3}
+    )
+    async with ClientSession() as keeps_alive:
+        url = f"http://127.0.0.1:{permits.bound_port}/readyz"
+        async with keeps_alive.get(url) as first:
+            assert first.status == 200  # one of the three
+        async with _connections(permits.bound_port, 5) as more:
+            answers = [await reader.read() for reader, _ in more[2:]]
+        assert all(a.startswith(b"HTTP/1.1 503 ") for a in answers), answers
+        assert permits.refused == 3
+        # A client that keeps its connection alive is not affected; nor is the other listener.
+        for _ in range(5):
+            async with keeps_alive.get(url) as again:
+                assert again.status == 200
+    assert await _get(verbs.bound_port, "/healthz") == 200

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_extender.kube.auth import ReviewBudget
+from scheduler_extender.kube.auth import TokenBucket
 from tests.extender.conftest import Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import agent_pod, permit_batch, pod_token, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object, pod_object
@@ -214,7 +214,7 @@ async def test_rejected_tokens_never_evict_an_agents_identity(
 def test_the_review_budget_never_grants_more_than_burst_plus_rate_times_time(
     rate: float, burst: int, gaps: list[float]
 ) -> None:
-    budget = ReviewBudget(rate_per_second=rate, burst=burst)
+    budget = TokenBucket(rate_per_second=rate, burst=burst)
     now, granted = 0.0, 0
     for gap in gaps:
         now += gap
