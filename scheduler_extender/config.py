@@ -83,8 +83,11 @@ class PermitsListen(Listen, frozen=True):
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 512
     idle_timeout_seconds: PositiveSeconds = 30.0
     # One agent per node, each keeping its connection: 5,000 nodes reconnecting after a
-    # restart take ~25 s at this rate (they retry), and a flood costs the loop little.
+    # restart take ~25 s at this rate (they retry), and a flood costs the loop little. A
+    # small burst: a thousand hostile connections accepted at once stall the loop (and
+    # kube-scheduler's calls with it) for a few hundred milliseconds.
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 200.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 100
 
 
 class ListenConfig(_Section, frozen=True):

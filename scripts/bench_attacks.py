@@ -210,6 +210,12 @@ def launch_extender(config: Path, kubeconfig: Path, log_path: Path) -> subproces
         )
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 (1-based) of the whole line.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -515,18 +521,28 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
             idles: list[float] = []
             phases: Obj = {}
             for name, attack in ATTACKS.items():
+                if args.only and name not in args.only:
+                    continue
                 print(f"bench_attacks: {name}", file=sys.stderr, flush=True)
                 # An idle phase right before each attack: the machine's load drifts (other
                 # processes share it), and the ratio compares like with like.
+                cpu_before = cpu_seconds(extender.pid)
                 idle, _ = await probe_during(bench, body_file, args.seconds, None)
                 idles.append(idle.get("p99_ms", 0.0))
+                cpu_idle = cpu_seconds(extender.pid)
                 probed, detail = await probe_during(bench, body_file, args.seconds, attack)
+                cpu_attack = cpu_seconds(extender.pid)
                 ratio = probed.get("p99_ms", 0) / idle["p99_ms"] if idle.get("p99_ms") else None
                 phases[name] = {
                     "filter": probed,
                     "idle_before": idle,
                     "p99_ratio_to_idle": round(ratio, 2) if ratio is not None else None,
                     "extender_rss_mib": rss_mib(extender.pid, "VmRSS"),
+                    # Of its core, per wall second: idle phase (the prober alone), attack phase.
+                    "extender_cpu_busy": [
+                        round((cpu_idle - cpu_before) / args.seconds, 2),
+                        round((cpu_attack - cpu_idle) / args.seconds, 2),
+                    ],
                     "attack": detail,
                 }
                 await asyncio.sleep(0.5)  # let closed connections settle
@@ -567,6 +583,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--bomb-mib", type=int, default=1024, help="what each unauthenticated gzip bomb inflates to"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(ATTACKS), help="run only these attacks"
     )
     args = parser.parse_args()
     if args.role == "prober":
