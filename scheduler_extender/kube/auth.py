@@ -42,6 +42,7 @@ ReviewToken = Callable[[str], Awaitable[TokenReviewResult]]
 # (namespace, name) -> the pod as the API server has it; raises kube_io's NotFound.
 LookupPod = Callable[[str, str], Awaitable[Pod]]
 _T = TypeVar("_T")
+_POD_REFUSAL_TTL_SECONDS = 2.0
 
 
 class Identity(NamedTuple):
@@ -208,7 +209,10 @@ class TokenReviewAuth:
         check = self._pods.get(user.pod_uid)
         if check is None or check.expires_at <= now:
             error = await self._check_pod(user)
-            check = _PodCheck(asyncio.get_running_loop().time() + self._pod_ttl, error)
+            # A refusal is kept briefly: an agent that asked just before the kubelet reported
+            # its pod Running must not wait a whole TTL (only agent tokens get this far).
+            ttl = min(self._pod_ttl, _POD_REFUSAL_TTL_SECONDS) if error else self._pod_ttl
+            check = _PodCheck(asyncio.get_running_loop().time() + ttl, error)
             self._pods[user.pod_uid] = check
             self._forget_expired_pods(now)
         if check.error:
