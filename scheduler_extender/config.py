@@ -48,7 +48,8 @@ class Listen(_Section, frozen=True):
 
     ``idle_timeout_seconds``: a connection that has not sent a complete request head within
     this time (after it opened, or after its last answer) is closed; it bounds idle keep-alive
-    connections and slowloris heads alike. Keep it above the clients' own idle timeout (Go's
+    connections. ``header_timeout_seconds`` is shorter, and counts from a request's first
+    byte. Keep it above the clients' own idle timeout (Go's
     90 s for kube-scheduler, aiohttp's 15 s for the agents) so the server rarely closes a
     connection a client is about to reuse. ``max_connections``: above it, a new connection
     first evicts the one that has been quiet longest (so a flood of idle connections cannot
@@ -61,6 +62,9 @@ class Listen(_Section, frozen=True):
     host: NonEmpty = "127.0.0.1"
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 256
     idle_timeout_seconds: PositiveSeconds = 120.0
+    # Once a request's first bytes arrive, its whole head (request line and headers) must
+    # arrive within this; a head dribbled in byte by byte is closed then.
+    header_timeout_seconds: PositiveSeconds = 10.0
     # New connections accepted per second on average, in bursts of up to the burst; above it a
     # connection is closed at once (503) before any of it is read. Clients that keep their
     # connections alive (kube-scheduler, the agents) open few.

@@ -118,16 +118,31 @@ async def test_an_idle_flood_evicts_itself_and_probes_still_get_in(listeners: St
         assert verbs.evicted == 0  # the listeners' caps are their own
 
 
-async def test_slowloris_heads_and_idle_keepalives_are_closed_after_the_idle_timeout(
-    listeners: Start,
-) -> None:
-    _, permits = await listeners(permits={"port": 1, "idle_timeout_seconds": 0.3})
+async def test_slowloris_heads_are_closed_after_the_header_timeout(listeners: Start) -> None:
+    _, permits = await listeners(
+        permits={"port": 1, "idle_timeout_seconds": 3600, "header_timeout_seconds": 0.3}
+    )
     port = permits.bound_port
     async with _connections(port, 3, b"GET /readyz HTTP/1.1\r\nHost: x\r\n") as slow:
-        for reader, _ in slow:
+        for reader, writer in slow:
+            writer.write(b"X-Dribble: 1\r\n")  # bytes keep coming, the head never ends
             assert await _closed_by_server(reader)
-    async with _connections(port, 1) as (idle,):
-        assert await _closed_by_server(idle[0])
+    assert permits.heads_timed_out == 3
+    # A connection that completes its heads in time is kept, across requests and idle gaps
+    # longer than the header timeout (that is the idle timeout's business).
+    async with ClientSession() as session:
+        for _ in range(3):
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                assert response.status == 200
+            await asyncio.sleep(0.4)
+    assert permits.heads_timed_out == 3 and permits.evicted == 0
+
+
+async def test_idle_keepalives_are_closed_after_the_idle_timeout(listeners: Start) -> None:
+    _, permits = await listeners(permits={"port": 1, "idle_timeout_seconds": 0.3})
+    async with _connections(permits.bound_port, 2) as idle:
+        for reader, _ in idle:
+            assert await _closed_by_server(reader)
     await wait_until(lambda: permits.open_connections == 0)
 
 
