@@ -3,19 +3,20 @@
 Issue 16's attacks, each for ``--seconds`` against ``python -m scheduler_extender serve`` (the
 real process: the manifests' listeners, guards and limits, auth mode tokenreview against
 ``tests.fakes.kube_api.FakeKubeApi`` in this process), with its file descriptors limited to
-1,024 as in the issue. Meanwhile a separate prober process sends sequential cache-mode
-``/filter`` calls (``--nodes`` node names, like kube-scheduler with ``nodeCacheCapable``) to
-the loopback verbs port. For each attack: the prober's p50/p99, p99 as a ratio of the idle
-phase's p99 (measured in the same run), the statuses the attack got, the extender's RSS; at
-the end its peak RSS (VmHWM) against the manifest's memory limit.
+1,024 as in the issue. Meanwhile a separate prober process sends cache-mode ``/filter`` calls
+(``--nodes`` node names, like kube-scheduler with ``nodeCacheCapable``) to the loopback verbs
+port, one at a time, paced at ``--rate`` a second. For each attack: the prober's p50/p99, p99
+as a ratio of an idle phase of the same length just before it (the machine's load drifts),
+the statuses the attack got, the extender's RSS and its CPU use (idle phase, attack phase);
+at the end its peak RSS (VmHWM) against the manifest's memory limit. The extender and the
+prober share one core, the attacker (this process) has the other when there are two.
 
 Attacks: unauthenticated gzip bombs to /v1/permits; gzip bodies to /filter; declared-huge
 bodies; JSON nested 1,000 deep and bodies labelled gzip that are not; idle connections and
 slowloris heads (2,000 by default); 1,000 distinct garbage tokens; a replayed permit request.
 
-Each attack phase follows an idle phase of the same length, and its ratio is against that one
-(the machine's load drifts). Everything is on 127.0.0.1 and bounded in count and time (about
-``17 * --seconds`` plus start-up).
+Everything is on 127.0.0.1 and bounded in count and time (about ``17 * --seconds`` plus
+start-up).
 
     .venv/bin/python scripts/bench_attacks.py [--seconds 4] [--nodes 500] [--connections 2000]
 """
@@ -57,7 +58,7 @@ FD_LIMIT: Final = 1024
 # --- role: prober --------------------------------------------------------------------------------
 
 
-async def run_prober(url: str, body: bytes, seconds: float) -> None:
+async def run_prober(url: str, body: bytes, seconds: float, rate: float) -> None:
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     errors: Counter[str] = Counter()
@@ -65,8 +66,16 @@ async def run_prober(url: str, body: bytes, seconds: float) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        end = time.monotonic() + seconds
+        begin = time.monotonic()
+        end = begin + seconds
+        sent = 0
         while time.monotonic() < end:
+            # Paced like kube-scheduler's one scheduling loop, not back to back: a closed loop
+            # would keep the extender's core busy by itself and measure only its share of it.
+            due = begin + sent / rate
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            sent += 1
             start = time.perf_counter()
             try:
                 async with session.post(url, data=body, headers=headers) as response:
@@ -464,6 +473,7 @@ async def probe_during(
         f"--url=http://{HOST}:{bench.verbs}/filter",
         f"--body-file={body_file}",
         f"--seconds={seconds}",
+        f"--rate={bench.args.rate}",
     ]
     prober = await asyncio.create_subprocess_exec(
         *command,
@@ -560,6 +570,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
     return {
         "nodes": args.nodes,
         "seconds_per_phase": args.seconds,
+        "filter_calls_per_second": args.rate,
         "extender_fd_limit": FD_LIMIT,
         "cpus": {"extender_and_prober": sorted(extender_cpus), "attacker": sorted(attacker_cpus)},
         "idle_p99_ms_median": round(statistics.median(idles), 2),
@@ -579,6 +590,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase (default 4)")
     parser.add_argument("--nodes", type=int, default=500, help="nodes in each filter call")
     parser.add_argument(
+        "--rate", type=float, default=200.0, help="filter calls per second (paced, sequential)"
+    )
+    parser.add_argument(
         "--connections", type=int, default=2000, help="idle flood size (slowloris: half)"
     )
     parser.add_argument(
@@ -589,7 +603,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.role == "prober":
-        asyncio.run(run_prober(args.url, args.body_file.read_bytes(), args.seconds))
+        asyncio.run(run_prober(args.url, args.body_file.read_bytes(), args.seconds, args.rate))
         return
     print(json.dumps(asyncio.run(orchestrate(args)), indent=2))
 
