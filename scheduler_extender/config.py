@@ -65,9 +65,11 @@ class Listen(_Section, frozen=True):
     # Once a request's first bytes arrive, its whole head (request line and headers) must
     # arrive within this; a head dribbled in byte by byte is closed then.
     header_timeout_seconds: PositiveSeconds = 10.0
-    # New connections accepted per second on average, in bursts of up to the burst; above it a
-    # connection is closed at once (503) before any of it is read. Clients that keep their
-    # connections alive (kube-scheduler, the agents) open few.
+    # New connections accepted per second *from one client address* on average, in bursts of
+    # up to the burst; above it a connection is closed at once (503) before any of it is read.
+    # Per address, so that a flooder spends its own allowance and not the kubelet's probes'
+    # or another node's agent's. Clients that keep their connections alive (kube-scheduler,
+    # the agents) open few.
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
 
@@ -86,12 +88,11 @@ class PermitsListen(Listen, frozen=True):
     host: NonEmpty = "0.0.0.0"
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 512
     idle_timeout_seconds: PositiveSeconds = 30.0
-    # One agent per node, each keeping its connection: 5,000 nodes reconnecting after a
-    # restart take ~25 s at this rate (they retry), and a flood costs the loop little. A
-    # small burst: a thousand hostile connections accepted at once stall the loop (and
-    # kube-scheduler's calls with it) for a few hundred milliseconds.
-    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 200.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 100
+    # An address is one node (the agent and the kubelet's probes) or one pod: a handful of
+    # connections a minute. A small burst: hundreds of hostile connections accepted at once
+    # stall the loop (and kube-scheduler's calls with it).
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 20.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
 
 
 class ListenConfig(_Section, frozen=True):

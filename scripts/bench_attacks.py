@@ -49,6 +49,9 @@ import aiohttp  # noqa: E402
 
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
+# The attacks come from another address than the probes and kube-scheduler, as from another
+# pod (Linux routes all of 127/8 to loopback): the extender limits new connections per address.
+ATTACKER: Final = "127.0.0.2"
 AGENT_TOKEN: Final = "bench-agent-token"
 AGENT_NODE: Final = "node-00000"
 MANIFEST_LIMIT_MIB: Final = 512
@@ -241,10 +244,12 @@ def gzip_of_zeros(expanded: int) -> bytes:
     return b"".join(packer.compress(block) for _ in range(expanded // len(block))) + packer.flush()
 
 
-async def raw_request(port: int, head: str, body: bytes, *, drip: float = 0.0) -> str:
+async def raw_request(
+    port: int, head: str, body: bytes, *, drip: float = 0.0, source: str = ATTACKER
+) -> str:
     """One request over a fresh connection; the answer's status (or what went wrong)."""
     try:
-        reader, writer = await asyncio.open_connection(HOST, port)
+        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
     except OSError as e:
         return f"connect:{type(e).__name__}"
     try:
@@ -349,7 +354,8 @@ async def _hold(port: int, count: int, deadline: float, *, drip: bool) -> Obj:
     async def probe() -> None:
         # The kubelet's probe, on the same port as the flood, all along.
         while time.monotonic() < deadline:
-            probes[await raw_request(port, "GET /readyz HTTP/1.1\nHost: x\n", b"")] += 1
+            head = "GET /readyz HTTP/1.1\nHost: x\n"
+            probes[await raw_request(port, head, b"", source=HOST)] += 1
             await asyncio.sleep(0.25)
 
     prober = asyncio.create_task(probe())
@@ -357,7 +363,7 @@ async def _hold(port: int, count: int, deadline: float, *, drip: bool) -> Obj:
         if time.monotonic() >= deadline:
             break
         try:
-            reader, writer = await asyncio.open_connection(HOST, port)
+            reader, writer = await asyncio.open_connection(HOST, port, local_addr=(ATTACKER, 0))
         except OSError as e:
             failed[type(e).__name__] += 1
             continue

@@ -15,10 +15,11 @@ head must follow within ``header_timeout_seconds`` (a slowloris head is closed t
 before the idle timeout).
 
 ``GuardedSite`` is a ``TCPSite`` whose connections are counted, and whose new connections are
-rate-limited (``new_connections_per_second``, a token bucket; over it a connection is closed
-at once with a canned 503, before aiohttp sees it): a flood of short hostile connections then
-costs the event loop that kube-scheduler's calls share an accept and a close each, not a
-request. At ``max_connections`` a new
+rate-limited per client address (``new_connections_per_second``, a token bucket per address,
+the ``_MAX_ADDRESSES`` most recent kept; over it a connection is closed at once with a canned
+503, before aiohttp sees it): a flood of short hostile connections then costs the event loop
+that kube-scheduler's calls share an accept and a close each, not a request, and it spends
+the flooder's allowance, never the kubelet's or another node's agent's. At ``max_connections`` a new
 connection evicts the one that has been quiet longest among those with no request in progress
 (an idle keep-alive or a head still dribbling in), and is refused with a canned 503 only when
 every connection is busy. So a flood of idle or slowloris connections costs the flooder its
@@ -29,6 +30,7 @@ listener has its own cap, so one cannot take the other's file descriptors.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -41,6 +43,8 @@ from scheduler_extender.kube.auth import TokenBucket
 
 log = structlog.get_logger(__name__)
 
+# Client addresses whose connection rate is tracked (the least recently seen is forgotten).
+_MAX_ADDRESSES: Final = 16_384
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 34\r\n\r\ntoo many connections; retry later\n"
@@ -143,9 +147,7 @@ class GuardedSite(web.BaseSite):
         super().__init__(runner, **kwargs)
         self._listen = listen
         self._open: set[_Guarded] = set()
-        self._rate = TokenBucket(
-            rate_per_second=listen.new_connections_per_second, burst=listen.new_connections_burst
-        )
+        self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
         self.evicted = 0
         self.refused = 0
@@ -160,8 +162,23 @@ class GuardedSite(web.BaseSite):
     def open_connections(self) -> int:
         return len(self._open)
 
+    def _rate(self, conn: _Guarded) -> TokenBucket:
+        peer = conn.transport.get_extra_info("peername") if conn.transport else None
+        address = str(peer[0]) if peer else ""
+        rate = self._rates.get(address)
+        if rate is None:
+            rate = self._rates[address] = TokenBucket(
+                rate_per_second=self._listen.new_connections_per_second,
+                burst=self._listen.new_connections_burst,
+            )
+            if len(self._rates) > _MAX_ADDRESSES:
+                self._rates.popitem(last=False)
+        else:
+            self._rates.move_to_end(address)
+        return rate
+
     def admit(self, conn: _Guarded) -> bool:
-        if self._rate.take(conn.last_active) > 0.0:
+        if self._rate(conn).take(conn.last_active) > 0.0:
             self.refused += 1
             if self.refused & (self.refused - 1) == 0:  # 1, 2, 4, 8...: a flood logs little
                 log.warning("connections_over_rate", listener=self.name, total=self.refused)

@@ -67,12 +67,14 @@ async def listeners(kube_api: FakeKubeApi) -> AsyncIterator[Start]:
 
 @contextlib.asynccontextmanager
 async def _connections(
-    port: int, count: int, first_bytes: bytes = b""
+    port: int, count: int, first_bytes: bytes = b"", *, source: str = "127.0.0.1"
 ) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
     opened = []
     try:
         for _ in range(count):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
             if first_bytes:
                 writer.write(first_bytes)
                 await writer.drain()
@@ -86,10 +88,12 @@ async def _connections(
 
 
 async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
-    with contextlib.suppress(ConnectionError):
+    try:
         async with asyncio.timeout(WITHIN):
             while await reader.read(2**16):
                 pass
+    except ConnectionResetError:
+        return True  # closed while our last bytes were in flight: the kernel answers RST
     return reader.at_eof()
 
 
@@ -178,14 +182,21 @@ async def test_new_connections_over_the_rate_are_closed_before_aiohttp_sees_them
     verbs, permits = await listeners(
         permits={"port": 1, "new_connections_per_second": 0.001, "new_connections_burst": 3}
     )
+    port = permits.bound_port
     async with ClientSession() as keeps_alive:
-        url = f"http://127.0.0.1:{permits.bound_port}/readyz"
+        url = f"http://127.0.0.1:{port}/readyz"
         async with keeps_alive.get(url) as first:
-            assert first.status == 200  # one of the three
-        async with _connections(permits.bound_port, 5) as more:
-            answers = [await reader.read() for reader, _ in more[2:]]
+            assert first.status == 200  # one of 127.0.0.1's three
+        # A flooder on another address spends its own allowance (Linux routes all of 127/8 to
+        # loopback: two addresses, one machine).
+        async with _connections(port, 5, source="127.0.0.2") as flood:
+            answers = [await reader.read() for reader, _ in flood[3:]]
         assert all(a.startswith(b"HTTP/1.1 503 ") for a in answers), answers
-        assert permits.refused == 3
+        assert permits.refused == 2
+        # 127.0.0.1 still has two new connections, and then it is its turn to be refused.
+        async with _connections(port, 3) as mine:
+            last = await mine[2][0].read()
+        assert last.startswith(b"HTTP/1.1 503 ") and permits.refused == 3
         # A client that keeps its connection alive is not affected; nor is the other listener.
         for _ in range(5):
             async with keeps_alive.get(url) as again:
