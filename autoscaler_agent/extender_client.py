@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import structlog
 
 from protocol.codec import ProtocolError, decode, encode
@@ -40,6 +42,8 @@ from protocol.versions import SUPPORTED
 log = structlog.get_logger(__name__)
 
 PERMITS_PATH = "/v1/permits"
+# VMs whose last seq is remembered (a node has at most MAX_BATCH; the rest is churn).
+_MAX_SEQS = 4 * MAX_BATCH
 
 
 class ExtenderError(Exception):
@@ -142,8 +146,12 @@ class ExtenderClient:
         token: TokenFile,
         timeout_seconds: float,
         epochs: EpochWatch | None = None,
+        wall_clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
     ) -> None:
         self._session = session
+        self._wall_clock_us = wall_clock_us
+        # The last seq sent per VM (protocol v2).
+        self._seqs: dict[str, int] = {}
         self._url = base_url.rstrip("/") + PERMITS_PATH
         self._node = node
         self._token = token
@@ -154,11 +162,24 @@ class ExtenderClient:
     def node(self) -> str:
         return self._node
 
+    def _next_seq(self, uid: str) -> int:
+        """Above every seq sent for this VM. Wall-clock microseconds are the floor, so the
+        numbers keep growing across this agent's restarts; the extender's ``StaleSequence``
+        answer (after a clock step back) raises the floor to what it last applied."""
+        seq = max(self._seqs.get(uid, 0) + 1, self._wall_clock_us())
+        if len(self._seqs) > _MAX_SEQS and uid not in self._seqs:
+            # Safe to forget: the wall clock alone keeps a forgotten VM's numbers growing.
+            self._seqs.clear()
+        self._seqs[uid] = seq
+        return seq
+
     async def post_batch(self, requests: Sequence[ResourceRequest]) -> dict[str, Permit]:
-        """Send one batch; the answers keyed by pod UID. Raises ExtenderError for the batch."""
-        body = encode(
-            ResourceRequestBatch(protocol=SUPPORTED, node=self._node, requests=list(requests))
-        )
+        """Send one batch; the answers keyed by pod UID. Raises ExtenderError for the batch.
+
+        Each request gets its VM's next ``seq`` here (v2; an extender that speaks only v1
+        ignores it), so a request that is retried is a new request, never a replay."""
+        numbered = [msgspec.structs.replace(r, seq=self._next_seq(r.pod.uid)) for r in requests]
+        body = encode(ResourceRequestBatch(protocol=SUPPORTED, node=self._node, requests=numbered))
         headers = {"Content-Type": "application/json"}
         token = self._token.token()
         if token:
@@ -185,6 +206,10 @@ class ExtenderClient:
                 f"answer in protocol v{batch.protocol}, we speak {SUPPORTED}"
             )
         self.epochs.seen(batch.epoch, now=asyncio.get_running_loop().time())
+        for p in batch.permits:
+            if p.error is not None and p.error.reason == "StaleSequence" and p.seq is not None:
+                uid = p.pod.uid
+                self._seqs[uid] = max(self._seqs.get(uid, 0), p.seq)
         return {p.pod.uid: p for p in batch.permits}
 
     async def keep_epoch_fresh(self, *, interval_seconds: float) -> None:

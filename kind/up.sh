@@ -98,9 +98,10 @@ Next steps:
   # load it with pgbench and watch its vCPUs follow
   VM_NAME=pg-vm-0 scripts/run-bench.sh
 
-  # or just watch the extender's view of every node and VM
-  kubectl --context $CONTEXT -n $NAMESPACE port-forward svc/scheduler-extender 10299:10299 &
-  scripts/watch-vcpus --url http://127.0.0.1:10299/state
+  # or just watch the extender's view of every node and VM (/state is on the extender's
+  # loopback-only verbs port, so forward to the pod, not the Service)
+  kubectl --context $CONTEXT -n $NAMESPACE port-forward deploy/scheduler-extender 10298:10298 &
+  scripts/watch-vcpus
 
   kind/down.sh    # delete the cluster
 NEXT

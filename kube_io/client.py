@@ -271,6 +271,11 @@ class KubeClient:
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 raise Unavailable(f"watch stream of {kind} broke: {e!r}") from e
 
+    async def get_pod(self, namespace: str, name: str) -> Pod:
+        """One pod as the API server has it now. Raises ``NotFound``."""
+        _, body = await self._call("GET", _pod_path(namespace, name))
+        return _decode(Pod, body)
+
     # --- writes ---------------------------------------------------------------------------
 
     async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:

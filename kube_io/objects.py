@@ -139,6 +139,7 @@ class TokenReview(_Wire, frozen=True, kw_only=True):
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
 
 class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
@@ -153,6 +154,8 @@ class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
     username: str | None = None
     node_name: str | None = None
     pod_name: str | None = None
+    # The bound pod's uid: a pod recreated under the same name is another pod.
+    pod_uid: str | None = None
     groups: tuple[str, ...] = ()
     error: str | None = None
 
@@ -166,6 +169,7 @@ class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
             username=user.username or None,
             node_name=_first(extra.get(NODE_NAME_EXTRA)),
             pod_name=_first(extra.get(POD_NAME_EXTRA)),
+            pod_uid=_first(extra.get(POD_UID_EXTRA)),
             groups=tuple(user.groups or ()),
             error=status.error or None,
         )

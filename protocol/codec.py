@@ -40,6 +40,10 @@ def decode(type_: type[T], data: bytes | msgspec.Raw | str) -> T:
         raise ProtocolError(str(e)) from e
     except msgspec.DecodeError as e:
         raise ProtocolError(f"malformed JSON: {e}") from e
+    except RecursionError as e:
+        # msgspec gives up on deep nesting (~1,000 levels, a 2 KB body) with a RecursionError;
+        # it is bad input like any other, not a fault of ours.
+        raise ProtocolError("malformed JSON: nested too deeply") from e
 
 
 def encode(value: Any) -> bytes:

@@ -86,6 +86,7 @@ class Affinity(_Obj):
 
 class PodSpec(_Obj):
     node_name: str | None = None
+    service_account_name: str | None = None
     scheduler_name: str | None = None
     containers: list[Container] | None = None
     init_containers: list[Container] | None = None

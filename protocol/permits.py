@@ -14,6 +14,9 @@ Pure. How to read a ResourceRequest, per resource (vCPUs and memory independentl
 ``last_permit`` is the last permit the agent holds. A restarted extender whose durable record
 (the pod annotation) was lost uses it to rebuild, so a restart never takes vCPUs from a VM.
 
+``seq`` (v2) orders one VM's requests: the extender applies a request only if its seq is above
+the last it applied for that VM (see ``versions.ProtocolVersion.V2``).
+
 Requests are batched: one HTTP request carries every VM of one node and gets one Permit each,
 so a node with 100 VMs costs one round trip per tick.
 """
@@ -31,6 +34,7 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 # A node with more VMs than this is not a node; the cap keeps one request's work bounded.
 MAX_BATCH = 1024
+Seq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
 class _Wire(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
@@ -67,6 +71,9 @@ class ResourceRequest(_Wire, frozen=True):
     requested: Resources
     last_permit: Resources | None = None
     load: LoadReport | None = None
+    # v2: per VM, larger than in any earlier request for it (the agent uses microseconds of
+    # wall-clock time as a floor, so it keeps growing across the agent's restarts).
+    seq: Seq | None = None
 
 
 class ResourceRequestBatch(_Wire, frozen=True):
@@ -99,6 +106,9 @@ class Permit(_Wire, frozen=True):
     status: PermitStatus | None = None
     reason: str = ""
     error: ItemError | None = None
+    # v2: the request's seq when it was applied; with a ``StaleSequence`` error, the last seq
+    # the extender applied for this VM (the agent continues above it).
+    seq: int | None = None
 
 
 class PermitBatch(_Wire, frozen=True):

@@ -17,12 +17,24 @@ class ProtocolVersion(enum.IntEnum):
     # decrease = already done (informative), equal = steady, increase = request; lastPermit
     # lets a restarted extender rebuild.
     V1 = 1
+    # V2: every ResourceRequest carries ``seq``, a number per VM that only grows (issue 16). The
+    # extender applies a request only if its seq is above the last one it applied for that VM
+    # and answers 409 ``StaleSequence`` (with that last seq in ``Permit.seq``) otherwise, so a
+    # replayed or reordered request cannot undo a newer decision. The extender keeps the last
+    # seqs in memory only: a restarted extender accepts any seq once per VM, so a live agent
+    # is never locked out; an agent learns the floor from ``Permit.seq`` after its own restart.
+    # V1 requests are still understood, except for a VM whose agent has sent a seq before
+    # (409 ``SequenceRequired``: a seq-less request for it could be a replay).
+    V2 = 2
 
     def has_batches(self) -> bool:
         return self >= ProtocolVersion.V1
 
     def has_memory(self) -> bool:
         return self >= ProtocolVersion.V1
+
+    def has_sequence_numbers(self) -> bool:
+        return self >= ProtocolVersion.V2
 
     def __str__(self) -> str:
         return f"v{self.value}"
@@ -50,4 +62,4 @@ class VersionRange(msgspec.Struct, frozen=True, kw_only=True):
         return ProtocolVersion(top) if top >= bottom else None
 
 
-SUPPORTED = VersionRange(min=ProtocolVersion.V1, max=ProtocolVersion.V1)
+SUPPORTED = VersionRange(min=ProtocolVersion.V1, max=ProtocolVersion.V2)

@@ -32,6 +32,8 @@ PositiveSeconds = Annotated[float, msgspec.Meta(gt=0.0)]
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
+# manifests/agent.yaml: the agent DaemonSet's namespace and serviceAccountName.
+DEFAULT_AGENT_SERVICE_ACCOUNT: Final = "vm-autoscaling/autoscaler-agent"
 CONTAINER_ANNOTATION: Final = "vm-autoscaling.io/vm-container"
 
 
@@ -44,19 +46,66 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class Listen(_Section, frozen=True):
+    """One listener, and the guards on its connections.
+
+    ``idle_timeout_seconds``: a connection that has not sent a complete request head within
+    this time (after it opened, or after its last answer) is closed; it bounds idle keep-alive
+    connections. ``header_timeout_seconds`` is shorter, and counts from a request's first
+    byte. Keep it above the clients' own idle timeout (Go's
+    90 s for kube-scheduler, aiohttp's 15 s for the agents) so the server rarely closes a
+    connection a client is about to reuse. ``max_connections``: above it, a new connection
+    first evicts the one that has been quiet longest (so a flood of idle connections cannot
+    lock out kube-scheduler or the kubelet's probes); when every connection is busy it is
+    refused. Each listener has its own cap, so one listener's flood never takes another's
+    file descriptors.
+    """
+
     port: Port
+    host: NonEmpty = "127.0.0.1"
+    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 256
+    idle_timeout_seconds: PositiveSeconds = 120.0
+    # Once a request's first bytes arrive, its whole head (request line and headers) must
+    # arrive within this; a head dribbled in byte by byte is closed then.
+    header_timeout_seconds: PositiveSeconds = 10.0
+    # New connections accepted per second *from one client address* on average, in bursts of
+    # up to the burst; above it a connection is closed at once (503) before any of it is read.
+    # Per address, so that a flooder spends its own allowance and not the kubelet's probes'
+    # or another node's agent's. Clients that keep their connections alive (kube-scheduler,
+    # the agents) open few.
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
+
+
+class VerbsListen(Listen, frozen=True):
+    """kube-scheduler's listener: loopback by default (``/bind`` is unauthenticated and writes
+    Bindings with the extender's credentials; kube-scheduler runs in the same pod)."""
+
+    host: NonEmpty = "127.0.0.1"
+    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 64
+
+
+class PermitsListen(Listen, frozen=True):
+    """The agents' listener: every node's agent (and the kubelet's probes) must reach it."""
+
     host: NonEmpty = "0.0.0.0"
+    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 512
+    idle_timeout_seconds: PositiveSeconds = 30.0
+    # An address is one node (the agent and the kubelet's probes) or one pod: a handful of
+    # connections a minute. A small burst: hundreds of hostile connections accepted at once
+    # stall the loop (and kube-scheduler's calls with it).
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 20.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
 
 
 class ListenConfig(_Section, frozen=True):
     """Two listeners so they can be exposed differently: kube-scheduler reaches ``verbs`` over
-    loopback or a ClusterIP; every node's agent reaches ``permits``."""
+    loopback; every node's agent reaches ``permits``."""
 
-    verbs: Listen = Listen(port=10298)
-    permits: Listen = Listen(port=10299)
+    verbs: VerbsListen = VerbsListen(port=10298)
+    permits: PermitsListen = PermitsListen(port=10299)
 
     def __post_init__(self) -> None:
-        if self.verbs == self.permits:
+        if (self.verbs.host, self.verbs.port) == (self.permits.host, self.permits.port):
             raise ValueError("verbs and permits must listen on different addresses")
 
 
@@ -98,6 +147,24 @@ class AuthConfig(_Section, frozen=True):
     # one of its requests into a TokenReview.
     negative_cache_ttl_seconds: PositiveSeconds = 10.0
     identity_cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    # Rejected tokens are kept apart, in their own bounded cache: a flood of garbage tokens
+    # evicts only other garbage, never an agent's verified identity.
+    negative_cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    # TokenReviews of tokens not in either cache, across all callers: at most this many a
+    # second on average, in bursts of up to ``review_burst``. Above it a new token gets 503
+    # with Retry-After, and the API server never sees the flood. Agents' tokens are reviewed
+    # once per ``identity_cache_ttl_seconds`` each (5,000 nodes: ~17 a second).
+    review_rate_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 50.0
+    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 50
+    # The only ServiceAccount whose tokens get permits, as ``namespace/name``: what
+    # manifests/agent.yaml runs the agent as.
+    agent_service_account: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")] = (
+        DEFAULT_AGENT_SERVICE_ACCOUNT
+    )
+    # The pod a token is bound to must be a running agent pod on the node it speaks for; that
+    # is checked against the API server and trusted this long (a deleted agent's token stops
+    # working within it).
+    agent_pod_cache_ttl_seconds: PositiveSeconds = 10.0
 
     def __post_init__(self) -> None:
         if self.mode is AuthMode.STATIC and not self.static_token:
@@ -130,11 +197,29 @@ class DurabilityConfig(_Section, frozen=True):
 
 
 class LimitsConfig(_Section, frozen=True):
-    """Largest request bodies accepted (413 above). Non-cache filter calls carry every Node
-    object, a few KiB each, so the verbs limit is generous."""
+    """Request bodies: largest accepted per endpoint (413 above), compressed or not.
+
+    Sized from real use: a non-cache filter call carries every Node object (kind's nodes are
+    ~1.3 KiB each, real ones with images and many labels up to ~10 KiB: 5,000 nodes fit in
+    64 MiB); bind is four short strings; a 1,024-VM permit batch is ~0.3 MiB. A body is
+    refused from its Content-Length before any of it is read. Compressed bodies: the verbs
+    refuse them (415; kube-scheduler never compresses), the permit port inflates them only
+    after authentication and only up to ``permits_max_body_bytes`` *decompressed*.
+    ``bodies_in_flight_bytes`` bounds all bodies being read at once across both listeners
+    (503 with Retry-After above it), so concurrent large bodies cannot exhaust the pod's
+    memory limit. ``body_timeout_seconds``: a body must arrive within this (408 after).
+    """
 
     verbs_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 2**20
+    bind_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 2**10
     permits_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 2**20
+    bodies_in_flight_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 160 * 2**20
+    body_timeout_seconds: PositiveSeconds = 10.0
+
+    def __post_init__(self) -> None:
+        largest = max(self.verbs_max_body_bytes, self.permits_max_body_bytes)
+        if self.bodies_in_flight_bytes < largest:
+            raise ValueError("bodies_in_flight_bytes must hold at least the largest body")
 
 
 class KubeConfig(_Section, frozen=True):

@@ -12,10 +12,14 @@ request id.
      │    └── UnsupportedVersion  400  no protocol version in common (names both ranges)
      ├── Unauthenticated          401  no bearer token, or one that does not verify
      ├── WrongNode                403  the batch speaks for another node than the token's
+     ├── NotTheAgent              403  a valid token, but not the agent's, or its pod is not
+     │                                 a running agent pod on that node
      ├── UnknownNode              404
      ├── UnknownPod               404
      ├── StaleRequest             409  the request refers to a pod that changed meanwhile
-     ├── BodyTooLarge             413
+     ├── BodyTimeout              408  the body did not arrive in time
+     ├── BodyTooLarge             413  (also when it would be, decompressed)
+     ├── UnsupportedEncoding      415  a Content-Encoding this endpoint does not take
      └── Unavailable              503  + Retry-After: retrying later will help
           └── NotSynced           503  the first node and pod lists are not in yet
 
@@ -76,6 +80,11 @@ class WrongNode(ExtenderError):
     default_reason = "WrongNode"
 
 
+class NotTheAgent(ExtenderError):
+    status = 403
+    default_reason = "NotTheAgent"
+
+
 class UnknownNode(ExtenderError):
     status = 404
     default_reason = "UnknownNode"
@@ -94,6 +103,16 @@ class StaleRequest(ExtenderError):
 class BodyTooLarge(ExtenderError):
     status = 413
     default_reason = "BodyTooLarge"
+
+
+class BodyTimeout(ExtenderError):
+    status = 408
+    default_reason = "BodyTimeout"
+
+
+class UnsupportedEncoding(ExtenderError):
+    status = 415
+    default_reason = "UnsupportedEncoding"
 
 
 class Unavailable(ExtenderError):

@@ -266,7 +266,7 @@ def generate(*, nodes: int, pods: int, batch: int, binds: int, seed: int) -> Clu
 
 
 async def run_fake_api(args: argparse.Namespace) -> None:
-    from tests.fakes.kube_api import FakeKubeApi, TokenIdentity
+    from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, pod_object
 
     cluster = generate(
         nodes=args.nodes, pods=args.pods, batch=args.batch, binds=args.binds, seed=args.seed
@@ -277,6 +277,19 @@ async def run_fake_api(args: argparse.Namespace) -> None:
     for pod in cluster.pods:
         api.add_pod(pod)
     for node in cluster.permit_nodes:
+        # Only a Running agent pod's token gets permits (issue 16): one per permit node.
+        agent = pod_object(
+            f"agent-{node}",
+            namespace="vm-autoscaling",
+            uid=f"agent-uid-{node}",
+            node_name=node,
+            cpu="10m",
+            memory="64Mi",
+            scheduler_name="default-scheduler",
+            phase="Running",
+        )
+        agent["spec"]["serviceAccountName"] = "autoscaler-agent"
+        api.add_pod(agent)
         api.add_token(
             token_for(node),
             TokenIdentity(
@@ -284,6 +297,7 @@ async def run_fake_api(args: argparse.Namespace) -> None:
                 audiences=(AUDIENCE,),
                 node_name=node,
                 pod_name=f"agent-{node}",
+                pod_uid=f"agent-uid-{node}",
             ),
         )
     gc.freeze()  # as in the orchestrator: keep the fake's big heap out of GC passes

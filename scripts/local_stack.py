@@ -453,11 +453,12 @@ def write_cluster(path: Path, vm: VmPod, *, node_cpu: str, foreign_cpu: str | No
 class Extender:
     service: Service
     permits_port: int
+    verbs_port: int  # /state and /metrics are only here (not on the permit port)
     token: str  # auth mode static: accepted for any node
 
     @property
     def state_url(self) -> str:
-        return f"http://127.0.0.1:{self.permits_port}/state"
+        return f"http://127.0.0.1:{self.verbs_port}/state"
 
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads(http_get(self.state_url))
@@ -501,7 +502,10 @@ def start_extender(
         log_path=workdir / "extender.log",
     )  # fmt: skip
     extender = Extender(
-        service=service, permits_port=permits_port, token=config["auth"]["static_token"]
+        service=service,
+        permits_port=permits_port,
+        verbs_port=verbs_port,
+        token=config["auth"]["static_token"],
     )
     eventually(
         extender.state,

@@ -28,9 +28,17 @@ from prometheus_client import CollectorRegistry
 from kube_io.client import KubeClient
 from scheduler_extender.config import AuthMode, Config, ConfigError, QuotaSection
 from scheduler_extender.http import ops, permit_port, recommend, verbs
+from scheduler_extender.http.bodies import BODIES, Bodies
+from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
-from scheduler_extender.kube.auth import Authenticator, StaticTokenAuth, TokenReviewAuth
+from scheduler_extender.http.sequences import SequenceBook
+from scheduler_extender.kube.auth import (
+    Authenticator,
+    StaticTokenAuth,
+    TokenBucket,
+    TokenReviewAuth,
+)
 from scheduler_extender.kube.durability import PermitRecorder
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -74,9 +82,14 @@ def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> A
     audiences = [auth.audience]
     return TokenReviewAuth(
         lambda token: link.review_token(token, audiences=audiences),
+        link.get_pod,
+        agent_service_account=auth.agent_service_account,
         ttl_seconds=auth.identity_cache_ttl_seconds,
         negative_ttl_seconds=auth.negative_cache_ttl_seconds,
         max_entries=auth.identity_cache_max_entries,
+        negative_max_entries=auth.negative_cache_max_entries,
+        budget=TokenBucket(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
+        pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
         metrics=metrics,
     )
 
@@ -112,6 +125,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     app[EXTENDER] = extender
     app[AUTHENTICATOR] = _authenticator(config, link, metrics)
     app[METRICS] = metrics
+    app[BODIES] = Bodies(config.limits)
     app[TASKS] = []
     app[verbs.FILTER_ANSWERS] = verbs.FilterAnswers()
     app[verbs.POD_INFOS] = verbs.PodInfos(config.scheduler_name)
@@ -181,16 +195,13 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     app[AUTHENTICATOR] = verbs_app[AUTHENTICATOR]
     app[METRICS] = verbs_app[METRICS]
     app[TASKS] = verbs_app[TASKS]
+    app[BODIES] = verbs_app[BODIES]
+    app[permit_port.SEQUENCES] = SequenceBook()
     app.router.add_post("/v1/permits", permit_port.permits, name="permits")
+    # Probes only: /state names every VM pod and its size, /metrics every namespace's numbers,
+    # and this port is open to every pod in the cluster. Both stay on the verbs listener
+    # (loopback in the manifests: read them with a port-forward).
     _add_ops(app)
-    # Also here: deployments keep the verbs listener on loopback (only kube-scheduler, in the
-    # same pod, calls it), so the permit port is the one Prometheus and humans can reach.
-    _add_status(app)
-    # Read-only like /state: the latest published recommendation, for humans and dashboards
-    # that cannot reach the verbs listener. ``POST /v1/recommend`` stays there: it computes,
-    # and the permit port is reachable from every node.
-    app[recommend.RECOMMENDATIONS] = verbs_app[recommend.RECOMMENDATIONS]
-    app.router.add_get("/v1/recommendation", recommend.latest_handler, name="recommendation")
     return app
 
 
@@ -240,32 +251,54 @@ def _start(coro: Awaitable[None], name: str) -> asyncio.Task[None]:
     return asyncio.get_running_loop().create_task(supervised(), name=name)
 
 
-async def serve(config: Config, deps: Deps) -> None:
-    """Run both listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
-    verbs_app = make_app(config, deps)
-    permits_app = make_permits_app(config, verbs_app)
-    runners: list[web.AppRunner] = []
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+async def start_listeners(
+    config: Config, verbs_app: web.Application, permits_app: web.Application
+) -> list[tuple[web.AppRunner, GuardedSite]]:
+    """Start both listeners, verbs first (it owns the lifecycle); each with its guards."""
+    started: list[tuple[web.AppRunner, GuardedSite]] = []
     try:
         for app, listen in (
             (verbs_app, config.listen.verbs),
             (permits_app, config.listen.permits),
         ):
             runner = web.AppRunner(
-                app, handle_signals=False, shutdown_timeout=config.shutdown_timeout_seconds
+                app,
+                handle_signals=False,
+                shutdown_timeout=config.shutdown_timeout_seconds,
+                **server_options(listen),
             )
             await runner.setup()
-            runners.append(runner)
-            await web.TCPSite(runner, listen.host, listen.port).start()
-            log.info("listening", host=listen.host, port=listen.port)
-        await stop.wait()
-        log.info("shutting_down")
+            site = GuardedSite(runner, listen)
+            started.append((runner, site))
+            await site.start()
+            log.info("listening", host=listen.host, port=site.bound_port)
+    except BaseException:
+        await stop_listeners(started)
+        raise
+    return started
+
+
+async def stop_listeners(started: list[tuple[web.AppRunner, GuardedSite]]) -> None:
+    # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
+    for runner, _ in reversed(started):
+        await runner.cleanup()
+
+
+async def serve(config: Config, deps: Deps) -> None:
+    """Run both listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
+    verbs_app = make_app(config, deps)
+    permits_app = make_permits_app(config, verbs_app)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        started = await start_listeners(config, verbs_app, permits_app)
+        try:
+            await stop.wait()
+            log.info("shutting_down")
+        finally:
+            await stop_listeners(started)
     finally:
-        # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
-        for runner in reversed(runners):
-            await runner.cleanup()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -25,6 +25,7 @@ from aiohttp import web
 from protocol import codec
 from protocol.permits import ErrorBody
 from scheduler_extender.errors import BodyTooLarge, ExtenderError, ProtocolError
+from scheduler_extender.http.bodies import BODIES
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger("scheduler_extender.http")
@@ -51,11 +52,18 @@ def error_response(error: ExtenderError) -> web.Response:
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The whole body; aiohttp enforces ``client_max_size`` here (413)."""
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise BodyTooLarge(f"request body is too large: {e.text}") from e
+    """The whole body, within its endpoint's limits (see ``bodies``).
+
+    The permit port's bodies may be compressed (inflated only after authentication: the handler
+    authenticates before it calls this); everything else takes identity only.
+    """
+    bodies = request.app[BODIES]
+    limits = bodies.limits
+    route = request.match_info.route.name
+    if route == "permits":
+        return await bodies.read(request, limit=limits.permits_max_body_bytes, inflate=True)
+    limit = limits.bind_max_body_bytes if route == "bind" else limits.verbs_max_body_bytes
+    return await bodies.read(request, limit=limit)
 
 
 def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:

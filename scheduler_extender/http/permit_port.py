@@ -1,20 +1,26 @@
 """``POST /v1/permits``: the agents' batched ResourceRequests, answered with Permits.
 
 Shell, thin. The order of checks is the order of the statuses a caller can get: 401 (who are
-you), 413/400 (what did you send), 403 (the batch is for another node than your token's),
-400 (no protocol version in common), 503 (not synced), then the pure ``decide_batch``. Every
-refusal happens before the ledger is touched, and ``decide_batch`` itself applies all or
-nothing.
+you), 403 (not the agent, or not its pod), 413/415/400 (what did you send; the body is read
+only now), 403 (the batch is for another node than your token's), 400 (no protocol version in
+common), 503 (not synced), then per VM: 409/400 for a replayed, reordered or seq-less request
+(``sequences``), then the pure ``decide_batch``. Every refusal happens before the ledger is
+touched, and ``decide_batch`` itself applies all or nothing.
 """
 
 from __future__ import annotations
 
+import msgspec
 import structlog
 from aiohttp import web
 
 from protocol.permits import ResourceRequestBatch
+from protocol.versions import SUPPORTED
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER
 from scheduler_extender.http.middleware import decode, json_response, read_body
+from scheduler_extender.http.sequences import SequenceBook, merge
+
+SEQUENCES = web.AppKey("sequences", SequenceBook)
 
 
 async def permits(request: web.Request) -> web.Response:
@@ -22,7 +28,22 @@ async def permits(request: web.Request) -> web.Response:
     structlog.contextvars.bind_contextvars(caller=identity.username, token_node=identity.node)
     batch = decode(ResourceRequestBatch, await read_body(request))
     structlog.contextvars.bind_contextvars(node=batch.node, vms=len(batch.requests))
-    answer, statuses = request.app[EXTENDER].permits(batch, identity)
+    extender = request.app[EXTENDER]
+    book = request.app[SEQUENCES]
+    version = SUPPORTED.latest_shared(batch.protocol)
+    # No await from here on: the seq checks, the decisions and the seq records are atomic.
+    split = book.split(
+        batch.requests, uses_seq=version is not None and version.has_sequence_numbers()
+    )
+    if split.refused:
+        batch = msgspec.structs.replace(batch, requests=split.apply)
+    answer, statuses = extender.permits(batch, identity)
+    if split.refused or any(r.seq is not None for r in split.apply):
+        permits = merge(book.applied(answer.permits, split.apply), split.refused)
+        answer = msgspec.structs.replace(answer, permits=permits)
+        if split.refused:
+            statuses = {**statuses, "stale": len(split.refused)}
+        book.forget_gone(extender.ledger.pods, len(extender.ledger.pods))
     # One canonical line per batch (the middleware writes it), never one per VM.
     structlog.contextvars.bind_contextvars(reason=statuses)
     return json_response(answer)

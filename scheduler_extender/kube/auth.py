@@ -7,10 +7,12 @@ Shell: the TokenReview itself is I/O (through a callable passed in, normally
   our audience. The API server's TokenReview says whether it is valid and names the node the
   pod runs on (``status.user.extra["authentication.kubernetes.io/node-name"]``). Verified
   identities are cached by the token's SHA-256 (never the token itself) for
-  ``identity_cache_ttl_seconds``; rejections for ``negative_cache_ttl_seconds``. Concurrent
-  requests with the same unknown token share one review (single flight). The permit path must
-  sustain tens of thousands of VM permits a second, and a TokenReview is a round trip to the
-  API server, so reviewing per request is not an option.
+  ``identity_cache_ttl_seconds``; rejections for ``negative_cache_ttl_seconds``, in a cache of
+  their own; reviews of new tokens are rate-limited. Concurrent requests with the same unknown
+  token share one review (single flight). The permit path must sustain tens of thousands of VM
+  permits a second, and a TokenReview is a round trip to the API server, so reviewing per
+  request is not an option. A valid token is not enough: only the agent's ServiceAccount, from
+  a running agent pod on the node it names, gets permits (see the class).
 * ``StaticTokenAuth``: one shared token that may speak for *any* node. For local runs, the
   standalone mode and tests only.
 
@@ -22,19 +24,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 import structlog
 
-from kube_io.errors import KubeError
+from kube_io.errors import KubeError, NotFound
 from kube_io.objects import TokenReviewResult
-from scheduler_extender.errors import Unauthenticated, Unavailable, WrongNode
+from protocol.kube import Pod
+from scheduler_extender.errors import NotTheAgent, Unauthenticated, Unavailable
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
 ReviewToken = Callable[[str], Awaitable[TokenReviewResult]]
+# (namespace, name) -> the pod as the API server has it; raises kube_io's NotFound.
+LookupPod = Callable[[str, str], Awaitable[Pod]]
+_T = TypeVar("_T")
+_POD_REFUSAL_TTL_SECONDS = 2.0
 
 
 class Identity(NamedTuple):
@@ -45,7 +53,8 @@ class Identity(NamedTuple):
 
 class Authenticator(Protocol):
     async def authenticate(self, authorization: str | None) -> Identity:
-        """Raise ``Unauthenticated`` (401) or ``WrongNode`` (403); never return a non-identity."""
+        """Raise ``Unauthenticated`` (401), ``NotTheAgent`` (403) or ``Unavailable`` (503);
+        never return a non-identity."""
         ...
 
 
@@ -73,51 +82,192 @@ class StaticTokenAuth:
         return Identity(username="static-token", node=None)
 
 
-class _Cached(NamedTuple):
+class TokenUser(NamedTuple):
+    """What a TokenReview said about a valid token (see tokenreview-ok.json)."""
+
+    username: str
+    node: str | None
+    pod_name: str | None
+    pod_uid: str | None
+
+
+class _Known(NamedTuple):
     expires_at: float
-    identity: Identity | None
-    # Why a rejected token was rejected (repeated in every 401 while cached).
+    user: TokenUser
+
+
+class _Rejected(NamedTuple):
+    expires_at: float
+    # Why the token was rejected (repeated in every 401 while cached).
     error: str
 
 
+class _PodCheck(NamedTuple):
+    expires_at: float
+    # Why the pod does not qualify; empty when it is a running agent pod on its node.
+    error: str
+
+
+class TokenBucket:
+    """A token bucket: ``burst`` at once, refilled at ``rate_per_second`` (TokenReviews here,
+    new connections in ``http.connections``).
+
+    Pure: the caller passes the time. ``take(now)`` answers 0.0 when a review may go ahead
+    (and counts it), otherwise the seconds until one may.
+    """
+
+    def __init__(self, *, rate_per_second: float, burst: int) -> None:
+        self._rate = rate_per_second
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, now: float) -> float:
+        if self._at is not None:
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self._rate
+
+
 class TokenReviewAuth:
+    """Pod-bound tokens of the agent's ServiceAccount, from a running agent pod on their node.
+
+    Two caches, kept apart so that garbage never evicts an agent: verified tokens (the oldest
+    goes first when full; an expired one is kept until then and reviewed again without the
+    rate limit, since it was an agent's), and rejected tokens. Tokens in neither are reviewed
+    within a global ``TokenBucket``; above it they get 503 with Retry-After and the API server
+    never hears of them. Then authorisation: the token's user must be ``agent_username``, bound
+    to a pod (``extra`` pod-name/pod-uid/node-name), and that pod, looked up through the API
+    server and trusted for ``pod_ttl_seconds``, must be the very pod (uid), Running, not being
+    deleted, on the token's node, running as the agent's ServiceAccount. Anything else is 403
+    ``NotTheAgent`` with the reason.
+    """
+
     def __init__(
         self,
         review: ReviewToken,
+        lookup_pod: LookupPod,
         *,
+        agent_service_account: str,
         ttl_seconds: float,
         negative_ttl_seconds: float,
         max_entries: int,
+        negative_max_entries: int,
+        budget: TokenBucket,
+        pod_ttl_seconds: float,
         metrics: Metrics,
     ) -> None:
         self._review = review
+        self._lookup_pod = lookup_pod
+        self._agent_namespace, _, self._agent_name = agent_service_account.partition("/")
+        self._agent_username = f"system:serviceaccount:{self._agent_namespace}:{self._agent_name}"
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
         self._max_entries = max_entries
+        self._negative_max_entries = negative_max_entries
+        self._budget = budget
+        self._pod_ttl = pod_ttl_seconds
         self._metrics = metrics
-        self._cache: dict[bytes, _Cached] = {}
-        self._in_flight: dict[bytes, asyncio.Task[_Cached]] = {}
+        self._known: dict[bytes, _Known] = {}
+        self._rejected: dict[bytes, _Rejected] = {}
+        self._pods: dict[str, _PodCheck] = {}
+        self._in_flight: dict[bytes, asyncio.Task[_Known | _Rejected]] = {}
 
     async def authenticate(self, authorization: str | None) -> Identity:
         token = bearer_token(authorization)
         key = hashlib.sha256(token.encode()).digest()
-        loop = asyncio.get_running_loop()
-        found = self._cache.get(key)
-        if found is None or found.expires_at <= loop.time():
-            found = await self._lookup(key, token)
-        if found.identity is None:
-            raise Unauthenticated(found.error)
-        if found.identity.node is None:
-            raise WrongNode(
-                f"the token of {found.identity.username} is not bound to a pod on a node;"
-                " agents must send a pod-bound ServiceAccount token",
-                reason="TokenNotNodeBound",
-            )
-        return found.identity
+        now = asyncio.get_running_loop().time()
+        known = self._known.get(key)
+        if known is not None and known.expires_at > now:
+            user = known.user
+        else:
+            rejected = self._rejected.get(key)
+            if rejected is not None and rejected.expires_at > now:
+                raise Unauthenticated(rejected.error)
+            found = await self._lookup(key, token, was_known=known is not None, now=now)
+            if isinstance(found, _Rejected):
+                raise Unauthenticated(found.error)
+            user = found.user
+        return await self._authorize(user)
 
-    async def _lookup(self, key: bytes, token: str) -> _Cached:
+    async def _authorize(self, user: TokenUser) -> Identity:
+        if user.username != self._agent_username:
+            raise NotTheAgent(
+                f"{user.username or 'this token'} is not the agent's ServiceAccount"
+                f" ({self._agent_username}); only the autoscaler agent may ask for permits",
+            )
+        if user.node is None or user.pod_name is None or user.pod_uid is None:
+            raise NotTheAgent(
+                f"the token of {user.username} is not bound to a pod on a node;"
+                " agents must send a pod-bound ServiceAccount token",
+                reason="TokenNotPodBound",
+            )
+        now = asyncio.get_running_loop().time()
+        check = self._pods.get(user.pod_uid)
+        if check is None or check.expires_at <= now:
+            error = await self._check_pod(user)
+            # A refusal is kept briefly: an agent that asked just before the kubelet reported
+            # its pod Running must not wait a whole TTL (only agent tokens get this far).
+            ttl = min(self._pod_ttl, _POD_REFUSAL_TTL_SECONDS) if error else self._pod_ttl
+            check = _PodCheck(asyncio.get_running_loop().time() + ttl, error)
+            self._pods[user.pod_uid] = check
+            self._forget_expired_pods(now)
+        if check.error:
+            raise NotTheAgent(check.error, reason="NotAnAgentPod")
+        return Identity(username=user.username, node=user.node)
+
+    async def _check_pod(self, user: TokenUser) -> str:
+        """Why the token's pod is not a running agent pod on the token's node ("" if it is)."""
+        assert user.pod_name is not None
+        key = f"{self._agent_namespace}/{user.pod_name}"
+        try:
+            pod = await self._lookup_pod(self._agent_namespace, user.pod_name)
+        except NotFound:
+            return f"the token's pod {key} no longer exists"
+        except KubeError as e:
+            log.warning("agent_pod_lookup_failed", pod=key, error=str(e), status=e.status)
+            raise Unavailable(
+                f"cannot check the token's pod {key} now: {e.message}",
+                retry_after_seconds=1,
+                reason="AgentPodLookupFailed",
+            ) from e
+        error = ""
+        if pod.metadata.uid != user.pod_uid:
+            error = f"the token's pod {key} was deleted (a new pod has its name)"
+        elif pod.metadata.deletion_timestamp is not None:
+            error = f"the token's pod {key} is being deleted"
+        elif pod.spec.service_account_name != self._agent_name:
+            error = f"the token's pod {key} does not run as the agent's ServiceAccount"
+        elif pod.spec.node_name != user.node:
+            error = f"the token's pod {key} runs on {pod.spec.node_name}, not on {user.node}"
+        elif pod.status.phase != "Running":
+            error = f"the token's pod {key} is {pod.status.phase or 'in no phase'}, not Running"
+        log.info("agent_pod_checked", pod=key, token_node=user.node, error=error or None)
+        return error
+
+    def _forget_expired_pods(self, now: float) -> None:
+        # Bounded by the agent pods that passed TokenReview (one per node and rollout).
+        if len(self._pods) > 2 * self._max_entries:
+            for uid in [u for u, c in self._pods.items() if c.expires_at <= now]:
+                del self._pods[uid]
+
+    async def _lookup(
+        self, key: bytes, token: str, *, was_known: bool, now: float
+    ) -> _Known | _Rejected:
         task = self._in_flight.get(key)
         if task is None:
+            if not was_known:
+                wait = self._budget.take(now)
+                if wait > 0.0:
+                    self._metrics.token_reviews.labels("throttled").inc()
+                    raise Unavailable(
+                        "too many new tokens to review right now; retry",
+                        retry_after_seconds=max(1, math.ceil(wait)),
+                        reason="TokenReviewsThrottled",
+                    )
             # One review per token however many requests wait for it. It runs as its own task
             # so that a waiter being cancelled (a client hanging up) does not cancel it for the
             # others; ``shield`` below is what keeps it alive.
@@ -126,15 +276,14 @@ class TokenReviewAuth:
             task.add_done_callback(lambda t: self._finished(key, t))
         return await asyncio.shield(task)
 
-    def _finished(self, key: bytes, task: asyncio.Task[_Cached]) -> None:
+    def _finished(self, key: bytes, task: asyncio.Task[_Known | _Rejected]) -> None:
         del self._in_flight[key]
         if task.cancelled():
             return
         if task.exception() is None:  # also marks a failure as retrieved if nobody waits
             self._store(key, task.result())
 
-    async def _verify(self, token: str) -> _Cached:
-        now = asyncio.get_running_loop().time()
+    async def _verify(self, token: str) -> _Known | _Rejected:
         try:
             result = await self._review(token)
         except KubeError as e:
@@ -145,19 +294,34 @@ class TokenReviewAuth:
                 retry_after_seconds=1,
                 reason="TokenReviewFailed",
             ) from e
+        now = asyncio.get_running_loop().time()
         if not result.authenticated:
             self._metrics.token_reviews.labels("rejected").inc()
             error = result.error or "the API server did not authenticate the token"
             log.info("token_rejected", error=error)
-            return _Cached(now + self._negative_ttl, None, f"invalid token: {error}")
+            return _Rejected(now + self._negative_ttl, f"invalid token: {error}")
         self._metrics.token_reviews.labels("authenticated").inc()
-        identity = Identity(username=result.username or "", node=result.node_name)
-        log.info("token_authenticated", username=identity.username, token_node=identity.node)
-        return _Cached(now + self._ttl, identity, "")
+        user = TokenUser(
+            username=result.username or "",
+            node=result.node_name,
+            pod_name=result.pod_name,
+            pod_uid=result.pod_uid,
+        )
+        log.info("token_authenticated", username=user.username, token_node=user.node)
+        return _Known(now + self._ttl, user)
 
-    def _store(self, key: bytes, entry: _Cached) -> None:
-        self._cache.pop(key, None)
-        self._cache[key] = entry
-        while len(self._cache) > self._max_entries:
-            # Insertion order: the oldest verification goes first.
-            del self._cache[next(iter(self._cache))]
+    def _store(self, key: bytes, entry: _Known | _Rejected) -> None:
+        if isinstance(entry, _Known):
+            self._rejected.pop(key, None)
+            _put(self._known, key, entry, self._max_entries)
+        else:
+            self._known.pop(key, None)
+            _put(self._rejected, key, entry, self._negative_max_entries)
+
+
+def _put(cache: dict[bytes, _T], key: bytes, entry: _T, max_entries: int) -> None:
+    cache.pop(key, None)
+    cache[key] = entry
+    while len(cache) > max_entries:
+        # Insertion order: the oldest verification goes first.
+        del cache[next(iter(cache))]

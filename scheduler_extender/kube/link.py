@@ -26,6 +26,9 @@ class KubeLink:
             raise Unavailable("not connected to the Kubernetes API")
         return self.client
 
+    async def get_pod(self, namespace: str, name: str) -> Pod:
+        return await self._client().get_pod(namespace, name)
+
     async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:
         await self._client().bind_pod(namespace, name, uid=uid, node=node)
 

@@ -54,7 +54,13 @@ async def test_batcher_coalesces_concurrent_requests(setup):
     answers = await asyncio.gather(*(batcher.request(req(f"vm{i}")) for i in range(20)))
     assert [a.permit.vcpus for a in answers] == [4] * 20
     assert len(ext.batches) == 1 and len(ext.batches[0].requests) == 20
-    assert ext.batches[0].protocol.max == 1
+    assert ext.batches[0].protocol.max == 2
+    # Every request is numbered (protocol v2), and a VM's next one is numbered higher.
+    seqs = {r.pod.uid: r.seq for r in ext.batches[0].requests}
+    assert None not in seqs.values()
+    await batcher.request(req("vm0"))
+    (again,) = ext.batches[1].requests
+    assert again.seq is not None and again.seq > seqs[again.pod.uid]
     await batcher.close()
 
 

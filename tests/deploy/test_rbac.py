@@ -28,6 +28,8 @@ class Access(NamedTuple):
 LIFECYCLE = {"connect", "for_url", "close"}
 CALLS: dict[str, list[Access]] = {
     "list_pods": [Access("list", "", "pods")],
+    # The pod an agent's token is bound to must be a running agent pod (issue 16).
+    "get_pod": [Access("get", "", "pods")],
     "list_nodes": [Access("list", "", "nodes")],
     # watch_events(kind): the extender watches both kinds, the agent only pods.
     "watch_events": [Access("watch", "", "pods"), Access("watch", "", "nodes")],
@@ -47,7 +49,6 @@ AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
 # Grants in our own roles that no client call needs, each with why it is harmless.
 JUSTIFIED_EXTRAS = {
     # list already discloses every object; get adds no privilege and helps debugging tools.
-    Access("get", "", "pods"),
     Access("get", "", "nodes"),
     # The same stored objects as core/v1 events, for recorders using the newer API.
     Access("create", "events.k8s.io", "events"),

@@ -169,6 +169,12 @@ def test_agent_token_is_projected_for_the_extenders_audience():
     assert AGENT_CFG.extender.token_file == f"{m['mountPath']}/{token['path']}"
 
 
+def test_only_the_agents_service_account_gets_permits():
+    namespace, name = EXTENDER_CFG.auth.agent_service_account.split("/")
+    assert AGENT_DS["metadata"]["namespace"] == namespace
+    assert pod_spec(AGENT_DS)["serviceAccountName"] == name
+
+
 def test_agent_reaches_the_extender_through_its_service():
     url = urlsplit(AGENT_CFG.extender.url)
     svc = find(DOCS, "Service", "scheduler-extender")
@@ -209,9 +215,16 @@ def test_images_are_the_ones_kind_up_loads(name):
     assert f"vm-autoscaling/{name}:dev" in images
 
 
-def test_state_and_metrics_are_served_on_both_listeners():
-    """scripts/watch-vcpus and run-bench.sh port-forward 10298 for /state; the verbs port is
-    loopback-only in the manifests, so Prometheus and in-cluster readers use the permit port."""
-    for app in (VERBS_APP, PERMITS_APP):
-        assert ("GET", "/state") in _routes(app)
-        assert ("GET", "/metrics") in _routes(app)
+def test_state_and_metrics_are_only_on_the_loopback_verbs_listener():
+    """/state names every VM pod and its size; the permit port is open to every pod in the
+    cluster (issue 16), so both stay on the verbs listener, which the manifests keep on
+    loopback: scripts/watch-vcpus and run-bench.sh port-forward 10298 for them."""
+    assert ("GET", "/state") in _routes(VERBS_APP)
+    assert ("GET", "/metrics") in _routes(VERBS_APP)
+    assert _routes(PERMITS_APP) == {
+        ("GET", "/healthz"),
+        ("HEAD", "/healthz"),
+        ("GET", "/readyz"),
+        ("HEAD", "/readyz"),
+        ("POST", "/v1/permits"),
+    }

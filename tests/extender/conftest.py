@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
-from scheduler_extender.config import Config, parse_config
+from scheduler_extender.config import Config, Listen, parse_config
 from scheduler_extender.http.app import Deps, make_app, make_permits_app
+from scheduler_extender.http.connections import server_options
 from scheduler_extender.http.keys import EXTENDER
 from scheduler_extender.service import Extender
 from tests.fakes.kube_api import FakeKubeApi
@@ -68,6 +70,15 @@ async def wait_until(predicate: Callable[[], bool], *, timeout_seconds: float = 
             await asyncio.sleep(0.01)
 
 
+async def serving(app: web.Application, listen: Listen) -> TestServer:
+    """A test server with the listener's own options (no aiohttp decompression, no lingering,
+    the idle timeout), as ``serve`` runs them. (aiohttp_client's ``server_kwargs`` would be
+    dropped: TestServer only takes them in ``start_server``.)"""
+    server = TestServer(app)
+    await server.start_server(**server_options(listen))
+    return server
+
+
 @pytest.fixture
 async def kube_api() -> AsyncIterator[FakeKubeApi]:
     async with FakeKubeApi() as api:
@@ -86,8 +97,10 @@ def start_extender(kube_api: FakeKubeApi, aiohttp_client: Any) -> StartExtender:
             registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK
         )
         verbs_app = make_app(config, deps)
-        verbs = await aiohttp_client(verbs_app)
-        permits = await aiohttp_client(make_permits_app(config, verbs_app))
+        verbs = await aiohttp_client(await serving(verbs_app, config.listen.verbs))
+        permits = await aiohttp_client(
+            await serving(make_permits_app(config, verbs_app), config.listen.permits)
+        )
         extender = verbs_app[EXTENDER]
         if wait_synced:
             await wait_until(lambda: extender.is_synced)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fakes.kube_api import pod_object
+from tests.fakes.kube_api import TokenIdentity, pod_object
 
 VM_LABELS = {"vm-autoscaling.io/vm": "true"}
 
@@ -77,3 +77,46 @@ def permit_batch(
         "node": node,
         "requests": [request],
     }
+
+
+AGENT_NAMESPACE = "vm-autoscaling"
+AGENT_SERVICE_ACCOUNT = "autoscaler-agent"
+AGENT_USER = f"system:serviceaccount:{AGENT_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
+
+
+def agent_pod(
+    node: str,
+    *,
+    name: str | None = None,
+    uid: str | None = None,
+    namespace: str = AGENT_NAMESPACE,
+    service_account: str = AGENT_SERVICE_ACCOUNT,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    """A pod of the agent DaemonSet on ``node`` (or of another ServiceAccount, for attacks)."""
+    pod = pod_object(
+        name or f"autoscaler-agent-{node}",
+        namespace=namespace,
+        uid=uid or f"agent-pod-{node}",
+        node_name=node,
+        labels={"app.kubernetes.io/name": "autoscaler-agent"},
+        cpu="10m",
+        memory="64Mi",
+        scheduler_name="default-scheduler",
+        phase=phase,
+    )
+    pod["spec"]["serviceAccountName"] = service_account
+    return pod
+
+
+def pod_token(pod: dict[str, Any], **kw: Any) -> TokenIdentity:
+    """What a TokenReview says of a token bound to ``pod`` (see token-claims.json)."""
+    meta, spec = pod["metadata"], pod["spec"]
+    return TokenIdentity(
+        username=f"system:serviceaccount:{meta['namespace']}:{spec['serviceAccountName']}",
+        node_name=spec["nodeName"],
+        node_uid=f"uid-of-{spec['nodeName']}",
+        pod_name=meta["name"],
+        pod_uid=meta["uid"],
+        **kw,
+    )

@@ -191,8 +191,10 @@ async def test_queue_state_and_metrics_show_the_namespaces(
         "waiting for quota in namespace vms (position 2): needs 1000m cpu, 0m left of its quota"
     )
 
-    # Both status endpoints on the permit port too (the verbs port stays on loopback).
-    for client in (running.verbs, running.permits):
+    # On the verbs listener only: the permit port is open to every pod (issue 16).
+    for path in ("/state", "/metrics"):
+        assert (await running.permits.get(path)).status == 404
+    for client in (running.verbs,):
         state = await (await client.get("/state")).json()
         assert state["namespaces"] == {
             "vms": {

@@ -9,23 +9,21 @@ from typing import Any
 import pytest
 
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
-from tests.extender.helpers import permit_batch, vm_pod
+from tests.extender.helpers import AGENT_USER, agent_pod, permit_batch, pod_token, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
-AGENT = "system:serviceaccount:vm-autoscaling:autoscaler-agent"
+AGENT = AGENT_USER
 
 
 def _cluster(kube_api: FakeKubeApi) -> None:
     kube_api.add_node(node_object("node-a", cpu="8"))
     kube_api.add_node(node_object("node-b", cpu="8"))
     kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
-    kube_api.add_token("agent-a", TokenIdentity(username=AGENT, node_name="node-a"))
-    kube_api.add_token(
-        "other-audience",
-        TokenIdentity(username=AGENT, node_name="node-a", audiences=("someone-else",)),
-    )
-    kube_api.add_token("unbound", TokenIdentity(username="system:serviceaccount:x:y"))
+    agent = kube_api.add_pod(agent_pod("node-a"))
+    kube_api.add_token("agent-a", pod_token(agent))
+    kube_api.add_token("other-audience", pod_token(agent, audiences=("someone-else",)))
+    kube_api.add_token("unbound", TokenIdentity(username=AGENT))
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -106,8 +104,8 @@ async def test_batch_for_another_node_is_403(
             "$.requests[0].current.vcpus",
         ),
         (
-            json.dumps(permit_batch("node-a", uid="u-1", protocol=(2, 3))).encode(),
-            "agent speaks v2..v3, extender speaks v1..v1",
+            json.dumps(permit_batch("node-a", uid="u-1", protocol=(3, 4))).encode(),
+            "agent speaks v3..v4, extender speaks v1..v2",
         ),
     ],
     ids=["malformed-json", "wrong-type", "negative", "version-mismatch"],

@@ -125,6 +125,7 @@ def check_token_reviews():
         username="system:serviceaccount:vm-autoscaling:autoscaler-agent",
         node_name="node-a",
         pod_name="autoscaler-agent-x7k2p",
+        pod_uid="8aa5b392-448e-407f-a6c9-d69efc980634",
         groups=(
             "system:serviceaccounts",
             "system:serviceaccounts:vm-autoscaling",

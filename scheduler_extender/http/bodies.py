@@ -1,0 +1,129 @@
+"""Reading request bodies without letting a client choose how much memory or CPU they cost.
+
+Shell. The servers run with aiohttp's own decompression off (``connections.server_options``),
+so a body arrives here exactly as sent, and nothing is read or inflated before the handler
+asks for it: the permit port authenticates from the headers first, so an unauthenticated body
+is never read at all (and, with lingering off, never drained: the connection is closed).
+
+``Bodies.read(request, limit=..., inflate=...)``, in order:
+
+1. ``Content-Encoding`` other than identity: 415 unless the endpoint inflates (the permit port
+   does; kube-scheduler never compresses, so the verbs refuse);
+2. ``Content-Length`` above the endpoint's limit: 413 before a byte is read;
+3. a share of the process-wide ``bodies_in_flight_bytes`` budget, taken as the bytes arrive
+   (all of a declared length at once): 503 with Retry-After when it is spent, so many
+   concurrent large bodies cannot add up past the pod's memory limit;
+4. the bytes, within ``body_timeout_seconds`` (408 after), inflated chunk by chunk with
+   ``zlib``'s ``max_length`` so the *decompressed* size never exceeds the limit by more than
+   one byte before it is refused (413). A body labelled gzip that is not: 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Final
+
+from aiohttp import web
+
+from scheduler_extender.config import LimitsConfig
+from scheduler_extender.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    ProtocolError,
+    Unavailable,
+    UnsupportedEncoding,
+)
+
+_IDENTITY: Final = frozenset({"", "identity"})
+# gzip and zlib streams both; zlib tells them apart by their header.
+_INFLATABLE: Final = frozenset({"gzip", "x-gzip", "deflate"})
+_AUTO_HEADER_WBITS: Final = 32 + zlib.MAX_WBITS
+_CHUNK: Final = 2**16
+
+
+class Bodies:
+    """The limits and the in-flight budget, shared by both listeners."""
+
+    def __init__(self, limits: LimitsConfig) -> None:
+        self.limits = limits
+        self.in_flight = 0
+
+    def _take(self, size: int) -> None:
+        if self.in_flight + size > self.limits.bodies_in_flight_bytes:
+            raise Unavailable(
+                "too many request bodies are being read at once; retry",
+                reason="BodiesInFlight",
+            )
+        self.in_flight += size
+
+    async def read(self, request: web.Request, *, limit: int, inflate: bool = False) -> bytes:
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        compressed = encoding not in _IDENTITY
+        if compressed and not (inflate and encoding in _INFLATABLE):
+            takes = "gzip, deflate or identity" if inflate else "identity only"
+            raise UnsupportedEncoding(
+                f"Content-Encoding {encoding!r} is not accepted here ({takes})"
+            )
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise BodyTooLarge(f"the body is {declared} bytes; this endpoint takes {limit}")
+        taken = 0
+        try:
+            if declared is not None and not compressed:
+                self._take(declared)
+                taken = declared
+            async with asyncio.timeout(self.limits.body_timeout_seconds):
+                if compressed:
+                    body, taken = await self._inflate(request, limit, taken)
+                else:
+                    body, taken = await self._plain(request, limit, taken)
+        except TimeoutError as e:
+            raise BodyTimeout(
+                f"the body did not arrive within {self.limits.body_timeout_seconds} s"
+            ) from e
+        finally:
+            self.in_flight -= taken
+        return body
+
+    async def _plain(self, request: web.Request, limit: int, taken: int) -> tuple[bytes, int]:
+        if taken and taken == request.content_length:
+            try:
+                return await request.content.readexactly(taken), taken
+            except asyncio.IncompleteReadError as e:
+                raise ProtocolError(
+                    f"the body ended after {len(e.partial)} of {taken} bytes"
+                ) from e
+        parts = bytearray()
+        while chunk := await request.content.read(_CHUNK):
+            parts += chunk
+            if len(parts) > limit:
+                raise BodyTooLarge(f"the body is over {limit} bytes, the limit here")
+            if len(parts) > taken:
+                self._take(len(parts) - taken)
+                taken = len(parts)
+        return bytes(parts), taken
+
+    async def _inflate(self, request: web.Request, limit: int, taken: int) -> tuple[bytes, int]:
+        inflater = zlib.decompressobj(_AUTO_HEADER_WBITS)
+        out = bytearray()
+        try:
+            while chunk := await request.content.read(_CHUNK):
+                if inflater.eof:
+                    raise ProtocolError("data after the end of the compressed body")
+                # One byte more than may remain: reaching it proves the limit is exceeded,
+                # and nothing beyond it is ever inflated.
+                out += inflater.decompress(chunk, limit - len(out) + 1)
+                if len(out) > limit:
+                    raise BodyTooLarge(f"the body inflates to over {limit} bytes, the limit here")
+                if len(out) > taken:
+                    self._take(len(out) - taken)
+                    taken = len(out)
+        except zlib.error as e:
+            raise ProtocolError(f"the body is not valid gzip/deflate: {e}") from e
+        if not inflater.eof:
+            raise ProtocolError("the compressed body ends before its compressed stream does")
+        return bytes(out), taken
+
+
+BODIES = web.AppKey("bodies", Bodies)

@@ -1,0 +1,618 @@
+"""Hostile clients against a real extender process, while kube-scheduler-like filter calls run.
+
+Issue 16's attacks, each for ``--seconds`` against ``python -m scheduler_extender serve`` (the
+real process: the manifests' listeners, guards and limits, auth mode tokenreview against
+``tests.fakes.kube_api.FakeKubeApi`` in this process), with its file descriptors limited to
+1,024 as in the issue. Meanwhile a separate prober process sends cache-mode ``/filter`` calls
+(``--nodes`` node names, like kube-scheduler with ``nodeCacheCapable``) to the loopback verbs
+port, one at a time, paced at ``--rate`` a second. For each attack: the prober's p50/p99, p99
+as a ratio of an idle phase of the same length just before it (the machine's load drifts),
+the statuses the attack got, the extender's RSS and its CPU use (idle phase, attack phase);
+at the end its peak RSS (VmHWM) against the manifest's memory limit. The extender and the
+prober share one core, the attacker (this process) has the other when there are two.
+
+Attacks: unauthenticated gzip bombs to /v1/permits; gzip bodies to /filter; declared-huge
+bodies; JSON nested 1,000 deep and bodies labelled gzip that are not; idle connections and
+slowloris heads (2,000 by default); 1,000 distinct garbage tokens; a replayed permit request.
+
+Everything is on 127.0.0.1 and bounded in count and time (about ``17 * --seconds`` plus
+start-up).
+
+    .venv/bin/python scripts/bench_attacks.py [--seconds 4] [--nodes 500] [--connections 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Final
+
+SCRIPT: Final = str(Path(__file__).resolve())
+REPO: Final = Path(SCRIPT).parents[1]
+# The fake API server lives in the tests package, which is not installed.
+sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+
+Obj = dict[str, Any]
+HOST: Final = "127.0.0.1"
+# The attacks come from another address than the probes and kube-scheduler, as from another
+# pod (Linux routes all of 127/8 to loopback): the extender limits new connections per address.
+ATTACKER: Final = "127.0.0.2"
+AGENT_TOKEN: Final = "bench-agent-token"
+AGENT_NODE: Final = "node-00000"
+MANIFEST_LIMIT_MIB: Final = 512
+FD_LIMIT: Final = 1024
+
+
+# --- role: prober --------------------------------------------------------------------------------
+
+
+async def run_prober(url: str, body: bytes, seconds: float, rate: float) -> None:
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    # kube-scheduler's Go client keeps its connection alive; so does this one.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        begin = time.monotonic()
+        end = begin + seconds
+        sent = 0
+        while time.monotonic() < end:
+            # Paced like kube-scheduler's one scheduling loop, not back to back: a closed loop
+            # would keep the extender's core busy by itself and measure only its share of it.
+            due = begin + sent / rate
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+            sent += 1
+            start = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors[str(response.status)] += 1
+            except (aiohttp.ClientError, TimeoutError) as e:
+                errors[type(e).__name__] += 1
+            latencies.append(time.perf_counter() - start)
+    print(json.dumps({"latencies": latencies, "errors": dict(errors)}), flush=True)
+
+
+# --- the cluster, the extender process -----------------------------------------------------------
+
+
+def build_cluster(nodes: int) -> Any:
+    from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object, pod_object
+
+    api = FakeKubeApi()
+    for i in range(nodes):
+        api.add_node(node_object(f"node-{i:05d}", cpu="16", memory="64Gi"))
+    vm_labels = {"vm-autoscaling.io/vm": "true"}
+    annotations = {"vm-autoscaling.io/min-vcpus": "1", "vm-autoscaling.io/max-vcpus": "4"}
+    for i in range(nodes):
+        api.add_pod(
+            pod_object(
+                f"vm-{i:05d}",
+                namespace="vms",
+                uid=f"vm-uid-{i:05d}",
+                node_name=f"node-{i:05d}",
+                labels=vm_labels,
+                annotations=annotations,
+                phase="Running",
+            )
+        )
+    agent = pod_object(
+        "autoscaler-agent-bench",
+        namespace="vm-autoscaling",
+        uid="agent-uid-bench",
+        node_name=AGENT_NODE,
+        cpu="10m",
+        memory="64Mi",
+        scheduler_name="default-scheduler",
+        phase="Running",
+    )
+    agent["spec"]["serviceAccountName"] = "autoscaler-agent"
+    api.add_pod(agent)
+    api.add_token(
+        AGENT_TOKEN,
+        TokenIdentity(
+            username="system:serviceaccount:vm-autoscaling:autoscaler-agent",
+            node_name=AGENT_NODE,
+            pod_name="autoscaler-agent-bench",
+            pod_uid="agent-uid-bench",
+        ),
+    )
+    return api
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_files(workdir: Path, api_url: str, verbs: int, permits: int) -> tuple[Path, Path]:
+    config = {
+        "listen": {
+            "verbs": {"host": HOST, "port": verbs},
+            "permits": {"host": HOST, "port": permits},
+        },
+        "auth": {"mode": "tokenreview"},
+        "durability": {"write_annotations": False, "resize_pods": False},
+        "kube": {"post_events": False},
+        "recommender": {"auto_publish": False},
+    }
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
+        "users": [{"name": "bench", "user": {"token": "bench"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "bench"}}],
+        "current-context": "fake",
+    }
+    config_path, kube_path = workdir / "extender.yaml", workdir / "kubeconfig"
+    config_path.write_text(json.dumps(config))  # JSON is YAML
+    kube_path.write_text(json.dumps(kubeconfig))
+    return config_path, kube_path
+
+
+def cpus() -> tuple[set[int], set[int]]:
+    """(the extender's and the prober's CPU, the attacker's): apart when there are two.
+
+    The prober is mostly waiting; sharing the extender's core costs it what it cost in the idle
+    phase too. The attacker (this process, also the fake API server) must not take the
+    extender's core: a flood from another machine would not.
+    """
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        return set(mine), set(mine)
+    return {mine[0]}, set(mine[1:])
+
+
+def _extender_child() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, min(hard, FD_LIMIT)))
+    os.sched_setaffinity(0, cpus()[0])
+
+
+def _prober_child() -> None:
+    os.sched_setaffinity(0, cpus()[0])
+
+
+def write_json(path: Path, value: Obj) -> None:
+    path.write_text(json.dumps(value))
+
+
+def launch_extender(config: Path, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """``python -m scheduler_extender serve``, its output in ``log_path``."""
+    with log_path.open("w") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "scheduler_extender",
+                "serve",
+                "--config",
+                str(config),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=log_file,
+            stderr=log_file,
+            preexec_fn=_extender_child,  # noqa: PLW1509 (this process starts no threads)
+        )
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 (1-based) of the whole line.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+# --- attacks ---------------------------------------------------------------------------------
+
+
+def gzip_of_zeros(expanded: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = bytes(2**20)
+    return b"".join(packer.compress(block) for _ in range(expanded // len(block))) + packer.flush()
+
+
+async def raw_request(
+    port: int, head: str, body: bytes, *, drip: float = 0.0, source: str = ATTACKER
+) -> str:
+    """One request over a fresh connection; the answer's status (or what went wrong)."""
+    try:
+        reader, writer = await asyncio.open_connection(HOST, port, local_addr=(source, 0))
+    except OSError as e:
+        return f"connect:{type(e).__name__}"
+    try:
+        writer.write(head.replace("\n", "\r\n").encode() + b"\r\n")
+        for start in range(0, len(body), 2**16):
+            writer.write(body[start : start + 2**16])
+            await writer.drain()
+            if drip:
+                await asyncio.sleep(drip)
+        async with asyncio.timeout(10):
+            line = await reader.readline()
+        return line.split(b" ")[1].decode() if line.count(b" ") >= 2 else "closed"
+    except (OSError, TimeoutError) as e:
+        return type(e).__name__
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def post_head(path: str, length: int, *, token: str | None = None, encoding: str = "") -> str:
+    head = f"POST {path} HTTP/1.1\nHost: x\nContent-Type: application/json\n"
+    if token:
+        head += f"Authorization: Bearer {token}\n"
+    if encoding:
+        head += f"Content-Encoding: {encoding}\n"
+    return head + f"Content-Length: {length}\n"
+
+
+Attack = Callable[["Bench", float], Awaitable[Obj]]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, api: Any, verbs: int, permits: int) -> None:
+        self.args = args
+        self.api = api
+        self.verbs = verbs
+        self.permits = permits
+        # Built before any phase: compressing a GiB of zeros takes seconds of this process.
+        self.permit_bomb = gzip_of_zeros(args.bomb_mib * 2**20)
+        self.filter_bomb = gzip_of_zeros(63 * 2**20)
+
+    async def repeat(
+        self, deadline: float, concurrency: int, one: Callable[[], Awaitable[str]]
+    ) -> Obj:
+        statuses: Counter[str] = Counter()
+
+        async def worker() -> None:
+            while time.monotonic() < deadline:
+                statuses[await one()] += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return {"statuses": dict(statuses)}
+
+
+async def attack_gzip_unauthenticated(bench: Bench, deadline: float) -> Obj:
+    bomb = bench.permit_bomb
+    head = post_head("/v1/permits", len(bomb), encoding="gzip")
+    result = await bench.repeat(deadline, 4, lambda: raw_request(bench.permits, head, bomb))
+    return {**result, "body_bytes": len(bomb), "expands_to_bytes": bench.args.bomb_mib * 2**20}
+
+
+async def attack_gzip_filter(bench: Bench, deadline: float) -> Obj:
+    bomb = bench.filter_bomb
+    head = post_head("/filter", len(bomb), encoding="gzip")
+    result = await bench.repeat(deadline, 8, lambda: raw_request(bench.verbs, head, bomb))
+    return {**result, "body_bytes": len(bomb), "expands_to_bytes": 63 * 2**20}
+
+
+async def attack_declared_huge(bench: Bench, deadline: float) -> Obj:
+    def one(port: int, path: str) -> Callable[[], Awaitable[str]]:
+        head = post_head(path, 2**30, token=AGENT_TOKEN)
+        return lambda: raw_request(port, head, b"{" * 1024, drip=0.05)
+
+    a, b = await asyncio.gather(
+        bench.repeat(deadline, 4, one(bench.verbs, "/filter")),
+        bench.repeat(deadline, 4, one(bench.permits, "/v1/permits")),
+    )
+    return {"filter": a, "permits": b}
+
+
+async def attack_bad_bodies(bench: Bench, deadline: float) -> Obj:
+    nested = b'{"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    not_gzip = b"this is not gzip" * 64
+    filter_head = post_head("/filter", len(nested))
+    permit_head = post_head("/v1/permits", len(nested), token=AGENT_TOKEN)
+    gzip_head = post_head("/v1/permits", len(not_gzip), token=AGENT_TOKEN, encoding="gzip")
+    a, b, c = await asyncio.gather(
+        bench.repeat(deadline, 2, lambda: raw_request(bench.verbs, filter_head, nested)),
+        bench.repeat(deadline, 2, lambda: raw_request(bench.permits, permit_head, nested)),
+        bench.repeat(deadline, 2, lambda: raw_request(bench.permits, gzip_head, not_gzip)),
+    )
+    return {"deep_filter": a, "deep_permits": b, "bad_gzip_permits": c}
+
+
+async def _hold(port: int, count: int, deadline: float, *, drip: bool) -> Obj:
+    opened: list[asyncio.StreamWriter] = []
+    readers: list[asyncio.StreamReader] = []
+    failed: Counter[str] = Counter()
+    probes: Counter[str] = Counter()
+
+    async def probe() -> None:
+        # The kubelet's probe, on the same port as the flood, all along.
+        while time.monotonic() < deadline:
+            head = "GET /readyz HTTP/1.1\nHost: x\n"
+            probes[await raw_request(port, head, b"", source=HOST)] += 1
+            await asyncio.sleep(0.25)
+
+    prober = asyncio.create_task(probe())
+    for _ in range(count):
+        if time.monotonic() >= deadline:
+            break
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port, local_addr=(ATTACKER, 0))
+        except OSError as e:
+            failed[type(e).__name__] += 1
+            continue
+        opened.append(writer)
+        readers.append(reader)
+        if drip:
+            writer.write(b"GET /readyz HTTP/1.1\r\n")
+    while time.monotonic() < deadline:
+        if drip:
+            for writer in opened:
+                if not writer.is_closing():
+                    with contextlib.suppress(OSError):
+                        writer.write(b"X-a: b\r\n")
+        await asyncio.sleep(0.5)
+    await prober
+    closed_by_server = sum(1 for r in readers if r.at_eof())
+    for writer in opened:
+        writer.close()
+    return {
+        "connections": len(opened),
+        "connect_failures": dict(failed),
+        "closed_by_server": closed_by_server,
+        "probe_statuses": dict(probes),
+    }
+
+
+async def attack_idle_flood(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.permits, bench.args.connections, deadline, drip=False)
+
+
+async def attack_slowloris(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.permits, bench.args.connections // 2, deadline, drip=True)
+
+
+async def attack_token_flood(bench: Bench, deadline: float) -> Obj:
+    body = json.dumps({"protocol": {"min": 1, "max": 2}, "node": AGENT_NODE, "requests": []})
+    before = sum(1 for r in bench.api.requests if "tokenreviews" in r.path)
+    counter = iter(range(10**9))
+
+    def one() -> Awaitable[str]:
+        i = next(counter)
+        if i >= 1000:
+            return asyncio.sleep(0.05, result="done")
+        head = post_head("/v1/permits", len(body), token=f"garbage-{i}")
+        return raw_request(bench.permits, head, body.encode())
+
+    result = await bench.repeat(deadline, 20, one)
+    result["statuses"].pop("done", None)
+    reviews = sum(1 for r in bench.api.requests if "tokenreviews" in r.path) - before
+    return {**result, "distinct_tokens": min(next(counter), 1000), "token_reviews": reviews}
+
+
+async def attack_replay(bench: Bench, deadline: float) -> Obj:
+    def batch(seq: int, current: int, requested: int) -> bytes:
+        gib = 2**30
+        request = {
+            "pod": {"namespace": "vms", "name": "vm-00000", "uid": "vm-uid-00000"},
+            "node": AGENT_NODE,
+            "current": {"vcpus": current, "memoryBytes": gib},
+            "requested": {"vcpus": requested, "memoryBytes": gib},
+            "seq": seq,
+        }
+        body = {"protocol": {"min": 1, "max": 2}, "node": AGENT_NODE, "requests": [request]}
+        return json.dumps(body).encode()
+
+    seq = time.time_ns() // 1000
+    answers = []
+    headers = {"Authorization": f"Bearer {AGENT_TOKEN}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+        for body in (batch(seq, 1, 4), batch(seq + 1, 4, 1), batch(seq, 1, 4)):
+            url = f"http://{HOST}:{bench.permits}/v1/permits"
+            async with session.post(url, data=body, headers=headers) as response:
+                answer = await response.json()
+                (permit,) = answer.get("permits") or [answer]
+                answers.append(permit.get("status") or (permit.get("error") or {}).get("reason"))
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+    return {"grow_shrink_replayed_grow": answers}
+
+
+ATTACKS: Final[dict[str, Attack]] = {
+    "gzip_bombs_unauthenticated_permits": attack_gzip_unauthenticated,
+    "gzip_bodies_to_filter": attack_gzip_filter,
+    "declared_huge_bodies": attack_declared_huge,
+    "deep_nesting_and_bad_gzip": attack_bad_bodies,
+    "idle_connection_flood": attack_idle_flood,
+    "slowloris_heads": attack_slowloris,
+    "garbage_token_flood": attack_token_flood,
+    "replayed_permit": attack_replay,
+}
+
+
+# --- the orchestrator --------------------------------------------------------------------------
+
+
+def summary(latencies: list[float]) -> Obj:
+    if len(latencies) < 2:
+        return {"calls": len(latencies)}
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "calls": len(latencies),
+        "p50_ms": round(q[49] * 1000, 2),
+        "p99_ms": round(q[98] * 1000, 2),
+    }
+
+
+async def probe_during(
+    bench: Bench, body_file: Path, seconds: float, attack: Attack | None
+) -> tuple[Obj, Obj]:
+    command = [
+        sys.executable,
+        SCRIPT,
+        "--role=prober",
+        f"--url=http://{HOST}:{bench.verbs}/filter",
+        f"--body-file={body_file}",
+        f"--seconds={seconds}",
+        f"--rate={bench.args.rate}",
+    ]
+    prober = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        limit=2**26,
+        preexec_fn=_prober_child,
+    )
+    assert prober.stdin is not None and prober.stdout is not None
+    assert (await prober.stdout.readline()).strip() == b"ready"
+    prober.stdin.write(b"go\n")
+    await prober.stdin.drain()
+    deadline = time.monotonic() + seconds
+    detail: Obj = {}
+    if attack is not None:
+        detail = await attack(bench, deadline)
+    out = json.loads(await prober.stdout.readline())
+    await prober.wait()
+    return {**summary(out["latencies"]), "filter_errors": out["errors"]}, detail
+
+
+async def orchestrate(args: argparse.Namespace) -> Obj:
+    # Room for the flood's sockets on this side (the extender keeps its 1,024).
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    extender_cpus, attacker_cpus = cpus()
+    os.sched_setaffinity(0, attacker_cpus)
+    api = build_cluster(args.nodes)
+    api_url = await api.start()
+    verbs, permits = free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
+        workdir = Path(tmp)
+        config, kubeconfig = write_files(workdir, api_url, verbs, permits)
+        names = [f"node-{i:05d}" for i in range(args.nodes)]
+        pod = api.get_pod("vms", "vm-00000")
+        pending = json.loads(json.dumps(pod))
+        pending["metadata"].update(name="pending-vm", uid="pending-vm-uid")
+        pending["spec"].pop("nodeName", None)
+        pending["status"] = {"phase": "Pending"}
+        body_file = workdir / "filter.json"
+        write_json(body_file, {"Pod": pending, "Nodes": None, "NodeNames": names})
+        extender = launch_extender(config, kubeconfig, workdir / "extender.log")
+        try:
+            bench = Bench(args, api, verbs, permits)
+            async with aiohttp.ClientSession() as session:
+                for _ in range(200):
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with session.get(f"http://{HOST}:{permits}/readyz") as r:
+                            if r.status == 200:
+                                break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise SystemExit("the extender did not become ready; see its log")
+            await probe_during(bench, body_file, 1.0, None)  # warm-up: caches, connections
+            idles: list[float] = []
+            phases: Obj = {}
+            for name, attack in ATTACKS.items():
+                if args.only and name not in args.only:
+                    continue
+                print(f"bench_attacks: {name}", file=sys.stderr, flush=True)
+                # An idle phase right before each attack: the machine's load drifts (other
+                # processes share it), and the ratio compares like with like.
+                cpu_before = cpu_seconds(extender.pid)
+                idle, _ = await probe_during(bench, body_file, args.seconds, None)
+                idles.append(idle.get("p99_ms", 0.0))
+                cpu_idle = cpu_seconds(extender.pid)
+                probed, detail = await probe_during(bench, body_file, args.seconds, attack)
+                cpu_attack = cpu_seconds(extender.pid)
+                ratio = probed.get("p99_ms", 0) / idle["p99_ms"] if idle.get("p99_ms") else None
+                phases[name] = {
+                    "filter": probed,
+                    "idle_before": idle,
+                    "p99_ratio_to_idle": round(ratio, 2) if ratio is not None else None,
+                    "extender_rss_mib": rss_mib(extender.pid, "VmRSS"),
+                    # Of its core, per wall second: idle phase (the prober alone), attack phase.
+                    "extender_cpu_busy": [
+                        round((cpu_idle - cpu_before) / args.seconds, 2),
+                        round((cpu_attack - cpu_idle) / args.seconds, 2),
+                    ],
+                    "attack": detail,
+                }
+                await asyncio.sleep(0.5)  # let closed connections settle
+            alive = extender.poll() is None
+            peak = rss_mib(extender.pid, "VmHWM") if alive else None
+        finally:
+            extender.terminate()
+            try:
+                extender.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                extender.kill()
+                extender.wait()
+            await api.stop()
+    worst = max((p["p99_ratio_to_idle"] or 0) for p in phases.values())
+    return {
+        "nodes": args.nodes,
+        "seconds_per_phase": args.seconds,
+        "filter_calls_per_second": args.rate,
+        "extender_fd_limit": FD_LIMIT,
+        "cpus": {"extender_and_prober": sorted(extender_cpus), "attacker": sorted(attacker_cpus)},
+        "idle_p99_ms_median": round(statistics.median(idles), 2),
+        "attacks": phases,
+        "worst_p99_ratio_to_idle": worst,
+        "extender_alive_after": alive,
+        "extender_peak_rss_mib": peak,
+        "manifest_memory_limit_mib": MANIFEST_LIMIT_MIB,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["prober"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--body-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=4.0, help="per phase (default 4)")
+    parser.add_argument("--nodes", type=int, default=500, help="nodes in each filter call")
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="filter calls per second (paced, sequential)"
+    )
+    parser.add_argument(
+        "--connections", type=int, default=2000, help="idle flood size (slowloris: half)"
+    )
+    parser.add_argument(
+        "--bomb-mib", type=int, default=1024, help="what each unauthenticated gzip bomb inflates to"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(ATTACKS), help="run only these attacks"
+    )
+    args = parser.parse_args()
+    if args.role == "prober":
+        asyncio.run(run_prober(args.url, args.body_file.read_bytes(), args.seconds, args.rate))
+        return
+    print(json.dumps(asyncio.run(orchestrate(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Smoke test of scripts/bench_attacks.py: every attack against a real extender process, tiny.
+
+No timings are asserted (they depend on the machine): what each attack got back is, since the
+extender's own rules decide it (415 for compressed verbs bodies, 400 for bad bodies, 401/503
+for garbage tokens with the reviews bounded, a refused replay), and that it survived.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_attacks.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_attacks_tiny_run_reports_every_attack() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--seconds=0.5",
+            "--nodes=20",
+            "--connections=60",
+            "--bomb-mib=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    attacks = result["attacks"]
+    assert set(attacks) == {
+        "gzip_bombs_unauthenticated_permits",
+        "gzip_bodies_to_filter",
+        "declared_huge_bodies",
+        "deep_nesting_and_bad_gzip",
+        "idle_connection_flood",
+        "slowloris_heads",
+        "garbage_token_flood",
+        "replayed_permit",
+    }
+    for phase in attacks.values():
+        assert phase["filter"]["calls"] > 0 and phase["filter"]["filter_errors"] == {}
+    # What the extender answered is its own rules, whatever the machine's speed.
+    answered = attacks["gzip_bombs_unauthenticated_permits"]["attack"]["statuses"]
+    assert set(answered) <= {"401", "503", "ConnectionResetError", "BrokenPipeError"}
+    assert set(attacks["gzip_bodies_to_filter"]["attack"]["statuses"]) <= {
+        "415", "503", "ConnectionResetError", "BrokenPipeError"
+    }  # fmt: skip
+    bad = attacks["deep_nesting_and_bad_gzip"]["attack"]
+    assert set(bad["deep_filter"]["statuses"]) <= {"400", "503", "ConnectionResetError"}
+    tokens = attacks["garbage_token_flood"]["attack"]
+    assert set(tokens["statuses"]) <= {"401", "503", "ConnectionResetError"}
+    assert tokens["token_reviews"] == tokens["statuses"].get("401", 0)
+    replay = attacks["replayed_permit"]["attack"]["grow_shrink_replayed_grow"]
+    assert replay == ["granted", "released", "StaleSequence"]
+    assert result["extender_alive_after"] is True
+    assert 0 < result["extender_peak_rss_mib"] < result["manifest_memory_limit_mib"]

@@ -1,0 +1,204 @@
+"""Hostile connections (issue 16): idle and slowloris connections are bounded per listener, by
+time and by count, without locking out kube-scheduler or the kubelet's probes.
+
+The listeners run exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite`` and
+the server options), on loopback ports the OS picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import ClientSession
+from prometheus_client import CollectorRegistry
+
+from kube_io.client import KubeClient
+from scheduler_extender.config import Config, parse_config
+from scheduler_extender.http.app import Deps, make_app, make_permits_app, start_listeners
+from scheduler_extender.http.app import stop_listeners as stop
+from scheduler_extender.http.connections import GuardedSite
+from scheduler_extender.http.keys import EXTENDER
+from tests.extender.conftest import STATIC_TOKEN, make_config, wait_until
+from tests.fakes.kube_api import FakeKubeApi, node_object
+
+# Generous: what is awaited takes milliseconds (or the idle timeout the test sets, 0.3 s);
+# today's code kept these connections for an hour.
+WITHIN = 5.0
+
+Start = Callable[..., Awaitable[tuple[GuardedSite, GuardedSite]]]
+
+
+@pytest.fixture
+async def listeners(kube_api: FakeKubeApi) -> AsyncIterator[Start]:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    running: list[Any] = []
+
+    async def start(**listen: Any) -> tuple[GuardedSite, GuardedSite]:
+        config = make_config(listen=listen)
+        # Ports the OS picks (0 is not a valid port in a config file).
+        config = msgspec.structs.replace(
+            config,
+            listen=msgspec.structs.replace(
+                config.listen,
+                verbs=msgspec.structs.replace(config.listen.verbs, port=0),
+                permits=msgspec.structs.replace(config.listen.permits, port=0),
+            ),
+        )
+
+        async def connect() -> KubeClient:
+            return KubeClient.for_url(kube_api.url)
+
+        verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
+        started = await start_listeners(config, verbs_app, make_permits_app(config, verbs_app))
+        running.append(started)
+        extender = verbs_app[EXTENDER]
+        await wait_until(lambda: extender.is_synced)
+        return started[0][1], started[1][1]
+
+    yield start
+    for started in running:
+        await stop(started)
+
+
+@contextlib.asynccontextmanager
+async def _connections(
+    port: int, count: int, first_bytes: bytes = b"", *, source: str = "127.0.0.1"
+) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    opened = []
+    try:
+        for _ in range(count):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
+            if first_bytes:
+                writer.write(first_bytes)
+                await writer.drain()
+            opened.append((reader, writer))
+        yield opened
+    finally:
+        for _, writer in opened:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
+    try:
+        async with asyncio.timeout(WITHIN):
+            while await reader.read(2**16):
+                pass
+    except ConnectionResetError:
+        return True  # closed while our last bytes were in flight: the kernel answers RST
+    return reader.at_eof()
+
+
+async def _get(port: int, path: str) -> int:
+    async with ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as r:
+        return r.status
+
+
+def test_the_verbs_listener_binds_loopback_by_default() -> None:
+    config = parse_config({"listen": {"verbs": {"port": 10298}, "permits": {"port": 10299}}})
+    assert config.listen.verbs.host == "127.0.0.1"
+    assert Config().listen.verbs.host == "127.0.0.1"
+    assert Config().listen.permits.host == "0.0.0.0"
+
+
+async def test_an_idle_flood_evicts_itself_and_probes_still_get_in(listeners: Start) -> None:
+    verbs, permits = await listeners(permits={"port": 1, "max_connections": 8})
+    async with _connections(permits.bound_port, 20) as flood:
+        # Each connection past the cap closed the longest-quiet one: at most 8 stay open.
+        closed = [await _closed_by_server(reader) for reader, _ in flood[:12]]
+        assert all(closed)
+        assert permits.open_connections <= 8 and permits.evicted >= 12
+        # The kubelet's probe and kube-scheduler's next call still get in.
+        assert await _get(permits.bound_port, "/readyz") == 200
+        assert await _get(verbs.bound_port, "/healthz") == 200
+        assert verbs.evicted == 0  # the listeners' caps are their own
+
+
+async def test_slowloris_heads_are_closed_after_the_header_timeout(listeners: Start) -> None:
+    _, permits = await listeners(
+        permits={"port": 1, "idle_timeout_seconds": 3600, "header_timeout_seconds": 0.3}
+    )
+    port = permits.bound_port
+    async with _connections(port, 3, b"GET /readyz HTTP/1.1\r\nHost: x\r\n") as slow:
+        for reader, writer in slow:
+            writer.write(b"X-Dribble: 1\r\n")  # bytes keep coming, the head never ends
+            assert await _closed_by_server(reader)
+    assert permits.heads_timed_out == 3
+    # A connection that completes its heads in time is kept, across requests and idle gaps
+    # longer than the header timeout (that is the idle timeout's business).
+    async with ClientSession() as session:
+        for _ in range(3):
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                assert response.status == 200
+            await asyncio.sleep(0.4)
+    assert permits.heads_timed_out == 3 and permits.evicted == 0
+
+
+async def test_idle_keepalives_are_closed_after_the_idle_timeout(listeners: Start) -> None:
+    _, permits = await listeners(permits={"port": 1, "idle_timeout_seconds": 0.3})
+    async with _connections(permits.bound_port, 2) as idle:
+        for reader, _ in idle:
+            assert await _closed_by_server(reader)
+    await wait_until(lambda: permits.open_connections == 0)
+
+
+async def test_a_busy_connection_is_never_evicted_and_a_full_house_is_refused(
+    listeners: Start,
+) -> None:
+    _, permits = await listeners(permits={"port": 1, "max_connections": 2})
+    port = permits.bound_port
+    head = (
+        f"POST /v1/permits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {STATIC_TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    # Two requests whose bodies are still arriving: both connections are busy.
+    async with _connections(port, 2, head.encode()) as busy:
+        await wait_until(lambda: permits.open_connections == 2)
+        async with _connections(port, 1) as (refused,):
+            answer = await refused[0].read()
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert permits.refused == 1 and permits.evicted == 0
+        # Neither busy request was cut off: each still gets its answer (a 400: "{" + spaces
+        # is not a batch) once its body is complete.
+        for reader, writer in busy:
+            writer.write(b" " * 99)
+            await writer.drain()
+            async with asyncio.timeout(WITHIN):
+                status = await reader.readline()
+            assert status.startswith(b"HTTP/1.1 400 "), status
+
+
+async def test_new_connections_over_the_rate_are_closed_before_aiohttp_sees_them(
+    listeners: Start,
+) -> None:
+    verbs, permits = await listeners(
+        permits={"port": 1, "new_connections_per_second": 0.001, "new_connections_burst": 3}
+    )
+    port = permits.bound_port
+    async with ClientSession() as keeps_alive:
+        url = f"http://127.0.0.1:{port}/readyz"
+        async with keeps_alive.get(url) as first:
+            assert first.status == 200  # one of 127.0.0.1's three
+        # A flooder on another address spends its own allowance (Linux routes all of 127/8 to
+        # loopback: two addresses, one machine).
+        async with _connections(port, 5, source="127.0.0.2") as flood:
+            answers = [await reader.read() for reader, _ in flood[3:]]
+        assert all(a.startswith(b"HTTP/1.1 503 ") for a in answers), answers
+        assert permits.refused == 2
+        # 127.0.0.1 still has two new connections, and then it is its turn to be refused.
+        async with _connections(port, 3) as mine:
+            last = await mine[2][0].read()
+        assert last.startswith(b"HTTP/1.1 503 ") and permits.refused == 3
+        # A client that keeps its connection alive is not affected; nor is the other listener.
+        for _ in range(5):
+            async with keeps_alive.get(url) as again:
+                assert again.status == 200
+    assert await _get(verbs.bound_port, "/healthz") == 200
