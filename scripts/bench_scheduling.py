@@ -226,7 +226,7 @@ def cpu_seconds(pid: int) -> float:
 
 def verb_seconds(extender: Extender) -> dict[str, float]:
     """Seconds spent in each verb's handler (the request-duration histogram's sums)."""
-    status, body = extender.get("/metrics")
+    status, body = extender.get("/metrics", port=extender.verbs_port)
     out: dict[str, float] = {}
     if status != 200:
         return out

@@ -18,7 +18,7 @@ live state, times the call, and publishes.
   (``InvalidParameter``).
 * ``POST /v1/scale-down``: which existing nodes could be removed (``recommender.scale_down``)
   for the snapshot in the body; an empty body is a 400 (no live mode: see its handler).
-* ``GET /v1/recommendation`` (on the permits listener too, like ``/state``): the latest
+* ``GET /v1/recommendation`` (verbs listener only, like ``/state``): the latest
   auto-published recommendation, with when and why.
   Its ``diagnostics.rounds`` are always the summary (see auto-publish); an empty
   ``POST /v1/recommend?diagnostics=full`` gives the full rounds for the live state.

@@ -109,3 +109,60 @@ def test_permits_through_real_tokens_and_durable_in_place(cluster: Cluster, name
     pod = wait_for(recorded, timeout_seconds=30, what="permit annotation and in-place resize")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "3"
     assert pod["metadata"]["generation"] > vm["metadata"].get("generation", 1)
+
+
+def test_only_the_agent_gets_permits(cluster: Cluster, names: Names):
+    """Real TokenRequest tokens that are not the agent's: a tenant's pod-bound token for the
+    extender's audience, and the agent's own token once its pod is gone. Each is refused and
+    the VM keeps its size."""
+    node = names.node("a", cpu="10")
+    names.vm("vm-0", max_vcpus=4)
+    assert names.wait_bound("vm-0") == node
+    vm = names.api.pod(names.namespace, "vm-0")
+    names.api.create(
+        f"/api/v1/namespaces/{names.namespace}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}},
+    )
+    tenant_pod = names.api.create(
+        pod_path(names.namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "tenant", "namespace": names.namespace},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": "tenant",
+                "containers": [{"name": "app", "image": "app"}],
+            },
+        },
+    )
+    names.api.set_pod_phase(names.namespace, "tenant", "Running")
+    tenant = names.api.request_token(names.namespace, "tenant", pod=tenant_pod)
+    gone = agent_pod(names, node)
+    gone_token = names.api.request_token(AGENT_NS, AGENT_SA, pod=gone)
+    names.api.delete(pod_path(AGENT_NS, gone["metadata"]["name"]))
+    wait_for(
+        lambda: (
+            names.api.request(
+                "GET", pod_path(AGENT_NS, gone["metadata"]["name"]), ok=(200, 404)
+            ).get("code")
+            == 404
+        ),
+        timeout_seconds=30,
+        what="the agent pod gone",
+    )
+    shrink = permit_batch(node, vm, current=1, requested=1)
+    shrink["requests"][0]["current"]["vcpus"] = 4  # a claim that would free three vCPUs
+    grow = permit_batch(node, vm, current=1, requested=4)
+    before = cluster.extender.state()
+    for token, expected in ((tenant, 403), (gone_token, 401)):
+        for body in (shrink, grow):
+            status, answer = cluster.extender.post(
+                "/v1/permits", body, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert status == expected, answer
+    assert holds_of(cluster.extender.state(), node) == holds_of(before, node)
+
+
+def holds_of(state: Obj, node: str) -> list[Obj]:
+    return next(n["allocations"] for n in state["nodes"] if n["name"] == node)

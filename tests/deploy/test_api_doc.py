@@ -143,7 +143,6 @@ async def test_every_json_the_extender_emits_is_camel_case(running):
             "/v1/permits", json=batch, headers={"Authorization": f"Bearer {token}"}
         ),
         "POST /v1/permits (no token)": await permits.post("/v1/permits", json=batch),
-        "GET /state (permits)": await permits.get("/state"),
     }
     for name, answer in answers.items():
         assert answer.content_type == "application/json", name

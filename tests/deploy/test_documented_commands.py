@@ -199,6 +199,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
     "scripts/kube-bin": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
+    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_bench_attacks_smoke.py"),
     "scripts/bench_scheduling.py": (
         How.ELSEWHERE,
         "tests/bench/test_bench_scheduling_smoke.py",

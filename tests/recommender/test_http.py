@@ -162,9 +162,8 @@ async def test_pod_refused_past_the_threshold_publishes_gauge_event_and_latest(
     assert latest["reason"].startswith("filter found no node with room for pod vms/big for ")
     assert latest["publishedAt"] == "2027-01-15T08:00:00+00:00"
     assert latest["recommendation"]["scaleUp"][0]["incrementBy"] == 1
-    # The permits listener (the one humans can reach) serves the same; it computes nothing.
-    response = await running.permits.get("/v1/recommendation")
-    assert response.status == 200 and await response.json() == latest
+    # Not on the permits listener: it is open to every pod, and a recommendation names pods.
+    assert (await running.permits.get("/v1/recommendation")).status == 404
     assert (await running.permits.post("/v1/recommend")).status == 404
     metrics = await (await running.verbs.get("/metrics")).text()
     assert 'vmautoscale_extender_recommended_nodes{pool="general",zone="zone-a"} 1.0' in metrics
