@@ -73,7 +73,7 @@ from tests.controlplane.harness import (  # noqa: E402
 from tests.deploy.render import MANIFESTS, render  # noqa: E402
 
 ALONE_SCHEDULER: Final = "bench-alone"
-MODES: Final = ("alone", "cache", "nocache")
+MODES: Final = ("alone", "cache", "nocache", "cache-noprio")
 
 
 def find_binaries() -> Path:
@@ -251,6 +251,10 @@ class Bench:
         config = extender_config(
             MANIFEST_EXTENDER_CONFIG, verbs_port=free_port(), permits_port=free_port()
         )
+        if source is not None:
+            # Keys the older code does not know yet (unknown config keys are errors); none of
+            # them is on the scheduling path.
+            config["auth"].pop("agent_service_account", None)
         extender = Extender(
             self.work, self.kubeconfig, config, log_level="info", source=source or REPO
         )
@@ -267,7 +271,10 @@ class Bench:
             config["profiles"] = [{"schedulerName": ALONE_SCHEDULER}]
         else:
             for ext in config["extenders"]:
-                ext["nodeCacheCapable"] = mode == "cache"
+                ext["nodeCacheCapable"] = mode != "nocache"
+                if mode == "cache-noprio":
+                    # What one round trip per pod less buys: kube-scheduler's own scoring only.
+                    del ext["prioritizeVerb"]
         self.runs += 1
         return Scheduler(self.cp.bin_dir, self.work, self.cp, config, name=f"sched-{self.runs}")
 
@@ -427,7 +434,10 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=1000, help="pods per run (default 1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode (default 3)")
     parser.add_argument(
-        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+        "--modes",
+        default=",".join(MODES[:3]),
+        help=f"comma-separated, of {', '.join(MODES)} (default: the first three; cache-noprio"
+        " is cache mode without the prioritize verb)",
     )
     parser.add_argument(
         "--latency-samples", type=int, default=20, help="deletions timed (default 20; 0: skip)"
