@@ -44,6 +44,7 @@ from tests.controlplane.harness import (
 from tests.deploy.render import MANIFESTS, find, render
 
 DOCS = render(MANIFESTS)
+LAG_SECONDS = 0.4
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
               "RoleBinding"}  # fmt: skip
 MANIFEST_EXTENDER_CONFIG: Obj = yaml.safe_load(
@@ -131,6 +132,21 @@ def cluster(
 ) -> Iterator[Cluster]:
     with running_cluster(
         control_plane, extender_kubeconfig, tmp_path_factory.mktemp("cluster")
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def lagging(
+    control_plane: ControlPlane, extender_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A cluster whose extender hears everything from the API server 0.4 s late (its own per
+    module, as ``cluster``): kube-scheduler's informers always learn first."""
+    with running_cluster(
+        control_plane,
+        extender_kubeconfig,
+        tmp_path_factory.mktemp("lagging"),
+        api_lag_seconds=LAG_SECONDS,
     ) as running:
         yield running
 

@@ -12,28 +12,9 @@ watch catches up.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.controlplane.conftest import Cluster, Names, running_cluster
-from tests.controlplane.harness import ControlPlane, wait_for
-
-API_LAG_SECONDS = 0.4
-
-
-@pytest.fixture(scope="module")
-def lagging(
-    control_plane: ControlPlane, extender_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    with running_cluster(
-        control_plane,
-        extender_kubeconfig,
-        tmp_path_factory.mktemp("lagging"),
-        api_lag_seconds=API_LAG_SECONDS,
-    ) as running:
-        yield running
+from tests.controlplane.conftest import Cluster, Names
+from tests.controlplane.harness import wait_for
 
 
 def extender_knows(cluster: Cluster, node: str) -> bool:

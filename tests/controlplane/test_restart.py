@@ -7,27 +7,10 @@ new process's first lists take long enough to see ``/readyz`` say 503 before it 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.controlplane.conftest import Cluster, Names, running_cluster
-from tests.controlplane.harness import ControlPlane, Obj, wait_for
+from tests.controlplane.conftest import Cluster, Names
+from tests.controlplane.harness import Obj, wait_for
 from tests.controlplane.test_api import agent_pod, permit_batch
-
-
-@pytest.fixture(scope="module")
-def lagging(
-    control_plane: ControlPlane, extender_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    with running_cluster(
-        control_plane,
-        extender_kubeconfig,
-        tmp_path_factory.mktemp("restart"),
-        api_lag_seconds=0.3,
-    ) as running:
-        yield running
 
 
 def ours(state: Obj, group: str) -> list[Obj]:
