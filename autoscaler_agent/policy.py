@@ -27,7 +27,12 @@ The rule, and why it neither lags nor oscillates:
   scrapes) the VM grows straight to ``need(median of the window's last 5 demand_now values)``.
   The median ignores one noisy run-queue sample; the wait ignores one noisy scrape. The window
   stays open until the need no longer exceeds the size, so the goal holds while the permit and
-  the resize are under way, and a second step (if the first fell short) follows at once. A step from
+  the resize are under way. A window is evidence about *one size*: once the VM has another
+  (the grow landed, or a permit allowed part of it), the window starts again, and a second
+  step needs ``grow_after_seconds`` of its own at the new size. Carried over, the old window
+  let a single noisy scrape right after a grow to the target (busy ~0.9, half the scrapes
+  above it) grow the VM again at once: hypothesis found 1 -> 40 -> 41 -> 42 under a steady
+  demand of 36 with ±5% noise. A step from
   1 to 8 busy threads is then one resize, ~4 s plus a permit round trip and the resize after
   the load arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
 * **Shrink late, and not too far** (unchanged, on the slow signals). The shrink size is
@@ -113,6 +118,9 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pressure_since: float | None = None
     # The last (at most DEMAND_WINDOW_SAMPLES) demand estimates since ``pressure_since``.
     pressure_demands: tuple[float, ...] = ()
+    # The size the VM had while the pressure window gathered its evidence: a window is about
+    # one size, and restarts when the VM has another (see the module docstring).
+    pressure_vcpus: int | None = None
     # The previous scrape's CPU counters, for the busy fraction over the next interval.
     cpu_seconds_total: float | None = None
     cpu_idle_seconds_total: float | None = None
@@ -239,6 +247,7 @@ def goal_vcpus(
                 low_peak_vcpus=state.low_peak_vcpus,
                 pressure_since=state.pressure_since,
                 pressure_demands=state.pressure_demands,
+                pressure_vcpus=state.pressure_vcpus,
                 cpu_seconds_total=cpu,
                 cpu_idle_seconds_total=idle,
                 cpu_count=count,
@@ -265,13 +274,15 @@ def goal_vcpus(
         need_now = _size_for(demand, target, min_vcpus, unit, top_vcpus)
         grow = need_now
         if need_now > c:
-            pressure_since = state.pressure_since if state.pressure_since is not None else now
-            # Only values that need more than c now: after a grow that fell short, the values
-            # that the new size covers are no evidence for the next step. Each value left needs
-            # more than c, so their median does too.
+            # A window opened at another size is no evidence for this one: after a grow, the
+            # next step needs grow_after_seconds of its own at the new size (see the docstring).
+            since = state.pressure_since
+            is_same_size = since is not None and state.pressure_vcpus == c
+            pressure_since = since if since is not None and is_same_size else now
+            # Each value kept needs more than c, so their median does too.
             kept = [
                 d
-                for d in state.pressure_demands
+                for d in (state.pressure_demands if is_same_size else ())
                 if _size_for(d, target, min_vcpus, unit, top_vcpus) > c
             ]
             kept.append(demand)
@@ -306,6 +317,7 @@ def goal_vcpus(
         new_state = PolicyState(
             pressure_since=pressure_since,
             pressure_demands=demands,
+            pressure_vcpus=c if pressure_since is not None else None,
             cpu_seconds_total=cpu,
             cpu_idle_seconds_total=idle,
             cpu_count=count,

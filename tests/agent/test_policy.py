@@ -7,7 +7,7 @@ import random
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from autoscaler_agent.policy import (
@@ -240,6 +240,19 @@ def test_a_load_step_grows_in_one_step_after_grow_after_seconds():
     assert goals[7].state.is_quiet and goals[7].shrink_vcpus == 14
 
 
+def test_a_second_grow_needs_its_own_evidence_at_the_new_size():
+    # 36 busy threads: 1 -> 40 (36 / 0.9), then the VM sits exactly on the target. A scrape
+    # above it at 40 opens a new window there; the one that grew to 40 is over.
+    guest = Guest(1)
+    goals = run(guest, [36] * 6 + [37.2] * 4, s=spec(max_vcpus=64), load1=36.0)
+    assert [g.vcpus for g in goals] == [1] * 4 + [40] * 5 + [42]
+    assert goals[5].busy_fraction is None  # the hot-plug scrape holds
+    # 37.2 on 40 vCPUs needs 42: a new window at 40, due after grow_after_seconds of its own
+    # (the old window, open since 1001, would have grown at once).
+    assert goals[6].state.pressure_since == 1006.0 and goals[6].state.pressure_vcpus == 40
+    assert goals[6].vcpus == 40 and "pressure for 0s of 3s" in goals[6].reason
+
+
 def test_one_saturated_scrape_does_not_grow():
     guest = Guest(2)
     goals = run(guest, [1, 4, 1, 1, 1], load1=1.0)
@@ -357,6 +370,9 @@ def test_noise_never_makes_the_size_reverse(  # noqa: PLR0917 (hypothesis passes
     start=st.integers(1, 80),
     seed=st.integers(0, 2**32 - 1),
 )
+# Sizes went [1, 40, 41, 42]: the pressure window of the grow to 40 stayed open after it, so one
+# noisy scrape at 40 vCPUs grew the VM again at once.
+@example(s=spec(min_vcpus=1, max_vcpus=42, unit=1), demand=36.0, start=1, seed=3935241533)
 def test_random_noise_on_a_steady_demand_changes_the_size_at_most_twice(s, demand, start, seed):
     """Five minutes of one demand with independent noise each scrape (±5% demand and load1,
     ±2 runnable tasks): one or two changes in one direction, then the size stays."""
