@@ -35,18 +35,29 @@ The rule, and why it neither lags nor oscillates:
   demand of 36 with ±5% noise. A step from
   1 to 8 busy threads is then one resize, ~4 s plus a permit round trip and the resize after
   the load arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
-* **Shrink late, and not too far** (unchanged, on the slow signals). The shrink size is
-  ``need(max(load1, used))`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
+* **Shrink on what the guest did, after a window, and not too far.** The shrink size is
+  ``need(used)`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
   ``need(demand_now)`` at the target: after shrinking the load per vCPU is at most 0.6, well
   below the grow threshold, so the next sample cannot ask to grow back under the same load.
-  The VM shrinks only once that size has stayed below ``c`` for ``shrink_after_seconds``, and
-  then to the *largest* shrink size seen during that window, so a spike inside it keeps the VM
-  bigger. ``used`` in the shrink size is what keeps a VM that just grew fast (load1 still far
-  below the demand) from shrinking back.
+  The VM shrinks only once that size has stayed below ``c`` for ``shrink_after_seconds`` (30 s,
+  every scrape of it), and then to the *largest* shrink size seen during that window, so a
+  spike inside it keeps the VM bigger; one busy scrape closes the window. A VM whose load
+  stops is therefore back at its minimum ~``shrink_after_seconds`` plus one resize later.
+  Why busy time and not load1: load1 decays with a 1-minute time constant, so 7 busy threads
+  that stop leave it above 0.6 for ~2.5 minutes (on a real TCG guest the VM took 95-180 s to
+  shrink on it). The busy fraction is measured over the whole scrape interval, so it is the
+  guest's real use, and it is as steady as the load: a steady load ±5% reads ~0.9 per vCPU
+  at the target and needs a 33% drop, held for 30 s, to shrink. The run queue is left out on
+  purpose: an instant count of short-lived tasks, it would make an idle VM's shrink size jump
+  (an idle guest shows 0-2 runnable tasks), and below saturation the busy time is the demand.
+  The window is the price: a load that pauses for longer than it (a batch every 2 minutes)
+  gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also held every
+  VM a few minutes too big after every real stop.
 * **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
   since the last scrape) the policy holds, and keeps its windows as they were. **Without CPU
   counters at all** (an exporter with the cpu collector off) it is the load1-only rule: grow
-  at once to ``need(load1)``, shrink as above on load1 alone.
+  at once to ``need(load1)``, shrink as above on load1 alone (the slow rule: it waits for
+  load1 to decay).
 
 Under a steady load the size therefore changes at most once or twice (a grow, maybe one more
 when run-queue noise pushes a VM that sits exactly on the target over it) and then stays put;
@@ -289,7 +300,7 @@ def goal_vcpus(
             demands = tuple(kept[-DEMAND_WINDOW_SAMPLES:])
             grow = _size_for(_median(demands), target, min_vcpus, unit, top_vcpus)
             pressed_for = now - pressure_since
-        slow = used if used > load1 else load1  # max(load1, used)
+        slow = used  # the shrink size follows the busy time (see the module docstring)
         is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
     # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
     # and keeps a shrink from going below what the fast estimate needs now.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import msgspec
@@ -317,6 +318,81 @@ def test_shrink_uses_the_busy_time_and_waits_for_the_window():
     assert [g.vcpus for g in goals[:31]] == [8] * 31
     assert goals[31].vcpus == 2  # ceil(1 / 0.6), 30 s after the window opened
     assert goals[31].reason.startswith("shrink 8 -> 2 after 30s low")
+
+
+def kernel_load1(before, after, seconds):
+    """node_load1 ``seconds`` after the run queue stepped from ``before`` to ``after``."""
+    return after + (before - after) * math.exp(-seconds / 60)
+
+
+def test_a_stopped_load_shrinks_to_the_minimum_within_a_minute():
+    # 7 busy threads on 8 vCPUs, then the load stops; load1 decays as the kernel's does
+    # (it is still 4.0 a minute later). The busy time says "idle" at the first whole interval.
+    guest = Guest(8)
+    steady = run(guest, [7.0] * 10, load1=7.0)
+    assert [g.vcpus for g in steady] == [8] * 10
+    after = run(
+        guest,
+        [0.05] * 60,
+        start=1010.0,
+        state=steady[-1].state,
+        load1=[kernel_load1(7.0, 0.05, t) for t in range(60)],
+    )
+    sizes = [g.vcpus for g in after]
+    stopped_for = sizes.index(1)  # seconds after the load stopped
+    assert stopped_for <= 31  # the first idle scrape opens the 30 s window
+    assert set(sizes[stopped_for:]) == {1}  # one step, straight to the minimum
+    assert after[stopped_for].reason.startswith("shrink 8 -> 1 after 30s low")
+    assert after[stopped_for].load1 > 4.0  # load1 alone would have held the VM at 8
+
+
+def test_one_busy_scrape_closes_the_shrink_window():
+    # A pause in the load (the busy time drops) that ends before the window does: no shrink.
+    guest = Guest(8)
+    goals = run(guest, [7.0] * 3 + [0.5] * 20 + [7.0] + [0.5] * 20, load1=7.0)
+    assert {g.vcpus for g in goals} == {8}
+    assert goals[22].state.low_since == 1003.0
+    assert goals[23].state.low_since is None
+    assert goals[-1].state.low_since == 1024.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    s=specs,
+    demand=st.floats(0.5, 30, allow_nan=False),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_noisy_load_that_stops_settles_then_is_back_at_the_minimum_within_a_minute(
+    s, demand, seed
+):
+    """Two minutes of a noisy steady demand (±5% demand and load1, ±2 runnable tasks), then
+    idle with load1 decaying as the kernel's: no turn while the load lasts, and the minimum
+    within 60 s of the stop, whatever size the load left the VM at."""
+    rnd = random.Random(seed)
+    n, idle = 120, 0.02
+    guest = Guest(s.min_vcpus)
+    busy_goals = run(
+        guest,
+        [demand] * n,
+        s=s,
+        demand_noise=[rnd.uniform(-0.05, 0.05) for _ in range(n)],
+        runnable_noise=[rnd.randint(-2, 2) for _ in range(n)],
+        load1=[demand * (1 + rnd.uniform(-0.05, 0.05)) for _ in range(n)],
+    )
+    sizes = [s.min_vcpus]
+    for g in busy_goals:
+        if g.vcpus != sizes[-1]:
+            sizes.append(g.vcpus)
+    assert sizes == sorted(sizes), sizes  # while the load lasts, only grows
+    idle_goals = run(
+        guest,
+        [idle] * 60,
+        s=s,
+        start=1000.0 + n,
+        state=busy_goals[-1].state,
+        load1=[kernel_load1(demand, idle, t) for t in range(60)],
+    )
+    assert idle_goals[-1].vcpus == s.min_vcpus, [g.vcpus for g in idle_goals]
 
 
 def noisy_run(s, demand, start, *, demand_noise, runnable_noise, load1_noise):
