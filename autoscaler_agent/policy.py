@@ -14,7 +14,8 @@ The estimates, per scrape (``c`` = current vCPUs):
 * ``busy`` = 1 - (idle + iowait) / total, over all CPUs, between the previous scrape and this
   one. Unknown on the first scrape, after a counter reset, or when the number of CPUs changed
   (a hot-plugged CPU brings its whole history into one delta).
-* ``used = busy * c``: the vCPUs the guest really used. Below saturation this *is* the demand.
+* ``used = busy * online``: the vCPUs the guest really used (``online``: the CPUs the
+  counters cover, normally ``c``). Below saturation this *is* the demand.
 * ``saturated``: ``busy >= saturated_busy_fraction`` (0.9). Then the demand may be anything
   above ``c``, and only the run queue says how far: ``runnable = procs_running - 1``.
 * ``demand_now = max(used, runnable, load1)`` when saturated, else ``used``.
@@ -276,7 +277,9 @@ def goal_vcpus(
         slow = load1
         is_grow_due = grow > c
     else:
-        used = busy * c
+        # busy is a fraction of the CPUs the counters cover: those online in the guest. A
+        # vCPU plugged but not (yet) online ran nothing, and counting it would ask for more.
+        used = busy * (count if count is not None else c)
         is_saturated = busy >= config.saturated_busy_fraction
         demand = used
         if is_saturated:

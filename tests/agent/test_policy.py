@@ -538,3 +538,19 @@ def test_an_unexplained_goal_is_the_same_decision_without_the_sentence(  # noqa:
     assert explained.reason
     assert bare.reason in {"", explained.reason}
     assert bare == msgspec.structs.replace(explained, reason=bare.reason)
+
+
+def test_plugged_cpus_the_guest_has_not_onlined_are_not_counted_as_used():
+    # 6 vCPUs plugged, 2 online in the guest (its counters cover 2), both busy, load1 5:
+    # the demand is 5 (load1), not 6 (busy x plugged), so 6 vCPUs hold and ask for no more.
+    guest = Guest(2)
+    s = spec(max_vcpus=16)
+    first = goal_vcpus(
+        guest.scrape(5.0), s, FRESH, current_vcpus=6, top_vcpus=16, config=CFG, now=1000.0
+    )
+    g = goal_vcpus(
+        guest.scrape(5.0), s, first.state, current_vcpus=6, top_vcpus=16, config=CFG, now=1001.0
+    )
+    assert g.busy_fraction == 1.0
+    assert g.demand_vcpus == pytest.approx(5.0)
+    assert g.vcpus == 6 and g.state.pressure_since is None
