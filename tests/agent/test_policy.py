@@ -61,6 +61,7 @@ CASES = [
     pytest.param(7.0, 2, spec(unit=4, min_vcpus=2, max_vcpus=18), 10, id="rounds-up-to-unit"),
     pytest.param(100.0, 4, spec(max_vcpus=16), 16, id="clamped-to-max"),
     pytest.param(100.0, 4, spec(max_vcpus=15, unit=2), 15, id="max-not-on-unit-uses-top"),
+    pytest.param(1.0786158809173895e308, 1, spec(), 16, id="huge-load1-is-max-not-overflow"),
     pytest.param(0.1, 2, spec(min_vcpus=2), 2, id="never-below-min"),
     pytest.param(3.0, 4, spec(), 4, id="in-band-holds"),
     pytest.param(None, 4, spec(), 4, id="no-load1-holds"),
@@ -262,8 +263,8 @@ def test_one_saturated_scrape_does_not_grow():
     assert goals[2].state.is_quiet  # the window closes with the first unsaturated scrape
 
 
-def test_the_grow_size_is_the_median_of_the_window():
-    # One scrape catches a burst of 40 short-lived runnable tasks: the median ignores it.
+def test_the_grow_size_ignores_one_outlier_in_the_window():
+    # One scrape catches a burst of 40 short-lived runnable tasks: the second largest ignores it.
     guest = Guest(1)
     goals = run(guest, [0.5, 8, 8, 8, 8], load1=0.5, runnable_noise=[0, 0, 32, 0, 0])
     assert goals[-1].vcpus == 9
@@ -366,8 +367,8 @@ def test_a_noisy_load_that_stops_settles_then_is_back_at_the_minimum_within_a_mi
     s, demand, seed
 ):
     """Two minutes of a noisy steady demand (±5% demand and load1, ±2 runnable tasks), then
-    idle with load1 decaying as the kernel's: no turn while the load lasts, and the minimum
-    within 60 s of the stop, whatever size the load left the VM at."""
+    idle with load1 decaying as the kernel's: no flapping while the load lasts, and the
+    minimum within 60 s of the stop, whatever size the load left the VM at."""
     rnd = random.Random(seed)
     n, idle = 120, 0.02
     guest = Guest(s.min_vcpus)
@@ -383,7 +384,7 @@ def test_a_noisy_load_that_stops_settles_then_is_back_at_the_minimum_within_a_mi
     for g in busy_goals:
         if g.vcpus != sizes[-1]:
             sizes.append(g.vcpus)
-    assert sizes == sorted(sizes), sizes  # while the load lasts, only grows
+    assert_no_oscillation(sizes)  # while the load lasts: grows, at most one correcting shrink
     idle_goals = run(
         guest,
         [idle] * 60,
@@ -449,6 +450,9 @@ def test_noise_never_makes_the_size_reverse(  # noqa: PLR0917 (hypothesis passes
 # Sizes went [1, 40, 41, 42]: the pressure window of the grow to 40 stayed open after it, so one
 # noisy scrape at 40 vCPUs grew the VM again at once.
 @example(s=spec(min_vcpus=1, max_vcpus=42, unit=1), demand=36.0, start=1, seed=3935241533)
+# ... and [1, 40, 41, 42] again, each step after four scrapes above the target: sized for the
+# window's median, a VM sits on its target and noise pushes it over, one vCPU at a time.
+@example(s=spec(min_vcpus=1, max_vcpus=42, unit=1), demand=36.0, start=1, seed=1)
 def test_random_noise_on_a_steady_demand_changes_the_size_at_most_twice(s, demand, start, seed):
     """Five minutes of one demand with independent noise each scrape (±5% demand and load1,
     ±2 runnable tasks): one or two changes in one direction, then the size stays."""

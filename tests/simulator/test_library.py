@@ -50,8 +50,8 @@ def test_burst_grows_to_the_need_without_denial_and_shrinks_after_it():
     assert up.reached_after_seconds is not None
     # load1 (the kernel's 1-minute average) would take 206 s to say 6.3; the busy time and the
     # run queue say it at the first scrape after the step (121 s). After grow_after_seconds
-    # (3 s) of it, the VM grows to ceil(median run queue / 0.9): 7, as 6.5 threads show as 6
-    # runnable tasks more often than not here. At 7 the need is still 8; a pressure window is
+    # (3 s) of it, the VM grows to ceil(second largest run queue / 0.9): 7, as 6.5 threads show
+    # as 6 runnable tasks in most scrapes here. At 7 the need is still 8; a pressure window is
     # evidence about one size, so the second step waits grow_after_seconds of its own at 7:
     # two resizes, the second done 13.05 s after the step (on 1.8.x's load1 alone: ~7 resizes
     # over ~210 s).
