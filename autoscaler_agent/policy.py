@@ -26,20 +26,19 @@ The rule, and why it neither lags nor oscillates:
   rounded *up* to the scaling unit and clamped to ``[min, top]``. While ``need(demand_now) > c``
   a *pressure window* is open; once it has lasted ``grow_after_seconds`` (3 s, i.e. four 1 s
   scrapes) the VM grows straight to ``need(second largest of the window's last 5 demand_now
-  values)``. The second largest ignores one noisy run-queue sample, and sizes the VM for the
-  upper part of the load's spread, not its middle: sized for the median, a VM sits exactly on
-  its target (busy ~0.9 = the saturation threshold), half its scrapes ask for more, and under
-  ±5% noise four in a row come soon enough that a large VM crept up one vCPU after another
-  (hypothesis found 1 -> 40 -> 41 -> 42 under a steady demand of 36). The wait ignores one
-  noisy scrape. The window
-  stays open until the need no longer exceeds the size, so the goal holds while the permit and
-  the resize are under way. A window is evidence about *one size*: once the VM has another
-  (the grow landed, or a permit allowed part of it), the window starts again, and a second
-  step needs ``grow_after_seconds`` of its own at the new size. Carried over, the old window
-  let a single noisy scrape right after a grow to the target grow the VM again at once (the
-  same 1 -> 40 -> 41 -> 42 showed that too). A step from
-  1 to 8 busy threads is then one resize, ~4 s plus a permit round trip and the resize after
-  the load arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
+  values)``. The wait ignores one noisy scrape. The second largest ignores one noisy run-queue
+  sample, and sizes the VM for the upper part of the load's spread, not its middle: sized for
+  the median, a VM sits exactly on its target (busy ~0.9, the saturation threshold too), half
+  its scrapes ask for more, and under ±5% noise four in a row come soon enough that a large VM
+  crept up one vCPU after another (hypothesis found 1 -> 40 -> 41 -> 42 under a steady demand
+  of 36). The window stays open until the need no longer exceeds the size, so the goal holds
+  while the permit and the resize are under way. A window is evidence about *one size*: once
+  the VM has another (the grow landed, or a permit allowed part of it), the window starts
+  again, and a second step needs ``grow_after_seconds`` of its own at the new size. Carried
+  over, the old window let a single noisy scrape right after a grow to the target grow the VM
+  again at once (the same 1 -> 40 -> 41 -> 42 showed that too). A step from 1 to 8 busy
+  threads is then one resize, ~4 s plus a permit round trip and the resize after the load
+  arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
 * **Shrink on what the guest did, after a window, and not too far.** The shrink size is
   ``need(used)`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
   ``need(demand_now)`` at the target: after shrinking the load per vCPU is at most 0.6, well
