@@ -105,10 +105,9 @@ class AgentMetrics:
         )
         self.grow_to_online = Histogram(
             p + "grow_to_online_seconds",
-            "From the agent's decision to grow a VM to the wanted vCPUs being online in the"
-            " guest (as its node_exporter shows at the next scrape): permit, resize and the"
-            " guest onlining the CPUs, end to end; a grow in several steps counts from the"
-            " first decision to the last size (autoscaler_agent/progress.py)",
+            "From the agent's decision to grow a VM to the vCPUs it brought being online in"
+            " the guest (as its node_exporter shows at the next scrape): permit, resize and"
+            " the guest onlining the CPUs, end to end (autoscaler_agent/progress.py)",
             buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
             registry=registry,
         )

@@ -12,14 +12,15 @@ cannot run anything yet. The count is as fresh as the last scrape, so a latency 
 scrape interval late.
 
 **Grow latency** (decision -> online). An episode opens at the step where the agent first
-wants more vCPUs than the VM has (``desired > current``: the policy's grow is due, before
-the permit call and the resize), from the size it had then. While it is open its target is
-the latest desired size (a second step of the same load keeps the first decision's start: the
-figure is what a user waits for, from the first decision to the size the load needed). It
-closes, observed, at the first step where the guest has the target online; it closes
-unobserved (*abandoned*) when the agent no longer wants more than the size it started from
-(the load went away first). Without a CPU count from the guest it cannot be observed and
-closes unobserved once the hypervisor has the target.
+wants more vCPUs than the VM has (``desired > current``: the policy's grow is due, before the
+permit call and the resize), from the size it had then. It closes, observed, at the first step
+after a grow landed (the VM has more than at the decision) where the guest has all of the
+VM's vCPUs online: the time a user waits for the CPUs the decision brought. A permit that
+allows part of the wish ends the episode once that part is online; the rest is a new
+decision from there (and while it waits for room, the stuck signal below speaks). It closes
+unobserved (*abandoned*) when nothing was plugged and the agent no longer wants more than the
+size it started from (the load went away first). Without a CPU count from the guest it
+cannot be observed and closes unobserved once a grow landed.
 
 **Stuck.** A change is *pending* while the agent wants another size than the VM has
 (``desired != current``), or while the guest has fewer CPUs online than the VM has plugged up
@@ -50,7 +51,6 @@ class ScalingProgress:
     __slots__ = (
         "_grow_from",
         "_grow_since",
-        "_grow_target",
         "_pending_since",
         "stuck_after_seconds",
     )
@@ -59,7 +59,6 @@ class ScalingProgress:
         self.stuck_after_seconds = stuck_after_seconds
         self._grow_since: float | None = None
         self._grow_from = 0
-        self._grow_target = 0
         self._pending_since: float | None = None
 
     @property
@@ -74,23 +73,20 @@ class ScalingProgress:
         latency: float | None = None
         abandoned = False
         if current is not None and desired is not None:
-            since = self._grow_since
-            if since is None:
-                if desired > current:
-                    self._grow_since, self._grow_from, self._grow_target = now, current, desired
-            elif desired <= self._grow_from:
-                self._grow_since = None
-                abandoned = True
-            else:
-                self._grow_target = desired
-            target = self._grow_target
+            if self._grow_since is None and desired > current:
+                self._grow_since, self._grow_from = now, current
             since = self._grow_since
             if since is not None:
-                if online is not None and online >= target:
-                    latency = now - since
+                if current > self._grow_from:  # a grow landed: wait for the guest
+                    if online is None or online >= current:
+                        # Timed only if the guest says; either way this decision is done.
+                        latency = now - since if online is not None else None
+                        self._grow_since = None
+                        if desired > current:  # a partial permit: the rest is a new wait
+                            self._grow_since, self._grow_from = now, current
+                elif desired <= self._grow_from:
                     self._grow_since = None
-                elif online is None and current >= target:
-                    self._grow_since = None  # no count from the guest: cannot tell
+                    abandoned = True
 
             is_not_online = online is not None and online < min(current, desired)
             if desired != current or is_not_online:

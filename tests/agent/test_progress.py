@@ -75,6 +75,20 @@ def test_a_refusing_hypervisor_keeps_the_change_pending_through_the_rereads():
     assert [g.is_stuck for g in got] == [False] * 6 + [True]
 
 
+def test_a_partial_permit_is_timed_to_its_part_and_the_rest_is_a_new_wait():
+    # Wants 4, the node has room for 3: the 3 are timed when online (the user got them then);
+    # the fourth is a new wait from there, timed when it comes, and stuck while it does not.
+    clock, p = FakeClock(), ScalingProgress(stuck_after_seconds=5)
+    got = steps(
+        p,
+        clock,
+        [(0, 1, 4, 1), (1, 3, 4, 1), (1, 3, 4, 3), (5, 3, 4, 3), (1, 4, 4, 3), (1, 4, 4, 4)],
+    )
+    # (1002: the 3 online; 1009: the fourth online, 7 s after the rest was asked for)
+    assert [g.grow_latency_seconds for g in got] == [None, None, 2.0, None, None, 7.0]
+    assert [g.is_stuck for g in got] == [False, False, False, True, True, False]
+
+
 def test_a_grow_no_longer_wanted_is_abandoned_not_timed():
     clock, p = FakeClock(), ScalingProgress(stuck_after_seconds=60)
     got = steps(p, clock, [(0, 2, 6, 2), (1, 2, 6, 2), (1, 2, 2, 2), (1, 2, 2, 2)])
