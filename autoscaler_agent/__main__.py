@@ -166,6 +166,7 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             hypervisor_for=hypervisor_for,
             metrics=metrics,
             scrape_timeout_seconds=config.scrape.timeout_seconds,
+            stuck_after_seconds=config.metrics.stuck_after_seconds,
             epochs=epochs,
         )
         supervisor = Supervisor(make_run_vm(deps), node=node, metrics=metrics)

@@ -41,6 +41,10 @@ Every key and its default (all optional; an empty file is a valid config)::
     http:
       host: 0.0.0.0                  # /healthz and /metrics
       port: 10301
+    metrics:
+      stuck_after_seconds: 60.0      # a wanted size change pending this long (permit denied,
+                                     # hypervisor refusing, vCPUs not online in the guest)
+                                     # sets vmautoscale_agent_vm_stuck to 1 for the VM
     log:
       level: info                    # debug logs every tick
 """
@@ -126,6 +130,10 @@ class HttpSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     port: Port = 10301
 
 
+class MetricsSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    stuck_after_seconds: Seconds = 60.0
+
+
 class LogSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -137,6 +145,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     retry: RetrySection = msgspec.field(default_factory=RetrySection)
     hypervisor: HypervisorSection = msgspec.field(default_factory=HypervisorSection)
     http: HttpSection = msgspec.field(default_factory=HttpSection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     log: LogSection = msgspec.field(default_factory=LogSection)
 
     def core(self) -> CoreConfig:

@@ -96,6 +96,34 @@ class AgentMetrics:
             registry=registry,
         )
         self.scrapes = Counter(p + "scrapes_total", "Metric scrapes attempted", registry=registry)
+        self.online_vcpus = Gauge(
+            p + "vm_online_vcpus",
+            "CPUs online in the guest (CPUs in its node_exporter's node_cpu_seconds_total,"
+            " which lists only the CPUs the guest kernel has online), at the last scrape",
+            ["vm"],
+            registry=registry,
+        )
+        self.grow_to_online = Histogram(
+            p + "grow_to_online_seconds",
+            "From the agent's decision to grow a VM to the vCPUs it brought being online in"
+            " the guest (as its node_exporter shows at the next scrape): permit, resize and"
+            " the guest onlining the CPUs, end to end (autoscaler_agent/progress.py)",
+            buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
+            registry=registry,
+        )
+        self.grows_abandoned = Counter(
+            p + "grows_abandoned_total",
+            "Grows no longer wanted (the load fell) before the wanted vCPUs were online",
+            registry=registry,
+        )
+        self.stuck = Gauge(
+            p + "vm_stuck",
+            "1 while a wanted size change has been pending longer than"
+            " metrics.stuck_after_seconds (permit denied, hypervisor refusing, or plugged"
+            " vCPUs not online in the guest), else 0",
+            ["vm"],
+            registry=registry,
+        )
         self.vm_loop_restarts = Counter(
             p + "vm_loop_restarts_total",
             "VM loops restarted after an unexpected error",
@@ -103,18 +131,33 @@ class AgentMetrics:
         )
 
     def observe_vm(
-        self, vm: str, *, current: int | None, desired: int | None, permitted: int | None
+        self,
+        vm: str,
+        *,
+        current: int | None,
+        desired: int | None,
+        permitted: int | None,
+        online: int | None = None,
+        is_stuck: bool | None = None,
     ) -> None:
         for gauge, value in (
             (self.current_vcpus, current),
             (self.desired_vcpus, desired),
             (self.permitted_vcpus, permitted),
+            (self.online_vcpus, online),
+            (self.stuck, None if is_stuck is None else int(is_stuck)),
         ):
             if value is not None:
                 gauge.labels(vm=vm).set(value)
 
     def forget_vm(self, vm: str) -> None:
         """Drop the VM's series; safe to call for a VM that has none."""
-        for gauge in (self.current_vcpus, self.desired_vcpus, self.permitted_vcpus):
+        for gauge in (
+            self.current_vcpus,
+            self.desired_vcpus,
+            self.permitted_vcpus,
+            self.online_vcpus,
+            self.stuck,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(vm)

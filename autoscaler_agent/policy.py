@@ -14,7 +14,8 @@ The estimates, per scrape (``c`` = current vCPUs):
 * ``busy`` = 1 - (idle + iowait) / total, over all CPUs, between the previous scrape and this
   one. Unknown on the first scrape, after a counter reset, or when the number of CPUs changed
   (a hot-plugged CPU brings its whole history into one delta).
-* ``used = busy * c``: the vCPUs the guest really used. Below saturation this *is* the demand.
+* ``used = busy * online``: the vCPUs the guest really used (``online``: the CPUs the
+  counters cover, normally ``c``). Below saturation this *is* the demand.
 * ``saturated``: ``busy >= saturated_busy_fraction`` (0.9). Then the demand may be anything
   above ``c``, and only the run queue says how far: ``runnable = procs_running - 1``.
 * ``demand_now = max(used, runnable, load1)`` when saturated, else ``used``.
@@ -24,24 +25,43 @@ The rule, and why it neither lags nor oscillates:
 * **Grow fast, in one step, on evidence that lasts.** ``need = ceil(demand / target_load_per_vcpu)``
   rounded *up* to the scaling unit and clamped to ``[min, top]``. While ``need(demand_now) > c``
   a *pressure window* is open; once it has lasted ``grow_after_seconds`` (3 s, i.e. four 1 s
-  scrapes) the VM grows straight to ``need(median of the window's last 5 demand_now values)``.
-  The median ignores one noisy run-queue sample; the wait ignores one noisy scrape. The window
-  stays open until the need no longer exceeds the size, so the goal holds while the permit and
-  the resize are under way, and a second step (if the first fell short) follows at once. A step from
-  1 to 8 busy threads is then one resize, ~4 s plus a permit round trip and the resize after
-  the load arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
-* **Shrink late, and not too far** (unchanged, on the slow signals). The shrink size is
-  ``need(max(load1, used))`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
+  scrapes) the VM grows straight to ``need(second largest of the window's last 5 demand_now
+  values)``. The wait ignores one noisy scrape. The second largest ignores one noisy run-queue
+  sample, and sizes the VM for the upper part of the load's spread, not its middle: sized for
+  the median, a VM sits exactly on its target (busy ~0.9, the saturation threshold too), half
+  its scrapes ask for more, and under ±5% noise four in a row come soon enough that a large VM
+  crept up one vCPU after another (hypothesis found 1 -> 40 -> 41 -> 42 under a steady demand
+  of 36). The window stays open until the need no longer exceeds the size, so the goal holds
+  while the permit and the resize are under way. A window is evidence about *one size*: once
+  the VM has another (the grow landed, or a permit allowed part of it), the window starts
+  again, and a second step needs ``grow_after_seconds`` of its own at the new size. Carried
+  over, the old window let a single noisy scrape right after a grow to the target grow the VM
+  again at once (the same 1 -> 40 -> 41 -> 42 showed that too). A step from 1 to 8 busy
+  threads is then one resize, ~4 s plus a permit round trip and the resize after the load
+  arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
+* **Shrink on what the guest did, after a window, and not too far.** The shrink size is
+  ``need(used)`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
   ``need(demand_now)`` at the target: after shrinking the load per vCPU is at most 0.6, well
   below the grow threshold, so the next sample cannot ask to grow back under the same load.
-  The VM shrinks only once that size has stayed below ``c`` for ``shrink_after_seconds``, and
-  then to the *largest* shrink size seen during that window, so a spike inside it keeps the VM
-  bigger. ``used`` in the shrink size is what keeps a VM that just grew fast (load1 still far
-  below the demand) from shrinking back.
+  The VM shrinks only once that size has stayed below ``c`` for ``shrink_after_seconds`` (30 s,
+  every scrape of it), and then to the *largest* shrink size seen during that window, so a
+  spike inside it keeps the VM bigger; one busy scrape closes the window. A VM whose load
+  stops is therefore back at its minimum ~``shrink_after_seconds`` plus one resize later.
+  Why busy time and not load1: load1 decays with a 1-minute time constant, so 7 busy threads
+  that stop leave it above 0.6 for ~2.5 minutes (on a real TCG guest the VM took 95-180 s to
+  shrink on it). The busy fraction is measured over the whole scrape interval, so it is the
+  guest's real use, and it is as steady as the load: a steady load ±5% reads ~0.9 per vCPU
+  at the target and needs a 33% drop, held for 30 s, to shrink. The run queue is left out on
+  purpose: an instant count of short-lived tasks, it would make an idle VM's shrink size jump
+  (an idle guest shows 0-2 runnable tasks), and below saturation the busy time is the demand.
+  The window is the price: a load that pauses for longer than it (a batch every 2 minutes)
+  gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also held every
+  VM a few minutes too big after every real stop.
 * **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
   since the last scrape) the policy holds, and keeps its windows as they were. **Without CPU
   counters at all** (an exporter with the cpu collector off) it is the load1-only rule: grow
-  at once to ``need(load1)``, shrink as above on load1 alone.
+  at once to ``need(load1)``, shrink as above on load1 alone (the slow rule: it waits for
+  load1 to decay).
 
 Under a steady load the size therefore changes at most once or twice (a grow, maybe one more
 when run-queue noise pushes a VM that sits exactly on the target over it) and then stays put;
@@ -60,9 +80,11 @@ import msgspec
 
 from protocol.annotations import VmSpec
 
-# How many of the pressure window's per-scrape demand estimates the grow size is the median of:
-# enough to outvote one or two noisy run-queue samples, few enough to follow a rising load.
+# How many of the pressure window's per-scrape demand estimates the grow size is taken from (the
+# second largest): enough to outvote a noisy run-queue sample, few enough to follow a rising load.
 DEMAND_WINDOW_SAMPLES = 5
+# More vCPUs than any VM has: what a load too large to count (inf) needs.
+_HUGE_VCPUS = 2**31
 
 
 # gc=False on Samples, PolicyState and Goal: frozen and holding only numbers, tuples of numbers
@@ -113,6 +135,9 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     pressure_since: float | None = None
     # The last (at most DEMAND_WINDOW_SAMPLES) demand estimates since ``pressure_since``.
     pressure_demands: tuple[float, ...] = ()
+    # The size the VM had while the pressure window gathered its evidence: a window is about
+    # one size, and restarts when the VM has another (see the module docstring).
+    pressure_vcpus: int | None = None
     # The previous scrape's CPU counters, for the busy fraction over the next interval.
     cpu_seconds_total: float | None = None
     cpu_idle_seconds_total: float | None = None
@@ -150,7 +175,9 @@ def _size_for(load: float, load_per_vcpu: float, min_vcpus: int, unit: int, top_
     # ``round_up_to_unit(max(1, need))`` on plain ints, with max() and min() spelled out as
     # in their own definitions: this runs a few times per scrape of every VM.
     # A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
-    need = math.ceil(load / load_per_vcpu - 1e-9)
+    # A load beyond any VM (1e308 / 0.9 is inf, which math.ceil refuses) needs "very many".
+    ratio = load / load_per_vcpu
+    need = math.ceil(ratio - 1e-9) if ratio < _HUGE_VCPUS else _HUGE_VCPUS
     need = need if need > 1 else 1
     if need <= min_vcpus:
         return min_vcpus
@@ -181,10 +208,9 @@ def _usable(value: float | None) -> float | None:
     return value if value is not None and 0.0 <= value < math.inf else None
 
 
-def _median(values: tuple[float, ...]) -> float:
+def _second_largest(values: tuple[float, ...]) -> float:
     ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return ordered[-2] if len(ordered) > 1 else ordered[-1]
 
 
 def goal_vcpus(
@@ -239,6 +265,7 @@ def goal_vcpus(
                 low_peak_vcpus=state.low_peak_vcpus,
                 pressure_since=state.pressure_since,
                 pressure_demands=state.pressure_demands,
+                pressure_vcpus=state.pressure_vcpus,
                 cpu_seconds_total=cpu,
                 cpu_idle_seconds_total=idle,
                 cpu_count=count,
@@ -256,7 +283,9 @@ def goal_vcpus(
         slow = load1
         is_grow_due = grow > c
     else:
-        used = busy * c
+        # busy is a fraction of the CPUs the counters cover: those online in the guest. A
+        # vCPU plugged but not (yet) online ran nothing, and counting it would ask for more.
+        used = busy * (count if count is not None else c)
         is_saturated = busy >= config.saturated_busy_fraction
         demand = used
         if is_saturated:
@@ -265,20 +294,22 @@ def goal_vcpus(
         need_now = _size_for(demand, target, min_vcpus, unit, top_vcpus)
         grow = need_now
         if need_now > c:
-            pressure_since = state.pressure_since if state.pressure_since is not None else now
-            # Only values that need more than c now: after a grow that fell short, the values
-            # that the new size covers are no evidence for the next step. Each value left needs
-            # more than c, so their median does too.
+            # A window opened at another size is no evidence for this one: after a grow, the
+            # next step needs grow_after_seconds of its own at the new size (see the docstring).
+            since = state.pressure_since
+            is_same_size = since is not None and state.pressure_vcpus == c
+            pressure_since = since if since is not None and is_same_size else now
+            # Each value kept needs more than c, so the second largest does too.
             kept = [
                 d
-                for d in state.pressure_demands
+                for d in (state.pressure_demands if is_same_size else ())
                 if _size_for(d, target, min_vcpus, unit, top_vcpus) > c
             ]
             kept.append(demand)
             demands = tuple(kept[-DEMAND_WINDOW_SAMPLES:])
-            grow = _size_for(_median(demands), target, min_vcpus, unit, top_vcpus)
+            grow = _size_for(_second_largest(demands), target, min_vcpus, unit, top_vcpus)
             pressed_for = now - pressure_since
-        slow = used if used > load1 else load1  # max(load1, used)
+        slow = used  # the shrink size follows the busy time (see the module docstring)
         is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
     # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
     # and keeps a shrink from going below what the fast estimate needs now.
@@ -306,6 +337,7 @@ def goal_vcpus(
         new_state = PolicyState(
             pressure_since=pressure_since,
             pressure_demands=demands,
+            pressure_vcpus=c if pressure_since is not None else None,
             cpu_seconds_total=cpu,
             cpu_idle_seconds_total=idle,
             cpu_count=count,

@@ -42,6 +42,7 @@ from autoscaler_agent.discovery import Snapshot, VmSource, VmTarget
 from autoscaler_agent.extender_client import EpochWatch, ExtenderError, permit_vcpus
 from autoscaler_agent.hypervisor import Hypervisor, HypervisorError
 from autoscaler_agent.metrics import AgentMetrics
+from autoscaler_agent.progress import ScalingProgress
 from autoscaler_agent.scrape import ScrapeError, fetch_samples
 from protocol.permits import LoadReport, Permit, ResourceRequest, Resources
 
@@ -73,6 +74,7 @@ class RunnerDeps:
         rng: random.Random | None = None,
         stagger_scrapes: bool = True,
         epochs: EpochWatch | None = None,
+        stuck_after_seconds: float = 60.0,
     ) -> None:
         self.core = core
         self.node = node
@@ -87,6 +89,8 @@ class RunnerDeps:
         self.stagger_scrapes = stagger_scrapes
         # Tells every VM loop when the extender's epoch changes (it then reports the VM).
         self.epochs = epochs
+        # A wanted size change pending this long marks the VM stuck (progress.py).
+        self.stuck_after_seconds = stuck_after_seconds
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
@@ -110,6 +114,8 @@ class VmRunner:
             permit_vcpus=target.permitted_vcpus,
         )
         self._changed = asyncio.Event()
+        self.progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
+        self._is_stuck = False
 
     def _now(self) -> float:
         return self._loop.time()
@@ -179,11 +185,37 @@ class VmRunner:
 
     def _observe(self) -> None:
         s = self.state
-        self._deps.metrics.observe_vm(
+        m = self._deps.metrics
+        now = self._now()
+        current, desired = s.current_vcpus, s.desired_vcpus
+        online = s.samples.cpu_count if s.samples is not None else None
+        progress = self.progress.observe(now, current=current, desired=desired, online=online)
+        if progress.grow_latency_seconds is not None:
+            m.grow_to_online.observe(progress.grow_latency_seconds)
+            log.info(
+                "grow_online",
+                online_vcpus=online,
+                decision_to_online_seconds=round(progress.grow_latency_seconds, 3),
+            )
+        if progress.grow_abandoned:
+            m.grows_abandoned.inc()
+        if progress.is_stuck != self._is_stuck:
+            self._is_stuck = progress.is_stuck
+            pending = progress.pending_since
+            # One line when it starts and one when it ends, with what the core knows.
+            (log.warning if progress.is_stuck else log.info)(
+                "vm_stuck" if progress.is_stuck else "vm_unstuck",
+                pending_seconds=round(now - pending, 1) if pending is not None else None,
+                online_vcpus=online,
+                **s.dump(),
+            )
+        m.observe_vm(
             self.target.key,
-            current=s.current_vcpus,
-            desired=s.desired_vcpus,
+            current=current,
+            desired=desired,
             permitted=s.permit_vcpus,
+            online=online,
+            is_stuck=progress.is_stuck,
         )
 
     def _jitter(self) -> float:

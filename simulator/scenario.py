@@ -17,10 +17,12 @@ Kubernetes quantities (``16``, ``500m``, ``64Gi``). A scenario::
     events: [{at_seconds: 600, kind: extender-restart, down_seconds: 10}]
 
 A trace is a list of pieces; each lasts until the next one's ``at_seconds``. A piece is a level
-(``level_vcpus``), a ramp (``ramp: {to_vcpus, over_seconds}``, from the level before it) or a
-sine (``sine: {mean_vcpus, amplitude_vcpus, period_seconds}``). Ramps and sines are quantised
-into steps of ``timing.load_quantum_seconds`` so that every change of load is an explicit
-breakpoint (the engine does no work for a VM between breakpoints while it is settled).
+(``level_vcpus``), a ramp (``ramp: {to_vcpus, over_seconds}``, from the level before it), a
+sine (``sine: {mean_vcpus, amplitude_vcpus, period_seconds}``) or noise (``noise: {mean_vcpus,
+amplitude_vcpus, step_seconds, seed}``: a new uniform draw every step, 1 s by default). Ramps
+and sines are quantised into steps of ``timing.load_quantum_seconds``, noise into its own
+steps, so that every change of load is an explicit breakpoint (the engine does no work for a
+VM between breakpoints while it is settled).
 ``csv: FILE`` (relative to the scenario) reads ``seconds,vcpus`` rows as steps.
 """
 
@@ -30,6 +32,7 @@ import csv
 import enum
 import io
 import math
+import random
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -77,16 +80,34 @@ class Sine(_Strict, frozen=True, kw_only=True):
             raise ValueError("amplitude_vcpus above mean_vcpus would make the load negative")
 
 
+class Noise(_Strict, frozen=True, kw_only=True):
+    """A steady load that wobbles: each ``step_seconds`` the level is drawn uniformly from
+    ``mean_vcpus`` ± ``amplitude_vcpus``, independently. A real steady load (pgbench at a fixed
+    client count) is this at one-second scale: its busy time, run queue and load1 all move
+    with it, as they do in the guest model. Repeatable: the draws come from ``seed`` and the
+    piece's start, not from the scenario's seed."""
+
+    mean_vcpus: Vcpus
+    amplitude_vcpus: Vcpus
+    step_seconds: PositiveSeconds = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.amplitude_vcpus > self.mean_vcpus:
+            raise ValueError("amplitude_vcpus above mean_vcpus would make the load negative")
+
+
 class Piece(_Strict, frozen=True, kw_only=True):
     at_seconds: Seconds
     level_vcpus: Vcpus | None = None
     ramp: Ramp | None = None
     sine: Sine | None = None
+    noise: Noise | None = None
 
     def __post_init__(self) -> None:
-        given = sum(x is not None for x in (self.level_vcpus, self.ramp, self.sine))
+        given = sum(x is not None for x in (self.level_vcpus, self.ramp, self.sine, self.noise))
         if given != 1:
-            raise ValueError("a piece needs exactly one of level_vcpus, ramp, sine")
+            raise ValueError("a piece needs exactly one of level_vcpus, ramp, sine, noise")
 
 
 class CsvTrace(_Strict, frozen=True, kw_only=True):
@@ -451,6 +472,14 @@ def segments(pieces: list[Piece] | None, *, quantum_seconds: float, end_seconds:
                 )
                 add(t, max(0.0, level))
                 t += quantum_seconds
+        elif p.noise is not None:
+            nz = p.noise
+            draws = random.Random(f"{nz.seed}:{p.at_seconds}")  # repeatable, see Noise
+            t = p.at_seconds
+            while t < until:
+                level = nz.mean_vcpus + nz.amplitude_vcpus * (2 * draws.random() - 1)
+                add(t, max(0.0, level))
+                t += nz.step_seconds
     return tuple(out)
 
 

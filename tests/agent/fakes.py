@@ -139,12 +139,36 @@ class FakeExtender:
 
 
 class SyntheticMetrics:
-    """node_exporter look-alike: ``GET /vm/{name}/metrics`` serves ``loads[name]`` as load1."""
+    """node_exporter look-alike: ``GET /vm/{name}/metrics`` serves ``loads[name]`` as load1.
+
+    With ``online[name]`` set it also serves the guest's CPU counters as node_exporter does:
+    ``node_cpu_seconds_total`` for CPUs 0..online-1 only (the guest lists only online CPUs in
+    /proc/stat), integrated over loop time with ``loads[name]`` of them busy.
+    """
 
     def __init__(self) -> None:
         self.loads: dict[str, float] = {}
+        self.online: dict[str, int] = {}
         self.broken: set[str] = set()
         self.scrapes = 0
+        # Per VM: (loop time of the last scrape, busy seconds, idle seconds) summed over CPUs.
+        self._counters: dict[str, tuple[float, float, float]] = {}
+
+    def _cpu_lines(self, name: str, load: float) -> str:
+        online = self.online.get(name)
+        if online is None:
+            return ""
+        now = asyncio.get_running_loop().time()
+        at, busy, idle = self._counters.get(name, (now, 1000.0, 1000.0))
+        dt = max(0.0, now - at)
+        used = min(float(online), load)
+        busy, idle = busy + used * dt, idle + (online - used) * dt
+        self._counters[name] = (now, busy, idle)
+        lines = ["# TYPE node_cpu_seconds_total counter"]
+        for cpu in range(online):
+            lines.append(f'node_cpu_seconds_total{{cpu="{cpu}",mode="user"}} {busy / online}')
+            lines.append(f'node_cpu_seconds_total{{cpu="{cpu}",mode="idle"}} {idle / online}')
+        return "\n".join(lines) + "\n"
 
     def url(self, base: str, name: str) -> str:
         return f"{base.rstrip('/')}/vm/{name}/metrics"
@@ -166,7 +190,7 @@ class SyntheticMetrics:
             "# TYPE node_memory_MemTotal_bytes gauge\nnode_memory_MemTotal_bytes 1.073741824e+09\n"
             "# TYPE node_memory_MemAvailable_bytes gauge\n"
             "node_memory_MemAvailable_bytes 5.36870912e+08\n"
-        )
+        ) + self._cpu_lines(name, load)
         return web.Response(text=text, content_type="text/plain")
 
 

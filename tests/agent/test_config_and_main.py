@@ -25,6 +25,8 @@ def test_empty_config_gives_defaults():
     assert c.scrape.interval_seconds == 1.0
     assert c.policy.target_load_per_vcpu == 0.9
     assert c.core().policy.shrink_after_seconds == 30.0
+    assert c.metrics.stuck_after_seconds == 60.0
+    assert parse_config("metrics: {stuck_after_seconds: 5}").metrics.stuck_after_seconds == 5.0
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,9 @@ def test_empty_config_gives_defaults():
         pytest.param("http: {port: x}", "$.http.port", id="type"),
         pytest.param("policy: {shrink_load_per_vcpu: 0.95}", "must be below", id="cross-field"),
         pytest.param("a: [", "not valid YAML", id="yaml"),
+        pytest.param(
+            "metrics: {stuck_after_seconds: 0}", "$.metrics.stuck_after_seconds", id="stuck-range"
+        ),
     ],
 )
 def test_config_errors_name_the_path(text, needle):

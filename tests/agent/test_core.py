@@ -16,6 +16,7 @@ from autoscaler_agent.core import (
 from autoscaler_agent.policy import PolicyConfig, Samples
 from protocol.annotations import VmSpec
 from tests.agent.clock import FakeClock
+from tests.agent.test_policy import Guest, kernel_load1
 
 GiB = 2**30
 SPEC = VmSpec(min_vcpus=1, max_vcpus=8, min_memory_bytes=GiB, max_memory_bytes=GiB)
@@ -336,3 +337,36 @@ def test_a_failed_report_is_retried_after_backoff(clock):
     clock.advance(CONFIG.backoff_initial_seconds)
     again = vm.next_actions(clock.now).request_permit
     assert again is not None and again.kind is CallKind.REPORT
+
+
+def test_a_stopped_load_is_shrunk_and_given_back_within_a_minute(clock):
+    """The whole loop in fake time with the default policy: 7 busy threads on 8 vCPUs stop;
+    load1 decays as the kernel's. The resize to the minimum and the notice that gives the
+    permit back both come within 60 s of the stop."""
+    config = CoreConfig(scrape_interval_seconds=1.0)  # the agent's defaults
+    vm = started(clock, current=8, permit=8, config=config)
+    guest = Guest(8)
+    stopped_at = clock.now + 10
+    shrunk_at = given_back_at = None
+    while clock.now < stopped_at + 60 and given_back_at is None:
+        actions = vm.next_actions(clock.now)
+        if actions.scrape:
+            vm.scrape_started(clock.now)
+            since = clock.now - stopped_at
+            demand, load1 = (7.0, 7.0) if since < 0 else (0.05, kernel_load1(7.0, 0.05, since))
+            vm.metrics_scraped(clock.now, guest.scrape(demand, load1=load1))
+        if actions.resize is not None:
+            assert clock.now >= stopped_at, "shrunk under load"
+            vm.resize_started(clock.now, actions.resize.vcpus)
+            guest.vcpus = actions.resize.vcpus
+            vm.resize_succeeded(clock.now, current_vcpus=guest.vcpus, max_vcpus=8)
+            shrunk_at = clock.now
+        if actions.notify_extender is not None:
+            vm.permit_requested(clock.now, actions.notify_extender)
+            assert vm.permit_granted(clock.now, 1) is PermitOutcome.RELEASED
+            given_back_at = clock.now
+        clock.advance(actions.wait_seconds or 0.0)
+    assert shrunk_at is not None and given_back_at is not None
+    assert (vm.current_vcpus, vm.permit_vcpus) == (1, 1)
+    assert shrunk_at - stopped_at <= 32  # the first idle scrape, then the 30 s window
+    assert vm.samples is not None and vm.samples.load1 is not None and vm.samples.load1 > 3.0

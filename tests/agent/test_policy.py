@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from autoscaler_agent.policy import (
@@ -60,6 +61,7 @@ CASES = [
     pytest.param(7.0, 2, spec(unit=4, min_vcpus=2, max_vcpus=18), 10, id="rounds-up-to-unit"),
     pytest.param(100.0, 4, spec(max_vcpus=16), 16, id="clamped-to-max"),
     pytest.param(100.0, 4, spec(max_vcpus=15, unit=2), 15, id="max-not-on-unit-uses-top"),
+    pytest.param(1.0786158809173895e308, 1, spec(), 16, id="huge-load1-is-max-not-overflow"),
     pytest.param(0.1, 2, spec(min_vcpus=2), 2, id="never-below-min"),
     pytest.param(3.0, 4, spec(), 4, id="in-band-holds"),
     pytest.param(None, 4, spec(), 4, id="no-load1-holds"),
@@ -240,6 +242,19 @@ def test_a_load_step_grows_in_one_step_after_grow_after_seconds():
     assert goals[7].state.is_quiet and goals[7].shrink_vcpus == 14
 
 
+def test_a_second_grow_needs_its_own_evidence_at_the_new_size():
+    # 36 busy threads: 1 -> 40 (36 / 0.9), then the VM sits exactly on the target. A scrape
+    # above it at 40 opens a new window there; the one that grew to 40 is over.
+    guest = Guest(1)
+    goals = run(guest, [36] * 6 + [37.2] * 4, s=spec(max_vcpus=64), load1=36.0)
+    assert [g.vcpus for g in goals] == [1] * 4 + [40] * 5 + [42]
+    assert goals[5].busy_fraction is None  # the hot-plug scrape holds
+    # 37.2 on 40 vCPUs needs 42: a new window at 40, due after grow_after_seconds of its own
+    # (the old window, open since 1001, would have grown at once).
+    assert goals[6].state.pressure_since == 1006.0 and goals[6].state.pressure_vcpus == 40
+    assert goals[6].vcpus == 40 and "pressure for 0s of 3s" in goals[6].reason
+
+
 def test_one_saturated_scrape_does_not_grow():
     guest = Guest(2)
     goals = run(guest, [1, 4, 1, 1, 1], load1=1.0)
@@ -248,8 +263,8 @@ def test_one_saturated_scrape_does_not_grow():
     assert goals[2].state.is_quiet  # the window closes with the first unsaturated scrape
 
 
-def test_the_grow_size_is_the_median_of_the_window():
-    # One scrape catches a burst of 40 short-lived runnable tasks: the median ignores it.
+def test_the_grow_size_ignores_one_outlier_in_the_window():
+    # One scrape catches a burst of 40 short-lived runnable tasks: the second largest ignores it.
     guest = Guest(1)
     goals = run(guest, [0.5, 8, 8, 8, 8], load1=0.5, runnable_noise=[0, 0, 32, 0, 0])
     assert goals[-1].vcpus == 9
@@ -306,6 +321,81 @@ def test_shrink_uses_the_busy_time_and_waits_for_the_window():
     assert goals[31].reason.startswith("shrink 8 -> 2 after 30s low")
 
 
+def kernel_load1(before, after, seconds):
+    """node_load1 ``seconds`` after the run queue stepped from ``before`` to ``after``."""
+    return after + (before - after) * math.exp(-seconds / 60)
+
+
+def test_a_stopped_load_shrinks_to_the_minimum_within_a_minute():
+    # 7 busy threads on 8 vCPUs, then the load stops; load1 decays as the kernel's does
+    # (it is still 4.0 a minute later). The busy time says "idle" at the first whole interval.
+    guest = Guest(8)
+    steady = run(guest, [7.0] * 10, load1=7.0)
+    assert [g.vcpus for g in steady] == [8] * 10
+    after = run(
+        guest,
+        [0.05] * 60,
+        start=1010.0,
+        state=steady[-1].state,
+        load1=[kernel_load1(7.0, 0.05, t) for t in range(60)],
+    )
+    sizes = [g.vcpus for g in after]
+    stopped_for = sizes.index(1)  # seconds after the load stopped
+    assert stopped_for <= 31  # the first idle scrape opens the 30 s window
+    assert set(sizes[stopped_for:]) == {1}  # one step, straight to the minimum
+    assert after[stopped_for].reason.startswith("shrink 8 -> 1 after 30s low")
+    assert after[stopped_for].load1 > 4.0  # load1 alone would have held the VM at 8
+
+
+def test_one_busy_scrape_closes_the_shrink_window():
+    # A pause in the load (the busy time drops) that ends before the window does: no shrink.
+    guest = Guest(8)
+    goals = run(guest, [7.0] * 3 + [0.5] * 20 + [7.0] + [0.5] * 20, load1=7.0)
+    assert {g.vcpus for g in goals} == {8}
+    assert goals[22].state.low_since == 1003.0
+    assert goals[23].state.low_since is None
+    assert goals[-1].state.low_since == 1024.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    s=specs,
+    demand=st.floats(0.5, 30, allow_nan=False),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_noisy_load_that_stops_settles_then_is_back_at_the_minimum_within_a_minute(
+    s, demand, seed
+):
+    """Two minutes of a noisy steady demand (±5% demand and load1, ±2 runnable tasks), then
+    idle with load1 decaying as the kernel's: no flapping while the load lasts, and the
+    minimum within 60 s of the stop, whatever size the load left the VM at."""
+    rnd = random.Random(seed)
+    n, idle = 120, 0.02
+    guest = Guest(s.min_vcpus)
+    busy_goals = run(
+        guest,
+        [demand] * n,
+        s=s,
+        demand_noise=[rnd.uniform(-0.05, 0.05) for _ in range(n)],
+        runnable_noise=[rnd.randint(-2, 2) for _ in range(n)],
+        load1=[demand * (1 + rnd.uniform(-0.05, 0.05)) for _ in range(n)],
+    )
+    sizes = [s.min_vcpus]
+    for g in busy_goals:
+        if g.vcpus != sizes[-1]:
+            sizes.append(g.vcpus)
+    assert_no_oscillation(sizes)  # while the load lasts: grows, at most one correcting shrink
+    idle_goals = run(
+        guest,
+        [idle] * 60,
+        s=s,
+        start=1000.0 + n,
+        state=busy_goals[-1].state,
+        load1=[kernel_load1(demand, idle, t) for t in range(60)],
+    )
+    assert idle_goals[-1].vcpus == s.min_vcpus, [g.vcpus for g in idle_goals]
+
+
 def noisy_run(s, demand, start, *, demand_noise, runnable_noise, load1_noise):
     start = s.round_vcpus_down(min(start, s.top_vcpus))
     guest = Guest(start)
@@ -357,6 +447,12 @@ def test_noise_never_makes_the_size_reverse(  # noqa: PLR0917 (hypothesis passes
     start=st.integers(1, 80),
     seed=st.integers(0, 2**32 - 1),
 )
+# Sizes went [1, 40, 41, 42]: the pressure window of the grow to 40 stayed open after it, so one
+# noisy scrape at 40 vCPUs grew the VM again at once.
+@example(s=spec(min_vcpus=1, max_vcpus=42, unit=1), demand=36.0, start=1, seed=3935241533)
+# ... and [1, 40, 41, 42] again, each step after four scrapes above the target: sized for the
+# window's median, a VM sits on its target and noise pushes it over, one vCPU at a time.
+@example(s=spec(min_vcpus=1, max_vcpus=42, unit=1), demand=36.0, start=1, seed=1)
 def test_random_noise_on_a_steady_demand_changes_the_size_at_most_twice(s, demand, start, seed):
     """Five minutes of one demand with independent noise each scrape (±5% demand and load1,
     ±2 runnable tasks): one or two changes in one direction, then the size stays."""
@@ -446,3 +542,19 @@ def test_an_unexplained_goal_is_the_same_decision_without_the_sentence(  # noqa:
     assert explained.reason
     assert bare.reason in {"", explained.reason}
     assert bare == msgspec.structs.replace(explained, reason=bare.reason)
+
+
+def test_plugged_cpus_the_guest_has_not_onlined_are_not_counted_as_used():
+    # 6 vCPUs plugged, 2 online in the guest (its counters cover 2), both busy, load1 5:
+    # the demand is 5 (load1), not 6 (busy x plugged), so 6 vCPUs hold and ask for no more.
+    guest = Guest(2)
+    s = spec(max_vcpus=16)
+    first = goal_vcpus(
+        guest.scrape(5.0), s, FRESH, current_vcpus=6, top_vcpus=16, config=CFG, now=1000.0
+    )
+    g = goal_vcpus(
+        guest.scrape(5.0), s, first.state, current_vcpus=6, top_vcpus=16, config=CFG, now=1001.0
+    )
+    assert g.busy_fraction == 1.0
+    assert g.demand_vcpus == pytest.approx(5.0)
+    assert g.vcpus == 6 and g.state.pressure_since is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import structlog
 
 from autoscaler_agent.hypervisor import ResizeInProgress, ResizeRejected
@@ -200,3 +201,63 @@ def _reports(world, uid: str) -> int:
         and r.last_permit is not None
         and r.last_permit.vcpus == 2
     )
+
+
+def _fast_grow(world, *, stuck_after_seconds):
+    """VM loops created from here on grow on the first saturated scrape and call a wanted
+    change stuck after ``stuck_after_seconds``."""
+    policy = msgspec.structs.replace(CORE.policy, grow_after_seconds=0.0)
+    world.deps.core = msgspec.structs.replace(CORE, policy=policy)
+    world.deps.stuck_after_seconds = stuck_after_seconds
+
+
+async def test_grow_latency_runs_to_the_cpus_online_in_the_guest_and_a_lagging_guest_is_stuck(
+    world,
+):
+    _fast_grow(world, stuck_after_seconds=0.5)
+    target = world.vm("vm-1", current=2, max_vcpus=8, load=0.5)
+    vm = ("vm", target.key)
+    world.metrics_app.online["vm-1"] = 2  # the guest's node_cpu_seconds_total covers 2 CPUs
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_online_vcpus", vm) == 2)
+    loop = asyncio.get_running_loop()
+    stepped_at = loop.time()
+    world.metrics_app.loads["vm-1"] = 5.0  # saturated at 2: needs 6
+    await eventually(lambda: hv.current == 6)
+    # Plugged, but the guest has not onlined them: nothing is timed yet, and the wanted
+    # change stays pending until the VM counts as stuck.
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_stuck", vm) == 1)
+    assert world.sample("vmautoscale_agent_grow_to_online_seconds_count") == 0
+    onlined_at = loop.time()
+    world.metrics_app.online["vm-1"] = 6
+    await eventually(lambda: world.sample("vmautoscale_agent_grow_to_online_seconds_count") == 1)
+    latency = world.sample("vmautoscale_agent_grow_to_online_seconds_sum")
+    # From the decision (after the step, before the resize) to the scrape that saw 6 online
+    # (after the guest onlined them, before now): bounds that follow from the order of events.
+    assert onlined_at - hv.resized_at[-1][0] <= latency <= loop.time() - stepped_at
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_stuck", vm) == 0)
+    assert world.sample("vmautoscale_agent_vm_online_vcpus", vm) == 6
+    # Busy time covers the 2 CPUs online: the 4 plugged ones idle in the guest are not taken
+    # for demand (that would have asked for 7).
+    assert hv.calls == [6]
+    await world.supervisor.apply({})
+    assert world.sample("vmautoscale_agent_vm_stuck", vm) is None
+    assert world.sample("vmautoscale_agent_vm_online_vcpus", vm) is None
+
+
+async def test_a_permit_denied_for_long_marks_the_vm_stuck_until_it_grows(world):
+    _fast_grow(world, stuck_after_seconds=0.5)
+    world.extender.capacity_vcpus = 2  # all of it is this VM's already
+    target = world.vm("vm-1", current=2, load=5.0)
+    vm = ("vm", target.key)
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_stuck", vm) == 1)
+    assert (world.sample("vmautoscale_agent_permit_denials_total") or 0) >= 1
+    assert hv.calls == []
+    world.extender.capacity_vcpus = 16
+    await eventually(lambda: hv.current == 6)
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_stuck", vm) == 0)
+    # No CPU counters from this guest: the grow cannot be timed to "online", so it is not.
+    assert world.sample("vmautoscale_agent_grow_to_online_seconds_count") == 0

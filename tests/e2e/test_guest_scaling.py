@@ -11,18 +11,17 @@ asked and got from its ``/metrics`` counters; the vCPUs plugged into QEMU from Q
 and the agent holds the VM's); the CPUs the guest onlined from its own node_exporter (an offline
 CPU has no ``node_cpu_seconds_total`` series).
 
-The agent's test config (``POLICY``, plus a permit retry after 1 s instead of 5): scrape every
-1 s (the default); grow after 2 s of pressure (default 3: the window then holds three samples,
-enough for its median to ignore one noisy run-queue reading); shrink after 4 s low (default 30,
-which would blow the time budget); and 1.5 / 1.4 runnable tasks per vCPU to grow / shrink
-(defaults 0.9 / 0.6). The last is for time too: the shrink size is read from ``node_load1``, a
-one-minute average that after the load phase sits near 1 in this guest, and at 0.6 per vCPU the
-last step back to 1 vCPU waited 20-40 s for it to decay. The grow is sized by the run queue
-either way (six busy loops: demand 6, so 4 vCPUs wanted at 1.5 as at 0.9).
+The agent's test config (``AGENT_CONFIG``): scrape every 1 s (the default); grow after 2 s of
+pressure (default 3); shrink after 4 s low (default 30, which would blow the time budget); the
+default 0.9 / 0.6 load per vCPU to grow / shrink (the shrink size follows the guest's busy time,
+so nothing waits for load1 to decay); a permit retry after 1 s instead of 5; and a VM counts as
+stuck after 3 s of a wanted change not happening (default 60). Six busy loops make a run queue
+of ~6, so the policy wants its max of 4 vCPUs either way.
 
 Every wait is bounded (60 s a step) and polls; nothing asserts on elapsed time. Measured on the
-2-core development machine: boot 7 s, load to grown-and-permitted 3-4 s, to onlined 1-3 s, load
-off to shrunk and released 12 s, the denial 5 s; 36 s for the module.
+2-core development machine: boot 7 s, load to grown-and-permitted 3-4 s, to onlined 1-3 s (the
+agent's own decision-to-online histogram: 1.0 s), load off to shrunk and released 11-12.5 s, the
+denial 5 s; 36-44 s for the module.
 """
 
 from __future__ import annotations
@@ -52,13 +51,16 @@ from scripts.local_stack import (
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(150)]
 
-POLICY = {
-    "grow_after_seconds": 2.0,
-    "shrink_after_seconds": 4.0,
-    "target_load_per_vcpu": 1.5,
-    "shrink_load_per_vcpu": 1.4,
+AGENT_CONFIG = {
+    "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
+    "policy": {"grow_after_seconds": 2.0, "shrink_after_seconds": 4.0},
+    "extender": {"permit_retry_seconds": 1.0},
+    "retry": {"backoff_initial_seconds": 0.5, "backoff_max_seconds": 2.0},
+    "hypervisor": {"unplug_timeout_seconds": 10.0},
+    "metrics": {"stuck_after_seconds": 3.0},
+    "log": {"level": "info"},
 }
-# Six busy loops: a run queue of ~6, so the policy wants its max of 4 vCPUs (6 / 1.5), more than
+# Six busy loops: a run queue of ~6, so the policy wants its max of 4 vCPUs (6 / 0.9), more than
 # the node has room for; what the permit allows is then what decides the size.
 BUSY_LOOPS = 6
 WAIT_SECONDS = 60  # per step; the steps take 3-7 s on a quiet machine
@@ -116,7 +118,7 @@ def make_stack(guest: Guest, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
             extender=extender,
             qmp_socket=guest.qmp_socket,
             metrics_url=guest.metrics_url,
-            policy=POLICY,
+            base_config=AGENT_CONFIG,
         )
         agent = start_agent(tmp_path, vm, config=config, vms=vms, port=port)
         started.append(agent.service)
@@ -167,6 +169,26 @@ def test_load_grows_within_the_permit_then_shrinks_and_releases(make_stack, busy
     )
     timings["grown_to_online"] = time.monotonic() - mark
     assert stack.observe() == (3, 3.0)  # still under load: no fourth vCPU came after all
+    # The agent saw the 3 CPUs online in the guest too, and timed its grow up to then. It
+    # wanted 4 (the node had room for 3): the rest stays pending, and the VM is marked stuck.
+    samples = eventually(
+        stack.agent_metrics,
+        lambda s: value(s, "vmautoscale_agent_vm_online_vcpus", vm=stack.vm.key) == 3,
+        timeout_seconds=WAIT_SECONDS,
+        what="the agent seeing 3 CPUs online",
+        alive=stack.services,
+    )
+    assert value(samples, "vmautoscale_agent_grow_to_online_seconds_count") >= 1
+    timings["decision_to_online_sum"] = value(
+        samples, "vmautoscale_agent_grow_to_online_seconds_sum"
+    )
+    eventually(
+        stack.agent_metrics,
+        lambda s: value(s, "vmautoscale_agent_vm_stuck", vm=stack.vm.key) == 1,
+        timeout_seconds=WAIT_SECONDS,
+        what="the VM, held below its wanted 4 vCPUs, marked stuck",
+        alive=stack.services,
+    )
 
     mark = time.monotonic()
     stack.guest.stop_busy_loops()
@@ -188,6 +210,9 @@ def test_load_grows_within_the_permit_then_shrinks_and_releases(make_stack, busy
     )
     assert value(samples, "vmautoscale_agent_permit_requests_total", kind="notice") >= 1
     assert stack.extender.node(stack.vm.node)["free"]["cpuMillis"] == 2000
+    # The fourth vCPU, no longer wanted once the load stopped: abandoned, not timed.
+    assert value(samples, "vmautoscale_agent_grows_abandoned_total") >= 1
+    assert value(samples, "vmautoscale_agent_vm_stuck", vm=stack.vm.key) == 0
 
     # Never beyond the permit, at any reading.
     assert max(v for v, _, _ in stack.history) == 3
@@ -196,8 +221,7 @@ def test_load_grows_within_the_permit_then_shrinks_and_releases(make_stack, busy
     print(f"timings (s): { {k: round(v, 1) for k, v in timings.items()} }")
 
 
-# Second: the grow test leaves the guest at its boot size, and runs first because its shrink
-# reads load1, which this test's load would have raised.
+# Second: the grow test leaves the guest at its boot size.
 def test_full_node_denies_and_no_vcpu_is_added(make_stack, busy_guest):
     # A 2-CPU node: the VM's 1 vCPU plus a foreign pod's 1 CPU leave nothing to grow into.
     # (Until the agent's first request the extender also keeps the VM's unverified headroom,

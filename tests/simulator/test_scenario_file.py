@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from simulator.scenario import (
+    Noise,
     Piece,
     Ramp,
     ScenarioError,
@@ -33,7 +35,7 @@ BAD = [
     (
         "two-kinds-of-piece",
         "traces: {t: [{at_seconds: 0, level_vcpus: 1, ramp: {to_vcpus: 2, over_seconds: 5}}]}",
-        "exactly one of level_vcpus, ramp, sine - at `$.traces.t[0]`",
+        "exactly one of level_vcpus, ramp, sine, noise - at `$.traces.t[0]`",
     ),
     (
         "time-goes-back",
@@ -126,6 +128,26 @@ def test_ramps_and_sines_become_steps_of_one_quantum():
     assert got[:6] == ((0.0, 1.0), (100, 1.25), (110, 1.75), (120, 2.25), (130, 2.75), (140, 3.0))
     # The sine, sampled mid-quantum: 2 + sin(pi/4 + k pi/2); equal neighbours merge.
     assert [(t, round(v, 3)) for t, v in got[6:]] == [(300, 2.707), (320, 1.293)]
+
+
+def test_noise_is_a_new_draw_every_step_within_its_bounds_and_repeatable():
+    noise = Noise(mean_vcpus=4, amplitude_vcpus=0.4, step_seconds=1, seed=3)
+    pieces = [Piece(at_seconds=0, level_vcpus=1), Piece(at_seconds=10, noise=noise)]
+    got = segments(pieces, quantum_seconds=15, end_seconds=110)
+    assert got[0] == (0.0, 1.0)
+    assert [t for t, _ in got[1:]] == [float(t) for t in range(10, 110)]  # one per step
+    assert all(3.6 <= v <= 4.4 for _, v in got[1:])
+    assert len({v for _, v in got[1:]}) > 90  # independent draws, not a pattern
+    assert segments(pieces, quantum_seconds=15, end_seconds=110) == got
+    other = [pieces[0], Piece(at_seconds=10, noise=msgspec.structs.replace(noise, seed=4))]
+    assert segments(other, quantum_seconds=15, end_seconds=110) != got
+
+
+def test_noise_cannot_go_negative():
+    with pytest.raises(ScenarioError, match="amplitude_vcpus above mean_vcpus"):
+        parse_scenario(
+            HEAD + "traces: {t: [{at_seconds: 0, noise: {mean_vcpus: 1, amplitude_vcpus: 2}}]}\n"
+        )
 
 
 def test_no_trace_means_idle():
