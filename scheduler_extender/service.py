@@ -325,12 +325,38 @@ class Extender:
 
     # -- bind: the commit point ------------------------------------------------------------
 
-    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> str:
-        """Reserve, then POST the Binding; returns "" or the error for kube-scheduler."""
+    async def bind(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        filtered: PodInfo | None = None,
+    ) -> str:
+        """Reserve, then POST the Binding; returns "" or the error for kube-scheduler.
+
+        ``filtered``: the pod as kube-scheduler last sent it to filter. kube-scheduler binds
+        within milliseconds of a pod's creation, often before our pod watch delivers it; that
+        version is then what to reserve for (the Binding's UID precondition still guards a pod
+        deleted meanwhile, and the watch confirms or corrects the hold when it catches up).
+        """
         key = f"{namespace}/{name}"
         log_ = log.bind(pod=key, node=node)
         held = self.ledger.pods.get(uid)
         info = self.unbound.get(key)
+        if (
+            held is None
+            and (info is None or info.uid != uid)
+            and filtered is not None
+            and filtered.uid == uid
+            and filtered.key == key
+            and filtered.is_ours
+            and filtered.node_name is None
+            and not filtered.is_terminated
+        ):
+            log_.info("bind_before_watch", uid=uid)
+            info = filtered
         if held is None and (info is None or info.uid != uid):
             self.metrics.binds.labels("refused").inc()
             return (

@@ -178,6 +178,13 @@ class PodInfos:
         self._scheduler_name = scheduler_name
         self._max_entries = max_entries
         self._entries: OrderedDict[tuple[str, str], PodInfo] = OrderedDict()
+        # uid -> the newest version filter saw: what bind falls back on for a pod the
+        # extender's own watch has not delivered yet (kube-scheduler binds within milliseconds
+        # of a pod's creation; the watch may lag).
+        self._latest: OrderedDict[str, PodInfo] = OrderedDict()
+
+    def latest(self, uid: str) -> PodInfo | None:
+        return self._latest.get(uid)
 
     def get(self, pod: Pod) -> PodInfo:
         meta = pod.metadata
@@ -194,6 +201,10 @@ class PodInfos:
             self._entries[key] = info
             if len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
+            self._latest[meta.uid] = info
+            self._latest.move_to_end(meta.uid)
+            if len(self._latest) > self._max_entries:
+                self._latest.popitem(last=False)
         return info
 
 
@@ -340,7 +351,11 @@ async def bind(request: web.Request) -> web.Response:
         pod=f"{args.pod_namespace}/{args.pod_name}", node=args.node
     )
     error = await extender.bind(
-        namespace=args.pod_namespace, name=args.pod_name, uid=args.pod_uid, node=args.node
+        namespace=args.pod_namespace,
+        name=args.pod_name,
+        uid=args.pod_uid,
+        node=args.node,
+        filtered=request.app[POD_INFOS].latest(args.pod_uid),
     )
     structlog.contextvars.bind_contextvars(reason=error or "bound")
     return json_response(ExtenderBindingResult(error=error))

@@ -60,3 +60,25 @@ def test_vms_waiting_for_a_node_take_it_when_it_is_added(lagging: Cluster, names
     node = names.node("late", cpu="2.5")
     assert names.wait_bound("vm-0", timeout_seconds=60) == node
     assert names.wait_bound("vm-1", timeout_seconds=60) == node
+
+
+def test_a_new_vm_binds_on_the_first_try_though_the_watch_has_not_seen_it(
+    lagging: Cluster, names: Names
+):
+    """kube-scheduler filters and binds a new pod within milliseconds of its creation, before
+    the extender's pod watch has delivered it. bind used to refuse such a pod ("not known to
+    the extender yet") and kube-scheduler retried after its back-off; the pod as kube-scheduler
+    sent it to filter is enough to reserve for it."""
+    node = names.node("a", cpu="10")
+    wait_for(lambda: extender_knows(lagging, node), timeout_seconds=30, what="node known")
+    for i in range(3):
+        names.vm(f"vm-{i}")
+    for i in range(3):
+        assert names.wait_bound(f"vm-{i}") == node
+    for i in range(3):
+        assert names.failed_scheduling(f"vm-{i}") == []
+    state = lagging.extender.state()
+    entry = next(n for n in state["nodes"] if n["name"] == node)
+    assert sorted(a["pod"] for a in entry["allocations"]) == [
+        f"{names.namespace}/vm-{i}" for i in range(3)
+    ]
