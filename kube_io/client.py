@@ -44,7 +44,12 @@ from kube_io.objects import (
     Event,
     EventMeta,
     EventSource,
+    NonResourceAttributes,
     ObjectReference,
+    SubjectAccessReview,
+    SubjectAccessReviewRequest,
+    SubjectAccessReviewSpec,
+    SubjectAccessReviewStatus,
     TokenReview,
     TokenReviewRequest,
     TokenReviewResult,
@@ -397,6 +402,36 @@ class KubeClient:
             "POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review
         )
         return TokenReviewResult.from_review(_decode(TokenReview, body))
+
+    async def review_access(
+        self,
+        user: str,
+        *,
+        groups: Sequence[str],
+        uid: str | None,
+        path: str,
+        verb: str,
+    ) -> SubjectAccessReviewStatus:
+        """Ask the API's authorizers whether ``user`` may ``verb`` the non-resource ``path``.
+
+        A refusal is *not* an error (``allowed`` is false, ``reason`` says why when the
+        authorizer gave one). Errors mean the review itself failed (e.g. ``Forbidden`` without
+        the ``system:auth-delegator`` role).
+        """
+        review = SubjectAccessReviewRequest(
+            api_version="authorization.k8s.io/v1",
+            kind="SubjectAccessReview",
+            spec=SubjectAccessReviewSpec(
+                non_resource_attributes=NonResourceAttributes(path=path, verb=verb),
+                user=user,
+                groups=list(groups) or None,
+                uid=uid,
+            ),
+        )
+        _, body = await self._call(
+            "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review
+        )
+        return _decode(SubjectAccessReview, body).status
 
     # --- transport ------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 Pure: declarations only. ``protocol.kube`` holds the objects both services *read* (Pod, Node,
 lists, watch events); this module holds what only the I/O layer sends or receives: Binding,
-Event, TokenReview. Keys are the API's camelCase; readers are tolerant (unknown fields ignored)
-because every Kubernetes release adds fields.
+Event, TokenReview, SubjectAccessReview. Keys are the API's camelCase; readers are tolerant
+(unknown fields ignored) because every Kubernetes release adds fields.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class Event(_Wire, frozen=True, kw_only=True):
 
 class TokenReviewSpec(_Wire, frozen=True, kw_only=True):
     token: str
-    audiences: list[str]
+    # Empty: the API server's own audiences (and a real one then echoes no ``audiences``).
+    audiences: list[str] = []
 
 
 class TokenReviewRequest(_Wire, frozen=True, kw_only=True):
@@ -157,6 +158,7 @@ class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
     # The bound pod's uid: a pod recreated under the same name is another pod.
     pod_uid: str | None = None
     groups: tuple[str, ...] = ()
+    uid: str | None = None
     error: str | None = None
 
     @classmethod
@@ -171,8 +173,43 @@ class TokenReviewResult(msgspec.Struct, kw_only=True, frozen=True):
             pod_name=_first(extra.get(POD_NAME_EXTRA)),
             pod_uid=_first(extra.get(POD_UID_EXTRA)),
             groups=tuple(user.groups or ()),
+            uid=user.uid or None,
             error=status.error or None,
         )
+
+
+# --- SubjectAccessReview ------------------------------------------------------------------
+
+
+class NonResourceAttributes(_Wire, frozen=True, kw_only=True):
+    path: str
+    verb: str
+
+
+class SubjectAccessReviewSpec(_Wire, frozen=True, kw_only=True):
+    non_resource_attributes: NonResourceAttributes
+    user: str
+    groups: list[str] | None = None
+    uid: str | None = None
+
+
+class SubjectAccessReviewRequest(_Wire, frozen=True, kw_only=True):
+    api_version: str
+    kind: str
+    spec: SubjectAccessReviewSpec
+
+
+class SubjectAccessReviewStatus(_Wire, frozen=True, kw_only=True):
+    allowed: bool = False
+    denied: bool = False
+    reason: str | None = None
+    evaluation_error: str | None = None
+
+
+class SubjectAccessReview(_Wire, frozen=True, kw_only=True):
+    """What ``POST /apis/authorization.k8s.io/v1/subjectaccessreviews`` answers."""
+
+    status: SubjectAccessReviewStatus = msgspec.field(default_factory=SubjectAccessReviewStatus)
 
 
 def _first(values: list[str] | None) -> str | None:

@@ -26,7 +26,7 @@ from kube_io.client import KubeClient
 from kube_io.preflight import StartupProblem, check_api_server
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
-from scheduler_extender.config import Config, ConfigError, load_config
+from scheduler_extender.config import Config, ConfigError, Listen, load_config
 from scheduler_extender.http.app import Deps, serve
 from scheduler_extender.kube.standalone import load_cluster
 from scheduler_extender.recommender import (
@@ -52,7 +52,9 @@ Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs l
 
 Commands:
   serve   (default) answer kube-scheduler's filter/prioritize/bind/preempt on the verbs
-          listener and the agents' permit requests on the permit listener.
+          listener, the agents' permit requests on the permit listener and, when
+          listen.metrics is set, Prometheus's scrapes of /metrics on the metrics listener
+          (behind a TokenReview and SubjectAccessReview unless listen.metrics.auth is none).
   recommend SNAPSHOT.yaml [--config FILE] [--diagnostics full|summary] [--scale-down]
           print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON,
           or with --scale-down which nodes could be removed; exit 3 naming each bad $.path
@@ -254,10 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _listen_problem(config: Config, path: Path | None, error: OSError) -> str:
     """Which listener could not bind, and the key that sets it."""
     source = f" in {path}" if path is not None else " (the default; set it in --config FILE)"
-    for key, listen in (
+    listeners: list[tuple[str, Listen]] = [
         ("listen.verbs", config.listen.verbs),
         ("listen.permits", config.listen.permits),
-    ):
+    ]
+    if config.listen.metrics is not None:
+        listeners.append(("listen.metrics", config.listen.metrics))
+    for key, listen in listeners:
         if f", {listen.port})" in str(error):
             return (
                 f"cannot listen on {listen.host}:{listen.port} ({key}{source}):"

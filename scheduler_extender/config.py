@@ -97,16 +97,53 @@ class PermitsListen(Listen, frozen=True):
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
 
 
+class MetricsAuth(enum.StrEnum):
+    KUBERNETES = "kubernetes"
+    NONE = "none"
+
+
+class MetricsListen(Listen, frozen=True):
+    """Prometheus's listener: ``/metrics`` and the probes, nothing else.
+
+    ``auth: kubernetes`` (the default) lets a caller read ``/metrics`` only if its bearer token
+    passes a TokenReview and a SubjectAccessReview for ``get`` on the non-resource URL
+    ``/metrics`` (the ClusterRole ``vm-autoscaling-metrics-reader`` grants it), as
+    kube-scheduler guards its own metrics. ``none`` serves them to anyone who reaches the
+    port (local runs, or a network policy that admits only Prometheus).
+    """
+
+    host: NonEmpty = "0.0.0.0"
+    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 32
+    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 20
+    auth: MetricsAuth = MetricsAuth.KUBERNETES
+    # How long a scraper's allowed token is trusted without reviewing it again, and a refused
+    # one refused; reviews of new tokens are limited like the agents' (with a budget of their
+    # own, so a flood here never spends the agents').
+    allowed_cache_ttl_seconds: PositiveSeconds = 300.0
+    refused_cache_ttl_seconds: PositiveSeconds = 10.0
+    cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 1_000
+    review_rate_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
+    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 10
+
+
 class ListenConfig(_Section, frozen=True):
-    """Two listeners so they can be exposed differently: kube-scheduler reaches ``verbs`` over
-    loopback; every node's agent reaches ``permits``."""
+    """Listeners exposed differently: kube-scheduler reaches ``verbs`` over loopback; every
+    node's agent reaches ``permits``; Prometheus reaches ``metrics`` (off unless configured)."""
 
     verbs: VerbsListen = VerbsListen(port=10298)
     permits: PermitsListen = PermitsListen(port=10299)
+    metrics: MetricsListen | None = None
 
     def __post_init__(self) -> None:
-        if (self.verbs.host, self.verbs.port) == (self.permits.host, self.permits.port):
-            raise ValueError("verbs and permits must listen on different addresses")
+        named = [("verbs", self.verbs), ("permits", self.permits)]
+        if self.metrics is not None:
+            named.append(("metrics", self.metrics))
+        seen: dict[tuple[str, int], str] = {}
+        for name, listen in named:
+            other = seen.setdefault((listen.host, listen.port), name)
+            if other != name:
+                raise ValueError(f"{other} and {name} must listen on different addresses")
 
 
 class SystemReserveConfig(_Section, frozen=True):

@@ -85,6 +85,11 @@ class NotTheAgent(ExtenderError):
     default_reason = "NotTheAgent"
 
 
+class Forbidden(ExtenderError):
+    status = 403
+    default_reason = "Forbidden"
+
+
 class UnknownNode(ExtenderError):
     status = 404
     default_reason = "UnknownNode"

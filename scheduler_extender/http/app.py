@@ -1,11 +1,12 @@
-"""Building and serving the extender's two listeners.
+"""Building and serving the extender's listeners.
 
 Shell. ``make_app(config, deps)`` builds kube-scheduler's listener (verbs, probes, metrics,
 state); it owns the lifecycle through ``cleanup_ctx``: connect the kube client, start the
 watches, the durability writer and the Event poster; on teardown, give pending permit writes a
 moment, cancel the tasks (reverse order), close the client. ``make_permits_app`` builds the
-agents' listener over the same ``Extender``; it has no lifecycle of its own and must be started
-after, and stopped before, the verbs app (``serve`` does so).
+agents' listener over the same ``Extender``, and ``make_metrics_app`` Prometheus's (when
+``listen.metrics`` is set); they have no lifecycle of their own and must be started after, and
+stopped before, the verbs app (``serve`` does so).
 
 Nothing is global: every dependency arrives in ``Deps`` or the config and is stored under a
 typed ``AppKey``, so a test builds as many independent apps as it likes.
@@ -26,11 +27,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
-from scheduler_extender.config import AuthMode, Config, ConfigError, QuotaSection
+from scheduler_extender.config import (
+    AuthMode,
+    Config,
+    ConfigError,
+    Listen,
+    MetricsAuth,
+    MetricsListen,
+    QuotaSection,
+)
 from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
-from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, TASKS
+from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, METRICS_GUARD, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.sequences import SequenceBook
 from scheduler_extender.kube.auth import (
@@ -41,6 +50,7 @@ from scheduler_extender.kube.auth import (
 )
 from scheduler_extender.kube.durability import PermitRecorder
 from scheduler_extender.kube.link import KubeLink
+from scheduler_extender.kube.metrics_auth import DelegatedMetricsAuth, MetricsGuard, OpenMetrics
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.kube.queue_notices import QueueNotices
 from scheduler_extender.kube.standalone import StandaloneCluster
@@ -94,6 +104,26 @@ def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> A
     )
 
 
+def _metrics_guard(listen: MetricsListen, link: KubeLink | None) -> MetricsGuard:
+    if listen.auth is MetricsAuth.NONE:
+        return OpenMetrics()
+    if link is None:
+        raise ConfigError(
+            "standalone mode has no API server to review scrapers' tokens:"
+            " set listen.metrics.auth none"
+        )
+    return DelegatedMetricsAuth(
+        lambda token: link.review_token(token, audiences=()),
+        link.review_access,
+        ttl_seconds=listen.allowed_cache_ttl_seconds,
+        negative_ttl_seconds=listen.refused_cache_ttl_seconds,
+        max_entries=listen.cache_max_entries,
+        budget=TokenBucket(
+            rate_per_second=listen.review_rate_per_second, burst=listen.review_burst
+        ),
+    )
+
+
 def make_app(config: Config, deps: Deps) -> web.Application:
     """kube-scheduler's listener; owns the lifecycle of everything shared with the permit port."""
     if (deps.connect_kube is None) == (deps.standalone is None):
@@ -124,6 +154,8 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     )
     app[EXTENDER] = extender
     app[AUTHENTICATOR] = _authenticator(config, link, metrics)
+    if config.listen.metrics is not None:
+        app[METRICS_GUARD] = _metrics_guard(config.listen.metrics, link)
     app[METRICS] = metrics
     app[BODIES] = Bodies(config.limits)
     app[TASKS] = []
@@ -205,6 +237,19 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     return app
 
 
+def make_metrics_app(config: Config, verbs_app: web.Application) -> web.Application:
+    """Prometheus's listener (``listen.metrics``): ``/metrics`` behind ``METRICS_GUARD``, and
+    the probes. Shares ``verbs_app``'s Extender and registry; start it after that one."""
+    app = web.Application(middlewares=[request_middleware], client_max_size=1024)
+    app[EXTENDER] = verbs_app[EXTENDER]
+    app[METRICS] = verbs_app[METRICS]
+    app[TASKS] = verbs_app[TASKS]
+    app[METRICS_GUARD] = verbs_app[METRICS_GUARD]
+    app.router.add_get("/metrics", ops.guarded_metrics, name="metrics")
+    _add_ops(app)
+    return app
+
+
 def _add_ops(app: web.Application) -> None:
     app.router.add_get("/healthz", ops.healthz, name="healthz")
     app.router.add_get("/readyz", ops.readyz, name="readyz")
@@ -252,15 +297,22 @@ def _start(coro: Awaitable[None], name: str) -> asyncio.Task[None]:
 
 
 async def start_listeners(
-    config: Config, verbs_app: web.Application, permits_app: web.Application
+    config: Config,
+    verbs_app: web.Application,
+    permits_app: web.Application,
+    metrics_app: web.Application | None = None,
 ) -> list[tuple[web.AppRunner, GuardedSite]]:
-    """Start both listeners, verbs first (it owns the lifecycle); each with its guards."""
+    """Start the listeners, verbs first (it owns the lifecycle); each with its guards."""
     started: list[tuple[web.AppRunner, GuardedSite]] = []
+    apps: list[tuple[web.Application, Listen]] = [
+        (verbs_app, config.listen.verbs),
+        (permits_app, config.listen.permits),
+    ]
+    if metrics_app is not None:
+        assert config.listen.metrics is not None
+        apps.append((metrics_app, config.listen.metrics))
     try:
-        for app, listen in (
-            (verbs_app, config.listen.verbs),
-            (permits_app, config.listen.permits),
-        ):
+        for app, listen in apps:
             runner = web.AppRunner(
                 app,
                 handle_signals=False,
@@ -285,15 +337,16 @@ async def stop_listeners(started: list[tuple[web.AppRunner, GuardedSite]]) -> No
 
 
 async def serve(config: Config, deps: Deps) -> None:
-    """Run both listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
+    """Run the listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
     verbs_app = make_app(config, deps)
     permits_app = make_permits_app(config, verbs_app)
+    metrics_app = make_metrics_app(config, verbs_app) if config.listen.metrics else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        started = await start_listeners(config, verbs_app, permits_app)
+        started = await start_listeners(config, verbs_app, permits_app, metrics_app)
         try:
             await stop.wait()
             log.info("shutting_down")

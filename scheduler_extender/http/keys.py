@@ -10,9 +10,12 @@ import asyncio
 from aiohttp import web
 
 from scheduler_extender.kube.auth import Authenticator
+from scheduler_extender.kube.metrics_auth import MetricsGuard
 from scheduler_extender.service import Extender
 
 EXTENDER = web.AppKey("extender", Extender)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+# Who may read /metrics on the metrics listener (absent on the other listeners: loopback).
+METRICS_GUARD = web.AppKey("metrics_guard", MetricsGuard)
 # Background tasks whose death makes /healthz fail (the kubelet then restarts the process).
 TASKS = web.AppKey("tasks", list[asyncio.Task[None]])

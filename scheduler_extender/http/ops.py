@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.admission.view import queue_numbers, queue_view
-from scheduler_extender.http.keys import EXTENDER, TASKS
+from scheduler_extender.http.keys import EXTENDER, METRICS_GUARD, TASKS
 from scheduler_extender.http.middleware import METRICS, json_response
 from scheduler_extender.state import dump_namespaces, dump_state
 
@@ -42,6 +42,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(found.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
+
+
+async def guarded_metrics(request: web.Request) -> web.Response:
+    """``/metrics`` on the metrics listener: only for callers ``METRICS_GUARD`` lets in."""
+    await request.app[METRICS_GUARD].check(request.headers.get("Authorization"))
+    return await metrics(request)
 
 
 async def state(request: web.Request) -> web.Response:

@@ -313,13 +313,13 @@ class TokenReviewAuth:
     def _store(self, key: bytes, entry: _Known | _Rejected) -> None:
         if isinstance(entry, _Known):
             self._rejected.pop(key, None)
-            _put(self._known, key, entry, self._max_entries)
+            put_bounded(self._known, key, entry, self._max_entries)
         else:
             self._known.pop(key, None)
-            _put(self._rejected, key, entry, self._negative_max_entries)
+            put_bounded(self._rejected, key, entry, self._negative_max_entries)
 
 
-def _put(cache: dict[bytes, _T], key: bytes, entry: _T, max_entries: int) -> None:
+def put_bounded(cache: dict[bytes, _T], key: bytes, entry: _T, max_entries: int) -> None:
     cache.pop(key, None)
     cache[key] = entry
     while len(cache) > max_entries:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from kube_io.client import KubeClient
 from kube_io.errors import Unavailable
-from kube_io.objects import ObjectReference, TokenReviewResult
+from kube_io.objects import ObjectReference, SubjectAccessReviewStatus, TokenReviewResult
 from protocol.kube import Pod
 
 
@@ -60,3 +60,10 @@ class KubeLink:
 
     async def review_token(self, token: str, *, audiences: Sequence[str]) -> TokenReviewResult:
         return await self._client().review_token(token, audiences=audiences)
+
+    async def review_access(
+        self, user: str, *, groups: Sequence[str], uid: str | None, path: str, verb: str
+    ) -> SubjectAccessReviewStatus:
+        return await self._client().review_access(
+            user, groups=groups, uid=uid, path=path, verb=verb
+        )

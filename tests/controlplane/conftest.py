@@ -85,7 +85,10 @@ class Cluster:
 
 def new_extender(cp: ControlPlane, kubeconfig: Path, work: Path, **overrides: Any) -> Extender:
     config = extender_config(
-        MANIFEST_EXTENDER_CONFIG, verbs_port=free_port(), permits_port=free_port()
+        MANIFEST_EXTENDER_CONFIG,
+        verbs_port=free_port(),
+        permits_port=free_port(),
+        metrics_port=free_port(),
     )
     config.update(overrides)
     return Extender(work, kubeconfig, config)

@@ -546,6 +546,11 @@ class Extender:
         port: int = self.config["listen"]["permits"]["port"]
         return port
 
+    @property
+    def metrics_port(self) -> int:
+        port: int = self.config["listen"]["metrics"]["port"]
+        return port
+
     def start(self, *, wait_ready: bool = True) -> None:
         config_path = self.work / "extender.yaml"
         config_path.write_text(yaml.safe_dump(self.config))
@@ -570,13 +575,15 @@ class Extender:
             what="the extender's /readyz",
         )
 
-    def get(self, path: str, *, port: int | None = None) -> tuple[int, bytes]:
+    def get(
+        self, path: str, *, port: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
         """One GET on the permit port (or ``port``); (0, b"") while nothing listens."""
         if self.process is not None:
             self.process.check_alive()
         conn = http.client.HTTPConnection("127.0.0.1", port or self.permits_port, timeout=10)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=dict(headers or {}))
             response = conn.getresponse()
             return response.status, response.read()
         except OSError:
@@ -621,13 +628,23 @@ class Extender:
             self.process.popen.send_signal(signal.SIGCONT)
 
 
-def extender_config(manifest_config: Obj, *, verbs_port: int, permits_port: int) -> Obj:
-    """The deployed config with loopback ports of our own."""
+def extender_config(
+    manifest_config: Obj, *, verbs_port: int, permits_port: int, metrics_port: int | None = None
+) -> Obj:
+    """The deployed config with loopback ports of our own (no metrics listener without
+    ``metrics_port``; otherwise the deployed one, auth included)."""
     config = json.loads(json.dumps(manifest_config))
+    listen = config["listen"]
     config["listen"] = {
         "verbs": {"host": "127.0.0.1", "port": verbs_port},
         "permits": {"host": "127.0.0.1", "port": permits_port},
     }
+    if metrics_port is not None:
+        config["listen"]["metrics"] = {
+            **listen["metrics"],
+            "host": "127.0.0.1",
+            "port": metrics_port,
+        }
     return config
 
 

@@ -166,3 +166,56 @@ def test_only_the_agent_gets_permits(cluster: Cluster, names: Names):
 
 def holds_of(state: Obj, node: str) -> list[Obj]:
     return next(n["allocations"] for n in state["nodes"] if n["name"] == node)
+
+
+def test_metrics_only_for_scrapers_allowed_to_read_them(cluster: Cluster, names: Names):
+    """The metrics listener as deployed (auth: kubernetes): a ServiceAccount bound to the
+    manifests' vm-autoscaling-metrics-reader reads /metrics with its ordinary token; another
+    ServiceAccount gets 403, a token for another audience or none at all 401. Real
+    TokenReview and SubjectAccessReview against the real RBAC authorizer."""
+    for account in ("scraper", "bystander"):
+        names.api.create(
+            f"/api/v1/namespaces/{names.namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+        )
+    binding = f"{names.namespace}-metrics"
+    names.api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": binding},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "vm-autoscaling-metrics-reader",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "scraper", "namespace": names.namespace}
+            ],
+        },
+    )
+    names.cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}")
+    scraper = names.api.request_token(names.namespace, "scraper", audience=None)
+    bystander = names.api.request_token(names.namespace, "bystander", audience=None)
+    # The scraper's token, but issued for the extender's permit audience: not for the API.
+    scraper_for_permits = names.api.request_token(names.namespace, "scraper")
+
+    def scrape(token: str | None) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return cluster.extender.get("/metrics", port=cluster.extender.metrics_port, headers=headers)
+
+    status, body = scrape(scraper)
+    assert status == 200, body
+    assert b"vmautoscale_extender_" in body
+    status, body = scrape(bystander)
+    assert status == 403, body
+    assert f"system:serviceaccount:{names.namespace}:bystander".encode() in body
+    assert scrape(scraper_for_permits)[0] == 401
+    assert scrape(None)[0] == 401
+    # Cached decisions answer again the same way.
+    assert scrape(scraper)[0] == 200
+    assert scrape(bystander)[0] == 403
+    # Nothing but the metrics and the probes on this port.
+    assert cluster.extender.get("/state", port=cluster.extender.metrics_port)[0] == 404
+    assert cluster.extender.get("/readyz", port=cluster.extender.metrics_port)[0] == 200

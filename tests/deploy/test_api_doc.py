@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from autoscaler_agent.__main__ import make_app as make_agent_app
 from autoscaler_agent.config import HttpSection
 from scheduler_extender.config import Config, load_config
-from scheduler_extender.http.app import Deps, make_app, make_permits_app
+from scheduler_extender.http.app import Deps, make_app, make_metrics_app, make_permits_app
 from scheduler_extender.kube.standalone import load_cluster
 from tests.deploy.render import ROOT
 
@@ -35,7 +35,13 @@ def _apps():
         standalone=load_cluster(EXAMPLES / "standalone-cluster.yaml"),
     )
     verbs = make_app(config, deps)
-    return config, verbs, make_permits_app(config, verbs), make_agent_app(CollectorRegistry())
+    return (
+        config,
+        verbs,
+        make_permits_app(config, verbs),
+        make_metrics_app(config, verbs),
+        make_agent_app(CollectorRegistry()),
+    )
 
 
 def _routes(app) -> set[tuple[str, str]]:
@@ -54,13 +60,18 @@ def _documented() -> set[tuple[str, str, int, str, str]]:
 
 
 def test_the_doc_lists_exactly_the_routes_the_services_serve():
-    config, verbs, permits, agent = _apps()
+    config, verbs, permits, metrics, agent = _apps()
+    assert config.listen.metrics is not None
     served = {
         ("scheduler-extender", "verbs", config.listen.verbs.port, m, p) for m, p in _routes(verbs)
     }
     served |= {
         ("scheduler-extender", "permits", config.listen.permits.port, m, p)
         for m, p in _routes(permits)
+    }
+    served |= {
+        ("scheduler-extender", "metrics", config.listen.metrics.port, m, p)
+        for m, p in _routes(metrics)
     }
     served |= {("autoscaler-agent", "http", HttpSection().port, m, p) for m, p in _routes(agent)}
     documented = _documented()
@@ -73,6 +84,11 @@ def test_the_default_ports_in_the_doc_are_the_defaults():
     rows = _documented()
     assert {r[2] for r in rows if r[1] == "verbs"} == {defaults.verbs.port}
     assert {r[2] for r in rows if r[1] == "permits"} == {defaults.permits.port}
+    # Off by default; the port the doc gives is the one the manifests set.
+    assert defaults.metrics is None
+    manifests = load_config(ROOT / "manifests" / "config" / "extender.yaml").listen.metrics
+    assert manifests is not None
+    assert {r[2] for r in rows if r[1] == "metrics"} == {manifests.port}
     assert {r[2] for r in rows if r[1] == "http"} == {HttpSection().port}
 
 

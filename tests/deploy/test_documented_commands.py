@@ -159,6 +159,13 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",
     ),
+    # The same binding, made through the real API server: a ServiceAccount bound to the
+    # ClusterRole reads /metrics, another gets 403.
+    "kubectl create clusterrolebinding prometheus-vm-autoscaling-metrics"
+    " --clusterrole=vm-autoscaling-metrics-reader --serviceaccount=monitoring:prometheus": (
+        How.ELSEWHERE,
+        "tests/controlplane/test_api.py",
+    ),
     "scripts/watch-vcpus": (How.PARSE, _parse_watch_vcpus),
     "scripts/watch-vcpus --once": (How.PARSE, _parse_watch_vcpus),
     "scripts/watch-vcpus --url http://127.0.0.1:10298/state": (How.PARSE, _parse_watch_vcpus),

@@ -38,6 +38,8 @@ CALLS: dict[str, list[Access]] = {
     "resize_pod_cpu": [Access("patch", "", "pods/resize")],
     "create_event": [Access("create", "", "events")],
     "review_token": [Access("create", "authentication.k8s.io", "tokenreviews")],
+    # Whether a scraper may `get /metrics` on the metrics listener.
+    "review_access": [Access("create", "authorization.k8s.io", "subjectaccessreviews")],
     # GET /version, the start-up check: a non-resource URL every authenticated (and anonymous)
     # user may read through the built-in ClusterRole system:public-info-viewer; no grant needed.
     "server_version": [],
@@ -116,8 +118,21 @@ def test_extender_role_grants_nothing_unused():
 def test_no_wildcards_anywhere():
     for doc in DOCS:
         for rule in doc.get("rules", []):
-            for key in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[key], doc["metadata"]["name"]
+            keys = (
+                ("nonResourceURLs", "verbs")
+                if "nonResourceURLs" in rule
+                else ("apiGroups", "resources", "verbs")
+            )
+            for key in keys:
+                assert all("*" not in item for item in rule[key]), doc["metadata"]["name"]
+
+
+def test_metrics_reader_role_grants_only_reading_metrics():
+    """What a Prometheus bound to it may do: `get /metrics`, on every component that guards
+    its metrics with a SubjectAccessReview (the extender's metrics listener among them)."""
+    (role,) = [d for d in DOCS if d["metadata"]["name"] == "vm-autoscaling-metrics-reader"]
+    assert role["kind"] == "ClusterRole"
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
 
 
 @pytest.mark.parametrize("access", AGENT_USES, ids=str)

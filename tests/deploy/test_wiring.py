@@ -9,7 +9,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.http.app import Deps, make_app, make_permits_app
+from scheduler_extender.config import MetricsAuth
+from scheduler_extender.http.app import Deps, make_app, make_metrics_app, make_permits_app
 from tests.deploy.render import MANIFESTS, container, find, mount, pod_spec, volume
 from tests.deploy.system import AGENT_CFG, AGENT_DS, DOCS, EXTENDER_CFG, EXTENDER_POD, SCHED
 from tests.fakes_paths import REFERENCE
@@ -27,6 +28,7 @@ def _routes(app) -> set[tuple[str, str]]:
 
 VERBS_APP = make_app(EXTENDER_CFG, Deps(registry=CollectorRegistry(), connect_kube=_never_connects))
 PERMITS_APP = make_permits_app(EXTENDER_CFG, VERBS_APP)
+METRICS_APP = make_metrics_app(EXTENDER_CFG, VERBS_APP)
 
 
 # --- the KubeSchedulerConfiguration -------------------------------------------------------------
@@ -114,9 +116,12 @@ def test_kube_scheduler_image_matches_the_cluster_minor():
 def test_extender_ports_and_probes_match_its_listeners():
     c = container(EXTENDER_POD, "extender")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert EXTENDER_CFG.listen.metrics is not None
+    assert EXTENDER_CFG.listen.metrics.auth is MetricsAuth.KUBERNETES
     assert ports == {
         "verbs": EXTENDER_CFG.listen.verbs.port,
         "permits": EXTENDER_CFG.listen.permits.port,
+        "metrics": EXTENDER_CFG.listen.metrics.port,
     }
     permit_routes = {path for method, path in _routes(PERMITS_APP) if method == "GET"}
     for probe, path in [
@@ -126,11 +131,14 @@ def test_extender_ports_and_probes_match_its_listeners():
     ]:
         assert c[probe]["httpGet"] == {"path": path, "port": "permits"}
         assert path in permit_routes
-    # The Service exposes the permit port only.
+    # The Service exposes the permit port and the metrics port, never the verbs.
     svc = find(DOCS, "Service", "scheduler-extender")
     assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
-        (EXTENDER_CFG.listen.permits.port, "permits")
+        (EXTENDER_CFG.listen.permits.port, "permits"),
+        (EXTENDER_CFG.listen.metrics.port, "metrics"),
     ]
+    # The metrics port serves /metrics and the probes, and nothing that names pods.
+    assert {path for _, path in _routes(METRICS_APP)} == {"/metrics", "/healthz", "/readyz"}
 
 
 def test_extender_shuts_down_within_the_grace_period():

@@ -189,6 +189,7 @@ async def test_review_token(kube_api, client):
         node_name="node-a",
         pod_name="a-1",
         groups=("system:serviceaccounts", "system:authenticated"),
+        uid="d288229f-5a36-481d-94fe-28d5d8e963cb",
     )
     wrong = await client.review_token("jwt", audiences=["someone-else"])
     assert not wrong.authenticated

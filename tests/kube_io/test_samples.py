@@ -131,6 +131,7 @@ def check_token_reviews():
             "system:serviceaccounts:vm-autoscaling",
             "system:authenticated",
         ),
+        uid="d288229f-5a36-481d-94fe-28d5d8e963cb",
     )
     wrong = decode(TokenReview, sample_bytes("tokenreview-wrong-audience.json"))
     result = TokenReviewResult.from_review(wrong)
