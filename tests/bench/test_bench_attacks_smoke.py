@@ -25,6 +25,7 @@ def test_bench_attacks_tiny_run_reports_every_attack() -> None:
             sys.executable,
             str(SCRIPT),
             "--seconds=0.5",
+            "--rounds=1",
             "--nodes=20",
             "--connections=60",
             "--bomb-mib=8",
@@ -36,7 +37,8 @@ def test_bench_attacks_tiny_run_reports_every_attack() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
-    attacks = result["attacks"]
+    attacks = {name: phase["rounds"][0] for name, phase in result["attacks"].items()}
+    assert all(len(phase["rounds"]) == 1 for phase in result["attacks"].values())
     assert set(attacks) == {
         "gzip_bombs_unauthenticated_permits",
         "gzip_bodies_to_filter",
