@@ -56,7 +56,9 @@ class Metrics:
         )
         self.token_reviews = Counter(
             PREFIX + "token_reviews_total",
-            "TokenReviews sent to the API server, by outcome (authenticated, rejected, error).",
+            "Tokens new to the extender, by outcome: authenticated, rejected, error (a"
+            " TokenReview was sent); throttled, refused_locally (not a JWT for our audience, or"
+            " expired: none was).",
             ["outcome"],
             registry=registry,
         )

@@ -13,7 +13,8 @@ prober share one core, the attacker (this process) has the other when there are 
 
 Attacks: unauthenticated gzip bombs to /v1/permits; gzip bodies to /filter; declared-huge
 bodies; JSON nested 1,000 deep and bodies labelled gzip that are not; idle connections and
-slowloris heads (2,000 by default); 1,000 distinct garbage tokens; a replayed permit request.
+slowloris heads (2,000 by default); 1,000 distinct garbage tokens (half forged JWTs); a
+replayed permit request.
 
 With ``--rounds N`` each attack runs N times, each after its own idle phase, and the ratio
 reported is the median of the N (a single phase's p99 is its 8th-worst call: a neighbour's
@@ -51,12 +52,15 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
+from tests.fakes.kube_api import fake_jwt  # noqa: E402
+
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
 # The attacks come from another address than the probes and kube-scheduler, as from another
 # pod (Linux routes all of 127/8 to loopback): the extender limits new connections per address.
 ATTACKER: Final = "127.0.0.2"
-AGENT_TOKEN: Final = "bench-agent-token"
+AGENT_TOKEN_NAME: Final = "bench-agent-token"
+AGENT_TOKEN: Final = fake_jwt(AGENT_TOKEN_NAME)
 AGENT_NODE: Final = "node-00000"
 MANIFEST_LIMIT_MIB: Final = 512
 FD_LIMIT: Final = 1024
@@ -131,7 +135,7 @@ def build_cluster(nodes: int) -> Any:
     agent["spec"]["serviceAccountName"] = "autoscaler-agent"
     api.add_pod(agent)
     api.add_token(
-        AGENT_TOKEN,
+        AGENT_TOKEN_NAME,
         TokenIdentity(
             username="system:serviceaccount:vm-autoscaling:autoscaler-agent",
             node_name=AGENT_NODE,
@@ -411,13 +415,17 @@ async def attack_token_flood(bench: Bench, deadline: float) -> Obj:
         i = next(counter)
         if i >= 1000:
             return asyncio.sleep(0.05, result="done")
-        head = post_head("/v1/permits", len(body), token=f"garbage-{i}")
+        # Half plain garbage (refused from its own shape, never reviewed), half forged JWTs
+        # for our audience (only a review can tell: they spend the review budget).
+        token = f"garbage-{i}" if i % 2 else fake_jwt(f"forged-{i}")
+        head = post_head("/v1/permits", len(body), token=token)
         return raw_request(bench.permits, head, body.encode())
 
     result = await bench.repeat(deadline, 20, one)
     result["statuses"].pop("done", None)
     reviews = sum(1 for r in bench.api.requests if "tokenreviews" in r.path) - before
-    return {**result, "distinct_tokens": min(next(counter), 1000), "token_reviews": reviews}
+    sent = min(next(counter), 1000)
+    return {**result, "distinct_tokens": sent, "forged_jwts": sent // 2, "token_reviews": reviews}
 
 
 async def attack_replay(bench: Bench, deadline: float) -> Obj:

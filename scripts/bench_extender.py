@@ -93,8 +93,14 @@ class Cluster:
         return [n["metadata"]["name"] for n in self.nodes]
 
 
-def token_for(node: str) -> str:
+def token_name(node: str) -> str:
     return f"agent-token-{node}"
+
+
+def token_for(node: str) -> str:
+    from tests.fakes.kube_api import fake_jwt
+
+    return fake_jwt(token_name(node), audiences=(AUDIENCE,))
 
 
 def node_object(name: str, *, index: int, cpu: int) -> Obj:
@@ -291,7 +297,7 @@ async def run_fake_api(args: argparse.Namespace) -> None:
         agent["spec"]["serviceAccountName"] = "autoscaler-agent"
         api.add_pod(agent)
         api.add_token(
-            token_for(node),
+            token_name(node),
             TokenIdentity(
                 username="system:serviceaccount:vm-autoscaling:autoscaler-agent",
                 audiences=(AUDIENCE,),

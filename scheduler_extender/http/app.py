@@ -101,6 +101,7 @@ def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> A
         budget=TokenBucket(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
         pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
         metrics=metrics,
+        audience=auth.audience,
     )
 
 

@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import hmac
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -34,6 +35,7 @@ from kube_io.errors import KubeError, NotFound
 from kube_io.objects import TokenReviewResult
 from protocol.kube import Pod
 from scheduler_extender.errors import NotTheAgent, Unauthenticated, Unavailable
+from scheduler_extender.kube.token_shape import local_refusal
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -137,13 +139,15 @@ class TokenReviewAuth:
 
     Two caches, kept apart so that garbage never evicts an agent: verified tokens (the oldest
     goes first when full; an expired one is kept until then and reviewed again without the
-    rate limit, since it was an agent's), and rejected tokens. Tokens in neither are reviewed
-    within a global ``TokenBucket``; above it they get 503 with Retry-After and the API server
-    never hears of them. Then authorisation: the token's user must be ``agent_username``, bound
-    to a pod (``extra`` pod-name/pod-uid/node-name), and that pod, looked up through the API
-    server and trusted for ``pod_ttl_seconds``, must be the very pod (uid), Running, not being
-    deleted, on the token's node, running as the agent's ServiceAccount. Anything else is 403
-    ``NotTheAgent`` with the reason.
+    rate limit, since it was an agent's), and rejected tokens. Tokens in neither that their
+    own claims already rule out (``token_shape``: not a JWT, another audience, expired) are
+    refused without a review; the rest are reviewed within a global ``TokenBucket``; above it
+    they get 503 with Retry-After and the API server never hears of them. Then authorisation:
+    the token's user must be ``agent_username``, bound to a pod (``extra``
+    pod-name/pod-uid/node-name), and that pod, looked up through the API server and trusted
+    for ``pod_ttl_seconds``, must be the very pod (uid), Running, not being deleted, on the
+    token's node, running as the agent's ServiceAccount. Anything else is 403 ``NotTheAgent``
+    with the reason.
     """
 
     def __init__(
@@ -159,8 +163,12 @@ class TokenReviewAuth:
         budget: TokenBucket,
         pod_ttl_seconds: float,
         metrics: Metrics,
+        audience: str,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._review = review
+        self._audience = audience
+        self._wall_clock = wall_clock
         self._lookup_pod = lookup_pod
         self._agent_namespace, _, self._agent_name = agent_service_account.partition("/")
         self._agent_username = f"system:serviceaccount:{self._agent_namespace}:{self._agent_name}"
@@ -187,6 +195,14 @@ class TokenReviewAuth:
             rejected = self._rejected.get(key)
             if rejected is not None and rejected.expires_at > now:
                 raise Unauthenticated(rejected.error)
+            if known is None:
+                refusal = local_refusal(token, audience=self._audience, now=self._wall_clock())
+                if refusal is not None:
+                    # No review and no budget spent: it could never pass one.
+                    self._metrics.token_reviews.labels("refused_locally").inc()
+                    error = f"invalid token: {refusal}"
+                    self._store(key, _Rejected(now + self._negative_ttl, error))
+                    raise Unauthenticated(error)
             found = await self._lookup(key, token, was_known=known is not None, now=now)
             if isinstance(found, _Rejected):
                 raise Unauthenticated(found.error)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scheduler_extender.kube.auth import TokenBucket
 from tests.extender.conftest import Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import agent_pod, permit_batch, pod_token, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object, pod_object
+from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 
@@ -39,7 +39,7 @@ async def _post(running: Running, token: str, body: Any) -> Any:
     response = await running.permits.post(
         "/v1/permits",
         data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {fake_jwt(token)}"},
     )
     return response.status, await response.json()
 
@@ -177,7 +177,7 @@ async def test_new_tokens_are_reviewed_within_a_global_rate(
     assert statuses == [401] * 4 + [503] * 36
     assert _reviews(kube_api) == 5
     throttled = await running.permits.post(
-        "/v1/permits", json=body, headers={"Authorization": "Bearer garbage-99"}
+        "/v1/permits", json=body, headers={"Authorization": f"Bearer {fake_jwt('garbage-99')}"}
     )
     assert throttled.headers["Retry-After"] == "1000"
     assert (await throttled.json())["reason"] == "TokenReviewsThrottled"
@@ -226,3 +226,32 @@ def test_the_review_budget_never_grants_more_than_burst_plus_rate_times_time(
             # Waiting as long as told is enough for the next one.
             assert copy.deepcopy(budget).take(now + wait * 1.001) == 0.0
         assert granted <= burst + rate * now + 1e-6
+
+
+async def test_tokens_their_own_claims_rule_out_cost_no_review_and_no_budget(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """Not a JWT, a JWT for another audience, an expired one: none could pass a TokenReview,
+    so none is sent and none spends the budget that agents need after a restart."""
+    _cluster(kube_api)
+    running = await start_extender(_config(review_rate_per_second=0.001, review_burst=1))
+    body = permit_batch("node-a", uid="u-1", current=1, requested=1)
+    hopeless = {
+        "garbage": "not a ServiceAccount token (not a JWT)",
+        "a.b": "not a ServiceAccount token (not a JWT)",
+        "e30.bm90IGpzb24.c2ln": "its claims are not a JSON object",
+        fake_jwt("elsewhere", audiences=("kubernetes",)): '["kubernetes"] is invalid for the'
+        ' target audiences ["vm-autoscaling-extender"]',
+        fake_jwt("old", exp=1_000_000_000): "token has expired",
+    }
+    for token, says in hopeless.items():
+        for _ in range(3):
+            response = await running.permits.post(
+                "/v1/permits", json=body, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert response.status == 401
+            assert says in (await response.json())["message"]
+    assert _reviews(kube_api) == 0
+    # The whole budget (one review) is still there for the agent.
+    assert (await _post(running, "agent-a", body))[0] == 200
+    assert _reviews(kube_api) == 1

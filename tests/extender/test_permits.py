@@ -10,7 +10,7 @@ import pytest
 
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import AGENT_USER, agent_pod, permit_batch, pod_token, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object
+from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 AGENT = AGENT_USER
@@ -27,7 +27,9 @@ def _cluster(kube_api: FakeKubeApi) -> None:
 
 
 def _auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    # Names given to FakeKubeApi.add_token stand for their JWTs; the static token is itself.
+    bearer = token if token == STATIC_TOKEN or "." in token else fake_jwt(token)
+    return {"Authorization": f"Bearer {bearer}"}
 
 
 async def _post(running: Running, body: Any, token: str | None, **kw: Any) -> Any:
@@ -57,7 +59,11 @@ async def test_grant_with_tokenreview(kube_api: FakeKubeApi, start_extender: Sta
     [
         (None, 401, "missing Authorization"),
         ("nobody-knows-me", 401, "invalid token"),
-        ("other-audience", 401, "is invalid for the target audiences"),
+        (
+            fake_jwt("other-audience", audiences=("someone-else",)),
+            401,
+            "is invalid for the target audiences",
+        ),
         ("unbound", 403, "not bound to a pod on a node"),
     ],
     ids=["missing", "bad", "wrong-audience", "not-node-bound"],

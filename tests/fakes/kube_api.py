@@ -454,8 +454,11 @@ class FakeKubeApi:
     def get_node(self, name: str) -> Obj:
         return self.objects["nodes"]["", name]
 
-    def add_token(self, token: str, identity: TokenIdentity) -> None:
+    def add_token(self, name: str, identity: TokenIdentity) -> str:
+        """Make ``fake_jwt(name, audiences=identity.audiences)`` a token of ``identity``."""
+        token = fake_jwt(name, audiences=identity.audiences)
         self.tokens[token] = identity
+        return token
 
     # --- test helpers: streams and failures -----------------------------------------------
 
@@ -996,10 +999,32 @@ class FakeKubeApi:
                 "kind": "TokenReview",
                 "apiVersion": "authentication.k8s.io/v1",
                 "metadata": {},
-                "spec": {"token": token, "audiences": wanted},
+                # A real API server leaves out an empty list (the API server's own audiences).
+                "spec": {"token": token, **({"audiences": wanted} if wanted else {})},
                 "status": status,
             },
         )
+
+
+def fake_jwt(
+    name: str, *, audiences: Iterable[str] = ("vm-autoscaling-extender",), exp: int | None = None
+) -> str:
+    """A token shaped like a ServiceAccount JWT (claims as in token-claims.json, a signature
+    nobody checks): what the extender reads before it asks for a review. ``name`` is its
+    ``jti``, so each name is another token."""
+
+    def part(value: Obj) -> str:
+        raw = json.dumps(value, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    claims = {
+        "aud": list(audiences),
+        "exp": exp if exp is not None else 4_102_444_800,  # 2100-01-01
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "jti": name,
+        "sub": "system:serviceaccount:unknown:unknown",
+    }
+    return f"{part({'alg': 'RS256', 'kid': 'fake'})}.{part(claims)}.c2lnbmF0dXJl"
 
 
 def _go_quote(values: Iterable[str]) -> str:

@@ -178,11 +178,11 @@ async def test_create_event(kube_api, client):
 
 
 async def test_review_token(kube_api, client):
-    kube_api.add_token(
+    jwt = kube_api.add_token(
         "jwt",
         TokenIdentity(username="system:serviceaccount:x:agent", node_name="node-a", pod_name="a-1"),
     )
-    ok = await client.review_token("jwt", audiences=["vm-autoscaling-extender"])
+    ok = await client.review_token(jwt, audiences=["vm-autoscaling-extender"])
     assert ok == TokenReviewResult(
         authenticated=True,
         username="system:serviceaccount:x:agent",
@@ -191,7 +191,7 @@ async def test_review_token(kube_api, client):
         groups=("system:serviceaccounts", "system:authenticated"),
         uid="d288229f-5a36-481d-94fe-28d5d8e963cb",
     )
-    wrong = await client.review_token("jwt", audiences=["someone-else"])
+    wrong = await client.review_token(jwt, audiences=["someone-else"])
     assert not wrong.authenticated
     assert wrong.node_name is None
     assert wrong.error is not None

@@ -219,8 +219,8 @@ AGENT = TokenIdentity(
 
 
 async def test_token_review_matches_samples(kube_api, http):
-    kube_api.add_token("jwt", AGENT)
-    ok = await review(http, "jwt", ["vm-autoscaling-extender"])
+    jwt = kube_api.add_token("jwt", AGENT)
+    ok = await review(http, jwt, ["vm-autoscaling-extender"])
     sample_ok = json.loads(sample_bytes("tokenreview-ok.json"))
     assert list(json.loads(ok)) == list(sample_ok)
     got = json.loads(ok)["status"]
@@ -230,7 +230,7 @@ async def test_token_review_matches_samples(kube_api, http):
     expected = TokenReviewResult.from_review(decode(TokenReview, json.dumps(sample_ok)))
     assert decoded == expected
 
-    wrong = json.loads(await review(http, "jwt", ["someone-else"]))
+    wrong = json.loads(await review(http, jwt, ["someone-else"]))
     sample_wrong = json.loads(sample_bytes("tokenreview-wrong-audience.json"))
     assert wrong["status"] == sample_wrong["status"]
 
