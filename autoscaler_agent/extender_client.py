@@ -8,7 +8,7 @@ a few milliseconds of each other.
 Errors (callers catch the class, never look at a status)::
 
     ExtenderError
-    ├── ExtenderUnavailable     connection refused/reset, timeout, 5xx: retry with backoff
+    ├── ExtenderUnavailable     connection refused/reset, timeout, 5xx, 429: retry with backoff
     ├── ExtenderRejected        4xx on the whole batch (401 token, 403 node, 400 malformed or
     │                           version mismatch); ``status`` and the body's message
     ├── ExtenderProtocolError   an answer we cannot read, or one that misses our VM
@@ -193,7 +193,8 @@ class ExtenderClient:
             raise ExtenderUnavailable(f"POST {self._url}: no answer in {self._timeout}s") from e
         except aiohttp.ClientError as e:
             raise ExtenderUnavailable(f"POST {self._url}: {e}") from e
-        if status >= 500:
+        if status >= 500 or status == 429:
+            # 429: this agent's own request budget; like an outage, it passes with time.
             raise ExtenderUnavailable(f"POST {self._url}: HTTP {status}: {_message(data)}")
         if status != 200:
             raise ExtenderRejected(status, _message(data))

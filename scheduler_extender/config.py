@@ -255,6 +255,13 @@ class LimitsConfig(_Section, frozen=True):
     permits_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 2**20
     bodies_in_flight_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 160 * 2**20
     body_timeout_seconds: PositiveSeconds = 10.0
+    # Permit requests per authenticated caller (one node's agent): this many a second on
+    # average, in bursts of up to the burst; above it 429 with Retry-After, checked before the
+    # body is read. An agent sends about one batch per scrape interval (1 s) plus retries; a
+    # compromised node flooding valid 1,024-VM batches would otherwise take the event loop
+    # from kube-scheduler's calls and every other agent.
+    permit_requests_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    permit_requests_burst: Annotated[int, msgspec.Meta(ge=1)] = 30
 
     def __post_init__(self) -> None:
         largest = max(self.verbs_max_body_bytes, self.permits_max_body_bytes)

@@ -135,6 +135,13 @@ class Unavailable(ExtenderError):
         return {"Retry-After": str(self.retry_after_seconds)}
 
 
+class TooManyRequests(Unavailable):
+    """429: this caller's own budget is spent (everyone else's is not); retry after."""
+
+    status = 429
+    default_reason = "TooManyRequests"
+
+
 class NotSynced(Unavailable):
     default_reason = "NotSynced"
 

@@ -372,6 +372,9 @@ async def run_server(args: argparse.Namespace) -> None:
             "auth": {"mode": "tokenreview", "audience": AUDIENCE},
             "durability": {"write_annotations": False, "resize_pods": False},
             "kube": {"post_events": False},
+            # Each simulated agent sends batches back to back to measure capacity; a real one
+            # sends about one a second, within the per-agent budget this lifts.
+            "limits": {"permit_requests_per_second": 1e9, "permit_requests_burst": 10**9},
         }
     )
     api_url = args.api_url

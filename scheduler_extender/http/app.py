@@ -230,6 +230,10 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
     app[TASKS] = verbs_app[TASKS]
     app[BODIES] = verbs_app[BODIES]
     app[permit_port.SEQUENCES] = SequenceBook()
+    app[permit_port.BUDGETS] = permit_port.CallerBudgets(
+        rate_per_second=config.limits.permit_requests_per_second,
+        burst=config.limits.permit_requests_burst,
+    )
     app.router.add_post("/v1/permits", permit_port.permits, name="permits")
     # Probes only: /state names every VM pod and its size, /metrics every namespace's numbers,
     # and this port is open to every pod in the cluster. Both stay on the verbs listener

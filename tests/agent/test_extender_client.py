@@ -84,7 +84,7 @@ async def test_other_node_is_forbidden(setup):
     assert e.value.status == 403
 
 
-@pytest.mark.parametrize("status", [500, 503], ids=["500", "503"])
+@pytest.mark.parametrize("status", [500, 503, 429], ids=["500", "503", "429-own-budget"])
 async def test_5xx_is_unavailable(setup, status):
     ext, client, *_ = setup
     ext.fail_status = status

@@ -255,3 +255,36 @@ async def test_tokens_their_own_claims_rule_out_cost_no_review_and_no_budget(
     # The whole budget (one review) is still there for the agent.
     assert (await _post(running, "agent-a", body))[0] == 200
     assert _reviews(kube_api) == 1
+
+
+async def test_one_agents_flood_spends_only_its_own_budget(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """A compromised node's agent sending valid batches back to back gets 429 beyond its
+    burst, before its bodies are read; the ledger is as its last accepted batch left it, and
+    another node's agent is answered as usual."""
+    _cluster(kube_api)
+    kube_api.add_pod(vm_pod("vm-2", uid="u-2", node="node-b", max_vcpus=4))
+    kube_api.add_token("agent-b", pod_token(kube_api.add_pod(agent_pod("node-b"))))
+    running = await start_extender(
+        make_config(
+            auth={"mode": "tokenreview"},
+            limits={"permit_requests_per_second": 0.001, "permit_requests_burst": 5},
+        )
+    )
+    body = permit_batch("node-a", uid="u-1", current=1, requested=1)
+    statuses = [(await _post(running, "agent-a", body))[0] for _ in range(20)]
+    assert statuses == [200] * 5 + [429] * 15
+    before = await running.state()
+    grow = permit_batch("node-a", uid="u-1", current=1, requested=4)
+    response = await running.permits.post(
+        "/v1/permits", json=grow, headers={"Authorization": f"Bearer {fake_jwt('agent-a')}"}
+    )
+    assert response.status == 429
+    assert response.headers["Retry-After"] == "1000"
+    assert (await response.json())["reason"] == "TooManyRequests"
+    assert await running.state() == before
+    other = permit_batch("node-b", uid="u-2", name="vm-2", current=1, requested=2)
+    status, answer = await _post(running, "agent-b", other)
+    assert status == 200
+    assert answer["permits"][0]["status"] == "granted", answer
