@@ -259,14 +259,13 @@ class _Bound:
     def __init__(
         self, shapes: list[_Shape], items: list[int], cands: list[Candidate], prices: list[int]
     ) -> None:
-        per_unit: list[tuple[float, float]] = []
-        for s in shapes:
-            per_unit.append(
-                (
-                    min(prices[t] / max(cands[t].usable.cpu_millis, 1) for t in s.types),
-                    min(prices[t] / max(cands[t].usable.memory_bytes, 1) for t in s.types),
-                )
-            )
+        # Per candidate, then per shape the cheapest among those it may use.
+        cpu_unit = [p / max(c.usable.cpu_millis, 1) for p, c in zip(prices, cands, strict=True)]
+        mem_unit = [p / max(c.usable.memory_bytes, 1) for p, c in zip(prices, cands, strict=True)]
+        per_unit = [
+            (min(map(cpu_unit.__getitem__, s.types)), min(map(mem_unit.__getitem__, s.types)))
+            for s in shapes
+        ]
         n = len(items)
         self.need_cpu = [0.0] * (n + 1)
         self.need_mem = [0.0] * (n + 1)
