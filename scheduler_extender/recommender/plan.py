@@ -215,15 +215,21 @@ class _Search:
             self.free_mem,
         )
         allowed_of = [set(s.types) for s in shapes]
+        # Per shape, the first open node it may still fit: those before it refused the shape,
+        # and still do (room only shrinks, a node's candidate never changes). The scan starts
+        # there; the steps still count every node from the first, as the search's do, so the
+        # answer (``searchSteps``, and where the budget runs out) is the same.
+        cursor = [0] * len(shapes)
         steps = self.steps
         for i, shape in enumerate(self.items):
             s = shapes[shape]
             need_cpu, need_mem, allowed = s.cpu, s.mem, allowed_of[shape]
             found = -1
-            for b in range(len(bin_type)):
+            for b in range(cursor[shape], len(bin_type)):
                 if need_cpu <= free_cpu[b] and need_mem <= free_mem[b] and bin_type[b] in allowed:
                     found = b
                     break
+            cursor[shape] = found if found >= 0 else len(bin_type)
             steps -= found + 1 if found >= 0 else len(bin_type) + 1
             if steps < 0:
                 self.steps, self.is_exhausted = steps, True
@@ -253,14 +259,13 @@ class _Bound:
     def __init__(
         self, shapes: list[_Shape], items: list[int], cands: list[Candidate], prices: list[int]
     ) -> None:
-        per_unit: list[tuple[float, float]] = []
-        for s in shapes:
-            per_unit.append(
-                (
-                    min(prices[t] / max(cands[t].usable.cpu_millis, 1) for t in s.types),
-                    min(prices[t] / max(cands[t].usable.memory_bytes, 1) for t in s.types),
-                )
-            )
+        # Per candidate, then per shape the cheapest among those it may use.
+        cpu_unit = [p / max(c.usable.cpu_millis, 1) for p, c in zip(prices, cands, strict=True)]
+        mem_unit = [p / max(c.usable.memory_bytes, 1) for p, c in zip(prices, cands, strict=True)]
+        per_unit = [
+            (min(map(cpu_unit.__getitem__, s.types)), min(map(mem_unit.__getitem__, s.types)))
+            for s in shapes
+        ]
         n = len(items)
         self.need_cpu = [0.0] * (n + 1)
         self.need_mem = [0.0] * (n + 1)
@@ -333,8 +338,12 @@ def cost_plan(sim: PlanInput, notes: list[str]) -> CostPlan | None:
             and sim.admits(s.cls, c) is None
         ]
         # A new node for this shape: cheapest per pod of the shape it holds, then cheapest,
-        # then candidate order (pool, zone names).
-        fits.sort(key=lambda t: (Fraction(prices[t], _holds(cands[t], s)), prices[t], t))
+        # then candidate order (pool, zone names). Price per pod exactly, as an int: each
+        # price times the common multiple of the counts over its count (Fractions compared
+        # in the sort were half of this phase's time).
+        holds = {t: _holds(cands[t], s) for t in fits}
+        common = math.lcm(*holds.values())
+        fits.sort(key=lambda t: (prices[t] * (common // holds[t]), prices[t], t))
         s.types = fits
         if not fits:  # greedy placed it on a priced node, so this is a bug, never bad input
             raise AssertionError(f"pods of shape {s.cpu}m/{s.mem} fit no priced candidate")

@@ -447,9 +447,11 @@ def run_rounds(
 
     while left:
         # Phase 3: the trials that were dropped; the others stand.
+        best_before = best
         if not is_lazy:
             settle(sorted(stale))
             stale.clear()
+            best = min(keys, default=_OUT)
         elif stale:
             # The best tier with a stale signature that may win first: when it places pods,
             # its best key rules out the tiers below. Then, in one batch, every stale
@@ -469,10 +471,13 @@ def run_rounds(
             if batch:
                 settle(batch)
                 stale.difference_update(batch)
-        # Phase 4: rank. Candidates come in (pool name, zone name) order, and both ``min``
-        # and ``index`` find the first of equal keys: the names' tie-break.
-        last_winner, last_best = winner, best
-        best = min(keys, default=_OUT)
+                best = min(keys, default=_OUT)
+        else:
+            best = min(keys, default=_OUT)
+        # Phase 4: rank (``best`` is the least key, just taken). Candidates come in (pool
+        # name, zone name) order, and both ``min`` and ``index`` find the first of equal
+        # keys: the names' tie-break.
+        last_winner, last_best = winner, best_before
         if best is _OUT:
             if count:
                 sim.rounds.append(_round(sim, pass_priority, records, None, None))

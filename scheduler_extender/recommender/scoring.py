@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Final
 
 from scheduler_extender.core.podinfo import Demand
-from scheduler_extender.recommender.config import RecommenderConfig, Scorer
+from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
 from scheduler_extender.recommender.model import Pool
 from scheduler_extender.recommender.recommendation import Score
 
@@ -88,6 +88,9 @@ class Ranking:
         # (pool index, cpu millis, memory bytes, pods) -> ``values``: callers may look here
         # first (the rounds do, for each candidate whose trial changed).
         self.memo: dict[tuple[int, int, int, int], tuple[ChainValues, Score]] = {}
+        # Scores are shown only in the candidates' records of ``DiagnosticsLevel.FULL``; at
+        # SUMMARY nothing reads them, and building them cost as much as the keys.
+        self._is_shown = config.diagnostics is DiagnosticsLevel.FULL
         # How many leading links ``bound`` gives exactly (a pool's priority does not depend on
         # what its node holds).
         self.exact_links = 0
@@ -98,14 +101,14 @@ class Ranking:
         self, pool: Pool, cpu_millis: int, memory_bytes: int, pods: int
     ) -> tuple[ChainValues, Score]:
         """The chain's key for one new node of ``pool`` holding ``pods`` pods that request
-        ``cpu_millis`` and ``memory_bytes``, and its score as shown."""
+        ``cpu_millis`` and ``memory_bytes``, and its score as shown (an empty one at SUMMARY)."""
         memo = (pool.index, cpu_millis, memory_bytes, pods)
         found = self.memo.get(memo)
         if found is None:
             requested = Demand(cpu_millis, memory_bytes)
             found = self.memo[memo] = (
                 self._key(pool, requested, pods),
-                self._score(pool, requested, pods),
+                self._score(pool, requested, pods) if self._is_shown else _UNSHOWN,
             )
         return found
 
@@ -151,3 +154,5 @@ def _quotient(ratio: tuple[int, int]) -> float:
 
 
 _ZERO: Final = Demand(0, 0)
+# What ``Ranking.values`` gives for the score when no record shows it (SUMMARY).
+_UNSHOWN: Final = Score()

@@ -9,11 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_extender.core.podinfo import Demand
-from scheduler_extender.recommender.config import RecommenderConfig, Scorer
+from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
 from scheduler_extender.recommender.model import Pool
 from scheduler_extender.recommender.scoring import Ranking
 
-CONFIG = RecommenderConfig(scorers=(Scorer.LEAST_COST, Scorer.LEAST_WASTE))
+# Full diagnostics: scores are built only for the candidates' records, which only FULL has.
+CONFIG = RecommenderConfig(
+    scorers=(Scorer.LEAST_COST, Scorer.LEAST_WASTE), diagnostics=DiagnosticsLevel.FULL
+)
 
 
 def make_pool(index: int, cpu: int, memory: int, price: float) -> Pool:

@@ -81,6 +81,28 @@ def test_a_placed_pods_mistakes_are_all_reported_at_its_paths():
     ]
 
 
+def test_a_repeated_namespace_and_name_is_reported_whatever_the_uids_say():
+    # Compiling builds keys for every pod only when the names alone cannot rule a repeat
+    # out: each of these goes that way, and must say what building them all said.
+    def errors(*pods: dict[str, Any]) -> list[tuple[str, str]]:
+        doc = snap(nodePools=[pool("p")], nodes=[node("n1", "p")], pods=list(pods))
+        try:
+            load_snapshot(msgspec.json.encode(doc))
+        except SnapshotError as e:
+            return [(x.path, x.message) for x in e.errors]
+        return []
+
+    placed = pod("x", nodeName="n1")
+    assert errors(placed, pod("x", uid="other")) == [("$.pods[1].name", "duplicate pod 'ns/x'")]
+    # One name in two namespaces: two pods.
+    assert errors(placed, pod("x", uid="other", namespace="ns2")) == []
+    # "a/b" + "c" and "a" + "b/c": one key, as Kubernetes names never hold a "/" anyway.
+    assert errors(pod("c", namespace="a/b", nodeName="n1"), pod("b/c", namespace="a")) == [
+        ("$.pods[1].name", "duplicate pod 'a/b/c'")
+    ]
+    assert errors(placed, pod("y"), pod("z", namespace="ns2")) == []
+
+
 def test_placed_pods_hold_their_requests_on_their_node():
     doc = good()
     doc["nodes"].append(node("n2", "p"))
