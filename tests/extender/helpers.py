@@ -62,16 +62,18 @@ def permit_batch(
     requested: int = 2,
     last_permit: int | None = None,
     protocol: tuple[int, int] = (1, 1),
+    memory: tuple[int, int] = (2**30, 2**30),
+    last_memory: int = 2**30,
 ) -> dict[str, Any]:
-    gib = 2**30
+    """One VM's request; ``memory`` is (current, requested) in bytes."""
     request: dict[str, Any] = {
         "pod": {"namespace": "vms", "name": name, "uid": uid},
         "node": node,
-        "current": {"vcpus": current, "memoryBytes": gib},
-        "requested": {"vcpus": requested, "memoryBytes": gib},
+        "current": {"vcpus": current, "memoryBytes": memory[0]},
+        "requested": {"vcpus": requested, "memoryBytes": memory[1]},
     }
     if last_permit is not None:
-        request["lastPermit"] = {"vcpus": last_permit, "memoryBytes": gib}
+        request["lastPermit"] = {"vcpus": last_permit, "memoryBytes": last_memory}
     return {
         "protocol": {"min": protocol[0], "max": protocol[1]},
         "node": node,
