@@ -4,6 +4,7 @@ the extender emits outside kube-scheduler's own wire format is camelCase."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,40 @@ async def test_every_json_the_extender_emits_is_camel_case(running):
     queue = await (await verbs.get("/v1/queue")).json()
     assert queue["namespaces"]["vms"]["waiting"][0]["pod"] == "vms/pg-2"
     assert "quotasLoaded" in queue and "admissionTtlSeconds" in queue
+
+
+def _state_example() -> Any:
+    section = API.read_text().split("### GET /state", 1)[1]
+    return json.loads(section.split("```json", 1)[1].split("```", 1)[0])
+
+
+def _shape(value: Any) -> Any:
+    """Keys all the way down; a list by its first item."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+async def test_the_state_example_has_the_keys_state_serves(running):
+    """/state's example in docs/API.md, key for key, is what the extender serves for the same
+    VM once its agent has reported (the standalone cluster's pg-1 on node-a)."""
+    verbs, permits, token = running
+    pod = {"namespace": "vms", "name": "pg-1", "uid": "00000000-0000-0000-0000-000000000001"}
+    four = {"vcpus": 4, "memoryBytes": 4 * 2**30}
+    batch = {
+        "protocol": {"min": 1, "max": 1},
+        "node": "node-a",
+        "requests": [{"pod": pod, "node": "node-a", "current": four, "requested": four}],
+    }
+    answer = await permits.post(
+        "/v1/permits", json=batch, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status == 200
+    served = await (await verbs.get("/state")).json()
+    example = _state_example()
+    (node,) = [n for n in served["nodes"] if n["name"] == "node-a"]
+    assert _shape(example["nodes"][0]) == _shape(node)
+    assert set(example) == set(served)
+    assert example["nodes"][0]["allocations"][0]["vm"] == node["allocations"][0]["vm"]
