@@ -97,11 +97,13 @@ def decide(
     quota_room: QuotaRoom | None = None,
     *,
     growth_cap_millis: int | None = None,
+    growth_cap_bytes: int | None = None,
 ) -> Decision:
     """Apply one VM's request to the ledger and return its Permit (or its error).
 
     ``growth_cap_millis`` limits how much CPU an increase may add on top of ``current`` (the
-    fair share ``decide_batch`` gives each VM when several compete for a node's room)."""
+    fair share ``decide_batch`` gives each VM when several compete for a node's room), and
+    ``growth_cap_bytes`` how much memory."""
     entry = ledger.pods.get(req.pod.uid)
     if entry is None:
         return _error(
@@ -151,6 +153,8 @@ def decide(
             grow_mem = min(room_mem, base_mem + left.memory_bytes)
     if growth_cap_millis is not None:
         grow_cpu = min(grow_cpu, req.current.vcpus * CPU_MILLIS_PER_VCPU + growth_cap_millis)
+    if growth_cap_bytes is not None:
+        grow_mem = min(grow_mem, max(held_mem, req.current.memory_bytes) + growth_cap_bytes)
     last = req.last_permit
     vcpus, answer_vcpus = _decide_one(
         req.current.vcpus,
@@ -203,11 +207,21 @@ def decide_batch(
     quota_room: QuotaRoom | None = None,
 ) -> list[Decision]:
     """Decide a node's batch. Everything that frees or keeps room goes first; then, when
-    several VMs ask to grow, they share the node's free CPU fairly instead of the first in the
-    batch taking it all: each may first add an equal share, then what is left goes round in
-    batch order (a max-min split in two rounds; deterministic, no randomness)."""
+    several VMs ask to grow, they share the node's free room fairly, per resource, instead of
+    the first in the batch taking it all: each may first add an equal share of the free CPU
+    (of the VMs growing CPU) and of the free memory (of the VMs growing memory), then what is
+    left goes round in batch order (a max-min split in two rounds; deterministic, no
+    randomness)."""
     check_batch(ledger, node, requests)
-    growing = [i for i, r in enumerate(requests) if r.requested.vcpus > r.current.vcpus]
+    cpu_growing = mem_growing = 0
+    growing = []
+    for i, r in enumerate(requests):
+        cpu_up = r.requested.vcpus > r.current.vcpus
+        mem_up = r.requested.memory_bytes > r.current.memory_bytes
+        if cpu_up or mem_up:
+            growing.append(i)
+            cpu_growing += cpu_up
+            mem_growing += mem_up
     if len(growing) < 2:
         return [decide(ledger, req, quota_room) for req in requests]
     decisions: list[Decision | None] = [None] * len(requests)
@@ -216,15 +230,25 @@ def decide_batch(
         if i not in is_growing:
             decisions[i] = decide(ledger, req, quota_room)
     state = ledger.nodes.get(node)
-    free_cpu = state.free.cpu_millis if state is not None else 0
-    share = max(0, free_cpu) // len(growing)
+    free = state.free if state is not None else Demand(0, 0)
+    cpu_share = max(0, free.cpu_millis) // max(1, cpu_growing)
+    mem_share = max(0, free.memory_bytes) // max(1, mem_growing)
     for i in growing:
-        decisions[i] = decide(ledger, requests[i], quota_room, growth_cap_millis=share)
+        decisions[i] = decide(
+            ledger,
+            requests[i],
+            quota_room,
+            growth_cap_millis=cpu_share,
+            growth_cap_bytes=mem_share if mem_growing > 1 else None,
+        )
     for i in growing:
         first = decisions[i]
         assert first is not None
         granted = first.permit.permit
-        if granted is not None and granted.vcpus < requests[i].requested.vcpus:
+        want = requests[i].requested
+        if granted is not None and (
+            granted.vcpus < want.vcpus or granted.memory_bytes < want.memory_bytes
+        ):
             # The second round: the same request again, now against what the others left.
             decisions[i] = decide(ledger, requests[i], quota_room)
     return [d for d in decisions if d is not None]

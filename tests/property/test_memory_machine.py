@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from protocol import annotations as ann
 from protocol.permits import PodRef, ResourceRequest, Resources
 from scheduler_extender.core.ledger import Ledger, LedgerError, SystemReserve
-from scheduler_extender.core.permits import decide
+from scheduler_extender.core.permits import decide, decide_batch
 from scheduler_extender.core.podinfo import Demand, PodInfo
 
 MI = 2**20
@@ -152,6 +152,35 @@ class MemoryMachine(RuleBasedStateMachine):
         answered = self._ask(uid, current, within(asked), None if last is None else within(last))
         # Whatever it said, it ends up with what it was answered (it gives the rest back).
         self.real[uid] = answered
+
+    @rule(node=st.sampled_from(NODES), wants=st.lists(st.integers(0, 10_000), min_size=2))
+    def agents_grew_together(self, node, wants):
+        """One node's batch of VMs growing memory: shared fairly, never over-committing."""
+        uids = sorted(u for u, e in self.ledger.pods.items() if e.node == node)[: len(wants)]
+        if len(uids) < 2:
+            return
+        requests = []
+        for uid, want in zip(uids, wants, strict=False):
+            vm = self.ledger.pods[uid].vm
+            assert vm is not None
+            current = self.real[uid]
+            requests.append(
+                ResourceRequest(
+                    pod=PodRef(namespace="ns", name=uid, uid=uid),
+                    node=node,
+                    current=Resources(vcpus=1, memory_bytes=current),
+                    requested=Resources(
+                        vcpus=1, memory_bytes=max(current, vm.round_memory_down(want * MI))
+                    ),
+                    last_permit=Resources(vcpus=1, memory_bytes=self.ledger.pods[uid].memory_bytes),
+                )
+            )
+        for req, d in zip(requests, decide_batch(self.ledger, node, requests), strict=True):
+            assert d.permit.permit is not None, d.permit
+            granted = d.permit.permit.memory_bytes
+            assert req.current.memory_bytes <= granted <= req.requested.memory_bytes
+            self.real[req.pod.uid] = granted
+            self._record(req.pod.uid)
 
     @rule(data=st.data())
     def vm_deleted(self, data):

@@ -183,3 +183,24 @@ def test_a_namespace_memory_quota_limits_an_increase(ledger):
     d = decide(ledger, ask("v1", 2 * GI, GI), lambda _ns: Demand(0, 0))
     assert d.permit.status is PermitStatus.RELEASED
     assert mem_held(ledger) == GI
+
+
+def test_vms_growing_memory_in_one_batch_share_the_node_fairly(ledger):
+    from scheduler_extender.core.permits import decide_batch
+
+    bound(ledger, "v1")
+    bound(ledger, "v2")  # 6 GiB free
+    first, second = decide_batch(ledger, "n1", [ask("v1", GI, 8 * GI), ask("v2", GI, 8 * GI)])
+    assert first.permit.permit is not None and second.permit.permit is not None
+    # 3 GiB each, not 6 GiB for the first in the batch and nothing for the second.
+    assert first.permit.permit.memory_bytes == second.permit.permit.memory_bytes == 4 * GI
+    # A share one VM leaves unused goes round to the other.
+    other = Ledger(reserve=SystemReserve(cpu_fraction=0.2))
+    other.upsert_node("n1", allocatable=Demand(8000, 8 * GI))
+    bound(other, "v3")
+    bound(other, "v4")
+    other.observe_pod(foreign("f1", 4 * GI), at=0)  # 2 GiB free
+    small, big = decide_batch(other, "n1", [ask("v3", GI, GI + 512 * MI), ask("v4", GI, 8 * GI)])
+    assert small.permit.permit is not None and big.permit.permit is not None
+    assert small.permit.permit.memory_bytes == GI + 512 * MI
+    assert big.permit.permit.memory_bytes == 2 * GI + 512 * MI
