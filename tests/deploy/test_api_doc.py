@@ -116,23 +116,18 @@ async def running(aiohttp_client, tmp_path: Path):
     return verbs, permits, config.auth.static_token
 
 
-async def test_every_json_the_extender_emits_is_camel_case(running):
-    verbs, permits, token = running
+def _pg1_batch(requested_vcpus: int, **extra: Any) -> dict[str, Any]:
+    """The standalone cluster's pg-1 on node-a, at 4 vCPUs, asking for ``requested_vcpus``."""
     pod = {"namespace": "vms", "name": "pg-1", "uid": "00000000-0000-0000-0000-000000000001"}
     four = {"vcpus": 4, "memoryBytes": 4 * 2**30}
-    batch = {
-        "protocol": {"min": 1, "max": 1},
-        "node": "node-a",
-        "requests": [
-            {
-                "pod": pod,
-                "node": "node-a",
-                "current": four,
-                "requested": {"vcpus": 6, "memoryBytes": 4 * 2**30},
-                "load": {"load1": 5.2},
-            }
-        ],
-    }
+    requested = {"vcpus": requested_vcpus, "memoryBytes": 4 * 2**30}
+    request = {"pod": pod, "node": "node-a", "current": four, "requested": requested, **extra}
+    return {"protocol": {"min": 1, "max": 1}, "node": "node-a", "requests": [request]}
+
+
+async def test_every_json_the_extender_emits_is_camel_case(running):
+    verbs, permits, token = running
+    batch = _pg1_batch(6, load={"load1": 5.2})
     answers = {
         "GET /state": await verbs.get("/state"),
         "GET /v1/queue": await verbs.get("/v1/queue"),
@@ -172,15 +167,8 @@ async def test_the_state_example_has_the_keys_state_serves(running):
     """/state's example in docs/API.md, key for key, is what the extender serves for the same
     VM once its agent has reported (the standalone cluster's pg-1 on node-a)."""
     verbs, permits, token = running
-    pod = {"namespace": "vms", "name": "pg-1", "uid": "00000000-0000-0000-0000-000000000001"}
-    four = {"vcpus": 4, "memoryBytes": 4 * 2**30}
-    batch = {
-        "protocol": {"min": 1, "max": 1},
-        "node": "node-a",
-        "requests": [{"pod": pod, "node": "node-a", "current": four, "requested": four}],
-    }
     answer = await permits.post(
-        "/v1/permits", json=batch, headers={"Authorization": f"Bearer {token}"}
+        "/v1/permits", json=_pg1_batch(4), headers={"Authorization": f"Bearer {token}"}
     )
     assert answer.status == 200
     served = await (await verbs.get("/state")).json()

@@ -122,3 +122,29 @@ def pod_token(pod: dict[str, Any], **kw: Any) -> TokenIdentity:
         pod_uid=meta["uid"],
         **kw,
     )
+
+
+async def ask_memory(
+    client: Any,
+    headers: dict[str, str],
+    *,
+    current: int,
+    requested: int,
+    last: int,
+    node: str = "node-a",
+    uid: str = "u-1",
+) -> dict[str, Any]:
+    """One VM at 1 vCPU asks for memory (bytes); its Permit, as the permit port answers it."""
+    body = permit_batch(
+        node,
+        uid=uid,
+        current=1,
+        requested=1,
+        last_permit=1,
+        memory=(current, requested),
+        last_memory=last,
+    )
+    response = await client.post("/v1/permits", json=body, headers=headers)
+    assert response.status == 200, await response.text()
+    permit: dict[str, Any] = (await response.json())["permits"][0]
+    return permit

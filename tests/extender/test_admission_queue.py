@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_extender.kube.queue_notices import ADMITTED_AT_ANNOTATION
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
-from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
+from tests.extender.helpers import ask_memory, bind_body, filter_body, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
@@ -138,19 +138,9 @@ async def test_a_memory_permit_is_limited_by_the_namespace_memory_quota(
     running = await start_extender(make_config(quota=quota))
 
     async def ask(current: int, requested: int) -> dict[str, Any]:
-        body = permit_batch(
-            "node-a",
-            uid="u-1",
-            current=1,
-            requested=1,
-            last_permit=1,
-            memory=(current, requested),
-            last_memory=current,
+        return await ask_memory(
+            running.permits, AUTH, current=current, requested=requested, last=current
         )
-        response = await running.permits.post("/v1/permits", json=body, headers=AUTH)
-        assert response.status == 200, await response.text()
-        (permit,) = (await response.json())["permits"]
-        return dict(permit)
 
     assert (await ask(GI, GI))["status"] == "steady"
     permit = await ask(GI, 6 * GI)

@@ -9,7 +9,7 @@ from tests.extender.conftest import (
     make_config,
     wait_until,
 )
-from tests.extender.helpers import permit_batch, vm_pod
+from tests.extender.helpers import ask_memory, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
 POD = "/api/v1/namespaces/vms/pods/vm-1"
@@ -149,18 +149,9 @@ async def test_memory_is_recorded_and_resized_in_place_both_ways(
         current: int, requested: int, last: int, *, on: Running | None = None
     ) -> dict[str, object]:
         running = on or first
-        body = permit_batch(
-            "node-a",
-            uid="u-1",
-            current=1,
-            requested=1,
-            last_permit=1,
-            memory=(current, requested),
-            last_memory=last,
+        permit = await ask_memory(
+            running.permits, AUTH, current=current, requested=requested, last=last
         )
-        response = await running.permits.post("/v1/permits", json=body, headers=AUTH)
-        assert response.status == 200
-        permit: dict[str, object] = (await response.json())["permits"][0]
         assert running.extender.recorder is not None
         await running.extender.recorder.wait_idle()
         return permit

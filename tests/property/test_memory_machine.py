@@ -19,6 +19,8 @@ from protocol.permits import PodRef, ResourceRequest, Resources
 from scheduler_extender.core.ledger import Ledger, LedgerError, SystemReserve
 from scheduler_extender.core.permits import decide, decide_batch
 from scheduler_extender.core.podinfo import Demand, PodInfo
+from tests.property import common
+from tests.support import pod_info
 
 MI = 2**20
 NODES = ["n1", "n2"]
@@ -82,20 +84,7 @@ class MemoryMachine(RuleBasedStateMachine):
             max_memory_bytes=(lo + extra) * 256 * MI,
             memory_unit_bytes=unit * MI,
         )
-        pod = PodInfo(
-            uid=uid,
-            namespace="ns",
-            name=uid,
-            node_name=None,
-            scheduler_name="vm-scheduler",
-            requests=Demand(1000, spec.min_memory_bytes),
-            priority=0,
-            is_ours=True,
-            is_vm=True,
-            is_static=False,
-            is_terminated=False,
-            vm=spec,
-        )
+        pod = pod_info(uid, requests=Demand(1000, spec.min_memory_bytes), vm=spec)
         try:
             self.ledger.reserve_for_bind(pod, node, at=0)
         except LedgerError:
@@ -195,9 +184,7 @@ class MemoryMachine(RuleBasedStateMachine):
     @rule()
     def extender_restarted(self):
         before = {u: (e.node, e.held, e.memory_bytes) for u, e in self.ledger.pods.items()}
-        rebuilt = Ledger(reserve=self.ledger.reserve)
-        rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
-        rebuilt.replace_pods(self.api_pods.values(), at=0)
+        rebuilt = common.rebuilt(self.ledger, self.api_nodes, self.api_pods.values(), at=0)
         for uid, entry in rebuilt.pods.items():
             # The durable record: the same hold, the rest up to the maximum kept out of free.
             assert (entry.node, entry.held, entry.memory_bytes) == before[uid]
@@ -218,12 +205,8 @@ class MemoryMachine(RuleBasedStateMachine):
     def everything_deleted(self, data):
         if data.draw(st.integers(0, 9)) != 0:
             return
-        for uid in list(self.api_pods):
-            self.ledger.forget_pod(uid)
-        self.api_pods.clear()
+        common.forget_everything(self.ledger, self.api_pods)
         self.real.clear()
-        assert self.ledger.totals() == Demand(0, 0)
-        assert all(s.uncertain_total == Demand(0, 0) for s in self.ledger.nodes.values())
 
     @invariant()
     def memory_holds_never_exceed_what_a_node_can_give(self):

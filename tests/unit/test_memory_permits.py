@@ -8,7 +8,8 @@ from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
 from scheduler_extender.core.ledger import Ledger, SystemReserve
 from scheduler_extender.core.permits import decide
-from scheduler_extender.core.podinfo import Demand, PodInfo
+from scheduler_extender.core.podinfo import Demand
+from tests.support import pod_info
 
 GI = 2**30
 MI = 2**20
@@ -16,48 +17,18 @@ MI = 2**20
 
 def vm_pod(uid, *, lo=GI, hi=8 * GI, unit=512 * MI, node=None, permitted=None):
     spec = ann.VmSpec(
-        min_vcpus=1,
-        max_vcpus=4,
-        min_memory_bytes=lo,
-        max_memory_bytes=hi,
-        memory_unit_bytes=unit,
+        min_vcpus=1, max_vcpus=4, min_memory_bytes=lo, max_memory_bytes=hi, memory_unit_bytes=unit
     )
-    return PodInfo(
-        uid=uid,
-        namespace="ns",
-        name=f"pod-{uid}",
-        node_name=node,
-        scheduler_name="vm-scheduler",
-        requests=Demand(1000, lo),
-        priority=0,
-        is_ours=True,
-        is_vm=True,
-        is_static=False,
-        is_terminated=False,
-        vm=spec,
-        permitted_memory_bytes=permitted,
-    )
+    return pod_info(uid, requests=Demand(1000, lo), node=node, vm=spec, permitted_memory=permitted)
 
 
 def foreign(uid, mem):
-    return PodInfo(
-        uid=uid,
-        namespace="other",
-        name=uid,
-        node_name="n1",
-        scheduler_name="default-scheduler",
-        requests=Demand(0, mem),
-        priority=0,
-        is_ours=False,
-        is_vm=False,
-        is_static=False,
-        is_terminated=False,
-    )
+    return pod_info(uid, requests=Demand(0, mem), node="n1", namespace="other")
 
 
 def ask(uid, current, requested, *, vcpus=(1, 1), last=None):
     return ResourceRequest(
-        pod=PodRef(namespace="ns", name=f"pod-{uid}", uid=uid),
+        pod=PodRef(namespace="ns", name=uid, uid=uid),
         node="n1",
         current=Resources(vcpus=vcpus[0], memory_bytes=current),
         requested=Resources(vcpus=vcpus[1], memory_bytes=requested),
