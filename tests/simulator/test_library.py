@@ -195,6 +195,27 @@ def test_memory_not_cpu_limits_the_node_and_no_guest_runs_out():
     assert report.counters.extender_restarts == 1
 
 
+def test_a_memory_notice_believed_at_the_size_asked_is_caught():
+    """The run checks that memory a guest really has is never counted as free: an extender
+    that took db-b's partial shrink at the 2Gi asked, not the 5Gi the guest kept, is stopped
+    with a violation."""
+    done = []
+
+    def believe_the_ask(sim: Simulation, t: float) -> None:
+        if t >= 763.1 and not done and sim.extender is not None:
+            uid = sim.vm_by_name["db-b"].uid
+            entry = sim.extender.ledger.pods[uid]
+            assert entry.vcpus is not None
+            sim.extender.ledger.resize_vm(uid, vcpus=entry.vcpus, memory_bytes=2 * 2**30)
+            done.append(t)
+
+    report = Simulation(library("memory"), after_step=believe_the_ask).run()
+    assert done
+    assert report.violation is not None
+    assert report.violation.invariant == "ledger behind reality"
+    assert "db-b has 5368709120 bytes of memory" in report.violation.message
+
+
 def test_growing_before_the_guest_runs_out_is_what_keeps_it_from_oom():
     """The same scenario with a policy that grows only once the guest is already full:
     guests run out of memory. (So the early growth is what the first test measures.)"""
