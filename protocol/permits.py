@@ -11,6 +11,13 @@ Pure. How to read a ResourceRequest, per resource (vCPUs and memory independentl
   ``current <= permit <= requested``, rounded down to the VM's scaling unit and limited by
   what the node (and the namespace quota) has left.
 
+Memory differs in one way: a VM's memory only grows through a permit, so a size *above what
+the extender holds for the VM* (a ``current``, or a notice's ``requested``) is believed only as
+far as the node has room for it, and the permit's memory may then be *below* ``current``: the
+agent must give the rest back. A memory notice's ``requested`` is the size the guest really
+reached: a shrink the guest could not complete is reported at what it gave back, never at the
+size it was asked for (the extender frees exactly what is reported).
+
 ``last_permit`` is the last permit the agent holds. A restarted extender whose durable record
 (the pod annotation) was lost uses it to rebuild, so a restart never takes vCPUs from a VM.
 

@@ -466,6 +466,8 @@ class Extender:
                         container=self.vm_containers.get(entry.uid),
                         vcpus=entry.vcpus,
                         memory_bytes=entry.memory_bytes,
+                        resize_memory=entry.vm is not None
+                        and entry.vm.max_memory_bytes > entry.vm.min_memory_bytes,
                     ),
                 )
         for name, count in counts.items():

@@ -39,6 +39,9 @@ def _entry(e: Allocation) -> dict[str, Any]:
             "memoryBytes": e.memory_bytes,
             "minVcpus": e.vm.min_vcpus,
             "maxVcpus": e.vm.max_vcpus,
+            "minMemoryBytes": e.vm.min_memory_bytes,
+            "maxMemoryBytes": e.vm.max_memory_bytes,
+            "memoryUnitBytes": e.vm.memory_unit_bytes,
         }
     if e.is_tentative:
         out["tentative"] = True

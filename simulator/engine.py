@@ -15,6 +15,10 @@ What is real and what is simulated:
   ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
   ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
 * **Simulated:** the VMs (load, metrics, resize duration, a hypervisor that fails for a while),
+  the memory of VMs whose memory scales (``simulator.memory``: the guest's use, a small
+  agent-like memory policy and loop of its own, plugging that takes time, a shrink that ends
+  where the guest stops giving memory back; its requests go through the real
+  ``decide_batch``, and the CPU loop's requests carry the memory as it is),
   the API server (pods, nodes, and the durable ``permitted-*`` annotations written by a
   durability writer that lags and loses unwritten permits when the extender dies),
   kube-scheduler's retry loop, the default scheduler placing foreign pods, and new nodes
@@ -92,10 +96,19 @@ from simulator.measurements import (
     close_step,
     track_step,
 )
+from simulator.memory import (
+    MemoryPolicyConfig,
+    MemoryPolicyState,
+    given_back_to,
+    memory_goal,
+    memory_segments,
+    used_at,
+)
 from simulator.provisioning import Provisioning
 from simulator.records import (
     ExtenderLife,
     ForeignRecord,
+    MemoryRecord,
     NodeRecord,
     VmRecord,
 )
@@ -184,7 +197,8 @@ class Simulation:
                     max_vcpus=v.max_vcpus,
                     scaling_unit=v.scaling_unit,
                     min_memory_bytes=sc.bytes_of(v.memory),
-                    max_memory_bytes=sc.bytes_of(v.memory),
+                    max_memory_bytes=sc.bytes_of(v.max_memory or v.memory),
+                    memory_unit_bytes=sc.bytes_of(v.memory_unit),
                 ),
                 sc.bytes_of(v.memory),
             )
@@ -204,6 +218,18 @@ class Simulation:
         self.foreign = [ForeignRecord(i, p) for i, p in enumerate(scenario.foreign_pods)]
         # The API server's durable record: uid -> permitted vCPUs annotation.
         self.annotations: dict[str, int] = {}
+        # ... and uid -> permitted memory, for VMs whose memory scales.
+        self.memory_annotations: dict[str, int] = {}
+        mp = scenario.memory_policy
+        self.memory_policy = MemoryPolicyConfig(
+            target_used_fraction=mp.target_used_fraction,
+            shrink_used_fraction=mp.shrink_used_fraction,
+            shrink_after_seconds=mp.shrink_after_seconds,
+            margin_bytes=sc.bytes_of(mp.margin),
+        )
+        self.has_memory = any(
+            v.vm_spec.max_memory_bytes > v.vm_spec.min_memory_bytes for v in self.vms
+        )
         self.extender: ExtenderLife | None = None
         self.epoch = 0
         # Permit batches by id, each with its node; and each node's open one, with the time its
@@ -222,7 +248,9 @@ class Simulation:
         self.violation: Violation | None = None
         self._last_full_check = -1.0
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
-        self.samples = PlotSamples([self.vm_by_name[n] for n in names[:MAX_PLOTTED]])
+        self.samples = PlotSamples(
+            [self.vm_by_name[n] for n in names[:MAX_PLOTTED]], has_memory=self.has_memory
+        )
         self._pending_reason: dict[str, str] = {}
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
         self._node_by_id: list[str] = []
@@ -306,6 +334,7 @@ class Simulation:
             recommendations=self.recommendations,
             log=self.log,
             samples=self.samples,
+            has_memory=self.has_memory,
         )
 
     def _checks_between(self) -> None:
@@ -349,6 +378,9 @@ class Simulation:
         state = ext.ledger.nodes.get(name)
         if state is not None:
             node.peak_reserved = max(node.peak_reserved, state.allocated.cpu_millis)
+            if self.has_memory:
+                memory = state.own_total.memory_bytes + state.foreign_total.memory_bytes
+                node.peak_reserved_memory = max(node.peak_reserved_memory, memory)
 
     # -- the extender's lives ------------------------------------------------------------------
 
@@ -363,6 +395,7 @@ class Simulation:
             foreign=self.foreign,
             pending=self.pending,
             annotations=self.annotations,
+            memory_annotations=self.memory_annotations,
             now=self.t,
             on_change=self._ledger_changed,
         )
@@ -488,6 +521,19 @@ class Simulation:
         vm.agent = VmState(spec=vm.vm_spec, config=self.core, now=self.t, explain=False)
         self.counts["placements"] += 1
         self.note("placed", vm.spec.name, f"on {node} at {vm.vcpus} vCPUs", keep=decided)
+        if vm.vm_spec.max_memory_bytes > vm.vm_spec.min_memory_bytes:
+            size = vm.vm_spec.min_memory_bytes
+            if ext is not None:
+                size = ext.ledger.pods[vm.uid].memory_bytes or size
+            uses = [
+                (u.at_seconds, sc.bytes_of(u.used), u.over_seconds)
+                for u in vm.spec.memory_used or ()
+            ]
+            vm.mem = MemoryRecord(
+                memory_segments(uses, vm.memory, step_seconds=self.core.scrape_interval_seconds),
+                size,
+            )
+            self.at(self.t, self._mem_tick, vm.index)
         track_step(vm, self.core.policy, self.t)
         bp = vm.guest.next_breakpoint()
         if bp is not None:
@@ -577,6 +623,7 @@ class Simulation:
             vm.guest.finish(self.t)
         close_step(vm, self.t, reached=False)
         self.annotations.pop(vm.uid, None)
+        self.memory_annotations.pop(vm.uid, None)
         if vm.node is not None:
             self._reality(vm.node, -vm.vcpus * 1000)
         ext = self.extender
@@ -822,14 +869,17 @@ class Simulation:
             self._step(vm)
 
     def _request(self, vm: VmRecord, call: PermitCall, node: str) -> ResourceRequest:
-        mem = vm.memory
+        # The VM's memory as it is (steady): the memory loop asks for memory on its own.
+        m = vm.mem
+        mem = vm.memory if m is None else m.size
+        last_mem = vm.memory if m is None else m.granted
         return ResourceRequest(
             pod=vm.ref,
             node=node,
             current=Resources(vcpus=call.current_vcpus, memory_bytes=mem),
             requested=Resources(vcpus=call.requested_vcpus, memory_bytes=mem),
             last_permit=(
-                Resources(vcpus=call.last_permit_vcpus, memory_bytes=mem)
+                Resources(vcpus=call.last_permit_vcpus, memory_bytes=last_mem)
                 if call.last_permit_vcpus is not None
                 else None
             ),
@@ -916,6 +966,180 @@ class Simulation:
     def _wake_at(self, vm: VmRecord, t: float) -> None:
         vm.wake_token += 1
         self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
+
+    # -- memory (simulator.memory): one loop per VM whose memory scales -----------------------
+
+    def _mem_tick(self, index: int) -> None:
+        """The agent's memory loop, on its scrape grid: account, decide, ask or resize."""
+        vm = self.vms[index]
+        m = vm.mem
+        if m is None or vm.is_deleted or vm.node is None:
+            return
+        t = self.t
+        self.at(t + self.core.scrape_interval_seconds, self._mem_tick, index)
+        self._mem_account(vm, m)
+        if m.op is not None:
+            return
+        goal, m.policy = memory_goal(
+            vm.vm_spec, m.policy, used=m.used, current=m.size, config=self.memory_policy, now=t
+        )
+        if goal > m.size:
+            m.want = goal
+            if m.granted >= goal:
+                self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
+            elif t >= m.retry_at:
+                self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
+        elif goal < m.size:
+            m.want = goal
+            self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
+        elif m.granted > m.size:
+            # A notice not yet heard (the extender was down): give the rest back.
+            m.want = m.size
+            self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
+
+    def _mem_op(self, vm: VmRecord, m: MemoryRecord, kind: str, after: float) -> None:
+        m.op = kind
+        self.at(
+            self.t + after, self._mem_permit if kind == "permit" else self._mem_resized, vm.index
+        )
+
+    def _mem_account(self, vm: VmRecord, m: MemoryRecord) -> None:
+        """The guest's use now; the start and end of a stretch out of memory."""
+        t = self.t
+        m.used, m.segment = used_at(m.segments, m.segment, t)
+        out = m.used > m.size
+        if out and not m.is_out:
+            m.ooms += 1
+            m.out_since = t
+            self.note("out_of_memory", vm.spec.name, f"uses {m.used} bytes of {m.size}")
+        elif not out and m.is_out:
+            m.oom_seconds += t - m.out_since
+        m.is_out = out
+
+    def _mem_permit(self, index: int) -> None:
+        """The memory request (or notice) reaches the extender: one VM's batch."""
+        vm = self.vms[index]
+        m = vm.mem
+        if m is None or vm.is_deleted or m.op != "permit" or vm.node is None:
+            return
+        m.op = None
+        ext = self.extender
+        retry_at = self.t + self.s.agent.permit_retry_seconds
+        if ext is None:
+            m.permit_errors += 1
+            m.retry_at = retry_at
+            return  # a later tick asks again
+        node = vm.node
+        is_notice = m.want < m.granted
+        request = ResourceRequest(
+            pod=vm.ref,
+            node=node,
+            current=Resources(vcpus=vm.vcpus, memory_bytes=m.granted if is_notice else m.size),
+            requested=Resources(vcpus=vm.vcpus, memory_bytes=m.want),
+            last_permit=Resources(vcpus=vm.granted, memory_bytes=m.granted),
+        )
+        self.counts["permit_batches"] += 1
+        self.counts["permit_requests"] += 1
+        before = ext.ledger.nodes[node].free
+        try:
+            decisions = decide_batch(
+                ext.ledger, node, [request], quota_room=partial(adm.quota_room, ext.admission)
+            )
+        except BatchRefused as e:
+            raise InvariantViolation("permit batch refused", e.message) from e
+        check_decision(ext.ledger, node, before.cpu_millis, f"memory permit for {vm.spec.name}")
+        free = ext.ledger.nodes[node].free.memory_bytes
+        if free < 0 and free < before.memory_bytes:
+            raise InvariantViolation(
+                "decided over-commit",
+                f"memory permit for {vm.spec.name} left node {node} {-free} bytes over its"
+                f" usable memory (was {before.memory_bytes} free)",
+            )
+        permit = decisions[0].permit
+        if permit.error is not None or permit.permit is None:
+            m.permit_errors += 1
+            m.retry_at = retry_at
+            self.note("permit_error", vm.spec.name, permit.error.message if permit.error else "")
+            return
+        granted = permit.permit.memory_bytes
+        m.granted = granted
+        if not is_notice and granted < m.want:
+            m.denials += 1
+            m.retry_at = retry_at
+            self.trace("memory_denied", vm.spec.name, "asked {}: {}", m.want, permit.reason)
+        if self.memory_annotations.get(vm.uid) != granted:
+            self.at(
+                self.t + self.timing.durability_delay_seconds,
+                self._mem_durable_write,
+                (vm.index << 16) | (ext.epoch & 0xFFFF),
+            )
+        if granted > m.size:
+            m.want = granted
+            self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
+
+    def _mem_resized(self, index: int) -> None:
+        """Plugging or unplugging ended: a grow reaches its size, a shrink where the guest
+        stopped giving memory back (then the extender hears of it)."""
+        vm = self.vms[index]
+        m = vm.mem
+        if m is None or vm.is_deleted or m.op != "resize" or vm.node is None:
+            return
+        m.op = None
+        self._mem_account(vm, m)
+        previous = m.size
+        if m.want > previous:
+            if m.want > m.granted:
+                raise InvariantViolation(
+                    "permit exceeded",
+                    f"{vm.spec.name} plugged {m.want} bytes, its memory permit is {m.granted}",
+                )
+            m.size = m.want
+            m.grows += 1
+            self.counts["resizes"] += 1
+            m.peak = max(m.peak, m.size)
+            self._check_memory_reality(vm.node, f"{vm.spec.name} grew to {m.size} bytes")
+        else:
+            reached = given_back_to(vm.vm_spec, asked=m.want, used=m.used)
+            if reached >= previous:
+                # Nothing could be given back: the policy waits its whole window again.
+                m.policy = MemoryPolicyState()
+                self.note("memory_shrink_refused", vm.spec.name, f"uses {m.used} bytes")
+                return
+            m.size = reached
+            m.shrinks += 1
+            self.counts["resizes"] += 1
+            if reached > m.want:
+                m.partial_shrinks += 1
+                self.note(
+                    "memory_shrink_partial",
+                    vm.spec.name,
+                    f"asked {m.want} bytes, the guest gave back down to {reached}",
+                )
+            m.want = reached
+            self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
+        self._mem_account(vm, m)
+
+    def _check_memory_reality(self, node: str, what: str) -> None:
+        """What really runs on ``node`` after a grow we permitted fits in its usable memory."""
+        real = sum(
+            (v.mem.size if v.mem is not None else v.memory)
+            for v in self.vms
+            if v.node == node and not v.is_deleted
+        )
+        real += sum(f.demand.memory_bytes for f in self.foreign if f.node == node)
+        usable = self.nodes[node].usable.memory_bytes
+        if real > usable:
+            raise InvariantViolation(
+                "decided over-commit", f"{what} on {node}: {real} bytes run on {usable} usable"
+            )
+
+    def _mem_durable_write(self, packed: int) -> None:
+        index, epoch = divmod(packed, 1 << 16)
+        vm = self.vms[index]
+        ext = self.extender
+        if vm.mem is None or vm.is_deleted or ext is None or ext.epoch & 0xFFFF != epoch:
+            return
+        self.memory_annotations[vm.uid] = vm.mem.granted
 
     # -- recommender -------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ def rebuild_extender(
     pending: Sequence[VmRecord],
     annotations: Mapping[str, int],
     now: float,
+    memory_annotations: Mapping[str, int] | None = None,
     on_change: Callable[[str], None],
 ) -> tuple[ExtenderLife, int]:
     """A fresh extender that listed nodes and pods and rebuilt its ledger; and how many pods
@@ -37,7 +38,11 @@ def rebuild_extender(
     ext.ledger.subscribe(on_change)
     ext.ledger.replace_nodes((n.name, n.allocatable, dict(n.labels)) for n in nodes)
     pods: list[PodInfo] = [
-        vm.info(node=vm.node, permitted=annotations.get(vm.uid))
+        vm.info(
+            node=vm.node,
+            permitted=annotations.get(vm.uid),
+            permitted_memory=(memory_annotations or {}).get(vm.uid),
+        )
         for vm in vms
         if vm.node is not None and not vm.is_deleted
     ]

@@ -111,8 +111,23 @@ def check_all(
                     f"{vm.spec.name} runs {vm.vcpus} vCPUs but the ledger, which has heard"
                     f" from its agent, holds {entry.vcpus}",
                 )
+            m = vm.mem
+            if m is not None and entry.held.memory_bytes + entry.uncertain.memory_bytes < m.size:
+                # Memory the guest really has is never counted as free (held, or kept out of
+                # free as uncertain until the agent reports after a restart).
+                raise InvariantViolation(
+                    "ledger behind reality",
+                    f"{vm.spec.name} has {m.size} bytes of memory but the ledger counts"
+                    f" {entry.held.memory_bytes} (+{entry.uncertain.memory_bytes} uncertain)",
+                )
     for vm in vms:
         if vm.node is not None and not vm.is_deleted and vm.vcpus > vm.granted:
             raise InvariantViolation(
                 "permit exceeded", f"{vm.spec.name} runs {vm.vcpus} > permit {vm.granted}"
+            )
+        m = vm.mem
+        if m is not None and vm.node is not None and not vm.is_deleted and m.size > m.granted:
+            raise InvariantViolation(
+                "permit exceeded",
+                f"{vm.spec.name} has {m.size} bytes of memory > its permit {m.granted}",
             )

@@ -24,6 +24,7 @@ from simulator.report import (
     Series,
     StepResult,
     Violation,
+    VmMemory,
     VmSeries,
     VmSummary,
 )
@@ -96,7 +97,7 @@ class PlotSamples:
     """The plotted VMs' demand, load1, size and permit, and the first nodes' reservations, at
     every sample time. A node that joins late is -1 (absent) before it joined."""
 
-    def __init__(self, plotted: Sequence[VmRecord]) -> None:
+    def __init__(self, plotted: Sequence[VmRecord], *, has_memory: bool = False) -> None:
         self.plotted = list(plotted)
         self.times: list[float] = []
         self.vms: dict[str, tuple[list[float], list[float], list[int], list[int], list[int]]] = {
@@ -104,10 +105,21 @@ class PlotSamples:
         }
         self.nodes: dict[str, list[int]] = {}
         self.pending: list[int] = []
+        # Runs with a VM whose memory scales: its memory (used, plugged, permitted) and the
+        # nodes' memory reservations.
+        self.has_memory = has_memory
+        self.vm_memory: dict[str, tuple[list[int], list[int], list[int]]] = {
+            v.spec.name: ([], [], [])
+            for v in self.plotted
+            if v.vm_spec.max_memory_bytes > v.vm_spec.min_memory_bytes
+        }
+        self.node_memory: dict[str, list[int]] = {}
 
     def node_added(self, name: str) -> None:
         if len(self.nodes) < MAX_PLOTTED:
             self.nodes[name] = [-1] * len(self.times)
+            if self.has_memory:
+                self.node_memory[name] = [-1] * len(self.times)
 
     def take(self, t: float, ext: ExtenderLife | None, *, pending: int) -> None:
         self.times.append(round(t, 3))
@@ -123,12 +135,37 @@ class PlotSamples:
         for name, series in self.nodes.items():
             state = ext.ledger.nodes.get(name) if ext is not None else None
             series.append(state.allocated.cpu_millis if state is not None else -1)
+        if self.has_memory:
+            self._take_memory(ext)
+
+    def _take_memory(self, ext: ExtenderLife | None) -> None:
+        for vm in self.plotted:
+            found = self.vm_memory.get(vm.spec.name)
+            if found is None:
+                continue
+            used, size, permit = found
+            m = vm.mem
+            live = m is not None and not vm.is_deleted
+            used.append(m.used if live and m is not None else 0)
+            size.append(m.size if live and m is not None else 0)
+            permit.append(m.granted if live and m is not None else 0)
+        for name, series in self.node_memory.items():
+            state = ext.ledger.nodes.get(name) if ext is not None else None
+            series.append(state.allocated.memory_bytes if state is not None else -1)
 
     def series(self, nodes: Mapping[str, NodeRecord]) -> Series:
         return Series(
             times_seconds=self.times,
             vms=[
-                VmSeries(name=name, demand_vcpus=d, load1=l1, vcpus=v, permit_vcpus=p, denials=n)
+                VmSeries(
+                    name=name,
+                    demand_vcpus=d,
+                    load1=l1,
+                    vcpus=v,
+                    permit_vcpus=p,
+                    denials=n,
+                    **_vm_memory_series(self.vm_memory.get(name)),
+                )
                 for name, (d, l1, v, p, n) in self.vms.items()
             ],
             pending_vms=self.pending,
@@ -137,10 +174,45 @@ class PlotSamples:
                     name=name,
                     usable_millis=nodes[name].usable.cpu_millis,
                     reserved_millis=r,
+                    usable_memory_bytes=nodes[name].usable.memory_bytes
+                    if self.has_memory
+                    else None,
+                    reserved_memory_bytes=self.node_memory.get(name),
                 )
                 for name, r in self.nodes.items()
             ],
         )
+
+
+def _vm_memory_series(
+    found: tuple[list[int], list[int], list[int]] | None,
+) -> dict[str, list[int] | None]:
+    if found is None:
+        return {}
+    used, size, permit = found
+    return {"memory_used_bytes": used, "memory_bytes": size, "permit_memory_bytes": permit}
+
+
+def _vm_memory(vm: VmRecord, end: float) -> VmMemory | None:
+    m = vm.mem
+    if m is None:
+        return None
+    if m.is_out:
+        m.oom_seconds += end - m.out_since
+        m.is_out = False
+    return VmMemory(
+        min_bytes=vm.vm_spec.min_memory_bytes,
+        max_bytes=vm.vm_spec.max_memory_bytes,
+        final_bytes=m.size if not vm.is_deleted else 0,
+        peak_bytes=m.peak,
+        grows=m.grows,
+        shrinks=m.shrinks,
+        partial_shrinks=m.partial_shrinks,
+        denials=m.denials,
+        permit_errors=m.permit_errors,
+        ooms=m.ooms,
+        out_of_memory_seconds=round(m.oom_seconds, 3),
+    )
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -158,6 +230,7 @@ def build_report(
     recommendations: list[RecommendationRecord],
     log: list[LogEntry],
     samples: PlotSamples,
+    has_memory: bool = False,
 ) -> Report:
     """The run's report at ``end``. Closes what is still open at the end (a node's over-commit,
     a guest's over-target time), so it is called once, when the run is over."""
@@ -201,6 +274,7 @@ def build_report(
                     if vm.open_step is not None
                     else []
                 ),
+                memory=_vm_memory(vm, end),
             )
         )
     node_summaries = [
@@ -212,6 +286,8 @@ def build_report(
             peak_reserved_millis=n.peak_reserved,
             overcommit_seconds=round(n.overcommit_seconds, 3),
             joined_at_seconds=round(n.joined_at, 3),
+            usable_memory_bytes=n.usable.memory_bytes if has_memory else None,
+            peak_reserved_memory_bytes=n.peak_reserved_memory if has_memory else None,
         )
         for n in sorted(nodes.values(), key=lambda n: n.name)
     ]

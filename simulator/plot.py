@@ -63,8 +63,13 @@ def build_figure(report: Report) -> Figure:
             created_at.setdefault(e.subject, e.at_seconds)
     cols = 2
     rows = max(1, math.ceil(len(vms) / cols))
-    fig = plt.figure(figsize=(14, 3.0 * rows + 6.0), layout="constrained")
-    grid = fig.add_gridspec(rows + 2, cols, height_ratios=[1.0] * rows + [1.3, 0.7])
+    # Runs with a VM whose memory scales get a panel of the nodes' memory too.
+    has_memory = any(n.reserved_memory_bytes is not None for n in series.nodes)
+    extra = [1.3] if has_memory else []
+    fig = plt.figure(figsize=(14, 3.0 * rows + 6.0 + 2.5 * len(extra)), layout="constrained")
+    grid = fig.add_gridspec(
+        rows + 2 + len(extra), cols, height_ratios=[1.0] * rows + [1.3, *extra, 0.7]
+    )
     marks = _marks(report)
     legend: dict[str, Any] = {}
     for i, vm in enumerate(vms):
@@ -74,15 +79,23 @@ def build_figure(report: Report) -> Figure:
             ax, times, series.times_seconds, vm, summary=summaries.get(vm.name), created_at=created
         )
         _draw_marks(ax, marks)
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            legend.setdefault(label, handle)  # each kind of line once, from whichever VM has it
+        axes = [ax]
+        if vm.memory_bytes is not None:
+            axes.append(_draw_vm_memory(ax, times, series.times_seconds, vm))
+        for each in axes:
+            for handle, label in zip(*each.get_legend_handles_labels(), strict=True):
+                legend.setdefault(label, handle)  # each kind of line once, from any VM
     if legend:
         fig.legend(list(legend.values()), list(legend), loc="outside lower center", fontsize=8,
                    ncols=min(6, len(legend)))  # fmt: skip
     nodes_ax = fig.add_subplot(grid[rows, :])
     _draw_nodes(nodes_ax, times, series.nodes)
     _draw_marks(nodes_ax, marks, labels=True)
-    pending_ax = fig.add_subplot(grid[rows + 1, :], sharex=nodes_ax)
+    if has_memory:
+        memory_ax = fig.add_subplot(grid[rows + 1, :], sharex=nodes_ax)
+        _draw_nodes_memory(memory_ax, times, series.nodes)
+        _draw_marks(memory_ax, marks)
+    pending_ax = fig.add_subplot(grid[rows + 1 + len(extra), :], sharex=nodes_ax)
     _draw_pending(pending_ax, times, series.pending_vms)
     _draw_marks(pending_ax, marks)
     status = (
@@ -149,6 +162,54 @@ def _draw_vm(
     ax.set_ylabel("vCPUs")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
+
+
+GIB = 2**30
+
+
+def _draw_vm_memory(ax: Axes, minutes: list[float], seconds: list[float], vm: VmSeries) -> Axes:
+    """A VM whose memory scales: its memory on a second axis (GiB), 0 while it does not run."""
+    twin = ax.twinx()
+    assert vm.memory_bytes is not None and vm.memory_used_bytes is not None
+    assert vm.permit_memory_bytes is not None
+
+    def gib(values: list[int]) -> list[float]:
+        return [v / GIB if v > 0 else math.nan for v in values]
+
+    twin.fill_between(minutes, [v / GIB for v in vm.memory_used_bytes], step="post",
+                      alpha=0.15, color="tab:purple")  # fmt: skip
+    twin.step(minutes, gib(vm.memory_used_bytes), where="post", color="tab:purple", lw=1,
+              label="memory used by the guest (GiB)")  # fmt: skip
+    twin.step(minutes, gib(vm.memory_bytes), where="post", color="tab:brown", lw=2.2,
+              label="memory (GiB)")  # fmt: skip
+    twin.step(minutes, gib(vm.permit_memory_bytes), where="post", color="tab:olive", lw=1,
+              ls="--", label="memory permit (GiB)")  # fmt: skip
+    twin.set_ylabel("GiB")
+    twin.set_ylim(bottom=0)
+    return twin
+
+
+def _draw_nodes_memory(ax: Axes, minutes: list[float], nodes: list[NodeSeries]) -> None:
+    """Reserved memory per node against its usable memory (GiB)."""
+    top = 0.0
+    for node in nodes:
+        if node.reserved_memory_bytes is None:
+            continue
+        values = [r / GIB if r >= 0 else math.nan for r in node.reserved_memory_bytes]
+        ax.step(minutes, values, where="post", lw=1.6, label=node.name)
+        top = max(top, *(v for v in values if not math.isnan(v)), 0.0)
+        if node.usable_memory_bytes is not None:
+            usable = node.usable_memory_bytes / GIB
+            ax.axhline(usable, color="black", lw=1, ls=":")
+            ax.text(minutes[0] if minutes else 0, usable, f" usable: {usable:g} GiB ({node.name})",
+                    fontsize=7, va="bottom")  # fmt: skip
+            top = max(top, usable)
+    ax.set_ylabel("GiB")
+    ax.set_ylim(0, top * 1.15 if top else 1)
+    ax.grid(alpha=0.3)
+    ax.set_title("reserved memory per node as the extender's ledger sees it (dotted: usable)",
+                 fontsize=10, loc="left")  # fmt: skip
+    ax.legend(fontsize=7, loc="lower right", ncols=4)
 
 
 def _draw_nodes(ax: Axes, minutes: list[float], nodes: list[NodeSeries]) -> None:

@@ -21,6 +21,7 @@ from scheduler_extender.core.placement import FitIndex
 from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL
 from simulator import scenario as sc
+from simulator.memory import MemoryPolicyState
 from simulator.report import StepResult
 from simulator.world import GuestLoad
 
@@ -47,6 +48,7 @@ class VmRecord:
         "jitter_draws",
         "jitter_mix",
         "last_scrape_at",
+        "mem",
         "memory",
         "node",
         "op",
@@ -99,8 +101,12 @@ class VmRecord:
         self.steps: list[StepResult] = []
         # The step being chased: (at, demand, from, target, is_up).
         self.open_step: tuple[float, float, int, int, bool] | None = None
+        # Its memory, when it scales (``max_memory``); None: fixed at ``memory``.
+        self.mem: MemoryRecord | None = None
 
-    def info(self, *, node: str | None, permitted: int | None) -> PodInfo:
+    def info(
+        self, *, node: str | None, permitted: int | None, permitted_memory: int | None = None
+    ) -> PodInfo:
         return PodInfo(
             uid=self.uid,
             namespace=self.spec.namespace,
@@ -115,9 +121,60 @@ class VmRecord:
             is_terminated=False,
             vm=self.vm_spec,
             permitted_vcpus=permitted,
-            permitted_memory_bytes=self.memory if permitted is not None else None,
+            permitted_memory_bytes=permitted_memory
+            if permitted_memory is not None
+            else (self.memory if permitted is not None else None),
             created=f"2026-01-01T00:00:00.{self.index:06d}Z",
         )
+
+
+class MemoryRecord:
+    """A VM whose memory scales: its guest's use, its plugged size, its memory permit, and
+    the counters the report reads (``simulator.memory`` has the model)."""
+
+    __slots__ = (
+        "denials",
+        "granted",
+        "grows",
+        "is_out",
+        "oom_seconds",
+        "ooms",
+        "op",
+        "out_since",
+        "partial_shrinks",
+        "peak",
+        "permit_errors",
+        "policy",
+        "retry_at",
+        "segment",
+        "segments",
+        "shrinks",
+        "size",
+        "token",
+        "used",
+        "want",
+    )
+
+    def __init__(self, segments: tuple[tuple[float, int], ...], size: int) -> None:
+        self.segments = segments
+        self.segment = 0
+        self.used = segments[0][1]
+        self.size = size  # what the guest really has plugged
+        self.granted = size  # the memory permit it holds
+        self.peak = size
+        self.want = size  # what the pending permit request asks for
+        # None, "permit" (a request on its way) or "resize" (plugging or unplugging).
+        self.op: str | None = None
+        self.token = 0
+        self.policy = MemoryPolicyState()
+        # After a short grant or a failed call, no new request before this (the agent's
+        # permit_retry_seconds), as the CPU loop backs off.
+        self.retry_at = 0.0
+        self.grows = self.shrinks = self.partial_shrinks = self.denials = 0
+        self.permit_errors = self.ooms = 0
+        self.oom_seconds = 0.0
+        self.is_out = False
+        self.out_since = 0.0
 
 
 class ForeignRecord:
@@ -160,6 +217,7 @@ class NodeRecord:
         self.labels = {POOL_LABEL: pool, ZONE_LABEL: zone}
         self.joined_at = joined_at
         self.peak_reserved = 0
+        self.peak_reserved_memory = 0  # tracked only in runs with a VM whose memory scales
         self.reality_millis = 0  # what runs there: VMs at their real size, foreign pods
         self.overcommit_seconds = 0.0
         self.overcommit_since: float | None = None

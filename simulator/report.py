@@ -28,7 +28,23 @@ class StepResult(_Out, frozen=True):
     reached_after_seconds: float | None
 
 
-class VmSummary(_Out, frozen=True):
+class VmMemory(_Out, frozen=True):
+    """A VM whose memory scales (``simulator.memory``), in bytes."""
+
+    min_bytes: int
+    max_bytes: int
+    final_bytes: int
+    peak_bytes: int
+    grows: int
+    shrinks: int
+    partial_shrinks: int  # shrinks that ended above the size asked: the guest held the rest
+    denials: int  # memory permits that granted less than asked
+    permit_errors: int
+    ooms: int  # times its guest used more than it had (it waited too long to grow)
+    out_of_memory_seconds: float
+
+
+class VmSummary(_Out, frozen=True, omit_defaults=True):
     name: str
     node: str | None
     min_vcpus: int
@@ -44,9 +60,11 @@ class VmSummary(_Out, frozen=True):
     placed_at_seconds: float | None
     deleted_at_seconds: float | None
     steps: list[StepResult]
+    # Only for a VM whose memory scales (so reports without one read as they always did).
+    memory: VmMemory | None = None
 
 
-class NodeSummary(_Out, frozen=True):
+class NodeSummary(_Out, frozen=True, omit_defaults=True):
     name: str
     pool: str
     zone: str
@@ -54,6 +72,9 @@ class NodeSummary(_Out, frozen=True):
     peak_reserved_millis: int
     overcommit_seconds: float
     joined_at_seconds: float
+    # Only in runs with a VM whose memory scales.
+    usable_memory_bytes: int | None = None
+    peak_reserved_memory_bytes: int | None = None
 
 
 class LogEntry(_Out, frozen=True):
@@ -77,7 +98,7 @@ class RecommendationRecord(_Out, frozen=True):
     unscheduled: list[str]
 
 
-class VmSeries(_Out, frozen=True):
+class VmSeries(_Out, frozen=True, omit_defaults=True):
     name: str
     demand_vcpus: list[float]
     load1: list[float]
@@ -85,12 +106,19 @@ class VmSeries(_Out, frozen=True):
     permit_vcpus: list[int]
     # Permit answers so far that granted less than asked (the summary's ``denials``, over time).
     denials: list[int]
+    # Only for a VM whose memory scales: what its guest uses, has, and may have (bytes).
+    memory_used_bytes: list[int] | None = None
+    memory_bytes: list[int] | None = None
+    permit_memory_bytes: list[int] | None = None
 
 
-class NodeSeries(_Out, frozen=True):
+class NodeSeries(_Out, frozen=True, omit_defaults=True):
     name: str
     usable_millis: int
     reserved_millis: list[int]
+    # Only in runs with a VM whose memory scales.
+    usable_memory_bytes: int | None = None
+    reserved_memory_bytes: list[int] | None = None
 
 
 class Series(_Out, frozen=True):
@@ -155,10 +183,55 @@ key: vcpus MIN..MAX=END  the VM's bounds and its size at the end (0 once deleted
                          with the median and longest time to reach it; "deleted": deleted in
                          the run"""
 
+MEMORY_KEY: Final = """\
+key: memory MIN..MAX=END GiB: the VM's memory bounds and its size at the end (0 once deleted)
+     peak                the most memory it had
+     grow, shrk, part    memory resizes up and down; part: shrinks that ended above the size
+                         asked, because the guest still held the rest (the permit followed
+                         what it really gave back)
+     deny                memory permits that granted less than asked (the node had no more)
+     oom                 times the guest used more memory than it had, and for how long: what
+                         growing before it runs out must keep at 0"""
+
+NODE_MEMORY_KEY: Final = """\
+key: usable, peak reserved: the node's memory and the most of it the extender's ledger held"""
+
 NODE_KEY: Final = """\
 key: usable              cores VMs may hold: allocatable minus the system reserve
      peak reserved       the most the extender's ledger held at once, cores and % of usable
      overcommit          time reserved was above usable (an invariant: must stay 0s)"""
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f}"
+
+
+def _memory_tables(report: Report, vms: list[VmSummary], *, max_nodes: int) -> list[str]:
+    """The memory of the VMs whose memory scales, and the nodes' memory."""
+    header = (
+        f"{'vm':<14} {'memory GiB':>16} {'peak':>5} {'grow':>4} {'shrk':>4} {'part':>4}"
+        f" {'deny':>4} {'errs':>4} {'oom':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    for vm in vms:
+        m = vm.memory
+        assert m is not None
+        bounds = f"{_gib(m.min_bytes)}..{_gib(m.max_bytes)}={_gib(m.final_bytes)}"
+        oom = f"{m.ooms} {_secs(m.out_of_memory_seconds)}"
+        lines.append(
+            f"{vm.name:<14} {bounds:>16} {_gib(m.peak_bytes):>5} {m.grows:>4} {m.shrinks:>4}"
+            f" {m.partial_shrinks:>4} {m.denials:>4} {m.permit_errors:>4} {oom:>10}"
+        )
+    lines.append(MEMORY_KEY)
+    lines.append("")
+    header = f"{'node':<10} {'usable GiB':>10} {'peak reserved':>14}"
+    lines.extend([header, "-" * len(header)])
+    for node in report.nodes[:max_nodes]:
+        usable, peak = node.usable_memory_bytes or 0, node.peak_reserved_memory_bytes or 0
+        pct = 100 * peak / usable if usable else 0
+        lines.append(f"{node.name:<10} {_gib(usable):>10} {_gib(peak):>8} {pct:>4.0f}%")
+    lines.append(NODE_MEMORY_KEY)
+    return lines
 
 
 def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> str:
@@ -200,6 +273,10 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
         lines.append(f"... and {len(report.vms) - max_vms} more VMs (see the JSON report)")
     lines.append(VM_KEY)
     lines.append("")
+    memory = [vm for vm in report.vms if vm.memory is not None]
+    if memory:
+        lines.extend(_memory_tables(report, memory[:max_vms], max_nodes=max_nodes))
+        lines.append("")
     header = (
         f"{'node':<10} {'pool/zone':<16} {'usable':>7} {'peak reserved':>14} {'overcommit':>10}"
     )

@@ -24,6 +24,10 @@ and sines are quantised into steps of ``timing.load_quantum_seconds``, noise int
 steps, so that every change of load is an explicit breakpoint (the engine does no work for a
 VM between breakpoints while it is settled).
 ``csv: FILE`` (relative to the scenario) reads ``seconds,vcpus`` rows as steps.
+
+A VM with ``max_memory`` scales its memory too (``simulator.memory``): from ``memory`` in
+``memory_unit`` steps, following ``memory_used`` (what its guest's processes hold over time),
+under the scenario's ``memory_policy``.
 """
 
 from __future__ import annotations
@@ -137,13 +141,29 @@ class NodePoolSpec(_Strict, frozen=True, kw_only=True):
     priority: int = 0
 
 
+class MemoryUse(_Strict, frozen=True, kw_only=True):
+    """From ``at_seconds`` on (until the next one), the guest's processes hold ``used``;
+    reached in a straight line from the level before over ``over_seconds`` (0: at once)."""
+
+    at_seconds: Seconds
+    used: Quantity
+    over_seconds: Seconds = 0.0
+
+
 class Vm(_Strict, frozen=True, kw_only=True):
     name: Name
     namespace: Name = "default"
     min_vcpus: WholeVcpus
     max_vcpus: WholeVcpus
     scaling_unit: WholeVcpus = 1
+    # The VM's memory: its least (``min-memory``), placed and booted with it.
     memory: Quantity = DEFAULT_MEMORY
+    # Memory scaling (simulator.memory): the most it may grow to (none: it does not scale), in
+    # steps of ``memory_unit``, following what its guest uses (``memory_used``, none: a
+    # quarter of ``memory`` throughout).
+    max_memory: Quantity | None = None
+    memory_unit: Quantity = "128Mi"
+    memory_used: list[MemoryUse] | None = None
     start_seconds: Seconds = 0.0
     priority: int = 0
     # Already bound to this node at start (a running fleet); otherwise placed by the extender.
@@ -209,10 +229,21 @@ class Agent(_Strict, frozen=True, kw_only=True):
     permit_retry_seconds: Seconds = 5.0
 
 
+class MemoryPolicy(_Strict, frozen=True, kw_only=True):
+    """The simulated agent's memory policy (``simulator.memory``); defaults are its own."""
+
+    target_used_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
+    shrink_used_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    shrink_after_seconds: Seconds = 60.0
+    margin: Quantity = "256Mi"
+
+
 class Timing(_Strict, frozen=True, kw_only=True):
     """How long the simulated world takes. Units are in the names."""
 
     resize_seconds: Seconds = 2.0
+    # Plugging or unplugging memory (virtio-mem) to the size asked.
+    memory_resize_seconds: Seconds = 3.0
     read_seconds: Seconds = 0.05
     # From a VM's request to the answer of its node's batch (the agent's batch window + RTT).
     extender_latency_seconds: Seconds = 0.05
@@ -244,6 +275,7 @@ class Scenario(_Strict, frozen=True, kw_only=True):
     load1_model: Load1Model = Load1Model.KERNEL
     strategy: Strategy = Strategy.SPREAD
     agent: Agent = msgspec.field(default_factory=Agent)
+    memory_policy: MemoryPolicy = msgspec.field(default_factory=MemoryPolicy)
     timing: Timing = msgspec.field(default_factory=Timing)
     nodes: list[Node] = msgspec.field(default_factory=list)
     node_pools: list[NodePoolSpec] = msgspec.field(default_factory=list)
@@ -330,8 +362,20 @@ def check_scenario(s: Scenario) -> list[str]:
     for i, p in enumerate(s.node_pools):
         _quantity(p.cpu, "cpu", f"$.node_pools[{i}].cpu", errors)
         _quantity(p.memory, "memory", f"$.node_pools[{i}].memory", errors)
+    _quantity(s.memory_policy.margin, "memory", "$.memory_policy.margin", errors)
     for i, vm in enumerate(s.vms):
         _quantity(vm.memory, "memory", f"$.vms[{i}].memory", errors)
+        _quantity(vm.memory_unit, "memory", f"$.vms[{i}].memory_unit", errors)
+        if vm.max_memory is not None:
+            _quantity(vm.max_memory, "memory", f"$.vms[{i}].max_memory", errors)
+            if not errors and bytes_of(vm.max_memory) < bytes_of(vm.memory):
+                errors.append(f"max_memory is below memory - at `$.vms[{i}].max_memory`")
+        last = -1.0
+        for j, use in enumerate(vm.memory_used or ()):
+            _quantity(use.used, "memory", f"$.vms[{i}].memory_used[{j}].used", errors)
+            if use.at_seconds <= last:
+                errors.append(f"at_seconds must increase - at `$.vms[{i}].memory_used[{j}]`")
+            last = use.at_seconds
         if vm.node is not None and vm.node not in node_names:
             errors.append(f"unknown node {vm.node!r} - at `$.vms[{i}].node`")
         if isinstance(vm.trace, str) and vm.trace not in s.traces:

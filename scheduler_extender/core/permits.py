@@ -14,7 +14,9 @@ of its pod's requests and its permitted size:
 * increase: ``permit = max(current, min(round_down(requested), round_down(fit)))`` where ``fit``
   is the largest size the node can hold for this VM after giving back what it holds now, and
   ``round_down`` goes to ``min + k * unit``. So ``current <= permit <= requested``, and a grant
-  never makes the node over-committed. ``current`` is reality and is always counted.
+  never makes the node over-committed. ``current`` is reality and is always counted, except
+  for memory above what the VM holds (``_decide_memory``): memory only grows through a permit,
+  so such a claim is believed only where it fits, and the permit answered is then below it.
 
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
 were lost, the agent's ``lastPermit`` is adopted when it fits, so a restart never shrinks a VM's
@@ -95,11 +97,13 @@ def decide(
     quota_room: QuotaRoom | None = None,
     *,
     growth_cap_millis: int | None = None,
+    growth_cap_bytes: int | None = None,
 ) -> Decision:
     """Apply one VM's request to the ledger and return its Permit (or its error).
 
     ``growth_cap_millis`` limits how much CPU an increase may add on top of ``current`` (the
-    fair share ``decide_batch`` gives each VM when several compete for a node's room)."""
+    fair share ``decide_batch`` gives each VM when several compete for a node's room), and
+    ``growth_cap_bytes`` how much memory."""
     entry = ledger.pods.get(req.pod.uid)
     if entry is None:
         return _error(
@@ -149,6 +153,8 @@ def decide(
             grow_mem = min(room_mem, base_mem + left.memory_bytes)
     if growth_cap_millis is not None:
         grow_cpu = min(grow_cpu, req.current.vcpus * CPU_MILLIS_PER_VCPU + growth_cap_millis)
+    if growth_cap_bytes is not None:
+        grow_mem = min(grow_mem, max(held_mem, req.current.memory_bytes) + growth_cap_bytes)
     last = req.last_permit
     vcpus, answer_vcpus = _decide_one(
         req.current.vcpus,
@@ -164,7 +170,7 @@ def decide(
         # ``_decide_one`` answers for it, whatever lastPermit says, without the call.
         memory = answer_memory = current_mem
     else:
-        memory, answer_memory = _decide_one(
+        memory, answer_memory = _decide_memory(
             current_mem,
             want.memory_bytes,
             held_mem,
@@ -175,10 +181,16 @@ def decide(
     ledger.resize_vm(entry.uid, vcpus=vcpus, memory_bytes=memory)
     quota = None
     if left is not None and (grow_cpu < room_cpu or grow_mem < room_mem):
-        quota = _QuotaLimit(entry.namespace, left, is_cpu=grow_cpu < room_cpu)
-    status, reason = _status(
-        req, vcpus, memory, node=state.name, free_cpu_before=free.cpu_millis, quota=quota
-    )
+        # Name the resource the quota held back: CPU unless only memory was asked for.
+        is_cpu = grow_cpu < room_cpu and (want.vcpus > req.current.vcpus or grow_mem >= room_mem)
+        quota = _QuotaLimit(entry.namespace, left, is_cpu=is_cpu)
+    status, reason = _status(req, vcpus, memory, free=free, node=state.name, quota=quota)
+    if answer_memory < current_mem and want.memory_bytes >= current_mem:
+        # More memory reported than the VM holds, and more than fits: not believed.
+        reason = (
+            f"{reason}; memory held at {answer_memory} bytes, not the {current_mem} reported:"
+            f" node {state.name} has no room for more"
+        )
     permit = Permit(
         pod=req.pod,
         permit=Resources(vcpus=answer_vcpus, memory_bytes=answer_memory),
@@ -195,11 +207,21 @@ def decide_batch(
     quota_room: QuotaRoom | None = None,
 ) -> list[Decision]:
     """Decide a node's batch. Everything that frees or keeps room goes first; then, when
-    several VMs ask to grow, they share the node's free CPU fairly instead of the first in the
-    batch taking it all: each may first add an equal share, then what is left goes round in
-    batch order (a max-min split in two rounds; deterministic, no randomness)."""
+    several VMs ask to grow, they share the node's free room fairly, per resource, instead of
+    the first in the batch taking it all: each may first add an equal share of the free CPU
+    (of the VMs growing CPU) and of the free memory (of the VMs growing memory), then what is
+    left goes round in batch order (a max-min split in two rounds; deterministic, no
+    randomness)."""
     check_batch(ledger, node, requests)
-    growing = [i for i, r in enumerate(requests) if r.requested.vcpus > r.current.vcpus]
+    cpu_growing = mem_growing = 0
+    growing = []
+    for i, r in enumerate(requests):
+        cpu_up = r.requested.vcpus > r.current.vcpus
+        mem_up = r.requested.memory_bytes > r.current.memory_bytes
+        if cpu_up or mem_up:
+            growing.append(i)
+            cpu_growing += cpu_up
+            mem_growing += mem_up
     if len(growing) < 2:
         return [decide(ledger, req, quota_room) for req in requests]
     decisions: list[Decision | None] = [None] * len(requests)
@@ -208,15 +230,25 @@ def decide_batch(
         if i not in is_growing:
             decisions[i] = decide(ledger, req, quota_room)
     state = ledger.nodes.get(node)
-    free_cpu = state.free.cpu_millis if state is not None else 0
-    share = max(0, free_cpu) // len(growing)
+    free = state.free if state is not None else Demand(0, 0)
+    cpu_share = max(0, free.cpu_millis) // max(1, cpu_growing)
+    mem_share = max(0, free.memory_bytes) // max(1, mem_growing)
     for i in growing:
-        decisions[i] = decide(ledger, requests[i], quota_room, growth_cap_millis=share)
+        decisions[i] = decide(
+            ledger,
+            requests[i],
+            quota_room,
+            growth_cap_millis=cpu_share,
+            growth_cap_bytes=mem_share if mem_growing > 1 else None,
+        )
     for i in growing:
         first = decisions[i]
         assert first is not None
         granted = first.permit.permit
-        if granted is not None and granted.vcpus < requests[i].requested.vcpus:
+        want = requests[i].requested
+        if granted is not None and (
+            granted.vcpus < want.vcpus or granted.memory_bytes < want.memory_bytes
+        ):
             # The second round: the same request again, now against what the others left.
             decisions[i] = decide(ledger, requests[i], quota_room)
     return [d for d in decisions if d is not None]
@@ -290,36 +322,82 @@ def _decide_one(
     return grant, grant
 
 
+def _decide_memory(
+    current: int,
+    requested: int,
+    held: int,
+    *,
+    last: int | None,
+    fit: int,
+    round_down: Callable[[int], int],
+) -> tuple[int, int]:
+    """Memory: ``(what the VM holds from now on, the permit answered)``.
+
+    Like ``_decide_one``, except that a size *above what the VM holds* is believed only as far
+    as the node has room for it: a VM's memory only grows through a permit (the agent plugs
+    memory after the grant), so an agent claiming more than it holds is wrong, and counting the
+    claim would over-commit the node's memory for real. So ``current`` (and a notice's
+    ``requested``) count up to ``ceiling`` (what the VM holds, or more where it fits), and the
+    permit answered may then be *below* ``current``: the agent must give the rest back.
+    A notice's ``requested`` is the size the guest really reached (a shrink the guest could
+    not complete is reported at what it gave back): the extender frees only down to that.
+    """
+    limit = round_down(fit)
+    if limit > fit:  # not even the VM's minimum fits: nothing above what it holds
+        limit = held
+    ceiling = max(held, limit)
+    if requested < current:
+        real = min(requested, ceiling)
+        return real, real
+    real = min(current, ceiling)
+    if requested == current:
+        claimed = held if last is None else min(held, last)
+        return max(real, claimed), real
+    grant = max(real, min(round_down(requested), limit))
+    return grant, grant
+
+
 def _status(
     req: ResourceRequest,
     vcpus: int,
     memory: int,
     *,
+    free: Demand,
     node: str,
-    free_cpu_before: int,
     quota: _QuotaLimit | None,
 ) -> tuple[PermitStatus, str]:
-    """The permit's status and reason. The limit's words are built only for a short grant."""
+    """The permit's status and reason. The limit's words are built only for a short grant;
+    they name memory only when memory was asked to grow and came short (CPU-only agents read
+    exactly the words they always did)."""
     cur, want = req.current, req.requested
     cpu_up = want.vcpus > cur.vcpus
     mem_up = want.memory_bytes > cur.memory_bytes
     if cpu_up or mem_up:
-        if (not cpu_up or vcpus == want.vcpus) and (not mem_up or memory == want.memory_bytes):
+        cpu_short = cpu_up and vcpus < want.vcpus
+        mem_short = mem_up and memory < want.memory_bytes
+        if not cpu_short and not mem_short:
             return PermitStatus.GRANTED, f"granted {vcpus} vCPUs, {memory} bytes"
-        if (not cpu_up or vcpus == cur.vcpus) and (not mem_up or memory == cur.memory_bytes):
+        if quota is not None:
+            limit = str(quota)
+        elif mem_short and not cpu_short:
+            limit = f"node {node} had {max(0, free.memory_bytes)} bytes of memory free"
+        else:
+            limit = f"node {node} had {max(0, free.cpu_millis)}m cpu free"
+        if (not cpu_up or vcpus == cur.vcpus) and (not mem_up or memory <= cur.memory_bytes):
             if quota is not None:
                 return PermitStatus.DENIED, f"no room to grow: {quota}"
-            return (
-                PermitStatus.DENIED,
-                f"node {node} has no room to grow ({max(0, free_cpu_before)}m cpu free)",
+            room = (
+                f"{max(0, free.memory_bytes)} bytes of memory free"
+                if mem_short and not cpu_short
+                else f"{max(0, free.cpu_millis)}m cpu free"
             )
-        if quota is not None:
-            return PermitStatus.PARTIAL, f"granted {vcpus} of {want.vcpus} vCPUs: {quota}"
-        return (
-            PermitStatus.PARTIAL,
-            f"granted {vcpus} of {want.vcpus} vCPUs: node {node} had"
-            f" {max(0, free_cpu_before)}m cpu free",
-        )
+            return PermitStatus.DENIED, f"node {node} has no room to grow ({room})"
+        parts = []
+        if cpu_short or not mem_short:
+            parts.append(f"{vcpus} of {want.vcpus} vCPUs")
+        if mem_short:
+            parts.append(f"{memory} of {want.memory_bytes} bytes of memory")
+        return PermitStatus.PARTIAL, f"granted {' and '.join(parts)}: {limit}"
     if want.vcpus < cur.vcpus or want.memory_bytes < cur.memory_bytes:
         return PermitStatus.RELEASED, f"released down to {vcpus} vCPUs, {memory} bytes"
     return PermitStatus.STEADY, f"steady at {vcpus} vCPUs"

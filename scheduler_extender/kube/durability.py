@@ -6,7 +6,14 @@ Shell. Every permit that changes a VM's size is written to its pod:
   patch): what a restarted extender reads back through ``podinfo.pod_info``;
 * where the cluster supports in-place resize, the VM container's CPU request and limit through
   the ``pods/resize`` subresource, so that the kubelet and kube-scheduler see the VM's real size.
-  The first ``NotSupported`` switches that off for the life of the process.
+  The first ``NotSupported`` switches that off for the life of the process. For a VM whose
+  memory scales (``max-memory`` above ``min-memory``), the container's memory request and limit
+  follow the permitted memory in the same patch: the VM container's memory is the guest's
+  memory (keep QEMU's own overhead out of it, e.g. in a RuntimeClass ``overhead``, which the
+  ledger counts on top). Requests and limits move together, so a Guaranteed pod stays
+  Guaranteed; decreasing a memory limit in place needs Kubernetes v1.35+ and the container's
+  memory ``resizePolicy`` ``NotRequired`` (the default). A VM whose memory does not scale keeps
+  its container's memory as written.
 
 The permit handler only calls ``record`` (a dict store); worker tasks do the PATCHes. Writes are
 coalesced per pod: only the latest permit of a pod is ever written, and one pod is never written
@@ -53,6 +60,8 @@ class PermitWrite(NamedTuple):
     container: str | None
     vcpus: int
     memory_bytes: int
+    # Resize the container's memory too (the VM's memory scales).
+    resize_memory: bool = False
 
 
 class PermitRecorder:
@@ -150,7 +159,12 @@ class PermitRecorder:
                 self._update_gauge()
 
     async def _write_one(self, uid: str, write: PermitWrite) -> None:
-        log_ = log.bind(pod=f"{write.namespace}/{write.name}", uid=uid, vcpus=write.vcpus)
+        log_ = log.bind(
+            pod=f"{write.namespace}/{write.name}",
+            uid=uid,
+            vcpus=write.vcpus,
+            memory_bytes=write.memory_bytes,
+        )
         try:
             await self._write(write)
         except NotFound as e:
@@ -192,7 +206,11 @@ class PermitRecorder:
         if self._is_resize_supported and write.container is not None:
             try:
                 await self._api.resize_pod_cpu(
-                    write.namespace, write.name, container=write.container, cpu=str(write.vcpus)
+                    write.namespace,
+                    write.name,
+                    container=write.container,
+                    cpu=str(write.vcpus),
+                    memory=format_memory(write.memory_bytes) if write.resize_memory else None,
                 )
             except NotSupported as e:
                 self._is_resize_supported = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.controlplane.conftest import DOCS, Cluster, Names
 from tests.controlplane.harness import ApiError, Obj, object_path, pod_path, wait_for
 from tests.deploy.render import EXAMPLES, render
@@ -109,6 +111,81 @@ def test_permits_through_real_tokens_and_durable_in_place(cluster: Cluster, name
     pod = wait_for(recorded, timeout_seconds=30, what="permit annotation and in-place resize")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "3"
     assert pod["metadata"]["generation"] > vm["metadata"].get("generation", 1)
+
+
+def test_memory_follows_the_permit_in_place_both_ways(cluster: Cluster, names: Names):
+    """A VM whose memory scales: the real pods/resize subresource takes the container's memory
+    request and limit up with a grant and down with a notice (Kubernetes v1.36 allows a memory
+    limit decrease in place with the default NotRequired policy), and the durable record
+    follows."""
+    gib = 2**30
+    node = names.node("m", cpu="8", memory="16Gi")
+    names.vm(
+        "vm-m",
+        memory="1Gi",
+        annotations={
+            "vm-autoscaling.io/min-memory": "1Gi",
+            "vm-autoscaling.io/max-memory": "8Gi",
+            "vm-autoscaling.io/memory-unit": "512Mi",
+        },
+    )
+    assert names.wait_bound("vm-m") == node
+    vm = names.api.pod(names.namespace, "vm-m")
+    token = names.api.request_token(AGENT_NS, AGENT_SA, pod=agent_pod(names, node))
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def ask(current: int, requested: int, last: int) -> Obj:
+        body = permit_batch(node, vm, current=1, requested=1)
+        (req,) = body["requests"]
+        req["current"]["memoryBytes"] = current
+        req["requested"]["memoryBytes"] = requested
+        req["lastPermit"] = {"vcpus": 1, "memoryBytes": last}
+        status, answer = cluster.extender.post("/v1/permits", body, headers=auth)
+        assert status == 200, answer
+        (permit,) = answer["permits"]
+        return permit
+
+    def memory_is(quantity: str) -> Obj | None:
+        pod = names.api.pod(names.namespace, "vm-m")
+        resources = pod["spec"]["containers"][0]["resources"]
+        annotations = pod["metadata"].get("annotations", {})
+        if (
+            resources["requests"]["memory"] == resources["limits"]["memory"] == quantity
+            and annotations.get("vm-autoscaling.io/permitted-memory") == quantity
+        ):
+            return pod
+        return None
+
+    ask(gib, gib, gib)  # the agent reports first: the VM was found bound
+    permit = ask(gib, 3 * gib + 100 * 2**20, gib)  # rounded down to 1Gi + 4 x 512Mi
+    assert (permit["status"], permit["permit"]["memoryBytes"]) == ("partial", 3 * gib)
+    grown = wait_for(lambda: memory_is("3Gi"), timeout_seconds=30, what="memory grown in place")
+    assert grown["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+    # The guest gave back only down to 2Gi of the 1Gi asked: that is what the notice says.
+    permit = ask(3 * gib, 2 * gib, 3 * gib)
+    assert (permit["status"], permit["permit"]["memoryBytes"]) == ("released", 2 * gib)
+    shrunk = wait_for(lambda: memory_is("2Gi"), timeout_seconds=30, what="memory shrunk in place")
+    assert shrunk["metadata"]["generation"] > grown["metadata"]["generation"]
+    assert shrunk["status"]["qosClass"] == "Guaranteed"
+    # What the fake API server answers too (tests/kube_io/test_fake_kube_api.py).
+    with pytest.raises(ApiError) as refused:
+        names.api.request(
+            "PATCH",
+            pod_path(names.namespace, "vm-m") + "/resize",
+            {
+                "spec": {
+                    "containers": [{"name": "vm", "resources": {"requests": {"memory": "4Gi"}}}]
+                }
+            },
+            content_type="application/strategic-merge-patch+json",
+        )
+    assert refused.value.status == 422
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["message"] == (
+        'Pod "vm-m" is invalid: [spec.containers[0].resources.requests: Invalid value: "4Gi":'
+        " must be less than or equal to memory limit of 2Gi, spec: Invalid value:"
+        ' "Guaranteed": Pod QOS Class may not change as a result of resizing]'
+    )
 
 
 def test_only_the_agent_gets_permits(cluster: Cluster, names: Names):

@@ -4,6 +4,7 @@ the extender emits outside kube-scheduler's own wire format is camelCase."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -131,23 +132,18 @@ async def running(aiohttp_client, tmp_path: Path):
     return verbs, permits, config.auth.static_token
 
 
-async def test_every_json_the_extender_emits_is_camel_case(running):
-    verbs, permits, token = running
+def _pg1_batch(requested_vcpus: int, **extra: Any) -> dict[str, Any]:
+    """The standalone cluster's pg-1 on node-a, at 4 vCPUs, asking for ``requested_vcpus``."""
     pod = {"namespace": "vms", "name": "pg-1", "uid": "00000000-0000-0000-0000-000000000001"}
     four = {"vcpus": 4, "memoryBytes": 4 * 2**30}
-    batch = {
-        "protocol": {"min": 1, "max": 1},
-        "node": "node-a",
-        "requests": [
-            {
-                "pod": pod,
-                "node": "node-a",
-                "current": four,
-                "requested": {"vcpus": 6, "memoryBytes": 4 * 2**30},
-                "load": {"load1": 5.2},
-            }
-        ],
-    }
+    requested = {"vcpus": requested_vcpus, "memoryBytes": 4 * 2**30}
+    request = {"pod": pod, "node": "node-a", "current": four, "requested": requested, **extra}
+    return {"protocol": {"min": 1, "max": 1}, "node": "node-a", "requests": [request]}
+
+
+async def test_every_json_the_extender_emits_is_camel_case(running):
+    verbs, permits, token = running
+    batch = _pg1_batch(6, load={"load1": 5.2})
     answers = {
         "GET /state": await verbs.get("/state"),
         "GET /v1/queue": await verbs.get("/v1/queue"),
@@ -167,3 +163,33 @@ async def test_every_json_the_extender_emits_is_camel_case(running):
     queue = await (await verbs.get("/v1/queue")).json()
     assert queue["namespaces"]["vms"]["waiting"][0]["pod"] == "vms/pg-2"
     assert "quotasLoaded" in queue and "admissionTtlSeconds" in queue
+
+
+def _state_example() -> Any:
+    section = API.read_text().split("### GET /state", 1)[1]
+    return json.loads(section.split("```json", 1)[1].split("```", 1)[0])
+
+
+def _shape(value: Any) -> Any:
+    """Keys all the way down; a list by its first item."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+async def test_the_state_example_has_the_keys_state_serves(running):
+    """/state's example in docs/API.md, key for key, is what the extender serves for the same
+    VM once its agent has reported (the standalone cluster's pg-1 on node-a)."""
+    verbs, permits, token = running
+    answer = await permits.post(
+        "/v1/permits", json=_pg1_batch(4), headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status == 200
+    served = await (await verbs.get("/state")).json()
+    example = _state_example()
+    (node,) = [n for n in served["nodes"] if n["name"] == "node-a"]
+    assert _shape(example["nodes"][0]) == _shape(node)
+    assert set(example) == set(served)
+    assert example["nodes"][0]["allocations"][0]["vm"] == node["allocations"][0]["vm"]

@@ -62,16 +62,18 @@ def permit_batch(
     requested: int = 2,
     last_permit: int | None = None,
     protocol: tuple[int, int] = (1, 1),
+    memory: tuple[int, int] = (2**30, 2**30),
+    last_memory: int = 2**30,
 ) -> dict[str, Any]:
-    gib = 2**30
+    """One VM's request; ``memory`` is (current, requested) in bytes."""
     request: dict[str, Any] = {
         "pod": {"namespace": "vms", "name": name, "uid": uid},
         "node": node,
-        "current": {"vcpus": current, "memoryBytes": gib},
-        "requested": {"vcpus": requested, "memoryBytes": gib},
+        "current": {"vcpus": current, "memoryBytes": memory[0]},
+        "requested": {"vcpus": requested, "memoryBytes": memory[1]},
     }
     if last_permit is not None:
-        request["lastPermit"] = {"vcpus": last_permit, "memoryBytes": gib}
+        request["lastPermit"] = {"vcpus": last_permit, "memoryBytes": last_memory}
     return {
         "protocol": {"min": protocol[0], "max": protocol[1]},
         "node": node,
@@ -120,3 +122,29 @@ def pod_token(pod: dict[str, Any], **kw: Any) -> TokenIdentity:
         pod_uid=meta["uid"],
         **kw,
     )
+
+
+async def ask_memory(
+    client: Any,
+    headers: dict[str, str],
+    *,
+    current: int,
+    requested: int,
+    last: int,
+    node: str = "node-a",
+    uid: str = "u-1",
+) -> dict[str, Any]:
+    """One VM at 1 vCPU asks for memory (bytes); its Permit, as the permit port answers it."""
+    body = permit_batch(
+        node,
+        uid=uid,
+        current=1,
+        requested=1,
+        last_permit=1,
+        memory=(current, requested),
+        last_memory=last,
+    )
+    response = await client.post("/v1/permits", json=body, headers=headers)
+    assert response.status == 200, await response.text()
+    permit: dict[str, Any] = (await response.json())["permits"][0]
+    return permit

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_extender.kube.queue_notices import ADMITTED_AT_ANNOTATION
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
-from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
+from tests.extender.helpers import ask_memory, bind_body, filter_body, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
@@ -122,6 +122,41 @@ async def test_a_permit_is_limited_by_the_namespace_quota(
     (permit,) = (await response.json())["permits"]
     assert (permit["status"], permit["permit"]["vcpus"]) == ("denied", 3)
     assert permit["reason"] == "no room to grow: namespace vms has 0m cpu of quota left"
+
+
+async def test_a_memory_permit_is_limited_by_the_namespace_memory_quota(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    memory = {
+        "vm-autoscaling.io/min-memory": "1Gi",
+        "vm-autoscaling.io/max-memory": "8Gi",
+        "vm-autoscaling.io/memory-unit": "512Mi",
+    }
+    kube_api.add_node(node_object("node-a", cpu="16", memory="64Gi"))
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a", extra=memory))
+    quota = {"namespaces": {"vms": {"vcpus": 16, "memory_bytes": 3 * GI + 200 * 2**20}}}
+    running = await start_extender(make_config(quota=quota))
+
+    async def ask(current: int, requested: int) -> dict[str, Any]:
+        return await ask_memory(
+            running.permits, AUTH, current=current, requested=requested, last=current
+        )
+
+    assert (await ask(GI, GI))["status"] == "steady"
+    permit = await ask(GI, 6 * GI)
+    # 1Gi held + 2.2Gi of quota left: 3Gi, the last whole 512Mi unit within it.
+    assert (permit["status"], permit["permit"]["memoryBytes"]) == ("partial", 3 * GI)
+    left = 2 * GI + 200 * 2**20
+    assert permit["reason"] == (
+        f"granted {3 * GI} of {6 * GI} bytes of memory:"
+        f" namespace vms has {left} bytes of memory of quota left"
+    )
+    permit = await ask(3 * GI, 4 * GI)
+    assert (permit["status"], permit["permit"]["memoryBytes"]) == ("denied", 3 * GI)
+    # A shrink gives the quota back at once.
+    assert (await ask(3 * GI, 2 * GI))["status"] == "released"
+    permit = await ask(2 * GI, 3 * GI)
+    assert (permit["status"], permit["permit"]["memoryBytes"]) == ("granted", 3 * GI)
 
 
 async def test_quota_file_reload_admits_waiting_pods_and_a_bad_edit_keeps_the_old_quotas(

@@ -9,7 +9,7 @@ from tests.extender.conftest import (
     make_config,
     wait_until,
 )
-from tests.extender.helpers import permit_batch, vm_pod
+from tests.extender.helpers import ask_memory, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
 POD = "/api/v1/namespaces/vms/pods/vm-1"
@@ -128,3 +128,57 @@ async def test_restart_rebuilds_the_same_state(
     assert await second.state() == before
     # 6400m usable: vm-1 got 4, vm-2 stayed at 2 (3 would not fit).
     assert before["nodes"][0]["allocated"]["cpuMillis"] == 6000
+
+
+async def test_memory_is_recorded_and_resized_in_place_both_ways(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """A VM whose memory scales: the container's memory request and limit follow the permit
+    up and down with the annotation; a restart rebuilds the same memory holds."""
+    gib = 2**30
+    kube_api.add_node(node_object("node-a", cpu="8", memory="16Gi"))
+    memory = {
+        "vm-autoscaling.io/min-memory": "1Gi",
+        "vm-autoscaling.io/max-memory": "8Gi",
+        "vm-autoscaling.io/memory-unit": "512Mi",
+    }
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a", extra=memory))
+    first = await start_extender()
+
+    async def ask(
+        current: int, requested: int, last: int, *, on: Running | None = None
+    ) -> dict[str, object]:
+        running = on or first
+        permit = await ask_memory(
+            running.permits, AUTH, current=current, requested=requested, last=last
+        )
+        assert running.extender.recorder is not None
+        await running.extender.recorder.wait_idle()
+        return permit
+
+    def container_memory() -> str:
+        resources = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"]
+        found: str = resources["requests"]["memory"]
+        return found
+
+    await ask(gib, gib, gib)
+    assert (await ask(gib, 5 * gib, gib))["permit"] == {"vcpus": 1, "memoryBytes": 5 * gib}
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-memory"] == "5Gi"
+    assert container_memory() == "5Gi"
+    assert _cpu(kube_api) == "1"
+    # The guest gave back down to 2.5Gi: the record and the container follow that.
+    permit = await ask(5 * gib, 5 * gib // 2, 5 * gib)
+    assert permit["status"] == "released"
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-memory"] == "2560Mi"
+    assert container_memory() == "2560Mi"
+    ledger = first.extender.ledger
+    await wait_until(lambda: ledger.pods["u-1"].requests.memory_bytes == 5 * gib // 2)
+    before = await first.state()
+    second = await start_extender()
+    rebuilt = await second.state()
+    (entry,) = rebuilt["nodes"][0]["allocations"]
+    assert entry["resources"]["memoryBytes"] == 5 * gib // 2
+    assert entry["unverified"]["uncertain"]["memoryBytes"] == 8 * gib - 5 * gib // 2
+    await ask(5 * gib // 2, 5 * gib // 2, 5 * gib // 2, on=second)
+    assert await second.state() == before

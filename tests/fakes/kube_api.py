@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from protocol.quantity import cpu_millis, memory_bytes
+
 Obj = dict[str, Any]
 Kind = Literal["pods", "nodes"]
 # (kind, list resourceVersion, namespace, fieldSelector, labelSelector): one paginated list.
@@ -110,6 +112,59 @@ def status_response(
         body=dumps(status_body(code, reason, message, details=details)),
         content_type="application/json",
     )
+
+
+# --- in-place resize validation -----------------------------------------------------------
+
+
+def _quantity(resource: str, value: str) -> int:
+    return cpu_millis(value) if resource == "cpu" else memory_bytes(value)
+
+
+def _qos_class(pod: Obj) -> str:
+    """Kubernetes' QoS class of a pod's containers (cpu and memory only)."""
+    containers = pod["spec"]["containers"]
+    is_guaranteed, is_empty = True, True
+    for c in containers:
+        res = c.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        is_empty = is_empty and not requests and not limits
+        for r in ("cpu", "memory"):
+            limit = limits.get(r)
+            request = requests.get(r, limit)
+            if limit is None or _quantity(r, request) != _quantity(r, limit):
+                is_guaranteed = False
+    return "BestEffort" if is_empty else "Guaranteed" if is_guaranteed else "Burstable"
+
+
+def _resize_causes(old: Obj, new: Obj) -> list[tuple[str, str]]:
+    """Why kube-apiserver refuses a resize: a request above its limit, a changed QoS class."""
+    causes = []
+    for i, c in enumerate(new["spec"]["containers"]):
+        res = c.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        for r in ("cpu", "memory"):
+            if (
+                r in requests
+                and r in limits
+                and _quantity(r, requests[r]) > _quantity(r, limits[r])
+            ):
+                causes.append(
+                    (
+                        f"spec.containers[{i}].resources.requests",
+                        f'Invalid value: "{requests[r]}": must be less than or equal to'
+                        f" {r} limit of {limits[r]}",
+                    )
+                )
+    before = _qos_class(old)
+    if _qos_class(new) != before:
+        causes.append(
+            (
+                "spec",
+                f'Invalid value: "{before}": Pod QOS Class may not change as a result of resizing',
+            )
+        )
+    return causes
 
 
 # --- object builders ----------------------------------------------------------------------
@@ -941,6 +996,25 @@ class FakeKubeApi:
             for part in ("requests", "limits"):
                 update = (container.get("resources") or {}).get(part) or {}
                 resources[part] = merge_patch(resources.get(part) or {}, update)
+        causes = _resize_causes(pod, new)
+        if causes:
+            # What kube-apiserver v1.36 answers (tests/controlplane/test_api.py checks the same
+            # words against the real one).
+            words = [f"{field}: {message}" for field, message in causes]
+            text = words[0] if len(words) == 1 else f"[{', '.join(words)}]"
+            return status_response(
+                422,
+                "Invalid",
+                f'Pod "{name}" is invalid: {text}',
+                details={
+                    "name": name,
+                    "kind": "Pod",
+                    "causes": [
+                        {"reason": "FieldValueInvalid", "message": message, "field": field}
+                        for field, message in causes
+                    ],
+                },
+            )
         new["metadata"]["generation"] = int(new["metadata"].get("generation", 1)) + 1
         return _json(200, self._typed("pods", self._replace("pods", key, new)))
 

@@ -167,6 +167,34 @@ async def test_resize_answers_like_the_sample(kube_api, http):
     assert body["spec"]["nodeName"] == "node-a"
 
 
+# What the real kube-apiserver v1.36 answers to a memory request raised alone on a Guaranteed
+# pod (tests/controlplane/test_api.py asserts the same words against it).
+QOS_REFUSAL = (
+    'Pod "vm-1" is invalid: [spec.containers[0].resources.requests: Invalid value: "2Gi": must'
+    ' be less than or equal to memory limit of 1Gi, spec: Invalid value: "Guaranteed": Pod QOS'
+    " Class may not change as a result of resizing]"
+)
+
+
+async def test_resize_moves_memory_both_ways_and_refuses_a_qos_change(kube_api, http):
+    kube_api.add_pod(SAMPLE_POD)
+    headers = {"Content-Type": "application/strategic-merge-patch+json"}
+    path = "/api/v1/namespaces/vms/pods/vm-1/resize"
+
+    async def resize(resources):
+        patch = {"spec": {"containers": [{"name": "vm", "resources": resources}]}}
+        async with http.patch(path, data=dumps(patch), headers=headers) as response:
+            return response.status, await response.json()
+
+    status, body = await resize({"requests": {"memory": "2Gi"}})
+    assert (status, body["reason"], body["message"]) == (422, "Invalid", QOS_REFUSAL)
+    for memory in ("3Gi", "512Mi"):  # up, and down below the pod's first size
+        status, body = await resize({"requests": {"memory": memory}, "limits": {"memory": memory}})
+        assert status == 200, body
+        resources = body["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"] == memory
+
+
 async def test_annotation_merge_patch_answers_like_the_sample(kube_api, http):
     kube_api.add_pod(SAMPLE_POD)
     before = kube_api.resource_version

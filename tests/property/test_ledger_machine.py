@@ -27,6 +27,7 @@ from scheduler_extender.core.placement import (
     verdict,
 )
 from scheduler_extender.core.podinfo import Demand, PodInfo
+from tests.property import common
 
 GI = 2**30
 NODES = ["n1", "n2", "n3"]
@@ -263,9 +264,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: not any(e.is_tentative for e in self.ledger.pods.values()))
     @rule()
     def extender_restarted(self):
-        rebuilt = Ledger(reserve=self.ledger.reserve)
-        rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
-        rebuilt.replace_pods(self.api_pods.values(), at=self.at)
+        rebuilt = common.rebuilt(self.ledger, self.api_nodes, self.api_pods.values(), at=self.at)
         old = {u: (e.node, e.held) for u, e in self.ledger.pods.items()}
         assert set(rebuilt.pods) == set(old)
         for uid, entry in rebuilt.pods.items():
@@ -309,9 +308,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A restart the agents have not answered yet: every VM found bound is unverified,
         its room up to its maximum kept out of ``free``, until its agent's next request
         settles it (``agent_asked``): the index must follow that room coming back."""
-        rebuilt = Ledger(reserve=self.ledger.reserve)
-        rebuilt.replace_nodes((n, d, {}) for n, d in self.api_nodes.items())
-        rebuilt.replace_pods(self.api_pods.values(), at=self.at)
+        rebuilt = common.rebuilt(self.ledger, self.api_nodes, self.api_pods.values(), at=self.at)
         assert {u: e.held for u, e in rebuilt.pods.items()} == {
             u: e.held for u, e in self.ledger.pods.items()
         }
@@ -325,12 +322,8 @@ class LedgerMachine(RuleBasedStateMachine):
         # rare: otherwise histories never grow long enough to fill nodes
         if data.draw(st.integers(0, 9)) != 0:
             return
-        for uid in list(self.api_pods):
-            self.ledger.forget_pod(uid)
-        self.api_pods.clear()
+        common.forget_everything(self.ledger, self.api_pods)
         self.current.clear()
-        assert self.ledger.totals() == Demand(0, 0)
-        assert not self.ledger.pods
         assert all(s.is_known for s in self.ledger.nodes.values())
 
     @invariant()

@@ -167,13 +167,85 @@ def test_default_scenario_shows_every_part():
     assert report.pending_at_end == []
 
 
-@pytest.mark.parametrize("name", ["default", "contention", "restart"])
+def test_memory_not_cpu_limits_the_node_and_no_guest_runs_out():
+    report = simulate(library("memory"))
+    assert_sound(report)
+    (node,) = report.nodes
+    assert node.usable_memory_bytes is not None and node.peak_reserved_memory_bytes is not None
+    # Memory is full at its peak, never beyond; CPU stays far from its limit.
+    assert node.peak_reserved_memory_bytes == node.usable_memory_bytes
+    assert node.peak_reserved_millis <= node.usable_millis // 2
+    memory = {v.name: v.memory for v in report.vms if v.memory is not None}
+    assert set(memory) == {"db-a", "db-b", "db-c"}
+    # Every guest got its memory before it ran out, though VMs were told no on the way.
+    assert all(m.ooms == 0 and m.out_of_memory_seconds == 0 for m in memory.values())
+    assert memory["db-b"].denials > 0 and memory["db-c"].denials > 0
+    # db-a gave its memory back after its use dropped; db-b's shrink ended where its guest
+    # stopped (it took 5Gi again), and the permit followed that.
+    assert memory["db-a"].final_bytes == memory["db-a"].min_bytes
+    assert memory["db-b"].partial_shrinks == 1
+    partial = [e for e in report.log if e.kind == "memory_shrink_partial"]
+    assert [(e.at_seconds, e.subject) for e in partial] == [(763.0, "db-b")]
+    # db-c grows to what it needs only once db-b's memory came back.
+    assert memory["db-c"].final_bytes == memory["db-c"].peak_bytes == 9728 * 2**20
+    # The fourth VM waits for memory, then is placed when db-a's shrink made room.
+    waits = [e for e in report.log if e.kind == "unschedulable" and e.subject == "db-d"]
+    assert waits and "insufficient memory" in waits[0].detail
+    assert vm(report, "db-d").placed_at_seconds == 470
+    assert report.counters.extender_restarts == 1
+
+
+def test_a_memory_notice_believed_at_the_size_asked_is_caught():
+    """The run checks that memory a guest really has is never counted as free: an extender
+    that took db-b's partial shrink at the 2Gi asked, not the 5Gi the guest kept, is stopped
+    with a violation."""
+    done = []
+
+    def believe_the_ask(sim: Simulation, t: float) -> None:
+        if t >= 763.1 and not done and sim.extender is not None:
+            uid = sim.vm_by_name["db-b"].uid
+            entry = sim.extender.ledger.pods[uid]
+            assert entry.vcpus is not None
+            sim.extender.ledger.resize_vm(uid, vcpus=entry.vcpus, memory_bytes=2 * 2**30)
+            done.append(t)
+
+    report = Simulation(library("memory"), after_step=believe_the_ask).run()
+    assert done
+    assert report.violation is not None
+    assert report.violation.invariant == "ledger behind reality"
+    assert "db-b has 5368709120 bytes of memory" in report.violation.message
+
+
+def test_growing_before_the_guest_runs_out_is_what_keeps_it_from_oom():
+    """The same scenario with a policy that grows only once the guest is already full:
+    guests run out of memory. (So the early growth is what the first test measures.)"""
+    scenario = library("memory")
+    late = msgspec.structs.replace(
+        scenario,
+        memory_policy=msgspec.structs.replace(scenario.memory_policy, target_used_fraction=1.0),
+    )
+    report = simulate(late)
+    assert_sound(report)
+    assert sum(v.memory.ooms for v in report.vms if v.memory is not None) > 0
+
+
+def test_a_report_without_memory_scaling_has_no_memory_fields():
+    """CPU-only runs read as they always did: the JSON has no memory keys at all."""
+    report = simulate(library("burst"))
+    text = encode_report(report)
+    assert b"memory_bytes" not in text and b'"memory"' not in text
+    assert b"usable_memory_bytes" in encode_report(simulate(library("memory")))
+
+
+@pytest.mark.parametrize("name", ["default", "contention", "restart", "memory"])
 def test_same_scenario_gives_the_same_report(name):
     scenario = default_scenario() if name == "default" else library(name)
     assert encode_report(simulate(scenario)) == encode_report(simulate(scenario))
 
 
-@pytest.mark.parametrize("name", ["default", "steady", "burst", "stop", "contention", "restart"])
+@pytest.mark.parametrize(
+    "name", ["default", "steady", "burst", "stop", "contention", "restart", "memory"]
+)
 def test_skipping_settled_vms_changes_no_decision(name):
     scenario = default_scenario() if name == "default" else library(name)
     fast = Simulation(scenario).run()
