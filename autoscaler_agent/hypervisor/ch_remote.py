@@ -16,8 +16,12 @@ from typing import Final
 import structlog
 
 from autoscaler_agent.hypervisor import ch_api
-from autoscaler_agent.hypervisor.base import VcpuState
-from autoscaler_agent.hypervisor.errors import HypervisorUnavailable, ResizeRejected
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
+from autoscaler_agent.hypervisor.errors import (
+    HypervisorUnavailable,
+    MemoryResizeIncomplete,
+    ResizeRejected,
+)
 
 DEFAULT_BINARY: Final = "ch-remote"
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
@@ -109,6 +113,30 @@ class ChRemoteClient:
             requested=vcpus,
             after=after.current,
         )
+        return after
+
+    async def memory(self) -> MemoryState:
+        return (ch_api.decode_vm_info(await self._call("vm.info", "info"))).memory
+
+    async def resize_memory(self, memory_bytes: int) -> MemoryState:
+        before = await self.memory()
+        if memory_bytes == before.current:
+            return before
+        ch_api.check_memory_target(before, memory_bytes)
+        await self._call("vm.resize", "resize", "--memory", f"{memory_bytes}")
+        after = await self.memory()
+        log.info(
+            "memory_resized",
+            hypervisor="ch-remote",
+            before=before.current,
+            requested=memory_bytes,
+            after=after.current,
+        )
+        if after.current != memory_bytes:
+            raise MemoryResizeIncomplete(
+                f"resizing memory to {memory_bytes} bytes left {after.current} in effect",
+                state=after,
+            )
         return after
 
     async def close(self) -> None:

@@ -14,8 +14,12 @@ import aiohttp
 import structlog
 
 from autoscaler_agent.hypervisor import ch_api
-from autoscaler_agent.hypervisor.base import VcpuState
-from autoscaler_agent.hypervisor.errors import HypervisorUnavailable, ResizeRejected
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
+from autoscaler_agent.hypervisor.errors import (
+    HypervisorUnavailable,
+    MemoryResizeIncomplete,
+    ResizeRejected,
+)
 
 BASE_URL: Final = "http://localhost/api/v1"
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
@@ -95,6 +99,33 @@ class CloudHypervisorClient:
             requested=vcpus,
             after=after.current,
         )
+        return after
+
+    async def memory(self) -> MemoryState:
+        return (await self.vm_info()).memory
+
+    async def resize_memory(self, memory_bytes: int) -> MemoryState:
+        before = await self.memory()
+        if memory_bytes == before.current:
+            return before
+        ch_api.check_memory_target(before, memory_bytes)
+        request = ch_api.ENCODER.encode(ch_api.VmResize(desired_ram=memory_bytes))
+        status, body = await self._request("PUT", "vm.resize", request)
+        if status != 204:
+            raise ch_api.error_for_status(status, body, operation="vm.resize")
+        after = await self.memory()
+        log.info(
+            "memory_resized",
+            hypervisor="cloud-hypervisor",
+            before=before.current,
+            requested=memory_bytes,
+            after=after.current,
+        )
+        if after.current != memory_bytes:
+            raise MemoryResizeIncomplete(
+                f"resizing memory to {memory_bytes} bytes left {after.current} in effect",
+                state=after,
+            )
         return after
 
     async def close(self) -> None:
