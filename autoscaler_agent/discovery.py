@@ -56,6 +56,7 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     metrics_url: str
     # The extender's durable record of the last permit (pod annotation), if any.
     permitted_vcpus: int | None = None
+    permitted_memory: int | None = None
 
     @property
     def key(self) -> str:
@@ -117,7 +118,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
             raise DiscoveryError(f"{key}: no metrics-url annotation and no pod IP known")
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
-    permitted, _ = parse_permitted(meta.annotations)
+    permitted, permitted_memory = parse_permitted(meta.annotations)
     return VmTarget(
         namespace=meta.namespace,
         name=meta.name,
@@ -127,6 +128,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         hypervisor_url=spec.hypervisor,
         metrics_url=metrics_url,
         permitted_vcpus=permitted,
+        permitted_memory=permitted_memory,
     )
 
 
