@@ -195,7 +195,11 @@ class StandaloneVm(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     min_vcpus: PositiveVcpus
     max_vcpus: PositiveVcpus
     scaling_unit: PositiveVcpus = 1
-    memory: str = "1Gi"  # reported to the extender; the agent does not resize memory
+    # Memory: ``memory`` is the minimum (the pod's request); with ``max_memory`` above it and a
+    # virtio-mem device in the VM, the agent resizes memory in steps of ``memory_unit``.
+    memory: str = "1Gi"
+    max_memory: str | None = None
+    memory_unit: str | None = None
     hypervisor: str
     metrics_url: str
 
@@ -222,6 +226,15 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
             mem = memory_bytes(vm.memory)
         except QuantityError as e:
             raise DiscoveryError(f"{where}.memory: {e}") from e
+        try:
+            max_mem = memory_bytes(vm.max_memory) if vm.max_memory is not None else mem
+            unit = memory_bytes(vm.memory_unit) if vm.memory_unit is not None else None
+        except QuantityError as e:
+            raise DiscoveryError(f"{where}.max_memory/memory_unit: {e}") from e
+        if max_mem < mem:
+            raise DiscoveryError(f"{where}.max_memory: {vm.max_memory} < memory {vm.memory}")
+        if unit is not None and unit <= 0:
+            raise DiscoveryError(f"{where}.memory_unit: {vm.memory_unit} must be positive")
         if (vm.node or node) != node:
             continue
         spec = VmSpec(
@@ -229,7 +242,8 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
             max_vcpus=vm.max_vcpus,
             scaling_unit=vm.scaling_unit,
             min_memory_bytes=mem,
-            max_memory_bytes=mem,
+            max_memory_bytes=max_mem,
+            **({"memory_unit_bytes": unit} if unit is not None else {}),
             hypervisor=vm.hypervisor,
             metrics_url=vm.metrics_url,
         )
