@@ -49,14 +49,11 @@ from scripts.local_stack import (
     VmPod,
     build_minimal_image,
     eventually,
-    start_agent,
-    start_extender,
+    start_extender_and_agent,
     start_runner,
     stopping,
     value,
     wait_booted,
-    write_agent_files,
-    write_cluster,
 )
 
 MiB = 2**20
@@ -192,25 +189,20 @@ def main(argv: list[str] | None = None) -> int:
         plug_times = baseline(guest, step, args.rounds)
 
         vm = VmPod(min_vcpus=1, max_vcpus=2, memory=args.memory, max_memory=args.max_memory)
-        write_cluster(workdir / "cluster.yaml", vm, node_cpu="4")
-        extender = start_extender(workdir, workdir / "cluster.yaml")
-        services.append(extender.service)
-        config, vms, port = write_agent_files(
+        extender, agent = start_extender_and_agent(
             workdir,
+            guest,
             vm,
-            extender=extender,
-            qmp_socket=guest.qmp_socket,
-            metrics_url=guest.metrics_url,
-            base_config={
+            node_cpu="4",
+            agent_config={
                 "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
                 "policy": {"grow_after_seconds": 30.0},
                 "memory": {"shrink_after_seconds": args.shrink_after_seconds},
                 "extender": {"permit_retry_seconds": 1.0},
                 "log": {"level": "info"},
             },
+            started=services,
         )
-        agent = start_agent(workdir, vm, config=config, vms=vms, port=port)
-        services.append(agent.service)
         minimum = extender.reserved_memory(vm)
         guest.type("mkdir -p /mnt/hog && mount -t tmpfs -o size=4g tmpfs /mnt/hog")
 

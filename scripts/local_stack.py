@@ -625,6 +625,35 @@ def write_agent_files(
     return config_path, vms_path, port
 
 
+def start_extender_and_agent(
+    workdir: Path,
+    guest: Guest,
+    vm: VmPod,
+    *,
+    node_cpu: str,
+    foreign_cpu: str | None = None,
+    agent_config: dict[str, Any],
+    started: list[Service],
+) -> tuple[Extender, Agent]:
+    """A one-node extender holding ``vm`` (and maybe a foreign pod) and an agent for ``guest``;
+    each service is appended to ``started`` as soon as it runs, so the caller stops it even if
+    a later step fails."""
+    write_cluster(workdir / "cluster.yaml", vm, node_cpu=node_cpu, foreign_cpu=foreign_cpu)
+    extender = start_extender(workdir, workdir / "cluster.yaml")
+    started.append(extender.service)
+    config, vms, port = write_agent_files(
+        workdir,
+        vm,
+        extender=extender,
+        qmp_socket=guest.qmp_socket,
+        metrics_url=guest.metrics_url,
+        base_config=agent_config,
+    )
+    agent = start_agent(workdir, vm, config=config, vms=vms, port=port)
+    started.append(agent.service)
+    return extender, agent
+
+
 def start_agent(workdir: Path, vm: VmPod, *, config: Path, vms: Path, port: int) -> Agent:
     service = spawn(
         "agent",

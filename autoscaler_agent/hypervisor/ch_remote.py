@@ -17,11 +17,8 @@ import structlog
 
 from autoscaler_agent.hypervisor import ch_api
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
-from autoscaler_agent.hypervisor.errors import (
-    HypervisorUnavailable,
-    MemoryResizeIncomplete,
-    ResizeRejected,
-)
+from autoscaler_agent.hypervisor.cloud_hypervisor import resize_memory_with
+from autoscaler_agent.hypervisor.errors import HypervisorUnavailable, ResizeRejected
 
 DEFAULT_BINARY: Final = "ch-remote"
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
@@ -119,25 +116,10 @@ class ChRemoteClient:
         return (ch_api.decode_vm_info(await self._call("vm.info", "info"))).memory
 
     async def resize_memory(self, memory_bytes: int) -> MemoryState:
-        before = await self.memory()
-        if memory_bytes == before.current:
-            return before
-        ch_api.check_memory_target(before, memory_bytes)
-        await self._call("vm.resize", "resize", "--memory", f"{memory_bytes}")
-        after = await self.memory()
-        log.info(
-            "memory_resized",
-            hypervisor="ch-remote",
-            before=before.current,
-            requested=memory_bytes,
-            after=after.current,
-        )
-        if after.current != memory_bytes:
-            raise MemoryResizeIncomplete(
-                f"resizing memory to {memory_bytes} bytes left {after.current} in effect",
-                state=after,
-            )
-        return after
+        async def run() -> None:
+            await self._call("vm.resize", "resize", "--memory", f"{memory_bytes}")
+
+        return await resize_memory_with(self.memory, run, memory_bytes, hypervisor="ch-remote")
 
     async def close(self) -> None:
         """Nothing to release: each call is its own process."""

@@ -26,20 +26,15 @@ import pytest
 from autoscaler_agent.hypervisor import MemoryResizeIncomplete
 from autoscaler_agent.hypervisor.qmp import QmpClient
 from scripts.local_stack import (
-    Agent,
-    Extender,
     Guest,
     GuestImage,
     Service,
     VmPod,
     eventually,
-    start_agent,
-    start_extender,
+    start_extender_and_agent,
     start_runner,
     value,
     wait_booted,
-    write_agent_files,
-    write_cluster,
 )
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -97,21 +92,11 @@ def test_memory_grows_under_an_allocation_and_shrinks_back(memory_guest: Guest, 
     assert guest.query_plugged_memory() == 0
     boot_total = mem_total(guest)
     vm = VmPod(min_vcpus=1, max_vcpus=2, memory="512Mi", max_memory="1536Mi")
-    write_cluster(tmp_path / "cluster.yaml", vm, node_cpu="4")
     started: list[Service] = []
     try:
-        extender: Extender = start_extender(tmp_path, tmp_path / "cluster.yaml")
-        started.append(extender.service)
-        config, vms, port = write_agent_files(
-            tmp_path,
-            vm,
-            extender=extender,
-            qmp_socket=guest.qmp_socket,
-            metrics_url=guest.metrics_url,
-            base_config=AGENT_CONFIG,
+        extender, agent = start_extender_and_agent(
+            tmp_path, guest, vm, node_cpu="4", agent_config=AGENT_CONFIG, started=started
         )
-        agent: Agent = start_agent(tmp_path, vm, config=config, vms=vms, port=port)
-        started.append(agent.service)
         services = [guest.runner, *started]
         eventually(
             agent.metrics,

@@ -20,35 +20,29 @@ from tests.support import require_binary
 pytestmark = pytest.mark.qemu
 
 
+def _spawn_qemu(sock, *machine):
+    qemu = require_binary("qemu-system-x86_64")
+    return subprocess.Popen(
+        [qemu, "-machine", "q35,accel=tcg", "-nodefaults", "-display", "none", *machine,
+         "-qmp", f"unix:{sock},server=on,wait=off"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _stop(proc):
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stderr.close()
+
+
 @pytest.fixture
 def qemu_socket(sock_dir):
-    qemu = require_binary("qemu-system-x86_64")
     sock = sock_dir / "qmp.sock"
-    proc = subprocess.Popen(
-        [
-            qemu,
-            "-machine",
-            "q35,accel=tcg",
-            "-nodefaults",
-            "-display",
-            "none",
-            "-m",
-            "128",
-            "-smp",
-            "1,maxcpus=4",
-            "-qmp",
-            f"unix:{sock},server=on,wait=off",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = _spawn_qemu(sock, "-m", "128", "-smp", "1,maxcpus=4")
     try:
         yield sock, proc
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        proc.stderr.close()
+        _stop(proc)
 
 
 @pytest.fixture
@@ -115,21 +109,15 @@ MIB = 2**20
 @pytest.fixture
 def qemu_vmem_socket(sock_dir):
     """QEMU with a virtio-mem device as vm_runner starts it (no guest: nothing gets plugged)."""
-    qemu = require_binary("qemu-system-x86_64")
     sock = sock_dir / "qmp.sock"
-    proc = subprocess.Popen(
-        [qemu, "-machine", "q35,accel=tcg", "-nodefaults", "-display", "none",
-         "-m", "128M,maxmem=384M", "-object", "memory-backend-ram,id=vmem0-ram,size=256M",
-         "-device", "virtio-mem-pci,id=vmem0,memdev=vmem0-ram,block-size=2M,requested-size=0",
-         "-qmp", f"unix:{sock},server=on,wait=off"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = _spawn_qemu(
+        sock, "-m", "128M,maxmem=384M", "-object", "memory-backend-ram,id=vmem0-ram,size=256M",
+        "-device", "virtio-mem-pci,id=vmem0,memdev=vmem0-ram,block-size=2M,requested-size=0",
     )  # fmt: skip
     try:
         yield sock, proc
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        proc.stderr.close()
+        _stop(proc)
 
 
 @pytest.fixture
