@@ -139,6 +139,8 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             root=root,
             timeout_seconds=config.hypervisor.timeout_seconds,
             unplug_timeout_seconds=config.hypervisor.unplug_timeout_seconds,
+            memory_stall_seconds=config.hypervisor.memory_stall_seconds,
+            memory_resize_timeout_seconds=config.hypervisor.memory_resize_timeout_seconds,
         )
 
     token = TokenFile(Path(config.extender.token_file) if config.extender.token_file else None)

@@ -21,6 +21,17 @@ Every key and its default (all optional; an empty file is a valid config)::
                                      # (node_procs_running) is read to size the grow
       grow_after_seconds: 3.0        # how long the fast demand estimate must need more vCPUs
                                      # before growing (0: on the first such scrape)
+    memory:                          # VMs with a virtio-mem device (max-memory > min-memory);
+                                     # formula: autoscaler_agent/memory_policy.py
+      low_headroom_fraction: 0.2     # grow when MemAvailable (projected) is below this share
+                                     # of the guest's use (MemTotal - MemAvailable) ...
+      target_headroom_fraction: 0.5  # ... to leave this share; a shrink leaves it too
+      min_headroom_bytes: 134217728  # headroom is never less than this (128 MiB)
+      lookahead_seconds: 3.0         # a rising use (a trend) is projected this far ahead
+      trend_min_fraction: 0.06       # a rise per scrape above this share of the use is a trend
+      shrink_after_seconds: 30.0     # how long memory must stay over-sized before shrinking
+      memory_per_vcpu_bytes: 0       # couple vCPUs and memory (e.g. 4294967296: 1 vCPU per
+                                     # 4 GiB, compute-unit style); 0 = decided separately
     extender:
       url: http://127.0.0.1:10299    # the extender's permit port
       token_file: null               # bearer token (projected SA token); null sends none
@@ -37,14 +48,18 @@ Every key and its default (all optional; an empty file is a valid config)::
     hypervisor:
       socket_root: /                 # host paths in `hypervisor` URLs are below this
       timeout_seconds: 5.0           # per hypervisor call
-      unplug_timeout_seconds: 10.0   # how long a QEMU shrink waits for the guest
+      unplug_timeout_seconds: 10.0   # how long a QEMU vCPU shrink waits for the guest
+      memory_stall_seconds: 3.0      # a QEMU memory resize ends when the guest's plugged size
+                                     # has not moved this long (a shrink of memory in use) ...
+      memory_resize_timeout_seconds: 60.0  # ... or after this long in all
     http:
       host: 0.0.0.0                  # /healthz and /metrics
       port: 10301
     metrics:
       stuck_after_seconds: 60.0      # a wanted size change pending this long (permit denied,
                                      # hypervisor refusing, vCPUs not online in the guest)
-                                     # sets vmautoscale_agent_vm_stuck to 1 for the VM
+                                     # sets vmautoscale_agent_vm_stuck to 1 for the VM (and
+                                     # vmautoscale_agent_vm_memory_stuck for memory)
     log:
       level: info                    # debug logs every tick
 """
@@ -58,6 +73,7 @@ import msgspec
 import yaml
 
 from autoscaler_agent.core import CoreConfig
+from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.policy import PolicyConfig
 from protocol.strict_yaml import describe_yaml_error
 
@@ -93,6 +109,24 @@ class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
             )
 
 
+class MemorySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    low_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.2
+    target_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    min_headroom_bytes: Annotated[int, msgspec.Meta(ge=0)] = 128 * 2**20
+    lookahead_seconds: NonNegativeSeconds = 3.0
+    trend_min_fraction: Annotated[float, msgspec.Meta(gt=0)] = 0.06
+    shrink_after_seconds: NonNegativeSeconds = 30.0
+    memory_per_vcpu_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if self.target_headroom_fraction <= self.low_headroom_fraction:
+            raise ValueError(
+                f"target_headroom_fraction ({self.target_headroom_fraction}) must be above"
+                f" low_headroom_fraction ({self.low_headroom_fraction}), or a VM would grow"
+                " to a size that asks to grow again"
+            )
+
+
 class ExtenderSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     url: str = "http://127.0.0.1:10299"
     token_file: str | None = None
@@ -123,6 +157,8 @@ class HypervisorSection(_Section, frozen=True, kw_only=True, forbid_unknown_fiel
     socket_root: str = "/"
     timeout_seconds: Seconds = 5.0
     unplug_timeout_seconds: Seconds = 10.0
+    memory_stall_seconds: Seconds = 3.0
+    memory_resize_timeout_seconds: Seconds = 60.0
 
 
 class HttpSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -141,6 +177,7 @@ class LogSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     scrape: ScrapeSection = msgspec.field(default_factory=ScrapeSection)
     policy: PolicySection = msgspec.field(default_factory=PolicySection)
+    memory: MemorySection = msgspec.field(default_factory=MemorySection)
     extender: ExtenderSection = msgspec.field(default_factory=ExtenderSection)
     retry: RetrySection = msgspec.field(default_factory=RetrySection)
     hypervisor: HypervisorSection = msgspec.field(default_factory=HypervisorSection)
@@ -164,6 +201,15 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             backoff_max_seconds=self.retry.backoff_max_seconds,
             backoff_jitter_fraction=self.retry.jitter_fraction,
             resize_failure_hold_seconds=self.retry.resize_failure_hold_seconds,
+            memory=MemoryPolicyConfig(
+                low_headroom_fraction=self.memory.low_headroom_fraction,
+                target_headroom_fraction=self.memory.target_headroom_fraction,
+                min_headroom_bytes=self.memory.min_headroom_bytes,
+                lookahead_seconds=self.memory.lookahead_seconds,
+                trend_min_fraction=self.memory.trend_min_fraction,
+                shrink_after_seconds=self.memory.shrink_after_seconds,
+                memory_per_vcpu_bytes=self.memory.memory_per_vcpu_bytes,
+            ),
         )
 
 

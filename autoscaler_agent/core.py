@@ -25,6 +25,14 @@ The rules the actions obey:
   it calls ``extender_restarted`` and every VM reports its size and permit (a ``REPORT``) as
   soon as nothing else is in flight. A rebuilt ledger holds VMs it has not heard from at their
   maximum, so the report is what gives their unused room back to the node.
+* **Memory** (when the hypervisor reports a memory hot-plug device): decided by
+  ``memory_policy.goal_memory`` beside the vCPUs, by the same rules: grow only within the
+  permit, shrink first and tell the extender after. Both resources go in *one* request per VM
+  (each read on its own on the wire: a request, a notice or steady). A shrink the guest cannot
+  complete (memory in use) ends where the guest stopped: the VM's memory is then that size,
+  and the notice that follows gives the extender back only what was really unplugged. A
+  memory resize that lands while a scrape is in flight makes that scrape's numbers stale for
+  memory (MemAvailable from before, the size from after): that scrape holds the memory goal.
 * **Bounds:** never resize above ``max_vcpus`` (nor the hypervisor's own maximum) or the permit,
   never below ``min_vcpus``; sizes are always ``min + k * scaling_unit``.
 * **Hypervisor failure:** the agent's view becomes unknown and is re-read from the hypervisor
@@ -41,6 +49,13 @@ import enum
 
 import msgspec
 
+from autoscaler_agent.memory_policy import (
+    MemoryGoal,
+    MemoryPolicyConfig,
+    MemoryPolicyState,
+    couple,
+    goal_memory,
+)
 from autoscaler_agent.policy import (
     Goal,
     PolicyConfig,
@@ -66,7 +81,9 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_seconds: float = 30.0
     backoff_jitter_fraction: float = 0.5
     # After a resize error that retrying will not fix, wait this long before the same target.
+    # Also after a memory shrink the guest could not complete.
     resize_failure_hold_seconds: float = 60.0
+    memory: MemoryPolicyConfig = msgspec.field(default_factory=MemoryPolicyConfig)
 
 
 class CallKind(enum.StrEnum):
@@ -92,10 +109,22 @@ class PermitCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cpu_busy_fraction: float | None = None
     memory_used_fraction: float | None = None
     reason: str
+    # Memory, read like the vCPUs: ``current``/``requested``/``lastPermit`` on the wire, and
+    # what the VM has (a valid answer lies in [usage, requested]). None: memory is not managed
+    # (no hot-plug device known), and the wire carries the VM's minimum as steady.
+    current_memory_bytes: int | None = None
+    requested_memory_bytes: int | None = None
+    last_permit_memory_bytes: int | None = None
+    usage_memory_bytes: int | None = None
 
 
 class Resize(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     vcpus: int
+    reason: str
+
+
+class MemoryResize(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    memory_bytes: int
     reason: str
 
 
@@ -109,6 +138,7 @@ class Actions(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     resize: Resize | None = None
     notify_extender: PermitCall | None = None
     wait_seconds: float | None = None
+    resize_memory: MemoryResize | None = None
 
 
 class PermitOutcome(enum.StrEnum):
@@ -121,11 +151,13 @@ class PermitOutcome(enum.StrEnum):
 
 
 _NOTHING: tuple[None, None, None] = (None, None, None)
+_Decision = tuple[Resize | MemoryResize | None, PermitCall | None, PermitCall | None]
 
 
 class _Busy(enum.Enum):
     READ = "read"
     RESIZE = "resize"
+    RESIZE_MEMORY = "resize_memory"
     PERMIT = "permit"
 
 
@@ -145,14 +177,22 @@ class VmState:
     # One per VM on the node (20,000 in the simulator's fleet): slots keep each small.
     __slots__ = (
         "_ask_again_at",
+        "_ask_again_memory_at",
+        "_asked_memory",
         "_asked_vcpus",
         "_busy",
         "_call",
         "_cpu_busy",
         "_explain",
         "_extender_retry_at",
+        "_failed_memory_target",
         "_failed_resize_target",
         "_hypervisor_max_vcpus",
+        "_memory_changed_at",
+        "_memory_policy_state",
+        "_memory_resize_failures",
+        "_memory_retry_at",
+        "_memory_target",
         "_next_scrape_at",
         "_policy_state",
         "_read_failures",
@@ -162,11 +202,16 @@ class VmState:
         "_resize_retry_at",
         "_resize_target",
         "_scrape_in_flight",
+        "_scrape_started_at",
+        "_top_memory",
         "_top_vcpus",
         "config",
+        "current_memory",
         "current_vcpus",
         "extender_failures",
         "goal",
+        "memory_goal",
+        "permit_memory",
         "permit_vcpus",
         "samples",
         "scrape_failures",
@@ -180,6 +225,7 @@ class VmState:
         config: CoreConfig,
         now: float,
         permit_vcpus: int | None = None,
+        permit_memory: int | None = None,
         explain: bool = True,
     ) -> None:
         # Fixed for the life of the state: new bounds come with a new pod, so a new VmState.
@@ -201,7 +247,22 @@ class VmState:
 
         self._next_scrape_at = now
         self._scrape_in_flight = False
+        self._scrape_started_at = now
         self.scrape_failures = 0
+
+        # Memory: None until a read reports a hot-plug device (then the agent manages it).
+        self.current_memory: int | None = None
+        self._top_memory = spec.top_memory_bytes
+        self.permit_memory: int | None = permit_memory
+        self.memory_goal: MemoryGoal | None = None
+        self._memory_policy_state = MemoryPolicyState()
+        self._memory_changed_at: float | None = None
+        self._memory_target: int | None = None
+        self._memory_resize_failures = 0
+        self._memory_retry_at = now
+        self._failed_memory_target: int | None = None
+        self._asked_memory: int | None = None
+        self._ask_again_memory_at = now
 
         self._busy: _Busy | None = None
         self._call: PermitCall | None = None
@@ -249,14 +310,55 @@ class VmState:
             return None
         return self._desired(current)
 
-    def _desired(self, current: int) -> int:
+    def _desired(self, current: int, *, coupled: bool = True) -> int:
         goal = self.goal
         # "hold" means keep whatever the VM has now, even if that changed since the sample.
         target = current if goal is None or goal.vcpus == goal.current_vcpus else goal.vcpus
         # max(min_vcpus, min(target, top)), spelled out: this runs at every step of every VM.
         top, low = self._top_vcpus, self.spec.min_vcpus
         target = top if target > top else target
-        return target if target > low else low
+        target = target if target > low else low
+        mem = self.current_memory
+        if coupled and mem is not None and self.config.memory.memory_per_vcpu_bytes > 0:
+            mem_goal = self.memory_goal
+            target, _ = couple(
+                target,
+                mem if mem_goal is None else mem_goal.memory_bytes,
+                self.spec,
+                top_vcpus=top,
+                top_memory_bytes=self._top_memory,
+                memory_per_vcpu_bytes=self.config.memory.memory_per_vcpu_bytes,
+            )
+        return target
+
+    @property
+    def top_memory(self) -> int:
+        """Largest allowed memory: max-memory, lowered to the hypervisor's maximum if known."""
+        return self._top_memory
+
+    @property
+    def desired_memory(self) -> int | None:
+        """The memory goal clamped to the bounds (coupled to the vCPUs if configured), or the
+        current size when there is no fresh goal; None while memory is not managed."""
+        current = self.current_memory
+        if current is None:
+            return None
+        return self._desired_memory(current)
+
+    def _desired_memory(self, current: int) -> int:
+        goal = self.memory_goal
+        target = current if goal is None else goal.memory_bytes
+        ratio = self.config.memory.memory_per_vcpu_bytes
+        if ratio > 0 and self.current_vcpus is not None:
+            _, target = couple(
+                self._desired(self.current_vcpus, coupled=False),
+                target,
+                self.spec,
+                top_vcpus=self._top_vcpus,
+                top_memory_bytes=self._top_memory,
+                memory_per_vcpu_bytes=ratio,
+            )
+        return max(self.spec.min_memory_bytes, min(target, self._top_memory))
 
     @property
     def is_extender_degraded(self) -> bool:
@@ -280,7 +382,7 @@ class VmState:
                 deadlines.append(self._next_scrape_at)
 
         read = False
-        resize: Resize | None = None
+        resize: Resize | MemoryResize | None = None
         request: PermitCall | None = None
         notice: PermitCall | None = None
         if self._busy is None:
@@ -302,17 +404,27 @@ class VmState:
             scrape=scrape,
             read_vcpus=read,
             request_permit=request,
-            resize=resize,
+            resize=resize if isinstance(resize, Resize) else None,
+            resize_memory=resize if isinstance(resize, MemoryResize) else None,
             notify_extender=notice,
             wait_seconds=wait,
         )
 
-    def _decide(
-        self, now: float, current: int, deadlines: list[float]
-    ) -> tuple[Resize | None, PermitCall | None, PermitCall | None]:
+    def _decide(self, now: float, current: int, deadlines: list[float]) -> _Decision:
         desired = self._desired(current)
         permit = self.permit_vcpus if self.permit_vcpus is not None else current
-        if desired == current and permit == current and not self._report_due:
+        mem = self.current_memory
+        if mem is None:
+            mem_desired = mem_permit = 0
+        else:
+            mem_desired = self._desired_memory(mem)
+            mem_permit = self.permit_memory if self.permit_memory is not None else mem
+        if (
+            desired == current
+            and permit == current
+            and mem_desired == mem_permit == (mem or 0)
+            and not self._report_due
+        ):
             return _NOTHING  # the common case, settled: none of the branches below applies
         why = self.goal.reason if self.goal is not None else "no fresh metrics: hold"
 
@@ -329,28 +441,104 @@ class VmState:
             if now >= self._resize_retry_at or target != self._failed_resize_target:
                 return Resize(vcpus=target, reason=f"{verb}: {why}"), None, None
             deadlines.append(self._resize_retry_at)
+        mem_why = ""
+        if mem is not None:
+            mem_goal = self.memory_goal
+            mem_why = mem_goal.reason if mem_goal is not None else "no fresh metrics: hold"
+            mem_target: int | None = None
+            if mem_desired < mem:
+                mem_target, verb = mem_desired, "shrink memory"
+            elif mem_desired > mem:
+                allowed = min(
+                    mem_desired, self.spec.round_memory_down(mem_permit), self._top_memory
+                )
+                if allowed > mem:
+                    mem_target = allowed
+                    verb = (
+                        "grow memory"
+                        if allowed == mem_desired
+                        else f"grow memory within permit {mem_permit}"
+                    )
+            if mem_target is not None:
+                if now >= self._memory_retry_at or mem_target != self._failed_memory_target:
+                    return (
+                        MemoryResize(memory_bytes=mem_target, reason=f"{verb}: {mem_why}"),
+                        None,
+                        None,
+                    )
+                deadlines.append(self._memory_retry_at)
 
-        # 2. Talk to the extender, unless it is backing off.
+        # 2. Talk to the extender, unless it is backing off. One call carries both resources.
         extender_ready = now >= self._extender_retry_at
-        if desired > permit:
+        cpu_wants = desired > permit
+        if cpu_wants:
             asked = self._asked_vcpus
             if asked is not None and desired <= asked and now < self._ask_again_at:
                 deadlines.append(self._ask_again_at)
-            elif not extender_ready:
-                deadlines.append(self._extender_retry_at)
-            else:
-                return None, self._call_for(CallKind.REQUEST, current, desired, permit, why), None
-        elif permit > current and desired <= current:
-            if extender_ready:
-                reason = f"give back {permit - current} unused vCPUs: {why}"
-                return None, None, self._call_for(CallKind.NOTICE, permit, current, permit, reason)
-            deadlines.append(self._extender_retry_at)
+                cpu_wants = False
+        mem_wants = mem is not None and mem_desired > mem_permit
+        if mem_wants:
+            asked_mem = self._asked_memory
+            if (
+                asked_mem is not None
+                and mem_desired <= asked_mem
+                and now < self._ask_again_memory_at
+            ):
+                deadlines.append(self._ask_again_memory_at)
+                mem_wants = False
+        cpu_gives = permit > current and desired <= current
+        mem_gives = mem is not None and mem_permit > mem and mem_desired <= mem
+        kind: CallKind | None = None
+        if cpu_wants or mem_wants:
+            kind = CallKind.REQUEST
+            reason = why if cpu_wants else mem_why
+        elif cpu_gives or mem_gives:
+            kind = CallKind.NOTICE
+            parts = []
+            if cpu_gives:
+                parts.append(f"give back {permit - current} unused vCPUs: {why}")
+            if mem_gives:
+                parts.append(f"give back {mem_permit - (mem or 0)} bytes of memory: {mem_why}")
+            reason = "; ".join(parts)
         elif self._report_due:
-            if extender_ready:
-                reason = f"extender restarted: report {current} vCPUs, permit {permit}"
-                return None, self._call_for(CallKind.REPORT, current, permit, permit, reason), None
+            kind = CallKind.REPORT
+            reason = f"extender restarted: report {current} vCPUs, permit {permit}"
+            if mem is not None:
+                reason += f"; memory {mem}, permit {mem_permit}"
+        if kind is None:
+            return _NOTHING
+        if not extender_ready:
             deadlines.append(self._extender_retry_at)
-        return _NOTHING
+            return _NOTHING
+        # Each resource on the wire: a request (current -> desired), a notice (permit ->
+        # current, already shrunk), or what the VM has and holds (current -> permit).
+        if kind is CallKind.REPORT:
+            wire = (current, permit)
+        elif desired > permit:
+            wire = (current, desired)
+        elif cpu_gives:
+            wire = (permit, current)
+        else:
+            wire = (current, permit)
+        call = self._call_for(kind, wire[0], wire[1], permit, reason)
+        if mem is None:
+            return (None, call, None) if kind is not CallKind.NOTICE else (None, None, call)
+        if kind is CallKind.REPORT:
+            mem_wire = (mem, mem_permit)
+        elif mem_desired > mem_permit:
+            mem_wire = (mem, mem_desired)
+        elif mem_gives:
+            mem_wire = (mem_permit, mem)
+        else:
+            mem_wire = (mem, mem_permit)
+        call = msgspec.structs.replace(
+            call,
+            current_memory_bytes=mem_wire[0],
+            requested_memory_bytes=mem_wire[1],
+            last_permit_memory_bytes=mem_permit,
+            usage_memory_bytes=mem,
+        )
+        return (None, call, None) if kind is not CallKind.NOTICE else (None, None, call)
 
     def _call_for(
         self, kind: CallKind, wire_current: int, requested: int, permit: int, reason: str
@@ -372,6 +560,7 @@ class VmState:
 
     def scrape_started(self, now: float) -> None:
         self._scrape_in_flight = True
+        self._scrape_started_at = now
         # Scheduled from the start, so the interval does not drift by the scrape's duration.
         self._next_scrape_at = now + self.config.scrape_interval_seconds
 
@@ -395,7 +584,31 @@ class VmState:
             explain=self._explain,
         )
         self._policy_state = self.goal.state
+        self._memory_scraped(now, samples)
         return self.goal
+
+    def _memory_scraped(self, now: float, samples: Samples) -> None:
+        mem = self.current_memory
+        if mem is None:
+            self.memory_goal = None
+            return
+        changed = self._memory_changed_at
+        if changed is not None and changed >= self._scrape_started_at:
+            # The size changed while this scrape was in flight: its MemAvailable may be from
+            # before, the size is from after. Hold for one scrape, windows untouched.
+            self.memory_goal = None
+            return
+        self.memory_goal = goal_memory(
+            samples.memory_total_bytes,
+            samples.memory_available_bytes,
+            self.spec,
+            self._memory_policy_state,
+            current_bytes=mem,
+            top_bytes=self._top_memory,
+            config=self.config.memory,
+            now=now,
+        )
+        self._memory_policy_state = self.memory_goal.state
 
     def scrape_failed(self, now: float, error: str) -> None:
         """No metrics: hold the current size (never act on stale data) and restart hysteresis."""
@@ -403,19 +616,44 @@ class VmState:
         self.scrape_failures += 1
         self.goal = None
         self._policy_state = PolicyState()
+        self.memory_goal = None
+        self._memory_policy_state = MemoryPolicyState()
 
     # -- events: hypervisor --------------------------------------------------------------
 
     def vcpus_read_started(self, now: float) -> None:
         self._busy = _Busy.READ
 
-    def vcpus_read(self, now: float, *, current_vcpus: int, max_vcpus: int | None) -> None:
+    def vcpus_read(
+        self,
+        now: float,
+        *,
+        current_vcpus: int,
+        max_vcpus: int | None,
+        current_memory: int | None = None,
+        max_memory: int | None = None,
+    ) -> None:
+        """The hypervisor's view. ``current_memory``/``max_memory``: given only when the VM has
+        a memory hot-plug device (max above its boot memory); memory is managed from then on."""
         self._busy = None
         self._read_failures = 0
         self.current_vcpus = current_vcpus
         self.hypervisor_max_vcpus = max_vcpus
         if self.permit_vcpus is None or self.permit_vcpus < current_vcpus:
             self.permit_vcpus = current_vcpus
+        if current_memory is not None:
+            self._memory_is(now, current_memory)
+            if max_memory is not None:
+                self._top_memory = min(
+                    self.spec.top_memory_bytes, self.spec.round_memory_down(max_memory)
+                )
+
+    def _memory_is(self, now: float, current_memory: int) -> None:
+        if current_memory != self.current_memory:
+            self._memory_changed_at = now
+        self.current_memory = current_memory
+        if self.permit_memory is None or self.permit_memory < current_memory:
+            self.permit_memory = current_memory
 
     def vcpus_read_failed(self, now: float, error: str, *, jitter: float) -> None:
         self._busy = None
@@ -447,36 +685,104 @@ class VmState:
         # The resize may have half happened: only the hypervisor knows the size now.
         self.current_vcpus = None
 
+    def memory_resize_started(self, now: float, memory_bytes: int) -> None:
+        self._busy = _Busy.RESIZE_MEMORY
+        self._memory_target = memory_bytes
+
+    def memory_resized(self, now: float, *, current_memory: int) -> None:
+        self._busy = None
+        self._memory_resize_failures = 0
+        self._failed_memory_target = None
+        self._memory_is(now, current_memory)
+
+    def memory_resize_failed(
+        self,
+        now: float,
+        error: str,
+        *,
+        is_retryable: bool,
+        jitter: float,
+        current_memory: int | None = None,
+    ) -> None:
+        """The resize failed. ``current_memory``: the size in effect, when the hypervisor said
+        (a shrink the guest could not complete); otherwise the size is unknown and re-read."""
+        self._busy = None
+        self._memory_resize_failures += 1
+        self._failed_memory_target = self._memory_target
+        hold = (
+            self._backoff(self._memory_resize_failures, jitter)
+            if is_retryable
+            else self.config.resize_failure_hold_seconds
+        )
+        self._memory_retry_at = now + hold
+        if current_memory is not None:
+            self._memory_is(now, current_memory)
+        else:
+            # Only a read tells the size now; it reads the vCPUs too.
+            self.current_memory = None
+            self.current_vcpus = None
+
     # -- events: extender ----------------------------------------------------------------
 
     def permit_requested(self, now: float, call: PermitCall) -> None:
         self._busy = _Busy.PERMIT
         self._call = call
 
-    def permit_granted(self, now: float, vcpus: int, *, jitter: float = 0.0) -> PermitOutcome:
-        """The extender answered ``vcpus`` for the call in flight. Validates it first."""
+    def permit_granted(
+        self, now: float, vcpus: int, *, memory_bytes: int | None = None, jitter: float = 0.0
+    ) -> PermitOutcome:
+        """The extender answered ``vcpus`` (and ``memory_bytes``) for the call in flight.
+        Validates it first."""
         call = self._call
         self._busy = None
         self._call = None
         assert call is not None, "permit_granted without permit_requested"
-        if not call.usage_vcpus <= vcpus <= call.requested_vcpus:
+        has_memory = call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
+        is_valid = call.usage_vcpus <= vcpus <= call.requested_vcpus
+        if has_memory:
+            assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
+            is_valid = is_valid and (
+                memory_bytes is not None
+                and call.usage_memory_bytes <= memory_bytes <= call.requested_memory_bytes
+            )
+        if not is_valid:
             # Above the request is a grant we never asked for; below usage would take away
-            # vCPUs the VM is running on. Either way the extender is confused: keep the old
-            # permit and back off as for any other failure.
+            # vCPUs (or memory) the VM is running on. Either way the extender is confused: keep
+            # the old permit and back off as for any other failure.
             self._extender_failed(now, jitter)
             return PermitOutcome.REJECTED
         self.extender_failures = 0
         self.permit_vcpus = vcpus
         # Any answered call told the extender this VM's size and permit.
         self._report_due = False
-        if call.kind is CallKind.NOTICE:
-            return PermitOutcome.RELEASED
+        # Per resource asked for more: fully, partly or not at all.
+        results: list[str] = []
         if vcpus >= call.requested_vcpus:
             self._asked_vcpus = None
+            if call.requested_vcpus > call.usage_vcpus:
+                results.append("full")
+        else:
+            self._asked_vcpus = call.requested_vcpus
+            self._ask_again_at = now + self.config.permit_retry_seconds
+            results.append("none" if vcpus <= call.usage_vcpus else "part")
+        if has_memory and memory_bytes is not None:
+            assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
+            self.permit_memory = memory_bytes
+            if memory_bytes >= call.requested_memory_bytes:
+                self._asked_memory = None
+                if call.requested_memory_bytes > call.usage_memory_bytes:
+                    results.append("full")
+            else:
+                self._asked_memory = call.requested_memory_bytes
+                self._ask_again_memory_at = now + self.config.permit_retry_seconds
+                results.append("none" if memory_bytes <= call.usage_memory_bytes else "part")
+        if call.kind is CallKind.NOTICE:
+            return PermitOutcome.RELEASED
+        if all(r == "full" for r in results):
             return PermitOutcome.GRANTED
-        self._asked_vcpus = call.requested_vcpus
-        self._ask_again_at = now + self.config.permit_retry_seconds
-        return PermitOutcome.DENIED if vcpus <= call.usage_vcpus else PermitOutcome.PARTIAL
+        if all(r == "none" for r in results):
+            return PermitOutcome.DENIED
+        return PermitOutcome.PARTIAL
 
     def extender_restarted(self, now: float) -> None:
         """The extender's epoch changed: report this VM as soon as nothing else is in flight
@@ -500,9 +806,13 @@ class VmState:
         return {
             "current_vcpus": self.current_vcpus,
             "desired_vcpus": self.desired_vcpus,
+            "current_memory": self.current_memory,
+            "desired_memory": self.desired_memory,
+            "permit_memory": self.permit_memory,
             "permit_vcpus": self.permit_vcpus,
             "top_vcpus": self.top_vcpus,
             "busy": self._busy.value if self._busy else None,
             "extender_failures": self.extender_failures,
             "goal": self.goal.reason if self.goal else None,
+            "memory_goal": self.memory_goal.reason if self.memory_goal else None,
         }

@@ -56,6 +56,7 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     metrics_url: str
     # The extender's durable record of the last permit (pod annotation), if any.
     permitted_vcpus: int | None = None
+    permitted_memory: int | None = None
 
     @property
     def key(self) -> str:
@@ -117,7 +118,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
             raise DiscoveryError(f"{key}: no metrics-url annotation and no pod IP known")
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         metrics_url = f"http://{host}:{DEFAULT_METRICS_PORT}/metrics"
-    permitted, _ = parse_permitted(meta.annotations)
+    permitted, permitted_memory = parse_permitted(meta.annotations)
     return VmTarget(
         namespace=meta.namespace,
         name=meta.name,
@@ -127,6 +128,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         hypervisor_url=spec.hypervisor,
         metrics_url=metrics_url,
         permitted_vcpus=permitted,
+        permitted_memory=permitted_memory,
     )
 
 
@@ -193,7 +195,11 @@ class StandaloneVm(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     min_vcpus: PositiveVcpus
     max_vcpus: PositiveVcpus
     scaling_unit: PositiveVcpus = 1
-    memory: str = "1Gi"  # reported to the extender; the agent does not resize memory
+    # Memory: ``memory`` is the minimum (the pod's request); with ``max_memory`` above it and a
+    # virtio-mem device in the VM, the agent resizes memory in steps of ``memory_unit``.
+    memory: str = "1Gi"
+    max_memory: str | None = None
+    memory_unit: str | None = None
     hypervisor: str
     metrics_url: str
 
@@ -220,6 +226,15 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
             mem = memory_bytes(vm.memory)
         except QuantityError as e:
             raise DiscoveryError(f"{where}.memory: {e}") from e
+        try:
+            max_mem = memory_bytes(vm.max_memory) if vm.max_memory is not None else mem
+            unit = memory_bytes(vm.memory_unit) if vm.memory_unit is not None else None
+        except QuantityError as e:
+            raise DiscoveryError(f"{where}.max_memory/memory_unit: {e}") from e
+        if max_mem < mem:
+            raise DiscoveryError(f"{where}.max_memory: {vm.max_memory} < memory {vm.memory}")
+        if unit is not None and unit <= 0:
+            raise DiscoveryError(f"{where}.memory_unit: {vm.memory_unit} must be positive")
         if (vm.node or node) != node:
             continue
         spec = VmSpec(
@@ -227,7 +242,8 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
             max_vcpus=vm.max_vcpus,
             scaling_unit=vm.scaling_unit,
             min_memory_bytes=mem,
-            max_memory_bytes=mem,
+            max_memory_bytes=max_mem,
+            **({"memory_unit_bytes": unit} if unit is not None else {}),
             hypervisor=vm.hypervisor,
             metrics_url=vm.metrics_url,
         )

@@ -318,6 +318,12 @@ def permit_vcpus(permit: Permit) -> int:
     return permit.permit.vcpus
 
 
+def permit_memory_bytes(permit: Permit) -> int:
+    """The granted memory of an answer that carries a permit (checked by the batcher)."""
+    assert permit.permit is not None
+    return permit.permit.memory_bytes
+
+
 __all__ = [
     "EpochWatch",
     "ExtenderClient",
@@ -328,5 +334,6 @@ __all__ = [
     "PermitBatcher",
     "PermitItemError",
     "TokenFile",
+    "permit_memory_bytes",
     "permit_vcpus",
 ]

@@ -124,6 +124,63 @@ class AgentMetrics:
             ["vm"],
             registry=registry,
         )
+        mem = ["vm"]
+        self.current_memory = Gauge(
+            p + "vm_memory_bytes",
+            "Memory the VM has now (boot memory plus what the guest has plugged), per the"
+            " hypervisor",
+            mem,
+            registry=registry,
+        )
+        self.desired_memory = Gauge(
+            p + "vm_desired_memory_bytes",
+            "Memory the agent wants the VM to have (the memory goal within the VM's bounds)",
+            mem,
+            registry=registry,
+        )
+        self.permitted_memory = Gauge(
+            p + "vm_permitted_memory_bytes",
+            "Memory the extender last permitted the VM",
+            mem,
+            registry=registry,
+        )
+        self.online_memory = Gauge(
+            p + "vm_online_memory_bytes",
+            "Memory online in the guest (its MemTotal plus what its kernel kept back at boot),"
+            " at the last scrape",
+            mem,
+            registry=registry,
+        )
+        self.memory_stuck = Gauge(
+            p + "vm_memory_stuck",
+            "1 while a wanted memory change has been pending longer than"
+            " metrics.stuck_after_seconds (permit denied, a shrink the guest cannot complete,"
+            " plugged memory not online), else 0",
+            mem,
+            registry=registry,
+        )
+        self.memory_grow_to_online = Histogram(
+            p + "memory_grow_to_online_seconds",
+            "From the agent's decision to grow a VM's memory (the guest's memory under"
+            " pressure) to that memory being online in the guest (its MemTotal at a later"
+            " scrape): permit, virtio-mem plug and onlining, end to end",
+            buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
+            registry=registry,
+        )
+        self.memory_resizes = Counter(
+            p + "memory_resizes_total",
+            "Memory resizes by direction and result (ok, error, incomplete: the guest stopped"
+            " short, e.g. a shrink of memory in use)",
+            ["direction", "result"],
+            registry=registry,
+        )
+        self.memory_resize_duration = Histogram(
+            p + "memory_resize_duration_seconds",
+            "Time a memory resize took, until the guest had plugged or unplugged it (or stopped)",
+            ["direction"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=registry,
+        )
         self.vm_loop_restarts = Counter(
             p + "vm_loop_restarts_total",
             "VM loops restarted after an unexpected error",
@@ -150,9 +207,34 @@ class AgentMetrics:
             if value is not None:
                 gauge.labels(vm=vm).set(value)
 
+    def observe_vm_memory(
+        self,
+        vm: str,
+        *,
+        current: int | None,
+        desired: int | None,
+        permitted: int | None,
+        online: int | None,
+        is_stuck: bool | None,
+    ) -> None:
+        for gauge, value in (
+            (self.current_memory, current),
+            (self.desired_memory, desired),
+            (self.permitted_memory, permitted),
+            (self.online_memory, online),
+            (self.memory_stuck, None if is_stuck is None else int(is_stuck)),
+        ):
+            if value is not None:
+                gauge.labels(vm=vm).set(value)
+
     def forget_vm(self, vm: str) -> None:
         """Drop the VM's series; safe to call for a VM that has none."""
         for gauge in (
+            self.current_memory,
+            self.desired_memory,
+            self.permitted_memory,
+            self.online_memory,
+            self.memory_stuck,
             self.current_vcpus,
             self.desired_vcpus,
             self.permitted_vcpus,

@@ -33,20 +33,27 @@ import structlog
 from autoscaler_agent.core import (
     Actions,
     CoreConfig,
+    MemoryResize,
     PermitCall,
     PermitOutcome,
     Resize,
     VmState,
 )
 from autoscaler_agent.discovery import Snapshot, VmSource, VmTarget
-from autoscaler_agent.extender_client import EpochWatch, ExtenderError, permit_vcpus
-from autoscaler_agent.hypervisor import Hypervisor, HypervisorError
+from autoscaler_agent.extender_client import (
+    EpochWatch,
+    ExtenderError,
+    permit_memory_bytes,
+    permit_vcpus,
+)
+from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResizeIncomplete
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
 from autoscaler_agent.scrape import ScrapeError, fetch_samples
 from protocol.permits import LoadReport, Permit, ResourceRequest, Resources
 
 log = structlog.get_logger(__name__)
+MIB = 2**20
 
 
 class PermitClient(Protocol):
@@ -112,10 +119,19 @@ class VmRunner:
             config=deps.core,
             now=self._loop.time(),
             permit_vcpus=target.permitted_vcpus,
+            permit_memory=target.permitted_memory,
         )
         self._changed = asyncio.Event()
         self.progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
         self._is_stuck = False
+        # Memory progress, in MiB: "online" is the guest's MemTotal plus what its kernel keeps
+        # back (the VM's size minus MemTotal, measured over a scrape during which the size did
+        # not change: one that overlaps a resize mixes a MemTotal from before with a size from
+        # after).
+        self.memory_progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
+        self._is_memory_stuck = False
+        self._memory_changes = 0  # memory resizes finished, to tell a scrape that overlapped one
+        self._memory_overhead: int | None = None
 
     def _now(self) -> float:
         return self._loop.time()
@@ -171,13 +187,16 @@ class VmRunner:
         state = self.state
         if actions.scrape:
             state.scrape_started(now)
-            tasks.create_task(self._scrape())
+            tasks.create_task(self._scrape(self._memory_changes))
         if actions.read_vcpus:
             state.vcpus_read_started(now)
             tasks.create_task(self._read(hypervisor))
         if actions.resize is not None:
             state.resize_started(now, actions.resize.vcpus)
             tasks.create_task(self._resize(hypervisor, actions.resize))
+        if actions.resize_memory is not None:
+            state.memory_resize_started(now, actions.resize_memory.memory_bytes)
+            tasks.create_task(self._resize_memory(hypervisor, actions.resize_memory))
         for call in (actions.request_permit, actions.notify_extender):
             if call is not None:
                 state.permit_requested(now, call)
@@ -217,13 +236,54 @@ class VmRunner:
             online=online,
             is_stuck=progress.is_stuck,
         )
+        if s.current_memory is not None:
+            self._observe_memory(now)
+
+    def _observe_memory(self, now: float) -> None:
+        s = self.state
+        m = self._deps.metrics
+        current, desired = s.current_memory, s.desired_memory
+        total = s.samples.memory_total_bytes if s.samples is not None else None
+        overhead = self._memory_overhead
+        online = int(total) + overhead if total is not None and overhead is not None else None
+        progress = self.memory_progress.observe(
+            now,
+            current=None if current is None else current // MIB,
+            desired=None if desired is None else desired // MIB,
+            # Rounded to the nearest MiB: MemTotal is counted in KiB pages.
+            online=None if online is None else (online + MIB // 2) // MIB,
+        )
+        if progress.grow_latency_seconds is not None:
+            m.memory_grow_to_online.observe(progress.grow_latency_seconds)
+            log.info(
+                "memory_grow_online",
+                online_memory_bytes=online,
+                decision_to_online_seconds=round(progress.grow_latency_seconds, 3),
+            )
+        if progress.is_stuck != self._is_memory_stuck:
+            self._is_memory_stuck = progress.is_stuck
+            pending = progress.pending_since
+            (log.warning if progress.is_stuck else log.info)(
+                "vm_memory_stuck" if progress.is_stuck else "vm_memory_unstuck",
+                pending_seconds=round(now - pending, 1) if pending is not None else None,
+                online_memory_bytes=online,
+                **s.dump(),
+            )
+        m.observe_vm_memory(
+            self.target.key,
+            current=current,
+            desired=desired,
+            permitted=s.permit_memory,
+            online=online,
+            is_stuck=progress.is_stuck,
+        )
 
     def _jitter(self) -> float:
         return self._deps.rng.random()
 
     # -- the I/O of each action; each ends by feeding its outcome back --------------------
 
-    async def _scrape(self) -> None:
+    async def _scrape(self, memory_changes_at_start: int) -> None:
         m = self._deps.metrics
         m.scrapes.inc()
         try:
@@ -240,26 +300,55 @@ class VmRunner:
                 reason="holding the current size",
             )
         else:
+            mem = self.state.current_memory
+            total = samples.memory_total_bytes
+            if (
+                mem is not None
+                and total is not None
+                and self._memory_changes == memory_changes_at_start
+            ):
+                self._memory_overhead = mem - int(total)
             before = self.state.desired_vcpus
+            mem_before = self.state.desired_memory
             goal = self.state.metrics_scraped(self._now(), samples)
             after = self.state.desired_vcpus
             if goal is not None:
                 # info only when the decision changes: one line per decision, not per tick.
                 level = log.info if after != before else log.debug
                 level("goal", desired_vcpus=after, load1=goal.load1, reason=goal.reason)
+            mem_goal = self.state.memory_goal
+            if mem_goal is not None:
+                mem_after = self.state.desired_memory
+                level = log.info if mem_after != mem_before else log.debug
+                level("memory_goal", desired_memory_bytes=mem_after, reason=mem_goal.reason)
         finally:
             self._changed.set()
 
     async def _read(self, hypervisor: Hypervisor) -> None:
         try:
             vcpus = await hypervisor.vcpus()
+            memory = await hypervisor.memory()
         except HypervisorError as e:
             self._deps.metrics.hypervisor_errors.labels(error=type(e).__name__).inc()
             self.state.vcpus_read_failed(self._now(), str(e), jitter=self._jitter())
             log.warning("vcpus_read_failed", error=str(e), error_class=type(e).__name__)
         else:
-            self.state.vcpus_read(self._now(), current_vcpus=vcpus.current, max_vcpus=vcpus.max)
-            log.info("vcpus_read", current_vcpus=vcpus.current, max_vcpus=vcpus.max)
+            # Memory is managed only with a hot-plug device (room above the boot memory).
+            is_memory_managed = memory.max > memory.min
+            self.state.vcpus_read(
+                self._now(),
+                current_vcpus=vcpus.current,
+                max_vcpus=vcpus.max,
+                current_memory=memory.current if is_memory_managed else None,
+                max_memory=memory.max if is_memory_managed else None,
+            )
+            log.info(
+                "vcpus_read",
+                current_vcpus=vcpus.current,
+                max_vcpus=vcpus.max,
+                current_memory_bytes=memory.current,
+                max_memory_bytes=memory.max,
+            )
         finally:
             self._changed.set()
 
@@ -296,9 +385,73 @@ class VmRunner:
         finally:
             self._changed.set()
 
+    async def _resize_memory(self, hypervisor: Hypervisor, resize: MemoryResize) -> None:
+        m = self._deps.metrics
+        before = self.state.current_memory or 0
+        direction = "grow" if resize.memory_bytes > before else "shrink"
+        log.info(
+            "memory_resize_started",
+            from_bytes=before,
+            to_bytes=resize.memory_bytes,
+            reason=resize.reason,
+        )
+        started = self._now()
+        try:
+            result = await hypervisor.resize_memory(resize.memory_bytes)
+        except MemoryResizeIncomplete as e:
+            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
+            m.memory_resizes.labels(direction=direction, result="incomplete").inc()
+            self.state.memory_resize_failed(
+                self._now(),
+                str(e),
+                is_retryable=e.is_retryable,
+                jitter=self._jitter(),
+                current_memory=e.state.current,
+            )
+            log.warning(
+                "memory_resize_incomplete",
+                to_bytes=resize.memory_bytes,
+                current_memory_bytes=e.state.current,
+                error=str(e),
+                reason="the VM keeps the memory the guest did not give back; the extender is"
+                " told the real size",
+            )
+        except HypervisorError as e:
+            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
+            m.memory_resizes.labels(direction=direction, result="error").inc()
+            m.hypervisor_errors.labels(error=type(e).__name__).inc()
+            self.state.memory_resize_failed(
+                self._now(), str(e), is_retryable=e.is_retryable, jitter=self._jitter()
+            )
+            log.warning(
+                "memory_resize_failed",
+                to_bytes=resize.memory_bytes,
+                error=str(e),
+                error_class=type(e).__name__,
+                is_retryable=e.is_retryable,
+                reason="re-reading the size from the hypervisor",
+            )
+        else:
+            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
+            m.memory_resizes.labels(direction=direction, result="ok").inc()
+            self.state.memory_resized(self._now(), current_memory=result.current)
+            log.info(
+                "memory_resize_succeeded",
+                current_memory_bytes=result.current,
+                to_bytes=resize.memory_bytes,
+            )
+        finally:
+            self._memory_changes += 1
+            self._changed.set()
+
     def _wire_request(self, call: PermitCall) -> ResourceRequest:
-        # The agent does not resize memory: it reports the VM's memory as steady.
+        # Without a memory hot-plug device the VM's memory is its minimum, reported as steady.
         memory = self.target.spec.min_memory_bytes
+        cur_mem = call.current_memory_bytes if call.current_memory_bytes is not None else memory
+        req_mem = call.requested_memory_bytes if call.requested_memory_bytes is not None else memory
+        last_mem = (
+            call.last_permit_memory_bytes if call.last_permit_memory_bytes is not None else memory
+        )
         load = (
             LoadReport(
                 load1=call.load1,
@@ -311,10 +464,10 @@ class VmRunner:
         return ResourceRequest(
             pod=self.target.pod,
             node=self._deps.node,
-            current=Resources(vcpus=call.current_vcpus, memory_bytes=memory),
-            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=memory),
+            current=Resources(vcpus=call.current_vcpus, memory_bytes=cur_mem),
+            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=req_mem),
             last_permit=(
-                Resources(vcpus=call.last_permit_vcpus, memory_bytes=memory)
+                Resources(vcpus=call.last_permit_vcpus, memory_bytes=last_mem)
                 if call.last_permit_vcpus is not None
                 else None
             ),
@@ -329,6 +482,8 @@ class VmRunner:
             kind=call.kind.value,
             current_vcpus=call.current_vcpus,
             requested_vcpus=call.requested_vcpus,
+            current_memory_bytes=call.current_memory_bytes,
+            requested_memory_bytes=call.requested_memory_bytes,
             reason=call.reason,
         )
         try:
@@ -346,13 +501,17 @@ class VmRunner:
             )
         else:
             vcpus = permit_vcpus(answer)
-            outcome = self.state.permit_granted(self._now(), vcpus, jitter=self._jitter())
+            memory = permit_memory_bytes(answer)
+            outcome = self.state.permit_granted(
+                self._now(), vcpus, memory_bytes=memory, jitter=self._jitter()
+            )
             m.permit_outcomes.labels(outcome=outcome.value).inc()
             if outcome is PermitOutcome.REJECTED:
                 m.permit_protocol_errors.inc()
                 log.error(
                     "permit_rejected",
                     permit_vcpus=vcpus,
+                    permit_memory_bytes=memory,
                     usage_vcpus=call.usage_vcpus,
                     requested_vcpus=call.requested_vcpus,
                     extender_reason=answer.reason,
@@ -367,6 +526,7 @@ class VmRunner:
                     "permit_answered",
                     outcome=outcome.value,
                     permit_vcpus=vcpus,
+                    permit_memory_bytes=memory,
                     requested_vcpus=call.requested_vcpus,
                     extender_reason=answer.reason,
                 )

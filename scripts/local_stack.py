@@ -289,6 +289,13 @@ class Guest:
         assert isinstance(answer, list)
         return len(answer)
 
+    def query_plugged_memory(self) -> int:
+        """Bytes the guest has plugged into the virtio-mem device (QMP query-memory-devices;
+        0 without one)."""
+        answer = qmp_execute(self.control_socket(), "query-memory-devices")
+        assert isinstance(answer, list)
+        return sum(int(d["data"]["size"]) for d in answer if d.get("type") == "virtio-mem")
+
     def type(self, command: str, *, timeout_seconds: float = 30.0) -> str:
         """Run ``command`` in the guest's root shell; its output (up to a marker we wait for).
 
@@ -356,6 +363,7 @@ def start_runner(
     min_vcpus: int = 1,
     max_vcpus: int = 4,
     memory: str = "512Mi",
+    max_memory: str | None = None,
     accel: str = "tcg",
     grace_seconds: float = 10,
 ) -> Guest:
@@ -372,6 +380,7 @@ def start_runner(
             "--accel", accel, "--qmp-socket", str(qmp_socket),
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
             "--grace-seconds", str(grace_seconds),
+            *(["--max-memory", max_memory] if max_memory is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip
@@ -412,6 +421,9 @@ class VmPod:
     min_vcpus: int = 1
     max_vcpus: int = 4
     memory: str = "512Mi"
+    # With max_memory: min-memory/max-memory annotations (the runner's --memory/--max-memory).
+    max_memory: str | None = None
+    memory_unit: str | None = None
 
     @property
     def key(self) -> str:
@@ -430,6 +442,19 @@ def write_cluster(path: Path, vm: VmPod, *, node_cpu: str, foreign_cpu: str | No
             "annotations": {
                 "vm-autoscaling.io/min-vcpus": str(vm.min_vcpus),
                 "vm-autoscaling.io/max-vcpus": str(vm.max_vcpus),
+                **(
+                    {
+                        "vm-autoscaling.io/min-memory": vm.memory,
+                        "vm-autoscaling.io/max-memory": vm.max_memory,
+                    }
+                    if vm.max_memory is not None
+                    else {}
+                ),
+                **(
+                    {"vm-autoscaling.io/memory-unit": vm.memory_unit}
+                    if vm.memory_unit is not None
+                    else {}
+                ),
             },
             "requests": {"cpu": str(vm.min_vcpus), "memory": vm.memory},
         }
@@ -467,6 +492,12 @@ class Extender:
     def node(self, name: str) -> dict[str, Any]:
         node: dict[str, Any] = next(n for n in self.state()["nodes"] if n["name"] == name)
         return node
+
+    def reserved_memory(self, vm: VmPod) -> int:
+        """What the ledger holds for the VM's memory (its last permit), in bytes."""
+        allocation = next(a for a in self.node(vm.node)["allocations"] if a["uid"] == vm.uid)
+        memory: int = allocation["resources"]["memoryBytes"]
+        return memory
 
     def reserved_millis(self, vm: VmPod) -> int:
         """What the ledger holds for the VM (its last permit), in milliCPU."""
@@ -581,6 +612,8 @@ def write_agent_files(
                 "min_vcpus": vm.min_vcpus,
                 "max_vcpus": vm.max_vcpus,
                 "memory": vm.memory,
+                **({"max_memory": vm.max_memory} if vm.max_memory is not None else {}),
+                **({"memory_unit": vm.memory_unit} if vm.memory_unit is not None else {}),
                 "hypervisor": f"qmp:///{qmp_socket.name}",
                 "metrics_url": metrics_url,
             }
@@ -590,6 +623,35 @@ def write_agent_files(
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     vms_path.write_text(yaml.safe_dump(vms, sort_keys=False))
     return config_path, vms_path, port
+
+
+def start_extender_and_agent(
+    workdir: Path,
+    guest: Guest,
+    vm: VmPod,
+    *,
+    node_cpu: str,
+    foreign_cpu: str | None = None,
+    agent_config: dict[str, Any],
+    started: list[Service],
+) -> tuple[Extender, Agent]:
+    """A one-node extender holding ``vm`` (and maybe a foreign pod) and an agent for ``guest``;
+    each service is appended to ``started`` as soon as it runs, so the caller stops it even if
+    a later step fails."""
+    write_cluster(workdir / "cluster.yaml", vm, node_cpu=node_cpu, foreign_cpu=foreign_cpu)
+    extender = start_extender(workdir, workdir / "cluster.yaml")
+    started.append(extender.service)
+    config, vms, port = write_agent_files(
+        workdir,
+        vm,
+        extender=extender,
+        qmp_socket=guest.qmp_socket,
+        metrics_url=guest.metrics_url,
+        base_config=agent_config,
+    )
+    agent = start_agent(workdir, vm, config=config, vms=vms, port=port)
+    started.append(agent.service)
+    return extender, agent
 
 
 def start_agent(workdir: Path, vm: VmPod, *, config: Path, vms: Path, port: int) -> Agent:

@@ -28,6 +28,9 @@ MODULES = (
     "kernel/drivers/virtio/virtio_pci_legacy_dev.ko",
     "kernel/drivers/virtio/virtio_pci_modern_dev.ko",
     "kernel/drivers/virtio/virtio_pci.ko",
+    # virtio-mem (memory hot-plug in small blocks): depends on virtio and virtio_ring only
+    # (``depends=`` in its modinfo; the Debian package ships no modules.dep).
+    "kernel/drivers/virtio/virtio_mem.ko",
     "kernel/net/core/failover.ko",
     "kernel/drivers/net/net_failover.ko",
     "kernel/drivers/net/virtio_net.ko",

@@ -62,7 +62,21 @@ def make_parser() -> argparse.ArgumentParser:
     sizing.add_argument(
         "--memory",
         default="512Mi",
-        help="guest RAM: bytes, or with a Ki, Mi or Gi suffix (default: %(default)s)",
+        help="guest RAM at boot, also the memory floor: bytes, or with a Ki, Mi or Gi suffix "
+        "(default: %(default)s)",
+    )
+    sizing.add_argument(
+        "--max-memory",
+        help="most guest RAM (the pod's max-memory annotation): memory above --memory is a "
+        "virtio-mem device the autoscaler plugs and unplugs live, starting unplugged; "
+        "default: --memory (no memory hot-plug)",
+    )
+    sizing.add_argument(
+        "--memory-block-size",
+        default="2Mi",
+        help="virtio-mem block size, the granularity of plug and unplug (a power of two; "
+        "--max-memory minus --memory and the memory-unit must be multiples of it); small "
+        "blocks let a shrink succeed in a fragmented guest (default: %(default)s)",
     )
     machine = parser.add_argument_group("machine")
     machine.add_argument(
@@ -146,6 +160,8 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         min_vcpus=args.min_vcpus,
         max_vcpus=args.max_vcpus,
         memory_bytes=parse_memory(args.memory),
+        max_memory_bytes=None if args.max_memory is None else parse_memory(args.max_memory),
+        memory_block_bytes=parse_memory(args.memory_block_size),
         accel=accel,
         qmp_socket=args.qmp_socket,
         control_socket=control_socket,

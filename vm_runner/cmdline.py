@@ -22,6 +22,25 @@ _MEMORY_UNITS = {"": 1, "Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
 # restarts instead of hanging. quiet: under TCG every console byte is emulated UART work.
 BASE_KERNEL_ARGS = ("console=ttyS0", "panic=-1", "quiet")
 DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
+# With hot-pluggable memory (max_memory_bytes above memory_bytes): the kernel onlines every memory
+# block virtio-mem adds, into ZONE_MOVABLE. The Debian cloud kernel has no default online policy
+# (CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE unset), so without this the new memory stays offline;
+# and only movable memory can be unplugged again, because the kernel never puts its own
+# unmovable allocations there. The price: movable memory holds no kernel data (page tables,
+# slab, the memmap of the hot-plugged memory itself, ~1.6% of it), so the boot memory must
+# carry those for the whole VM: keep max memory within a few times the boot memory (Linux's own
+# auto-movable online policy allows 3x by default).
+MEMORY_HOTPLUG_KERNEL_ARGS = ("memhp_default_state=online_movable",)
+# virtio-mem's block size: the unit in which memory is plugged and unplugged. 2 MiB (QEMU's
+# default on x86, the THP size) rather than 128 MiB (a whole Linux memory block): the guest then
+# unplugs in 2 MiB pieces, so a shrink succeeds as far as there are free 2 MiB ranges, instead
+# of needing a whole free 128 MiB block (which a few pinned pages anywhere in it prevent). The
+# cost, a bitmap of sub-blocks in the guest driver, is negligible. Every size the agent asks
+# for (``memory-unit`` steps from ``min-memory``) must be a multiple of it.
+DEFAULT_MEMORY_BLOCK_BYTES = 2 * MIB
+# The virtio-mem device's QOM id; the agent finds the device through query-memory-devices, so
+# it does not depend on this name, but the runner's own logs and tests do.
+VIRTIO_MEM_ID = "vmem0"
 
 
 class Accel(enum.Enum):
@@ -57,6 +76,9 @@ class VmSpec:
     min_vcpus: int
     max_vcpus: int
     memory_bytes: int
+    # Most memory the VM may grow to; None (or == memory_bytes): no memory hot-plug device.
+    max_memory_bytes: int | None = None
+    memory_block_bytes: int = DEFAULT_MEMORY_BLOCK_BYTES
     accel: Accel
     qmp_socket: str
     control_socket: str
@@ -72,6 +94,19 @@ class VmSpec:
             raise ValueError(
                 f"memory must be a positive whole number of MiB, got {self.memory_bytes}"
             )
+        block = self.memory_block_bytes
+        if block < MIB or block & (block - 1):
+            raise ValueError(f"memory block size must be a power of two >= 1Mi, got {block}")
+        if self.max_memory_bytes is not None:
+            if self.max_memory_bytes < self.memory_bytes:
+                raise ValueError(
+                    f"max memory ({self.max_memory_bytes}) must be >= memory ({self.memory_bytes})"
+                )
+            if (self.max_memory_bytes - self.memory_bytes) % block:
+                raise ValueError(
+                    f"max memory minus memory ({self.max_memory_bytes - self.memory_bytes}) must"
+                    f" be a whole number of memory blocks ({block // MIB}Mi)"
+                )
         if self.accel is Accel.AUTO:
             raise ValueError("accel must be resolved (resolve_accel) before building a VmSpec")
 
@@ -123,6 +158,40 @@ def _socket_chardev(chardev_id: str, path: str) -> str:
     return f"socket,id={chardev_id},path={_escape(path)},server=on,wait=off"
 
 
+def has_memory_hotplug(spec: VmSpec) -> bool:
+    return spec.max_memory_bytes is not None and spec.max_memory_bytes > spec.memory_bytes
+
+
+def _memory_option(spec: VmSpec) -> str:
+    boot = f"{spec.memory_bytes // MIB}M"
+    if not has_memory_hotplug(spec):
+        return boot
+    # maxmem reserves the guest-physical room the virtio-mem device lives in. No DIMM slots:
+    # virtio-mem needs none (QEMU 7.2 accepts maxmem without slots).
+    assert spec.max_memory_bytes is not None
+    return f"{boot},maxmem={spec.max_memory_bytes // MIB}M"
+
+
+def _virtio_mem_options(spec: VmSpec) -> list[str]:
+    """A RAM backend of (max - boot) memory and the virtio-mem device on it, plugged at 0.
+
+    The backend is an anonymous mapping that QEMU does not preallocate: the host only gives the
+    VM the pages the guest touches, and virtio-mem discards the pages of every block the guest
+    unplugs, so a shrink returns memory to the host too. ``requested-size=0``: the VM starts at
+    its minimum; the autoscaler agent raises it over QMP (``qom-set``).
+    """
+    assert spec.max_memory_bytes is not None
+    size = (spec.max_memory_bytes - spec.memory_bytes) // MIB
+    block = spec.memory_block_bytes // MIB
+    return [
+        "-object",
+        f"memory-backend-ram,id={VIRTIO_MEM_ID}-ram,size={size}M",
+        "-device",
+        f"virtio-mem-pci,id={VIRTIO_MEM_ID},memdev={VIRTIO_MEM_ID}-ram,"
+        f"block-size={block}M,requested-size=0",
+    ]
+
+
 def build_qemu_command(spec: VmSpec) -> list[str]:
     """The full argv (binary first) that runs ``spec``."""
     argv = [
@@ -140,14 +209,22 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
         "-smp",
         f"{spec.min_vcpus},maxcpus={spec.max_vcpus}",
         "-m",
-        f"{spec.memory_bytes // MIB}M",
+        _memory_option(spec),
         "-kernel",
         spec.kernel,
     ]
     if spec.initrd is not None:
         argv += ["-initrd", spec.initrd]
-    kernel_args = [*BASE_KERNEL_ARGS, *(DISK_KERNEL_ARGS if spec.disk else ()), *spec.kernel_args]
+    hotplug = has_memory_hotplug(spec)
+    kernel_args = [
+        *BASE_KERNEL_ARGS,
+        *(DISK_KERNEL_ARGS if spec.disk else ()),
+        *(MEMORY_HOTPLUG_KERNEL_ARGS if hotplug else ()),
+        *spec.kernel_args,
+    ]
     argv += ["-append", " ".join(kernel_args)]
+    if hotplug:
+        argv += _virtio_mem_options(spec)
     if spec.disk is not None:
         argv += ["-drive", f"file={_escape(spec.disk)},if=virtio,format=raw,cache=none,aio=threads"]
     hostfwd = "".join(

@@ -1,22 +1,24 @@
-"""The agent's hypervisor layer: resize a VM's vCPUs through QEMU (QMP) or cloud-hypervisor.
+"""The agent's hypervisor layer: resize a VM's vCPUs and memory through QEMU (QMP) or
+cloud-hypervisor.
 
 Shell: clients only. They translate one call into the hypervisor's API and its answers into
 ``errors``; they hold no policy (sizes, retries, backoff belong to ``autoscaler_agent.core``).
 
 Modules:
-    base              the ``Hypervisor`` protocol and ``VcpuState``
+    base              the ``Hypervisor`` protocol, ``VcpuState`` and ``MemoryState``
     errors            the error tree, with ``is_retryable``
     ch_api            cloud-hypervisor wire types and status mapping (pure)
     cloud_hypervisor  HTTP over the VM's API socket
     ch_remote         the ``ch-remote`` CLI
-    qmp               QEMU's QMP: vCPU hot-plug and unplug
+    qmp               QEMU's QMP: vCPU hot-plug and unplug, virtio-mem resize
     factory           ``hypervisor_from_url`` for the pod's ``hypervisor`` annotation
 """
 
-from autoscaler_agent.hypervisor.base import Hypervisor, VcpuState
+from autoscaler_agent.hypervisor.base import Hypervisor, MemoryState, VcpuState
 from autoscaler_agent.hypervisor.errors import (
     HypervisorError,
     HypervisorUnavailable,
+    MemoryResizeIncomplete,
     QmpCommandFailed,
     ResizeInProgress,
     ResizeRejected,
@@ -30,6 +32,8 @@ __all__ = [
     "Hypervisor",
     "HypervisorError",
     "HypervisorUnavailable",
+    "MemoryResizeIncomplete",
+    "MemoryState",
     "QmpCommandFailed",
     "ResizeInProgress",
     "ResizeRejected",

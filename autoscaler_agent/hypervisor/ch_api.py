@@ -19,7 +19,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.hypervisor.errors import (
     HypervisorError,
     ResizeInProgress,
@@ -38,6 +38,16 @@ class CpusConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_vcpus: AtLeastOne
 
 
+class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True):
+    # ``size``: boot memory; ``hotplug_size``: the hot-plug region (virtio-mem or ACPI) above
+    # it; ``hotplugged_size``: what vm.resize last plugged there (cloud-hypervisor updates it
+    # on every memory resize; absent or null when nothing is plugged).
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    hotplug_size: int | None = None
+    hotplugged_size: int | None = None
+    hotplug_method: str = "Acpi"
+
+
 class PayloadConfig(msgspec.Struct, frozen=True, kw_only=True):
     kernel: str | None = None
     firmware: str | None = None
@@ -47,6 +57,8 @@ class VmConfig(msgspec.Struct, frozen=True, kw_only=True):
     # The spec makes ``payload`` required and ``cpus`` optional; we follow it.
     payload: PayloadConfig
     cpus: CpusConfig = CpusConfig(boot_vcpus=DEFAULT_VCPUS, max_vcpus=DEFAULT_VCPUS)
+    # Optional in the spec, with cloud-hypervisor's default of 512 MiB.
+    memory: MemoryConfig = MemoryConfig(size=512 * 2**20)
 
 
 VmStateName = Literal["Created", "Running", "Shutdown", "Paused", "BreakPoint"]
@@ -61,9 +73,40 @@ class VmInfo(msgspec.Struct, frozen=True, kw_only=True):
     def vcpus(self) -> VcpuState:
         return VcpuState(current=self.config.cpus.boot_vcpus, max=self.config.cpus.max_vcpus)
 
+    @property
+    def memory(self) -> MemoryState:
+        """Boot memory plus what is hot-plugged, as cloud-hypervisor's config records it.
+
+        ``memory_actual_size`` is not used: it is the size minus the balloon, and says nothing
+        about virtio-mem. Nor does vm.info tell the guest's plugged size apart from the
+        requested one, so for cloud-hypervisor a shrink the guest cannot complete is only seen
+        from inside the guest (MemTotal), not here.
+        """
+        m = self.config.memory
+        plugged = m.hotplugged_size or 0
+        room = m.hotplug_size or 0
+        # virtio-mem plugs in 2 MiB blocks; ACPI hot-plug in 128 MiB DIMMs.
+        block = (2 if m.hotplug_method == "VirtioMem" else 128) * 2**20 if room else 0
+        return MemoryState(current=m.size + plugged, min=m.size, max=m.size + room, block=block)
+
 
 class VmResize(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     desired_vcpus: AtLeastOne | None = None
+    # The VM's whole memory in bytes (boot plus hot-plugged), not the hot-plugged part.
+    desired_ram: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+def check_memory_target(state: MemoryState, memory_bytes: int) -> None:
+    """Raise ``ResizeRejected`` unless ``memory_bytes`` is min plus whole blocks, <= max."""
+    if not state.min <= memory_bytes <= state.max:
+        raise ResizeRejected(
+            f"cannot resize memory to {memory_bytes} bytes: outside {state.min}..{state.max}"
+        )
+    if state.block and (memory_bytes - state.min) % state.block:
+        raise ResizeRejected(
+            f"cannot resize memory to {memory_bytes} bytes: not the boot memory plus whole "
+            f"{state.block}-byte blocks"
+        )
 
 
 VM_INFO_DECODER: Final = msgspec.json.Decoder(VmInfo)

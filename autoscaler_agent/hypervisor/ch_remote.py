@@ -16,7 +16,8 @@ from typing import Final
 import structlog
 
 from autoscaler_agent.hypervisor import ch_api
-from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
+from autoscaler_agent.hypervisor.cloud_hypervisor import resize_memory_with
 from autoscaler_agent.hypervisor.errors import HypervisorUnavailable, ResizeRejected
 
 DEFAULT_BINARY: Final = "ch-remote"
@@ -110,6 +111,15 @@ class ChRemoteClient:
             after=after.current,
         )
         return after
+
+    async def memory(self) -> MemoryState:
+        return (ch_api.decode_vm_info(await self._call("vm.info", "info"))).memory
+
+    async def resize_memory(self, memory_bytes: int) -> MemoryState:
+        async def run() -> None:
+            await self._call("vm.resize", "resize", "--memory", f"{memory_bytes}")
+
+        return await resize_memory_with(self.memory, run, memory_bytes, hypervisor="ch-remote")
 
     async def close(self) -> None:
         """Nothing to release: each call is its own process."""

@@ -7,6 +7,7 @@ truth) and makes no decisions: it does not retry, back off or pick a size.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
@@ -14,13 +15,47 @@ import aiohttp
 import structlog
 
 from autoscaler_agent.hypervisor import ch_api
-from autoscaler_agent.hypervisor.base import VcpuState
-from autoscaler_agent.hypervisor.errors import HypervisorUnavailable, ResizeRejected
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
+from autoscaler_agent.hypervisor.errors import (
+    HypervisorUnavailable,
+    MemoryResizeIncomplete,
+    ResizeRejected,
+)
 
 BASE_URL: Final = "http://localhost/api/v1"
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 
 log = structlog.get_logger()
+
+
+async def resize_memory_with(
+    read: Callable[[], Awaitable[MemoryState]],
+    resize: Callable[[], Awaitable[None]],
+    memory_bytes: int,
+    *,
+    hypervisor: str,
+) -> MemoryState:
+    """cloud-hypervisor's memory resize, whichever way it is reached (API socket or ch-remote):
+    read, check the target, resize, read again; the size in effect is what vm.info says."""
+    before = await read()
+    if memory_bytes == before.current:
+        return before
+    ch_api.check_memory_target(before, memory_bytes)
+    await resize()
+    after = await read()
+    log.info(
+        "memory_resized",
+        hypervisor=hypervisor,
+        before=before.current,
+        requested=memory_bytes,
+        after=after.current,
+    )
+    if after.current != memory_bytes:
+        raise MemoryResizeIncomplete(
+            f"resizing memory to {memory_bytes} bytes left {after.current} in effect",
+            state=after,
+        )
+    return after
 
 
 class CloudHypervisorClient:
@@ -96,6 +131,20 @@ class CloudHypervisorClient:
             after=after.current,
         )
         return after
+
+    async def memory(self) -> MemoryState:
+        return (await self.vm_info()).memory
+
+    async def resize_memory(self, memory_bytes: int) -> MemoryState:
+        async def put() -> None:
+            request = ch_api.ENCODER.encode(ch_api.VmResize(desired_ram=memory_bytes))
+            status, body = await self._request("PUT", "vm.resize", request)
+            if status != 204:
+                raise ch_api.error_for_status(status, body, operation="vm.resize")
+
+        return await resize_memory_with(
+            self.memory, put, memory_bytes, hypervisor="cloud-hypervisor"
+        )
 
     async def close(self) -> None:
         if self._session is not None:

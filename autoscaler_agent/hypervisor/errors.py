@@ -17,6 +17,10 @@ QMP error class: the clients translate those here, once.
     ├── UnplugNotCompleted          no             QEMU: the guest did not release a vCPU in
     │                                              time (or cannot: no guest); ``.state`` is
     │                                              what is in effect afterwards
+    ├── MemoryResizeIncomplete      no             the guest did not plug or unplug all the
+    │                                              memory asked for (a shrink of memory in
+    │                                              use, no virtio-mem driver); ``.state`` is
+    │                                              what is in effect afterwards
     └── UnexpectedResponse          no             an answer the client cannot interpret
         └── QmpCommandFailed        no             a QMP command answered ``{"error": ...}``
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 
 
 class HypervisorError(Exception):
@@ -76,6 +80,19 @@ class UnplugNotCompleted(HypervisorError):
     @property
     def vcpus_in_effect(self) -> int:
         return self.state.current
+
+
+class MemoryResizeIncomplete(HypervisorError):
+    """The guest stopped short of the memory size asked for; ``state`` is what is in effect.
+
+    Not retryable: the guest gave what it could (for a shrink, the rest is in use), and the
+    device was set to the size reached, so asking again at once would only repeat the wait.
+    The caller takes ``state`` as the truth and decides again later.
+    """
+
+    def __init__(self, message: str, *, state: MemoryState, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
+        self.state = state
 
 
 class UnexpectedResponse(HypervisorError):

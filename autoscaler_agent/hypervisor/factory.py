@@ -19,7 +19,12 @@ from urllib.parse import unquote, urlsplit
 from autoscaler_agent.hypervisor.base import Hypervisor
 from autoscaler_agent.hypervisor.ch_remote import DEFAULT_BINARY, ChRemoteClient
 from autoscaler_agent.hypervisor.cloud_hypervisor import CloudHypervisorClient
-from autoscaler_agent.hypervisor.qmp import DEFAULT_UNPLUG_TIMEOUT_SECONDS, QmpClient
+from autoscaler_agent.hypervisor.qmp import (
+    DEFAULT_MEMORY_RESIZE_TIMEOUT_SECONDS,
+    DEFAULT_MEMORY_STALL_SECONDS,
+    DEFAULT_UNPLUG_TIMEOUT_SECONDS,
+    QmpClient,
+)
 
 SCHEMES: Final = ("qmp", "cloud-hypervisor", "ch-remote")
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
@@ -61,16 +66,22 @@ def hypervisor_from_url(
     root: Path,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     unplug_timeout_seconds: float = DEFAULT_UNPLUG_TIMEOUT_SECONDS,
+    memory_stall_seconds: float = DEFAULT_MEMORY_STALL_SECONDS,
+    memory_resize_timeout_seconds: float = DEFAULT_MEMORY_RESIZE_TIMEOUT_SECONDS,
     ch_remote_binary: str = DEFAULT_BINARY,
 ) -> Hypervisor:
     """The client for ``url``. ``timeout_seconds`` bounds each request (or CLI run);
-    ``unplug_timeout_seconds`` is how long QEMU shrinks wait for the guest."""
+    ``unplug_timeout_seconds`` is how long QEMU vCPU shrinks wait for the guest; a QEMU memory
+    resize waits while the guest makes progress, until it stalls ``memory_stall_seconds`` or
+    ``memory_resize_timeout_seconds`` pass."""
     scheme, path = socket_path_from_url(url, root=root)
     if scheme == "qmp":
         return QmpClient(
             path,
             command_timeout_seconds=timeout_seconds,
             unplug_timeout_seconds=unplug_timeout_seconds,
+            memory_stall_seconds=memory_stall_seconds,
+            memory_resize_timeout_seconds=memory_resize_timeout_seconds,
         )
     if scheme == "cloud-hypervisor":
         return CloudHypervisorClient(path, timeout_seconds=timeout_seconds)

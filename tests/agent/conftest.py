@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.discovery import VmTarget
 from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, TokenFile
+from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.policy import PolicyConfig
 from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
@@ -46,7 +47,18 @@ class World:
     def metrics(self) -> AgentMetrics:
         return self.deps.metrics
 
-    def vm(self, name, *, current=2, min_vcpus=1, max_vcpus=8, load=0.0, permitted=None):
+    def vm(
+        self,
+        name,
+        *,
+        current=2,
+        min_vcpus=1,
+        max_vcpus=8,
+        load=0.0,
+        permitted=None,
+        memory=GiB,
+        max_memory=None,
+    ):
         target = VmTarget(
             namespace="default",
             name=name,
@@ -55,14 +67,16 @@ class World:
             spec=VmSpec(
                 min_vcpus=min_vcpus,
                 max_vcpus=max_vcpus,
-                min_memory_bytes=GiB,
-                max_memory_bytes=GiB,
+                min_memory_bytes=memory,
+                max_memory_bytes=max_memory or memory,
             ),
             hypervisor_url=f"qmp:///run/{name}.sock",
             metrics_url=self.metrics_app.url(self.metrics_base, name),
             permitted_vcpus=permitted,
         )
-        self.hypervisors[target.key] = FakeHypervisor(current=current, max_vcpus=max_vcpus)
+        self.hypervisors[target.key] = FakeHypervisor(
+            current=current, max_vcpus=max_vcpus, memory=memory, max_memory=max_memory
+        )
         self.metrics_app.loads[name] = load
         return target
 
@@ -77,6 +91,7 @@ CORE = CoreConfig(
     backoff_initial_seconds=0.05,
     backoff_max_seconds=0.2,
     resize_failure_hold_seconds=0.5,
+    memory=MemoryPolicyConfig(shrink_after_seconds=0.5, lookahead_seconds=0.2),
 )
 
 

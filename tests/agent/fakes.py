@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from autoscaler_agent.hypervisor import HypervisorError, VcpuState
+from autoscaler_agent.hypervisor import (
+    HypervisorError,
+    MemoryResizeIncomplete,
+    MemoryState,
+    VcpuState,
+)
 from protocol.codec import ProtocolError, decode, encode
 from protocol.permits import (
     ErrorBody,
@@ -66,6 +71,9 @@ class FakeExtender:
         self.capacity_vcpus = capacity_vcpus
         self.token = token
         self.reserved: dict[str, int] = {}
+        # Memory is always granted as asked (the real extender's memory rules are its own
+        # tests'); this records what each VM was last permitted.
+        self.reserved_memory: dict[str, int] = {}
         self.batches: list[ResourceRequestBatch] = []
         self.fail_status: int | None = None
         self.delay_seconds = 0.0
@@ -130,6 +138,7 @@ class FakeExtender:
                 status, reason = PermitStatus.PARTIAL, f"node has {free} free"
         new = self.override.get(uid, new)
         self.reserved[uid] = new
+        self.reserved_memory[uid] = req.requested.memory_bytes
         return Permit(
             pod=req.pod,
             permit=Resources(vcpus=new, memory_bytes=req.requested.memory_bytes),
@@ -150,6 +159,8 @@ class SyntheticMetrics:
         self.loads: dict[str, float] = {}
         self.online: dict[str, int] = {}
         self.broken: set[str] = set()
+        # Per VM, if set: () -> (MemTotal, MemAvailable) in bytes, read at every scrape.
+        self.memory: dict[str, Callable[[], tuple[float, float]]] = {}
         self.scrapes = 0
         # Per VM: (loop time of the last scrape, busy seconds, idle seconds) summed over CPUs.
         self._counters: dict[str, tuple[float, float, float]] = {}
@@ -184,12 +195,13 @@ class SyntheticMetrics:
         if name in self.broken:
             return web.Response(text="node_load1{ garbage\n")
         load = self.loads.get(name, 0.0)
+        total, available = self.memory[name]() if name in self.memory else (2.0**30, 2.0**29)
         text = (
             "# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\n"
             f"node_load1 {load}\n"
-            "# TYPE node_memory_MemTotal_bytes gauge\nnode_memory_MemTotal_bytes 1.073741824e+09\n"
+            f"# TYPE node_memory_MemTotal_bytes gauge\nnode_memory_MemTotal_bytes {total}\n"
             "# TYPE node_memory_MemAvailable_bytes gauge\n"
-            "node_memory_MemAvailable_bytes 5.36870912e+08\n"
+            f"node_memory_MemAvailable_bytes {available}\n"
         ) + self._cpu_lines(name, load)
         return web.Response(text=text, content_type="text/plain")
 
@@ -201,9 +213,26 @@ class FakeHypervisor:
     the time a hot-plug takes. ``resized_at`` records (loop time, vcpus) of every success.
     """
 
-    def __init__(self, *, current: int, max_vcpus: int, resize_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        current: int,
+        max_vcpus: int,
+        resize_seconds: float = 0.0,
+        memory: int = 2**30,
+        max_memory: int | None = None,
+        block: int = 2 * 2**20,
+    ) -> None:
         self.current = current
         self.max_vcpus = max_vcpus
+        # Memory: boot size ``memory`` (also the floor), up to ``max_memory`` (None: no device).
+        self.memory_min = memory
+        self.memory_current = memory
+        self.memory_max = max_memory if max_memory is not None else memory
+        self.block = block
+        # A guest holding memory: a shrink stops here (MemoryResizeIncomplete), like QEMU's.
+        self.memory_in_use: int = 0
+        self.memory_calls: list[int] = []
         self.resize_seconds = resize_seconds
         self.errors: list[HypervisorError] = []
         self.calls: list[int] = []
@@ -223,6 +252,33 @@ class FakeHypervisor:
         self.current = vcpus
         self.resized_at.append((asyncio.get_running_loop().time(), vcpus))
         return VcpuState(current=self.current, max=self.max_vcpus)
+
+    def _memory_state(self) -> MemoryState:
+        return MemoryState(
+            current=self.memory_current,
+            min=self.memory_min,
+            max=self.memory_max,
+            block=self.block if self.memory_max > self.memory_min else 0,
+        )
+
+    async def memory(self) -> MemoryState:
+        return self._memory_state()
+
+    async def resize_memory(self, memory_bytes: int) -> MemoryState:
+        self.memory_calls.append(memory_bytes)
+        if self.resize_seconds:
+            await asyncio.sleep(self.resize_seconds)
+        if self.errors:
+            raise self.errors.pop(0)
+        assert self.memory_min <= memory_bytes <= self.memory_max, memory_bytes
+        floor = max(self.memory_min, self.memory_in_use)
+        self.memory_current = max(memory_bytes, floor)
+        if self.memory_current != memory_bytes:
+            raise MemoryResizeIncomplete(
+                f"shrinking memory to {memory_bytes} stopped at {self.memory_current}",
+                state=self._memory_state(),
+            )
+        return self._memory_state()
 
     async def close(self) -> None:
         self.closed += 1

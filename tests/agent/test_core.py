@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from autoscaler_agent.core import (
     Actions,
     CallKind,
     CoreConfig,
+    MemoryResize,
     PermitCall,
     PermitOutcome,
     Resize,
     VmState,
 )
+from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.policy import PolicyConfig, Samples
 from protocol.annotations import VmSpec
 from tests.agent.clock import FakeClock
@@ -370,3 +373,158 @@ def test_a_stopped_load_is_shrunk_and_given_back_within_a_minute(clock):
     assert (vm.current_vcpus, vm.permit_vcpus) == (1, 1)
     assert shrunk_at - stopped_at <= 32  # the first idle scrape, then the 30 s window
     assert vm.samples is not None and vm.samples.load1 is not None and vm.samples.load1 > 3.0
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+MiB = 2**20
+MEM_SPEC = VmSpec(min_vcpus=1, max_vcpus=8, min_memory_bytes=512 * MiB, max_memory_bytes=4 * GiB)
+KEPT = 88 * MiB  # what the guest kernel keeps: MemTotal = VM size - KEPT
+
+
+def mem_samples(current_memory, used, load1=0.5):
+    total = current_memory - KEPT
+    return Samples(
+        load1=load1, memory_total_bytes=float(total), memory_available_bytes=float(total - used)
+    )
+
+
+def mem_started(clock, *, memory=512 * MiB, permit_memory=None, current=1, config=CONFIG):
+    vm = VmState(spec=MEM_SPEC, config=config, now=clock.now, permit_memory=permit_memory)
+    vm.next_actions(clock.now)
+    vm.scrape_started(clock.now)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(
+        clock.now, current_vcpus=current, max_vcpus=8, current_memory=memory, max_memory=4 * GiB
+    )
+    vm.scrape_failed(clock.now, "not yet")
+    return vm
+
+
+def mem_scrape(vm, clock, used):
+    clock.advance(1.0)
+    assert vm.next_actions(clock.now).scrape
+    vm.scrape_started(clock.now)
+    vm.metrics_scraped(clock.now, mem_samples(vm.current_memory, used))
+
+
+def test_memory_grow_asks_for_both_resources_in_one_request_then_resizes(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=400 * MiB)  # 24 MiB available: grow to 768 MiB
+    assert vm.desired_memory == 768 * MiB
+    actions = vm.next_actions(clock.now)
+    call = actions.request_permit
+    assert call is not None and actions.resize_memory is None  # permit first
+    assert (call.current_vcpus, call.requested_vcpus) == (1, 1)  # vCPUs steady
+    assert (call.current_memory_bytes, call.requested_memory_bytes) == (512 * MiB, 768 * MiB)
+    assert (call.last_permit_memory_bytes, call.usage_memory_bytes) == (512 * MiB, 512 * MiB)
+    assert call.kind is CallKind.REQUEST
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB) is PermitOutcome.GRANTED
+    assert vm.next_actions(clock.now).resize_memory == MemoryResize(
+        memory_bytes=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
+    )
+    vm.memory_resize_started(clock.now, 768 * MiB)
+    vm.memory_resized(clock.now, current_memory=768 * MiB)
+    assert vm.next_actions(clock.now).wait_seconds is not None
+    assert vm.next_actions(clock.now).request_permit is None
+
+
+def test_memory_partial_permit_grows_within_it_and_asks_again_later(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=640 * MiB) is PermitOutcome.PARTIAL
+    resize = vm.next_actions(clock.now).resize_memory
+    assert resize is not None and resize.memory_bytes == 640 * MiB
+    assert resize.reason.startswith("grow memory within permit")
+
+
+def test_memory_shrinks_first_then_gives_back_with_a_notice(clock):
+    vm2 = mem_started(
+        clock,
+        memory=2 * GiB,
+        permit_memory=2 * GiB,
+        config=msgspec.structs.replace(CONFIG, memory=MemoryPolicyConfig(shrink_after_seconds=2.0)),
+    )
+    for _ in range(3):
+        mem_scrape(vm2, clock, used=100 * MiB)
+    resize = vm2.next_actions(clock.now).resize_memory
+    assert resize is not None and resize.memory_bytes == 512 * MiB
+    assert vm2.next_actions(clock.now).notify_extender is None  # shrink first
+    vm2.memory_resize_started(clock.now, 512 * MiB)
+    vm2.memory_resized(clock.now, current_memory=512 * MiB)
+    notice = vm2.next_actions(clock.now).notify_extender
+    assert notice is not None and notice.kind is CallKind.NOTICE
+    assert (notice.current_memory_bytes, notice.requested_memory_bytes) == (2 * GiB, 512 * MiB)
+    assert (notice.current_vcpus, notice.requested_vcpus) == (1, 1)
+    vm2.permit_requested(clock.now, notice)
+    assert vm2.permit_granted(clock.now, 1, memory_bytes=512 * MiB) is PermitOutcome.RELEASED
+    assert vm2.permit_memory == 512 * MiB
+
+
+def test_a_shrink_the_guest_cannot_finish_reports_the_real_size_and_holds(clock):
+    config = msgspec.structs.replace(CONFIG, memory=MemoryPolicyConfig(shrink_after_seconds=2.0))
+    vm = mem_started(clock, memory=2 * GiB, permit_memory=2 * GiB, config=config)
+    for _ in range(3):
+        mem_scrape(vm, clock, used=100 * MiB)
+    resize = vm.next_actions(clock.now).resize_memory
+    vm.memory_resize_started(clock.now, resize.memory_bytes)
+    # The guest gave back only 512 MiB of the 1.5 GiB asked.
+    vm.memory_resize_failed(
+        clock.now, "stopped short", is_retryable=False, jitter=0.0, current_memory=1536 * MiB
+    )
+    assert vm.current_memory == 1536 * MiB and vm.current_vcpus == 1
+    notice = vm.next_actions(clock.now).notify_extender
+    # The extender is told what was really unplugged, never the size that was asked for.
+    assert (notice.current_memory_bytes, notice.requested_memory_bytes) == (2 * GiB, 1536 * MiB)
+    vm.permit_requested(clock.now, notice)
+    vm.permit_granted(clock.now, 1, memory_bytes=1536 * MiB)
+    # The same shrink is not retried while the hold lasts, even once a new window says so...
+    for _ in range(3):
+        mem_scrape(vm, clock, used=100 * MiB)
+    assert vm.desired_memory == 512 * MiB
+    assert vm.next_actions(clock.now).resize_memory is None
+    # ...only after it.
+    clock.advance(CONFIG.resize_failure_hold_seconds)
+    for _ in range(3):
+        mem_scrape(vm, clock, used=100 * MiB)
+    assert vm.next_actions(clock.now).resize_memory.memory_bytes == 512 * MiB
+
+
+def test_a_scrape_that_overlapped_a_memory_resize_holds_the_memory_goal(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    vm.permit_requested(clock.now, call)
+    vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB)
+    clock.advance(1.0)
+    vm.scrape_started(clock.now)  # in flight while the resize lands
+    vm.memory_resize_started(clock.now, 768 * MiB)
+    clock.advance(0.2)
+    vm.memory_resized(clock.now, current_memory=768 * MiB)
+    # Numbers from before the plug (24 MiB available) with the size after: not acted on.
+    vm.metrics_scraped(clock.now, mem_samples(512 * MiB, 400 * MiB))
+    assert vm.memory_goal is None
+    assert vm.next_actions(clock.now).request_permit is None
+
+
+def test_a_permit_below_the_memory_in_use_is_rejected(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=256 * MiB) is PermitOutcome.REJECTED
+    assert vm.permit_memory == 512 * MiB
+
+
+def test_coupled_memory_raises_the_vcpus_in_the_same_request(clock):
+    config = msgspec.structs.replace(
+        CONFIG, memory=MemoryPolicyConfig(memory_per_vcpu_bytes=512 * MiB)
+    )
+    vm = mem_started(clock, config=config)
+    mem_scrape(vm, clock, used=400 * MiB)  # memory wants 768 MiB: 2 units of 512 MiB
+    call = vm.next_actions(clock.now).request_permit
+    assert (call.current_vcpus, call.requested_vcpus) == (1, 2)
+    assert call.requested_memory_bytes == 1024 * MiB

@@ -261,3 +261,80 @@ async def test_a_permit_denied_for_long_marks_the_vm_stuck_until_it_grows(world)
     await eventually(lambda: world.sample("vmautoscale_agent_vm_stuck", vm) == 0)
     # No CPU counters from this guest: the grow cannot be timed to "online", so it is not.
     assert world.sample("vmautoscale_agent_grow_to_online_seconds_count") == 0
+
+
+MiB = 2**20
+KEPT = 88 * MiB  # what a guest kernel keeps of its memory: MemTotal = VM size - KEPT
+
+
+def guest_memory(world, target, used):
+    """The guest's meminfo follows the fake hypervisor's size; ``used`` is a dict to change."""
+    hv = world.hypervisors[target.key]
+
+    def meminfo():
+        total = hv.memory_current - KEPT
+        return float(total), float(max(0, total - used["bytes"]))
+
+    world.metrics_app.memory[target.name] = meminfo
+
+
+async def test_memory_grows_under_pressure_and_shrinks_back_with_the_extender_told(world):
+    target = world.vm("vm-1", current=1, load=0.1, memory=512 * MiB, max_memory=2 * 1024 * MiB)
+    hv = world.hypervisors[target.key]
+    used = {"bytes": 100 * MiB}
+    guest_memory(world, target, used)
+    await world.supervisor.apply({target.key: target})
+    await asyncio.sleep(0.3)
+    assert hv.memory_calls == []
+
+    used["bytes"] = 400 * MiB  # 24 MiB left: grow in one step
+    await eventually(lambda: hv.memory_current > 512 * MiB)
+    # One step, to at least 768 MiB (more: a jump this fast also projects ahead).
+    (grown,) = hv.memory_calls
+    assert grown >= 768 * MiB
+    grow = next(
+        r
+        for b in world.extender.batches
+        for r in b.requests
+        if r.requested.memory_bytes > r.current.memory_bytes
+    )
+    assert (grow.current.memory_bytes, grow.requested.memory_bytes) == (512 * MiB, grown)
+    assert grow.last_permit.memory_bytes == 512 * MiB
+    assert world.extender.reserved_memory["uid-vm-1"] == grown
+    key = ("vm", target.key)
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_memory_bytes", key) == grown)
+    await eventually(
+        lambda: (world.sample("vmautoscale_agent_memory_grow_to_online_seconds_count") or 0) == 1
+    )
+    assert world.sample("vmautoscale_agent_vm_online_memory_bytes", key) == grown
+
+    used["bytes"] = 100 * MiB  # the allocation ended: back to the minimum, extender told after
+    await eventually(lambda: world.extender.reserved_memory["uid-vm-1"] == 512 * MiB)
+    assert hv.memory_current == 512 * MiB
+    shrinks = ("direction", "shrink"), ("result", "ok")
+    assert world.sample("vmautoscale_agent_memory_resizes_total", *shrinks) >= 1
+
+
+async def test_a_refused_memory_shrink_is_reported_at_the_size_it_reached(world):
+    target = world.vm(
+        "vm-1", current=1, load=0.1, memory=512 * MiB, max_memory=2048 * MiB, permitted=1
+    )
+    hv = world.hypervisors[target.key]
+    hv.memory_current = 2048 * MiB
+    hv.memory_in_use = 1536 * MiB  # the guest cannot give back more than 512 MiB
+    used = {"bytes": 100 * MiB}
+    guest_memory(world, target, used)
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.extender.reserved_memory.get("uid-vm-1") == 1536 * MiB)
+    assert hv.memory_calls[0] == 512 * MiB  # asked for all of it...
+    assert hv.memory_current == 1536 * MiB  # ...got part, and the extender holds exactly that
+    notice = world.extender.batches[-1].requests[0]
+    assert (notice.current.memory_bytes, notice.requested.memory_bytes) == (2048 * MiB, 1536 * MiB)
+    assert (
+        world.sample(
+            "vmautoscale_agent_memory_resizes_total",
+            ("direction", "shrink"),
+            ("result", "incomplete"),
+        )
+        == 1
+    )

@@ -179,6 +179,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
     "scheduler-extender serve --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
     "autoscaler-agent --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
     "scripts/local_stack.py": (How.MENTION, "the module the bench and e2e tests import"),
+    "scripts/bench_memory.py": (
+        How.MENTION,
+        "a benchmark that boots a guest (minutes); test_help.py checks its --help",
+    ),
     "kubectl describe": (How.MENTION, "where Events show up"),
     "kubectl port-forward": (How.MENTION, "how the loopback verbs port is reached"),
     "kubectl kustomize": (How.MENTION, "what test_kustomize.py also runs when installed"),

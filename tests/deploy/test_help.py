@@ -44,6 +44,7 @@ PYTHON = {
     "scripts/bench_simulator.py": ["scripts/bench_simulator.py"],
     "scripts/bench_extender.py": ["scripts/bench_extender.py"],
     "scripts/bench_agent.py": ["scripts/bench_agent.py"],
+    "scripts/bench_memory.py": ["scripts/bench_memory.py"],
     "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
 }
 

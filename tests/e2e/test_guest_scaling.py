@@ -42,11 +42,8 @@ from scripts.local_stack import (
     VmPod,
     eventually,
     online_cpus,
-    start_agent,
-    start_extender,
+    start_extender_and_agent,
     value,
-    write_agent_files,
-    write_cluster,
 )
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -109,19 +106,15 @@ def make_stack(guest: Guest, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     def make(*, node_cpu: str, foreign_cpu: str | None = None) -> Stack:
         vm = VmPod(min_vcpus=guest.min_vcpus, max_vcpus=guest.max_vcpus)
         assert guest.query_vcpus() == vm.min_vcpus, "the previous test left the guest grown"
-        write_cluster(tmp_path / "cluster.yaml", vm, node_cpu=node_cpu, foreign_cpu=foreign_cpu)
-        extender = start_extender(tmp_path, tmp_path / "cluster.yaml")
-        started.append(extender.service)
-        config, vms, port = write_agent_files(
+        extender, agent = start_extender_and_agent(
             tmp_path,
+            guest,
             vm,
-            extender=extender,
-            qmp_socket=guest.qmp_socket,
-            metrics_url=guest.metrics_url,
-            base_config=AGENT_CONFIG,
+            node_cpu=node_cpu,
+            foreign_cpu=foreign_cpu,
+            agent_config=AGENT_CONFIG,
+            started=started,
         )
-        agent = start_agent(tmp_path, vm, config=config, vms=vms, port=port)
-        started.append(agent.service)
         return Stack(guest=guest, vm=vm, extender=extender, agent=agent)
 
     try:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A stand-in for cloud-hypervisor's ``ch-remote`` CLI: ``--api-socket PATH info|resize --cpus N``.
+"""A stand-in for cloud-hypervisor's ``ch-remote`` CLI: ``--api-socket PATH info|resize
+[--cpus N] [--memory SIZE]``.
 
 Speaks HTTP/1.1 to the API socket like the real one and answers like it (SOURCE.md): on 2xx it
 prints the body, if any, to stdout and exits 0; on any other status it prints
@@ -28,6 +29,14 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _size(text: str) -> int:
+    """Bytes, with an optional K, M or G suffix (powers of 1024), as ch-remote reads them."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ch-remote")
     parser.add_argument("--api-socket", required=True)
@@ -35,13 +44,19 @@ def main(argv: list[str]) -> int:
     commands.add_parser("info")
     resize = commands.add_parser("resize")
     resize.add_argument("--cpus", type=int)
+    resize.add_argument("--memory", type=_size)
     args = parser.parse_args(argv)
 
     if args.command == "info":
         method, endpoint, body = "GET", "vm.info", None
     else:
         method, endpoint = "PUT", "vm.resize"
-        body = json.dumps({"desired_vcpus": args.cpus} if args.cpus is not None else {})
+        resize: dict[str, int] = {}
+        if args.cpus is not None:
+            resize["desired_vcpus"] = args.cpus
+        if args.memory is not None:
+            resize["desired_ram"] = args.memory
+        body = json.dumps(resize)
     try:
         conn = _UnixConnection(args.api_socket)
         conn.request(

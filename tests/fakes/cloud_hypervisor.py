@@ -4,7 +4,9 @@ Covers ``GET /vmm.ping``, ``GET /vm.info`` and ``PUT /vm.resize`` as the OpenAPI
 SOURCE.md describe them: 204 on success (and ``config.cpus.boot_vcpus`` follows), 404 when no
 VM was created, 429 while a vCPU removal is still pending (here: the next
 ``busy_resizes_after_shrink`` resizes after a shrink), 400 for a body that is not a VmResize,
-500 for ``desired_vcpus`` above ``max_vcpus``. Error bodies are a JSON array of strings
+500 for ``desired_vcpus`` above ``max_vcpus``. ``desired_ram`` (the whole memory, in bytes)
+sets ``config.memory.hotplugged_size`` to what it asks above ``size`` (null at ``size``), and is
+a 500 below ``size`` or above ``size + hotplug_size``. Error bodies are a JSON array of strings
 (``error_format="v47"``, outermost first) or plain text (``"text"``, before v47).
 
 It is a test double: no real VM, no policy, and it must not be imported by production code.
@@ -34,6 +36,11 @@ class CloudHypervisorEmulator:
     # The ceiling vm.resize enforces, when it differs from what vm.info reports: lets a test
     # reach the 500 path, which a correct client never triggers on its own.
     resize_max_vcpus: int | None = None
+    memory_size: int = 512 * 2**20
+    hotplug_size: int | None = 1024 * 2**20
+    hotplugged_size: int | None = None
+    # Like resize_max_vcpus: the hot-plug room vm.resize enforces, when it differs from vm.info.
+    resize_hotplug_size: int | None = None
     # Seconds to sit on every request before answering (to exercise client timeouts).
     delay_seconds: float = 0.0
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -54,13 +61,20 @@ class CloudHypervisorEmulator:
                     "kvm_hyperv": False,
                     "max_phys_bits": 46,
                 },
-                "memory": {"size": 536870912, "shared": False, "hugepages": False},
+                "memory": {
+                    "size": self.memory_size,
+                    "hotplug_size": self.hotplug_size,
+                    "hotplugged_size": self.hotplugged_size,
+                    "hotplug_method": "VirtioMem",
+                    "shared": False,
+                    "hugepages": False,
+                },
                 "payload": {"kernel": "/var/lib/vm/vmlinux", "cmdline": "console=ttyS0"},
                 "iommu": False,
                 "watchdog": False,
             },
             "state": "Running",
-            "memory_actual_size": 536870912,
+            "memory_actual_size": self.memory_size + (self.hotplugged_size or 0),
             "device_tree": {},
         }
 
@@ -91,13 +105,31 @@ class CloudHypervisorEmulator:
     async def resize(self, request: web.Request) -> web.Response:
         await self._record(request)
         try:
-            desired = _desired_vcpus(await request.read())
+            raw = await request.read()
+            desired = _desired_vcpus(raw)
+            desired_ram = _desired_ram(raw)
         except ValueError as e:
             return self._error(400, ["Error from API", f"Failed to parse request body: {e}"])
         if not self.is_created:
             return self._error(
                 404, ["Error from API", "The VM could not be resized", "The VM is not created"]
             )
+        if desired_ram is not None:
+            room = self.hotplug_size or 0
+            if self.resize_hotplug_size is not None:
+                room = self.resize_hotplug_size
+            if not self.memory_size <= desired_ram <= self.memory_size + room:
+                return self._error(
+                    500,
+                    [
+                        "Error from API",
+                        "The VM could not be resized",
+                        "Error resizing VM: Memory manager error",
+                        f"Invalid amount of memory {desired_ram}",
+                    ],
+                )
+            plugged = desired_ram - self.memory_size
+            self.hotplugged_size = plugged or None
         if desired is None or desired == self.boot_vcpus:
             return web.Response(status=204)
         if self._busy_left > 0:
@@ -153,4 +185,12 @@ def _desired_vcpus(raw: bytes) -> int | None:
     desired = body.get("desired_vcpus")
     if desired is not None and (type(desired) is not int or desired < 0):
         raise ValueError(f"invalid value for desired_vcpus: {desired!r}, expected u32")
+    return desired
+
+
+def _desired_ram(raw: bytes) -> int | None:
+    """VmResize's ``desired_ram`` (u64), or ValueError like serde's."""
+    desired = json.loads(raw).get("desired_ram")
+    if desired is not None and (type(desired) is not int or desired < 0):
+        raise ValueError(f"invalid value for desired_ram: {desired!r}, expected u64")
     return desired

@@ -78,3 +78,12 @@ async def test_hung_cli_is_killed_at_the_timeout(ch_socket, emulator):
     client = ChRemoteClient(ch_socket, binary=FAKE_CH_REMOTE, timeout_seconds=0.5)
     with pytest.raises(HypervisorUnavailable, match=r"info did not finish within 0\.5 s"):
         await client.vcpus()
+
+
+async def test_resizes_memory_with_the_memory_flag(client, emulator):
+    mib = 2**20
+    after = await client.resize_memory(1024 * mib)
+    assert (after.current, after.max) == (1024 * mib, 1536 * mib)
+    puts = [json.loads(body) for method, _, body in emulator.requests if method == "PUT"]
+    assert puts == [{"desired_ram": 1024 * mib}]
+    assert (await client.resize_memory(512 * mib)).current == 512 * mib

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from autoscaler_agent.hypervisor import ch_api
-from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.hypervisor.cloud_hypervisor import CloudHypervisorClient
 from autoscaler_agent.hypervisor.errors import (
     HypervisorUnavailable,
@@ -147,3 +147,42 @@ async def test_slow_vmm_times_out_as_unavailable(ch_socket, emulator):
             await client.vcpus()
     finally:
         await client.close()
+
+
+MIB = 2**20
+
+
+async def test_reads_memory_from_vm_info_config(client, emulator):
+    emulator.hotplugged_size = 256 * MIB
+    assert await client.memory() == MemoryState(
+        current=768 * MIB, min=512 * MIB, max=1536 * MIB, block=2 * MIB
+    )
+
+
+@pytest.mark.parametrize(
+    ("start", "target"), [(None, 1024 * MIB), (512 * MIB, 512 * MIB)], ids=["grow", "shrink"]
+)
+async def test_resize_memory_puts_desired_ram_the_whole_size(client, emulator, start, target):
+    emulator.hotplugged_size = start
+    after = await client.resize_memory(target)
+    assert after.current == target
+    puts = [json.loads(body) for method, _, body in emulator.requests if method == "PUT"]
+    assert puts == [{"desired_ram": target}]
+    assert emulator.vm_info()["config"]["memory"]["hotplugged_size"] == (target - 512 * MIB or None)
+
+
+@pytest.mark.parametrize(
+    "target", [256 * MIB, 2048 * MIB, 512 * MIB + 1], ids=["below-boot", "above-max", "not-blocks"]
+)
+async def test_memory_out_of_range_is_rejected_without_a_resize_call(client, emulator, target):
+    with pytest.raises(ResizeRejected, match=f"cannot resize memory to {target} bytes"):
+        await client.resize_memory(target)
+    assert all(method == "GET" for method, _, _ in emulator.requests)
+
+
+async def test_memory_resize_refused_by_the_vmm_is_rejected(client, emulator):
+    # The VMM enforces less room than vm.info shows: the 500 path.
+    emulator.resize_hotplug_size = 128 * MIB
+    with pytest.raises(ResizeRejected, match="Invalid amount of memory"):
+        await client.resize_memory(768 * MIB)
+    assert emulator.hotplugged_size is None

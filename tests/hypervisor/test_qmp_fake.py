@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.hypervisor.errors import (
     HypervisorUnavailable,
+    MemoryResizeIncomplete,
     QmpCommandFailed,
     ResizeRejected,
     UnplugNotCompleted,
@@ -192,3 +193,90 @@ async def test_missing_socket_is_unavailable(sock_dir):
         await client.vcpus()
     assert info.value.is_retryable
     await client.close()
+
+
+MIB = 2**20
+
+
+def vmem(size, requested, *, max_size=1024 * MIB):
+    """query-memory-devices as QEMU 7.2 answers it (seen in test_qmp_qemu and a booted guest)."""
+    return [
+        {
+            "type": "virtio-mem",
+            "data": {
+                "memdev": "/objects/vmem0-ram",
+                "memaddr": 4294967296,
+                "block-size": 2 * MIB,
+                "size": size,
+                "node": 0,
+                "max-size": max_size,
+                "requested-size": requested,
+                "id": "vmem0",
+            },
+        }
+    ]
+
+
+def memory_script(fake, *, size, sizes_after):
+    fake.script["query-memory-size-summary"] = [
+        ret({"base-memory": 512 * MIB, "plugged-memory": size})
+    ]
+    fake.script["query-memory-devices"] = [ret(vmem(size, size))]
+    fake.script["qom-get"] = [ret(s) for s in sizes_after]
+
+
+def qom_sets(fake):
+    return [r["arguments"]["value"] for r in fake.received if r["execute"] == "qom-set"]
+
+
+async def test_memory_grow_sets_requested_size_and_waits_for_the_guest(qmp):
+    fake, client = qmp
+    client.memory_stall_seconds = 1.0
+    memory_script(fake, size=0, sizes_after=[0, 128 * MIB, 384 * MIB, 512 * MIB])
+    after = await client.resize_memory(1024 * MIB)
+    assert after == MemoryState(current=1024 * MIB, min=512 * MIB, max=1536 * MIB, block=2 * MIB)
+    assert qom_sets(fake) == [512 * MIB]
+    set_request = next(r for r in fake.received if r["execute"] == "qom-set")
+    assert set_request["arguments"]["path"] == "/machine/peripheral/vmem0"
+    assert set_request["arguments"]["property"] == "requested-size"
+
+
+async def test_memory_shrink_the_guest_cannot_finish_ends_at_what_it_gave_back(qmp):
+    fake, client = qmp
+    client.memory_stall_seconds = 0.2
+    memory_script(fake, size=1024 * MIB, sizes_after=[896 * MIB, 768 * MIB, 768 * MIB])
+    with pytest.raises(MemoryResizeIncomplete, match="stopped at") as info:
+        await client.resize_memory(512 * MIB)
+    assert info.value.state.current == 512 * MIB + 768 * MIB
+    # The device is pinned at the size reached, so the guest stops trying and stays there.
+    assert qom_sets(fake) == [0, 768 * MIB]
+    assert not MemoryResizeIncomplete.is_retryable
+
+
+async def test_memory_without_a_virtio_mem_device_is_fixed_and_cannot_resize(qmp):
+    fake, client = qmp
+    fake.script["query-memory-size-summary"] = [ret({"base-memory": 512 * MIB})]
+    fake.script["query-memory-devices"] = [ret([])]
+    state = await client.memory()
+    assert state == MemoryState(current=512 * MIB, min=512 * MIB, max=512 * MIB, block=0)
+    assert await client.resize_memory(512 * MIB) == state
+    with pytest.raises(ResizeRejected, match="no virtio-mem device"):
+        await client.resize_memory(1024 * MIB)
+    assert "qom-set" not in fake.commands()
+
+
+async def test_memory_qom_set_error_is_a_rejected_resize(qmp):
+    fake, client = qmp
+    memory_script(fake, size=0, sizes_after=[0])
+    fake.script["qom-set"] = [
+        [
+            {
+                "error": {
+                    "class": "GenericError",
+                    "desc": "'requested-size' cannot exceed the memory backend size",
+                }
+            }
+        ]
+    ]
+    with pytest.raises(ResizeRejected, match="cannot exceed"):
+        await client.resize_memory(1024 * MIB)

@@ -8,47 +8,50 @@ import subprocess
 
 import pytest
 
-from autoscaler_agent.hypervisor.base import VcpuState
-from autoscaler_agent.hypervisor.errors import ResizeRejected, UnplugNotCompleted
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
+from autoscaler_agent.hypervisor.errors import (
+    MemoryResizeIncomplete,
+    ResizeRejected,
+    UnplugNotCompleted,
+)
 from autoscaler_agent.hypervisor.qmp import QmpClient
 from tests.support import require_binary
 
 pytestmark = pytest.mark.qemu
 
 
+def _spawn_qemu(sock, *machine):
+    qemu = require_binary("qemu-system-x86_64")
+    return subprocess.Popen(
+        [qemu, "-machine", "q35,accel=tcg", "-nodefaults", "-display", "none", *machine,
+         "-qmp", f"unix:{sock},server=on,wait=off"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _stop(proc):
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stderr.close()
+
+
 @pytest.fixture
 def qemu_socket(sock_dir):
-    qemu = require_binary("qemu-system-x86_64")
     sock = sock_dir / "qmp.sock"
-    proc = subprocess.Popen(
-        [
-            qemu,
-            "-machine",
-            "q35,accel=tcg",
-            "-nodefaults",
-            "-display",
-            "none",
-            "-m",
-            "128",
-            "-smp",
-            "1,maxcpus=4",
-            "-qmp",
-            f"unix:{sock},server=on,wait=off",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = _spawn_qemu(sock, "-m", "128", "-smp", "1,maxcpus=4")
     try:
         yield sock, proc
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        proc.stderr.close()
+        _stop(proc)
 
 
 @pytest.fixture
 async def client(qemu_socket):
+    async for c in _connected(qemu_socket):
+        yield c
+
+
+async def _connected(qemu_socket):
     sock, proc = qemu_socket
     # The socket file appears at bind(), a moment before QEMU listens: on a loaded machine a
     # connect in between is refused. Wait until a connection is accepted (QEMU then serves
@@ -98,3 +101,47 @@ async def test_reconnects_after_the_connection_drops(client):
     assert await client.vcpus() == VcpuState(current=1, max=4)
     await client.close()  # QEMU serves one QMP client at a time; a new one must handshake again
     assert await client.resize(2) == VcpuState(current=2, max=4)
+
+
+MIB = 2**20
+
+
+@pytest.fixture
+def qemu_vmem_socket(sock_dir):
+    """QEMU with a virtio-mem device as vm_runner starts it (no guest: nothing gets plugged)."""
+    sock = sock_dir / "qmp.sock"
+    proc = _spawn_qemu(
+        sock, "-m", "128M,maxmem=384M", "-object", "memory-backend-ram,id=vmem0-ram,size=256M",
+        "-device", "virtio-mem-pci,id=vmem0,memdev=vmem0-ram,block-size=2M,requested-size=0",
+    )  # fmt: skip
+    try:
+        yield sock, proc
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+async def vmem_client(qemu_vmem_socket):
+    async for c in _connected(qemu_vmem_socket):
+        c.memory_stall_seconds = 0.5
+        yield c
+
+
+async def test_memory_of_a_virtio_mem_vm_and_a_grow_no_guest_plugs(vmem_client):
+    client = vmem_client
+    state = await client.memory()
+    assert state == MemoryState(current=128 * MIB, min=128 * MIB, max=384 * MIB, block=2 * MIB)
+
+    with pytest.raises(ResizeRejected, match="outside"):
+        await client.resize_memory(512 * MIB)
+    with pytest.raises(ResizeRejected, match="whole 2097152-byte blocks"):
+        await client.resize_memory(129 * MIB)
+
+    # No guest driver: the requested size is set, nothing is plugged, the wait stalls and the
+    # device is pinned back at what is really there.
+    with pytest.raises(MemoryResizeIncomplete) as info:
+        await client.resize_memory(256 * MIB)
+    assert info.value.state.current == 128 * MIB
+    devices = json.loads(await client.execute("query-memory-devices"))
+    assert devices[0]["data"]["requested-size"] == 0
+    assert devices[0]["data"]["size"] == 0

@@ -277,3 +277,44 @@ def test_bad_flags_exit_with_status_2(capsys):
         cli.main(["--kernel", "k", "--min-vcpus", "3", "--max-vcpus", "2", "--qmp-socket", "/q"])
     assert exit_info.value.code == 2
     assert "1 <= min_vcpus <= max_vcpus" in capsys.readouterr().err
+
+
+def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_and_movable_onlining():
+    argv = build_qemu_command(make_spec(max_memory_bytes=2048 * MIB))
+    assert option(argv, "-m") == ["512M,maxmem=2048M"]
+    assert option(argv, "-object") == ["memory-backend-ram,id=vmem0-ram,size=1536M"]
+    assert "virtio-mem-pci,id=vmem0,memdev=vmem0-ram,block-size=2M,requested-size=0" in option(
+        argv, "-device"
+    )
+    assert option(argv, "-append") == [
+        "console=ttyS0 panic=-1 quiet memhp_default_state=online_movable"
+    ]
+
+
+@pytest.mark.parametrize("max_memory", [None, 512 * MIB], ids=["unset", "equal"])
+def test_no_memory_hotplug_without_room_above_memory(max_memory):
+    argv = build_qemu_command(make_spec(max_memory_bytes=max_memory))
+    assert option(argv, "-m") == ["512M"]
+    assert option(argv, "-object") == []
+    assert "memhp" not in option(argv, "-append")[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_memory_bytes": 256 * MIB}, "must be >= memory"),
+        ({"max_memory_bytes": 513 * MIB}, "whole number of memory blocks"),
+        ({"max_memory_bytes": 1024 * MIB, "memory_block_bytes": 3 * MIB}, "power of two"),
+    ],
+    ids=["below-memory", "not-blocks", "block-not-power-of-two"],
+)
+def test_bad_memory_hotplug_specs_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_spec(**overrides)
+
+
+def test_max_memory_and_block_size_flags():
+    args = parse_args("--memory", "1Gi", "--max-memory", "4Gi", "--memory-block-size", "128Mi")
+    spec = cli.spec_from_args(args, is_kvm_usable=False, control_socket="/c")
+    assert (spec.memory_bytes, spec.max_memory_bytes) == (1024 * MIB, 4096 * MIB)
+    assert spec.memory_block_bytes == 128 * MIB

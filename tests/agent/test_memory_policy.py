@@ -1,0 +1,234 @@
+"""The memory goal: a named table, scenarios on a fake clock, and hypothesis properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from autoscaler_agent.memory_policy import (
+    MemoryPolicyConfig,
+    MemoryPolicyState,
+    couple,
+    goal_memory,
+    headroom,
+)
+from protocol.annotations import VmSpec
+
+MiB = 2**20
+GiB = 2**30
+CFG = MemoryPolicyConfig()
+# A guest's MemTotal is its VM size minus what the kernel keeps (88 MiB of 512 on the minimal
+# guest); the policy must not care, so the tests use a fixed overhead.
+OVERHEAD = 88 * MiB
+
+
+def spec(min_mem=512 * MiB, max_mem=4 * GiB, unit=128 * MiB):
+    return VmSpec(
+        min_vcpus=1,
+        max_vcpus=4,
+        min_memory_bytes=min_mem,
+        max_memory_bytes=max_mem,
+        memory_unit_bytes=unit,
+    )
+
+
+def goal(used, current, *, s=None, state=None, now=1000.0, cfg=CFG):
+    s = s or spec()
+    total = current - OVERHEAD
+    return goal_memory(
+        total,
+        total - used,
+        s,
+        state or MemoryPolicyState(),
+        current_bytes=current,
+        top_bytes=s.top_memory_bytes,
+        config=cfg,
+        now=now,
+    )
+
+
+CASES = [
+    pytest.param(100 * MiB, 512 * MiB, 512 * MiB, id="idle-at-min-holds"),
+    # available 424-300 = 124 MiB < max(128, 60) MiB: grow so that 150 MiB... at least 128 MiB.
+    pytest.param(300 * MiB, 512 * MiB, 640 * MiB, id="low-headroom-grows-one-step"),
+    # 24 MiB available of 424: leave max(128, 200) MiB -> 512 + 176 -> 768 MiB, in one step.
+    pytest.param(400 * MiB, 512 * MiB, 768 * MiB, id="nearly-out-grows-in-one-step"),
+    pytest.param(3800 * MiB, 4 * GiB - 128 * MiB, 4 * GiB, id="clamped-to-max"),
+    pytest.param(600 * MiB, 1024 * MiB, 1024 * MiB, id="in-band-holds"),
+]
+
+
+@pytest.mark.parametrize(("used", "current", "expected"), CASES)
+def test_goal_table(used, current, expected):
+    assert goal(used, current).memory_bytes == expected
+
+
+@pytest.mark.parametrize(
+    ("total", "available"),
+    [(None, 1.0), (1.0, None), (float("nan"), 1.0), (100.0, 200.0), (0.0, 0.0)],
+    ids=["no-total", "no-available", "nan", "available-above-total", "zero-total"],
+)
+def test_unusable_numbers_hold(total, available):
+    g = goal_memory(
+        total,
+        available,
+        spec(),
+        MemoryPolicyState(low_since=1.0, low_peak_bytes=GiB),
+        current_bytes=GiB,
+        top_bytes=4 * GiB,
+        config=CFG,
+        now=10.0,
+    )
+    assert g.memory_bytes == GiB
+    assert g.state == MemoryPolicyState()
+    assert g.reason.startswith("hold: no usable")
+
+
+def test_a_big_page_cache_does_not_grow_the_vm():
+    # MemAvailable counts reclaimable cache as available: 2 GiB of cache in a 3 GiB VM whose
+    # processes use 200 MiB leaves MemAvailable near 2.7 GiB. Nothing to grow; it may shrink.
+    g = goal(200 * MiB, 3 * GiB)
+    assert g.memory_bytes == 3 * GiB
+    assert g.shrink_bytes is not None and g.shrink_bytes < 3 * GiB
+
+
+def test_a_rising_use_grows_before_it_runs_out():
+    """A process allocating 40 MiB/s: the VM grows while the guest still has room, not at 0."""
+    current, used, t = 512 * MiB, 100 * MiB, 0.0
+    state = MemoryPolicyState()
+    grew_with_available = None
+    for _ in range(30):
+        g = goal(used, current, state=state, now=t)
+        state = g.state
+        if g.memory_bytes > current:
+            grew_with_available = (current - OVERHEAD) - used
+            break
+        used += 40 * MiB
+        t += 1.0
+    assert grew_with_available is not None
+    # Projected 5 s ahead at 40 MiB/s: it grows with ~200 MiB still available, long before
+    # the guest would have had to reclaim its cache or kill anything.
+    assert grew_with_available >= 150 * MiB
+
+
+def test_shrink_waits_for_the_window_and_goes_to_the_peak():
+    s = spec()
+    state = MemoryPolicyState()
+    current = 2 * GiB
+    sizes = []
+    for second in range(0, 40):
+        used = 300 * MiB if second != 10 else 500 * MiB  # one spike inside the window
+        g = goal(used, current, s=s, state=state, now=float(second))
+        state = g.state
+        sizes.append(g.memory_bytes)
+        if g.memory_bytes != current:
+            break
+    # The 500 MiB spike closes nothing (it is still below the size) but raises the peak.
+    assert sizes[:-1] == [current] * (len(sizes) - 1)
+    assert len(sizes) == 31  # shrinks at 30 s, not before
+    spike_size = goal(500 * MiB, current).shrink_bytes
+    assert sizes[-1] == spike_size
+    assert spike_size < current
+
+
+def test_a_low_scrape_closes_the_shrink_window():
+    state = goal(300 * MiB, 2 * GiB, now=0.0).state
+    assert state.low_since == 0.0
+    state = goal(1700 * MiB, 2 * GiB, state=state, now=10.0).state
+    assert state.low_since is None
+
+
+def test_coupling_raises_both_to_the_larger_need():
+    s = VmSpec(min_vcpus=1, max_vcpus=8, min_memory_bytes=GiB, max_memory_bytes=32 * GiB)
+    kw = {"top_vcpus": 8, "top_memory_bytes": 32 * GiB, "memory_per_vcpu_bytes": 4 * GiB}
+    assert couple(1, 9 * GiB, s, **kw) == (3, 12 * GiB)  # memory-bound: 3 units
+    assert couple(4, 2 * GiB, s, **kw) == (4, 16 * GiB)  # CPU-bound: 4 units
+    assert couple(8, 32 * GiB, s, **kw) == (8, 32 * GiB)
+    assert couple(2, 9 * GiB, s, **{**kw, "memory_per_vcpu_bytes": 0}) == (2, 9 * GiB)
+
+
+# -- properties -------------------------------------------------------------------------------
+
+sizes_mib = st.integers(min_value=0, max_value=24).map(lambda k: 512 * MiB + k * 128 * MiB)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    current=sizes_mib,
+    used_fraction=st.floats(min_value=0.0, max_value=3.0),
+    previous_used=st.none() | st.floats(min_value=0.0, max_value=4.0 * GiB),
+    window_age=st.none() | st.floats(min_value=0.0, max_value=100.0),
+)
+def test_never_below_use_plus_headroom(current, used_fraction, previous_used, window_age):
+    """Whatever the history, the goal leaves the guest its low headroom (unless at max)."""
+    s = spec()
+    used = used_fraction * (current - OVERHEAD)
+    used = min(used, current - OVERHEAD)  # the guest cannot use more than it has
+    state = MemoryPolicyState(
+        used_bytes=previous_used,
+        used_at=999.0 if previous_used is not None else None,
+        low_since=None if window_age is None else 1000.0 - window_age,
+        low_peak_bytes=None if window_age is None else 512 * MiB,
+    )
+    g = goal(used, current, s=s, state=state)
+    available_after = (g.memory_bytes - current) + (current - OVERHEAD - used)
+    if g.memory_bytes < s.top_memory_bytes and g.memory_bytes != current:
+        assert available_after >= headroom(used, CFG.low_headroom_fraction, CFG) - 1
+    if g.memory_bytes < current:  # a shrink keeps the target headroom, not just the low one
+        assert available_after >= headroom(used, CFG.target_headroom_fraction, CFG) - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base_mib=st.integers(min_value=50, max_value=3000),
+    noise=st.lists(st.floats(min_value=-0.05, max_value=0.05), min_size=120, max_size=120),
+)
+def test_a_steady_use_with_noise_does_not_flap(base_mib, noise):
+    """±5% noise around a steady use, from a size that fits it: never a grow, so never back and
+    forth; only shrinks towards the target headroom (a second one when the first window's peak
+    was a noisy high), each after a full window."""
+    s = spec(max_mem=8 * GiB)
+    base = base_mib * MiB
+    current = min(
+        s.top_memory_bytes, s.round_memory_down(int(base * 1.6 + OVERHEAD)) + s.memory_unit_bytes
+    )
+    state = MemoryPolicyState()
+    changes: list[int] = []
+    for second, n in enumerate(noise):
+        used = base * (1 + n)
+        g = goal(used, current, s=s, state=state, now=float(second))
+        state = g.state
+        if g.memory_bytes != current:
+            changes.append(g.memory_bytes - current)
+            current = g.memory_bytes
+    assert all(d < 0 for d in changes), changes
+    assert len(changes) <= len(noise) // CFG.shrink_after_seconds, changes
+    assert current - OVERHEAD - base * 1.05 >= headroom(base, CFG.low_headroom_fraction, CFG) - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate_mib=st.integers(min_value=20, max_value=180),
+    start_mib=st.integers(min_value=50, max_value=300),
+)
+def test_a_steady_allocation_is_always_ahead_of_the_guest(rate_mib, start_mib):
+    """An allocation rising steadily, with each grow landing one scrape after it was decided:
+    the guest never runs out (available stays positive) until the VM is at its maximum. The
+    limit: the first two scrapes of it must fit in what the guest has (nothing can see an
+    allocation before it starts, and the first grow lands a scrape after it is decided)."""
+    assume(start_mib + 2 * rate_mib < 424)
+    s = spec(max_mem=16 * GiB)
+    current, used, state = s.min_memory_bytes, float(start_mib * MiB), MemoryPolicyState()
+    pending = None
+    for second in range(60):
+        if pending is not None:
+            current, pending = pending, None
+        assert used < current - OVERHEAD or current == s.top_memory_bytes
+        g = goal(used, current, s=s, state=state, now=float(second))
+        state = g.state
+        if g.memory_bytes > current:
+            pending = g.memory_bytes
+        used += rate_mib * MiB
+        if used + OVERHEAD >= s.top_memory_bytes:
+            break
