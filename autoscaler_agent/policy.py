@@ -129,8 +129,13 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     # Since when (monotonic seconds) the shrink size has been below the current size; None if not.
     low_since: float | None = None
-    # The largest shrink size seen since ``low_since``.
+    # The largest shrink size seen since ``low_since``, and when it was last seen.
     low_peak_vcpus: int | None = None
+    low_peak_at: float | None = None
+    # The samples after the last one at the peak: since when, and their largest shrink size.
+    # When the window ends at the peak, they are a window already under way at that size.
+    low_after_peak_since: float | None = None
+    low_after_peak_vcpus: int | None = None
     # Since when the fast demand estimate has needed more than the current size; None if not.
     pressure_since: float | None = None
     # The last (at most DEMAND_WINDOW_SAMPLES) demand estimates since ``pressure_since``.
@@ -263,6 +268,9 @@ def goal_vcpus(
             state=PolicyState(
                 low_since=state.low_since,
                 low_peak_vcpus=state.low_peak_vcpus,
+                low_peak_at=state.low_peak_at,
+                low_after_peak_since=state.low_after_peak_since,
+                low_after_peak_vcpus=state.low_after_peak_vcpus,
                 pressure_since=state.pressure_since,
                 pressure_demands=state.pressure_demands,
                 pressure_vcpus=state.pressure_vcpus,
@@ -354,12 +362,27 @@ def goal_vcpus(
         new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
     else:
         low_since = state.low_since if state.low_since is not None else now
-        peak = max(shrink, state.low_peak_vcpus or shrink)
+        peak, peak_at = state.low_peak_vcpus, state.low_peak_at
+        after_since, after_peak = state.low_after_peak_since, state.low_after_peak_vcpus
+        if peak is None or peak_at is None or shrink >= peak:
+            peak, peak_at, after_since, after_peak = shrink, now, None, None
+        else:
+            after_since = after_since if after_since is not None else now
+            after_peak = max(shrink, after_peak or shrink)
         low_for = now - low_since
         if low_for >= config.shrink_after_seconds:
             vcpus = peak
+            # The samples since the peak was last seen needed less: they are a window already
+            # under way at the new size. A load that stops while a window is open (its busy
+            # seconds set the peak) is at the minimum one window after it stopped, not after a
+            # first shrink to the peak and then a whole second window.
             new_state = PolicyState(
-                cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count
+                low_since=after_since,
+                low_peak_vcpus=after_peak,
+                low_peak_at=now if after_since is not None else None,
+                cpu_seconds_total=cpu,
+                cpu_idle_seconds_total=idle,
+                cpu_count=count,
             )
             if explain:
                 verdict = f"shrink {c} -> {peak} after {low_for:.0f}s low"
@@ -368,6 +391,9 @@ def goal_vcpus(
             new_state = PolicyState(
                 low_since=low_since,
                 low_peak_vcpus=peak,
+                low_peak_at=peak_at,
+                low_after_peak_since=after_since,
+                low_after_peak_vcpus=after_peak,
                 cpu_seconds_total=cpu,
                 cpu_idle_seconds_total=idle,
                 cpu_count=count,
