@@ -1,9 +1,9 @@
 """Many resize cycles on one guest: vCPUs plugged at boot, offlined and onlined by the guest.
 
 Why this exists: on this machine's QEMU 7.2 under TCG, plugging a vCPU after any unplug kills
-QEMU (``device_add`` of the same slot or of another one; SIGSEGV here, "corrupted double-linked
-list" in issue 15), so the agent's hot-plug can grow and shrink a guest only once. Onlining and
-offlining vCPUs that QEMU plugged at boot, from inside the guest
+QEMU whatever the slot order (slot 1, unplug, slot 2: SIGSEGV; slot 3, unplug, slot 2:
+SIGABRT "corrupted double-linked list"), so the agent's hot-plug can grow and shrink a guest
+only once. Onlining and offlining vCPUs that QEMU plugged at boot, from inside the guest
 (``/sys/devices/system/cpu/cpuN/online``, the way Neon's sysfs mode resizes), never touches
 QEMU's CPU objects. This test is the evidence that the method survives many cycles here, for the
 resize mode the agent does not have yet (it needs a channel to tell the guest the wanted count).
