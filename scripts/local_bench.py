@@ -1,21 +1,23 @@
-"""Local run-bench: pgbench on this machine while the real agent scales a real QEMU VM.
+"""Local run-bench: pgbench against PostgreSQL in a real QEMU VM that the real agent scales.
 
-    scripts/run-bench.sh --local [--duration 60] [--clients 8] ...      (or run this file)
+    scripts/run-bench.sh --local [--duration 90] [--clients 8] ...      (or run this file)
     VM_NAME=pg-vm-1 scripts/run-bench.sh --local                         (another VM pod)
 
-Everything is real and local (docs/LOCAL.md): a PostgreSQL cluster initialised in a temporary
-directory (as the ``postgres`` user when run as root: initdb refuses root), the host's
-``prometheus-node-exporter`` on a loopback port, the minimal guest under ``vm_runner`` (QEMU,
-TCG), ``scheduler-extender serve --standalone examples/local/cluster.yaml`` and
-``autoscaler-agent --standalone``. The agent scales the VM from the *host's* node_exporter, where
-pgbench and PostgreSQL put their load; the guest only has to be a VM that can be hot-plugged and
-unplugged (vCPUs are read from QMP on the runner's control socket).
+Everything is real and local (docs/LOCAL.md): the ``postgres`` guest image (vm_image/README.md:
+PostgreSQL 15 and node_exporter in a busybox initramfs; the guest fills a ``pgbench`` database
+at boot) under ``vm_runner`` (QEMU, TCG) with its 5432 and 9100 forwarded to loopback ports,
+``scheduler-extender serve --standalone examples/local/cluster.yaml`` and ``autoscaler-agent
+--standalone``. pgbench runs on this machine against the forwarded port, so the transactions
+run in the guest; the agent scales the VM from the *guest's* node_exporter only.
 
-Phases: ``idle`` (``--warmup`` seconds), ``load`` (pgbench for ``--duration`` seconds), ``cool``
-(until the VM is back at its minimum and its reservation released, at most ``--cooldown``
-seconds). Each second one row goes to the terminal: VM vCPUs, permit, node free CPU, pgbench
-tps and the host's load. At the end: ``OUT/bench.json`` (every sample) and ``OUT/bench.png``
-(vCPUs over time with the load overlaid).
+Phases: ``idle`` (``--warmup`` seconds at the minimum), ``load`` (pgbench for ``--duration``
+seconds), ``cool`` (until the VM is back at its minimum and its reservation released, at most
+``--cooldown`` seconds). Each second one row goes to the terminal: vCPUs plugged (QMP), vCPUs
+online in the guest, permit, what the agent wants, the node's free CPU, pgbench tps and the
+agent's stuck signal. At the end: ``OUT/bench.json`` (every sample and the verdict),
+``OUT/bench.png`` (all of it on one time axis) and a verdict line: grew to N in X s, tps at each
+size, shrank in Y s, decision-to-online latency p50/p99 (the agent's histogram), stuck or not.
+Exit status 3 when the VM did not grow under the load or did not shrink back after it.
 
 Shell: it drives processes and prints; the scaling decisions are the agent's.
 """
@@ -26,10 +28,8 @@ import argparse
 import contextlib
 import json
 import os
-import pwd
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,17 +49,14 @@ from scripts.local_stack import (
     Agent,
     Extender,
     Guest,
+    Samples,
     Service,
     VmPod,
-    build_minimal_image,
+    build_image,
     eventually,
-    free_port,
-    scrape,
-    spawn,
     start_agent,
     start_extender,
     start_runner,
-    value,
     wait_booted,
     write_agent_files,
 )
@@ -71,123 +68,30 @@ class BenchError(Exception):
     """Something the bench needs is missing or broken; the message says what to do."""
 
 
-# -- PostgreSQL --------------------------------------------------------------------------------
-
-
-def postgres_bindir() -> Path:
-    """Where initdb and postgres are: Debian keeps them off PATH, in /usr/lib/postgresql/N/bin."""
-    versions = [p for p in Path("/usr/lib/postgresql").glob("*/bin") if p.parent.name.isdigit()]
-    newest_first = sorted(versions, key=lambda p: int(p.parent.name), reverse=True)
-    on_path = [Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    for directory in [*newest_first, *on_path]:
-        if (directory / "initdb").is_file():
-            return directory
-    raise BenchError("PostgreSQL is not installed (scripts/setup installs it: apt postgresql)")
-
-
-@dataclass
-class Postgres:
-    service: Service
-    port: int
-    datadir: Path
-
-
-@contextlib.contextmanager
-def postgres(workdir: Path) -> Iterator[Postgres]:
-    """A throwaway cluster on 127.0.0.1:PORT; removed on exit.
-
-    As root, initdb and postgres run as the ``postgres`` user (Debian's package creates it) in a
-    directory it owns: initdb refuses to run as root. No systemd, no pg_ctlcluster: the
-    postmaster is our child, so it cannot outlive the bench.
-    """
-    bindir = postgres_bindir()
-    user = None
-    # A directory of its own under the system temp dir: the bench's workdir is root's 0700.
-    pgroot = Path(tempfile.mkdtemp(prefix="vm-bench-pg-"))
-    if os.geteuid() == 0:
-        user = "postgres"
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError as e:
-            raise BenchError("running as root needs the 'postgres' user (apt postgresql)") from e
-        os.chown(pgroot, entry.pw_uid, entry.pw_gid)
-    datadir = pgroot / "data"
-    port = free_port()
-    try:
-        # --no-sync and fsync=off: a benchmark of CPU scaling, not of this machine's disk.
-        init = subprocess.run(
-            [str(bindir / "initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust",
-             "-E", "UTF8", "--no-sync"],
-            capture_output=True, text=True, timeout=120, check=False, cwd=pgroot,
-            user=user, group=None if user is None else pwd.getpwnam(user).pw_gid,
-            extra_groups=None if user is None else [],
-        )  # fmt: skip
-        if init.returncode != 0:
-            raise BenchError(f"initdb failed:\n{init.stdout}\n{init.stderr}")
-        service = spawn(
-            "postgres",
-            [str(bindir / "postgres"), "-D", str(datadir), "-p", str(port),
-             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={pgroot}",
-             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=64"],
-            log_path=workdir / "postgres.log",
-            user=user,
-            cwd=pgroot,  # the checkout may be closed to the postgres user
-        )  # fmt: skip
-        service.stop_signal = signal.SIGINT  # fast shutdown: disconnect clients, stop
-        pg = Postgres(service=service, port=port, datadir=datadir)
-        try:
-            eventually(
-                lambda: pg_isready(bindir, port),
-                bool,
-                timeout_seconds=30,
-                what="PostgreSQL accepting connections",
-                alive=[service],
-            )
-            yield pg
-        finally:
-            service.stop(timeout_seconds=20)
-    finally:
-        shutil.rmtree(pgroot, ignore_errors=True)
-
-
-def pg_isready(bindir: Path, port: int) -> bool:
-    isready = shutil.which("pg_isready") or str(bindir / "pg_isready")
-    argv = [isready, "-q", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
-    return subprocess.run(argv, timeout=10, check=False).returncode == 0
+# What the postgres guest creates (vm_image/guest/postgres-guest) and fills at boot.
+PGUSER = PGPASSWORD = "bench"
+PGDATABASE = "pgbench"
+IMAGE_SCALE = 5  # vm_image/postgres.py PGBENCH_SCALE
 
 
 def pgbench_binary() -> str:
-    found = shutil.which("pgbench") or str(postgres_bindir() / "pgbench")
-    if not Path(found).is_file():
+    found = shutil.which("pgbench")
+    if found is None:
         raise BenchError("pgbench is not installed (scripts/setup installs postgresql-client)")
     return found
 
 
-# -- the host's node_exporter ------------------------------------------------------------------
+def pg_isready(port: int) -> bool:
+    """The guest's PostgreSQL answers on the forwarded port (it listens only once filled)."""
+    isready = shutil.which("pg_isready")
+    if isready is None:
+        raise BenchError("pg_isready is not installed (scripts/setup installs postgresql-client)")
+    argv = [isready, "-q", "-h", "127.0.0.1", "-p", str(port), "-U", PGUSER, "-d", PGDATABASE]
+    return subprocess.run(argv, timeout=20, check=False).returncode == 0
 
 
-def start_host_exporter(workdir: Path) -> tuple[Service, str]:
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if binary is None:
-        raise BenchError("prometheus-node-exporter is not installed (scripts/setup installs it)")
-    port = free_port()
-    # Only what the agent reads (cpu, loadavg, stat, meminfo): a full page every second would
-    # cost the host CPU the benchmark is about.
-    service = spawn(
-        "node_exporter",
-        [binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
-         "--collector.cpu", "--collector.loadavg", "--collector.stat", "--collector.meminfo"],
-        log_path=workdir / "node_exporter.log",
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/metrics"
-    eventually(
-        lambda: scrape(url),
-        lambda s: "node_load1" in s,
-        timeout_seconds=20,
-        what="the host's node_exporter",
-        alive=[service],
-    )
-    return service, url
+def pg_env() -> dict[str, str]:
+    return {**os.environ, "PGPASSWORD": PGPASSWORD}
 
 
 # -- pgbench progress --------------------------------------------------------------------------
@@ -231,20 +135,20 @@ class Sample:
     t: float  # seconds since the bench started sampling
     phase: str  # idle, load, cool
     vcpus: int | None  # plugged into QEMU (QMP query-cpus-fast)
+    online: float | None  # online in the guest (its node_exporter, as the agent last read it)
     # The VM's reservation (its permit) in the extender's ledger, read just before and just
     # after the vCPUs: a grow raises it before plugging, a shrink lowers it after unplugging.
     reserved_before: float | None
     reserved_after: float | None
-    agent_permitted: float | None
     agent_desired: float | None
     node_free_cpu: float | None
     tps: float | None
-    host_load1: float | None
+    stuck: float | None  # vmautoscale_agent_vm_stuck
 
 
 def take_sample(
     t: float, phase: str, *, guest: Guest, extender: Extender, agent: Agent, vm: VmPod,
-    host_url: str, tps: float | None,
+    tps: float | None,
 ) -> Sample:  # fmt: skip
     def attempt(read: Any) -> Any:
         try:
@@ -257,22 +161,23 @@ def take_sample(
     after = attempt(lambda: extender.reserved_millis(vm) / 1000)
     free = attempt(lambda: extender.node(vm.node)["free"]["cpuMillis"] / 1000)
     metrics = attempt(agent.metrics) or {}
-    host = attempt(lambda: scrape(host_url, timeout_seconds=2)) or {}
     return Sample(
         t=round(t, 2),
         phase=phase,
         vcpus=vcpus,
+        # The agent's reading of the guest's node_exporter: a second scraper would take guest
+        # CPU from the workload (and from the agent's own scrapes) under TCG.
+        online=agent.gauge(metrics, "online_vcpus"),
         reserved_before=before,
         reserved_after=after,
-        agent_permitted=agent.gauge(metrics, "permitted_vcpus"),
         agent_desired=agent.gauge(metrics, "desired_vcpus"),
         node_free_cpu=free,
         tps=tps,
-        host_load1=value(host, "node_load1"),
+        stuck=agent.gauge(metrics, "stuck"),
     )
 
 
-HEADER = f"{'t (s)':>6}  {'phase':<5}  {'vCPUs':>5}  {'permit':>6}  {'wants':>5}  {'node free':>9}  {'tps':>7}  {'host load1':>10}"  # noqa: E501
+HEADER = f"{'t (s)':>6}  {'phase':<5}  {'vCPUs':>5}  {'online':>6}  {'permit':>6}  {'wants':>5}  {'node free':>9}  {'tps':>7}  {'stuck':>5}"  # noqa: E501
 
 
 def row(s: Sample) -> str:
@@ -280,9 +185,8 @@ def row(s: Sample) -> str:
         return f"{'-' if v is None else f'{v:.{digits}f}':>{width}}"
 
     return (
-        f"{s.t:>6.0f}  {s.phase:<5}  {f(s.vcpus, 5)}  {f(s.reserved_after, 6)}  "
-        f"{f(s.agent_desired, 5)}  {f(s.node_free_cpu, 9, 1)}  {f(s.tps, 7)}  "
-        f"{f(s.host_load1, 10, 2)}"
+        f"{s.t:>6.0f}  {s.phase:<5}  {f(s.vcpus, 5)}  {f(s.online, 6)}  {f(s.reserved_after, 6)}  "
+        f"{f(s.agent_desired, 5)}  {f(s.node_free_cpu, 9, 1)}  {f(s.tps, 7)}  {f(s.stuck, 5)}"
     )
 
 
@@ -293,30 +197,149 @@ def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
     import matplotlib.pyplot as plt
 
     t = [s.t for s in samples]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
-    top.step(t, [s.vcpus for s in samples], where="post", label="VM vCPUs (QMP)", linewidth=2)
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(11, 7))
+    top.step(t, [s.vcpus for s in samples], where="post", label="vCPUs plugged (QMP)",
+             linewidth=2.5)  # fmt: skip
+    top.step(t, [s.online for s in samples], where="post", label="vCPUs online in the guest",
+             linewidth=1.5, color="tab:purple")  # fmt: skip
     top.step(t, [s.reserved_after for s in samples], where="post", linestyle="--",
-             label="permit (extender /state)")  # fmt: skip
+             label="permit (extender ledger)", color="tab:red")  # fmt: skip
     top.step(t, [s.agent_desired for s in samples], where="post", linestyle=":",
-             label="wanted (agent)")  # fmt: skip
-    top.set_ylabel("vCPUs")
-    top.set_title(f"{vm}: vCPUs under pgbench load (local run-bench)")
-    bottom.plot(t, [s.tps for s in samples], label="pgbench tps", color="tab:green")
+             label="wanted (agent)", color="tab:gray")  # fmt: skip
+    top.step(t, [s.node_free_cpu for s in samples], where="post", linestyle="-.",
+             label="node free CPU (extender)", color="tab:brown")  # fmt: skip
+    top.set_ylabel("vCPUs / CPUs")
+    top.set_title(f"{vm}: pgbench against PostgreSQL in the VM (local run-bench)")
+    bottom.plot(t, [s.tps for s in samples], label="pgbench tps (host client, guest server)",
+                color="tab:green")  # fmt: skip
+    stuck = [s.t for s in samples if s.stuck]
+    if stuck:
+        bottom.scatter(stuck, [0] * len(stuck), marker="x", color="tab:red",
+                       label="agent: VM stuck")  # fmt: skip
     bottom.set_ylabel("tps")
-    load_axis = bottom.twinx()
-    load_axis.plot(t, [s.host_load1 for s in samples], label="host load1", color="tab:red")
-    load_axis.set_ylabel("host load1")
     bottom.set_xlabel("seconds")
     loaded = [s.t for s in samples if s.phase == "load"]
     if loaded:
         for axis in (top, bottom):
-            axis.axvspan(loaded[0], loaded[-1], alpha=0.12, color="tab:orange", label="_load")
-    top.legend(loc="upper left")
-    bottom.legend(loc="upper left")
-    load_axis.legend(loc="upper right")
+            axis.axvspan(loaded[0], loaded[-1], alpha=0.12, color="tab:orange",
+                         label="pgbench running")  # fmt: skip
+    top.legend(loc="upper left", fontsize="small")
+    bottom.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# -- the verdict -------------------------------------------------------------------------------
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' ``histogram_quantile`` over cumulative ``(le, count)`` buckets; None if empty.
+
+    Linear inside the bucket the quantile falls in; the ``+Inf`` bucket answers with the
+    highest finite bound (as Prometheus does).
+    """
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def latency_buckets(metrics: Samples) -> list[tuple[float, float]]:
+    return [
+        (float(labels["le"]), v)
+        for labels, v in metrics.get("vmautoscale_agent_grow_to_online_seconds_bucket", [])
+    ]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    grew_to: int | None  # peak vCPUs during the load, if above the minimum
+    grow_seconds: float | None  # load start -> the peak plugged and online
+    tps_by_vcpus: dict[int, float]  # mean tps during the load, by vCPUs online in the guest
+    shrink_seconds: float | None  # load end -> back at the minimum, permit released
+    latency_p50: float | None
+    latency_p99: float | None
+    latency_count: int
+    stuck_seconds: int  # samples (about one a second) in which the agent said "stuck"
+
+    @property
+    def ok(self) -> bool:
+        return self.grew_to is not None and self.shrink_seconds is not None
+
+    def line(self, vm: str) -> str:
+        def sec(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}s"
+
+        tps = ", ".join(f"{n}: {t:.0f}" for n, t in sorted(self.tps_by_vcpus.items()))
+        sizes = sorted(self.tps_by_vcpus)
+        rise = (
+            f"tps {self.tps_by_vcpus[sizes[0]]:.0f}->{self.tps_by_vcpus[sizes[-1]]:.0f}"
+            if sizes else "tps -"
+        )  # fmt: skip
+        grew = (
+            f"grew to {self.grew_to} in {sec(self.grow_seconds)}"
+            if self.grew_to is not None else "DID NOT GROW"
+        )  # fmt: skip
+        shrank = (
+            f"shrank in {sec(self.shrink_seconds)}"
+            if self.shrink_seconds is not None else "DID NOT SHRINK"
+        )  # fmt: skip
+        return (
+            f"{vm}: {grew}, {rise} (by vCPUs online {{{tps}}}), {shrank};"
+            f" decision->online p50 {sec(self.latency_p50)} p99 {sec(self.latency_p99)}"
+            f" (n={self.latency_count}); stuck {self.stuck_seconds}s"
+        )
+
+
+def judge(
+    samples: list[Sample], *, min_vcpus: int, load_started: float, load_ended: float,
+    latency: list[tuple[float, float]],
+) -> Verdict:  # fmt: skip
+    """What the run showed, from its samples and the agent's grow latency histogram."""
+    during = [s for s in samples if s.phase == "load"]
+    after = [s for s in samples if s.phase == "cool"]
+    peak = max((s.vcpus for s in during if s.vcpus is not None), default=min_vcpus)
+    grew_to = peak if peak > min_vcpus else None
+    grow_seconds = next(
+        (s.t - load_started for s in during if s.vcpus == peak and (s.online or 0) >= peak),
+        None,
+    )
+    by_size: dict[int, list[float]] = {}
+    for s in during:
+        if s.online is not None and s.tps is not None:
+            by_size.setdefault(int(s.online), []).append(s.tps)
+    shrink_seconds = next(
+        (
+            s.t - load_ended
+            for s in after
+            if s.vcpus == min_vcpus and s.reserved_after == min_vcpus
+        ),
+        None,
+    ) if grew_to is not None else None  # fmt: skip
+    total = max((c for b, c in latency if b == float("inf")), default=0.0)
+    return Verdict(
+        grew_to=grew_to,
+        grow_seconds=None if grew_to is None else grow_seconds,
+        tps_by_vcpus={n: sum(v) / len(v) for n, v in sorted(by_size.items())},
+        shrink_seconds=shrink_seconds,
+        latency_p50=histogram_quantile(latency, 0.5),
+        latency_p99=histogram_quantile(latency, 0.99),
+        latency_count=int(total),
+        stuck_seconds=sum(1 for s in samples if s.stuck),
+    )
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -347,16 +370,31 @@ def pick_vm(cluster: dict[str, Any], name: str) -> VmPod:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="run-bench.sh --local",
-        description="pgbench on this machine while the real agent scales a real QEMU VM"
-        " (docs/LOCAL.md). VM_NAME (environment) picks the VM pod; default pg-vm-0.",
+        description="pgbench against PostgreSQL in a real QEMU VM while the real agent scales it"
+        " (docs/LOCAL.md). VM_NAME (environment) picks the VM pod; default pg-vm-0."
+        " Exit status: 0 the VM grew and shrank back; 1 a tool or process failed; 3 the VM"
+        " did not grow under the load or did not shrink back after it.",
     )
-    p.add_argument("--duration", type=float, default=60, help="seconds of pgbench load (60)")
+    p.add_argument("--duration", type=float, default=90, help="seconds of pgbench load (90)")
     p.add_argument("--clients", type=int, default=8, help="pgbench clients and threads (8)")
-    p.add_argument("--scale", type=int, default=5, help="pgbench -i scale factor (5)")
-    p.add_argument("--warmup", type=float, default=5, help="idle seconds before the load (5)")
     p.add_argument(
-        "--cooldown", type=float, default=90,
-        help="at most this many seconds after the load for the VM to shrink back (90)",
+        "--scale", type=int, default=IMAGE_SCALE,
+        help=f"pgbench scale factor; the guest fills {IMAGE_SCALE} at boot, another value"
+        f" re-initialises from this machine first (slow under TCG) ({IMAGE_SCALE})",
+    )  # fmt: skip
+    p.add_argument(
+        "--builtin", default="select-only",
+        help="pgbench built-in script (-b): select-only is CPU-bound in the guest, so its tps"
+        " follows the vCPUs; tpcb-like mostly waits on row locks at this scale (select-only)",
+    )  # fmt: skip
+    p.add_argument("--warmup", type=float, default=10, help="idle seconds before the load (10)")
+    p.add_argument(
+        "--cooldown", type=float, default=120,
+        help="at most this many seconds after the load for the VM to shrink back (120)",
+    )  # fmt: skip
+    p.add_argument(
+        "--boot-timeout", type=float, default=300,
+        help="seconds to wait for the guest's PostgreSQL to accept connections (300)",
     )  # fmt: skip
     p.add_argument(
         "--cluster", type=Path, default=EXAMPLES / "cluster.yaml",
@@ -403,38 +441,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         pgbench = pgbench_binary()
-        say("building the minimal guest image (cached)")
-        image = build_minimal_image()
-        say(f"booting {vm.key} (QEMU {args.accel}, {vm.min_vcpus}..{vm.max_vcpus} vCPUs)")
+        say("building the postgres guest image (cached; about a minute the first time)")
+        started = time.monotonic()
+        image = build_image("postgres")
+        say(f"booting {vm.key} (QEMU {args.accel}, {vm.min_vcpus}..{vm.max_vcpus} vCPUs,"
+            f" {vm.memory}); the guest initialises PostgreSQL in RAM")  # fmt: skip
         guest = start_runner(
-            image, workdir, min_vcpus=vm.min_vcpus, max_vcpus=vm.max_vcpus, accel=args.accel
-        )
+            image, workdir, min_vcpus=vm.min_vcpus, max_vcpus=vm.max_vcpus, memory=vm.memory,
+            accel=args.accel, postgres=True,
+        )  # fmt: skip
         services.append(guest.runner)
-        with postgres(workdir) as pg:
-            say(f"PostgreSQL on 127.0.0.1:{pg.port}; pgbench -i -s {args.scale}")
+        assert guest.postgres_port is not None
+        port = guest.postgres_port
+        wait_booted(guest)
+        try:
+            eventually(lambda: pg_isready(port), bool, timeout_seconds=args.boot_timeout,
+                       interval_seconds=1.0, what="PostgreSQL in the guest",
+                       alive=[guest.runner])  # fmt: skip
+        except AssertionError as e:
+            raise BenchError(
+                f"the guest's PostgreSQL did not accept connections within {args.boot_timeout:.0f}s"
+                f" (--boot-timeout); the guest logs it to /var/log/postgres.log and its kernel"
+                f" log ({e})"
+            ) from e
+        say(f"PostgreSQL in the guest is ready on 127.0.0.1:{port},"
+            f" {time.monotonic() - started:.0f}s after the build started")  # fmt: skip
+        if args.scale != IMAGE_SCALE:
+            say(f"pgbench -i -s {args.scale} (from this machine, into the guest)")
             init = subprocess.run(
-                [pgbench, "-i", "-q", "-s", str(args.scale), "-h", "127.0.0.1", "-p", str(pg.port),
-                 "-U", "postgres", "postgres"],
-                capture_output=True, text=True, timeout=300, check=False,
+                [pgbench, "-i", "-q", "-s", str(args.scale), "-h", "127.0.0.1", "-p", str(port),
+                 "-U", PGUSER, PGDATABASE],
+                capture_output=True, text=True, timeout=1800, check=False, env=pg_env(),
             )  # fmt: skip
             if init.returncode != 0:
                 raise BenchError(f"pgbench -i failed:\n{init.stderr}")
-            exporter, host_url = start_host_exporter(workdir)
-            services.append(exporter)
-            wait_booted(guest)
-            extender = start_extender(
-                workdir, cluster_file, base_config=yaml.safe_load(args.extender_config.read_text())
-            )
-            services.append(extender.service)
-            config, vms, port = write_agent_files(
-                workdir, vm, extender=extender, qmp_socket=guest.qmp_socket,
-                metrics_url=host_url, base_config=yaml.safe_load(args.agent_config.read_text()),
-            )  # fmt: skip
-            agent = start_agent(workdir, vm, config=config, vms=vms, port=port)
-            services.append(agent.service)
-            say(f"agent and extender up; the agent scales {vm.key} from the host's node_exporter")
-            result = measure(args, vm=vm, guest=guest, extender=extender, agent=agent,
-                             host_url=host_url, pgbench=pgbench, pg=pg, out=out)  # fmt: skip
+        extender = start_extender(
+            workdir, cluster_file, base_config=yaml.safe_load(args.extender_config.read_text())
+        )
+        services.append(extender.service)
+        config, vms, http_port = write_agent_files(
+            workdir, vm, extender=extender, qmp_socket=guest.qmp_socket,
+            metrics_url=guest.metrics_url,
+            base_config=yaml.safe_load(args.agent_config.read_text()),
+        )  # fmt: skip
+        agent = start_agent(workdir, vm, config=config, vms=vms, port=http_port)
+        services.append(agent.service)
+        say(f"agent and extender up; the agent scales {vm.key} from the guest's node_exporter")
+        result = measure(args, vm=vm, guest=guest, extender=extender, agent=agent,
+                         pgbench=pgbench, out=out)  # fmt: skip
     finally:
         for service in reversed(services):
             service.stop(timeout_seconds=30 if service.name == "runner" else 10)
@@ -447,18 +501,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure(
     args: argparse.Namespace, *, vm: VmPod, guest: Guest, extender: Extender, agent: Agent,
-    host_url: str, pgbench: str, pg: Postgres, out: Path,
+    pgbench: str, out: Path,
 ) -> dict[str, Any]:  # fmt: skip
     samples: list[Sample] = []
     started = time.monotonic()
-    alive = [guest.runner, extender.service, agent.service, pg.service]
+    alive = [guest.runner, extender.service, agent.service]
 
     def tick(phase: str, tps: float | None) -> Sample:
         for service in alive:
             if not service.is_running():
                 raise BenchError(f"{service.name} exited; its log ends:\n{service.log_tail()}")
         s = take_sample(time.monotonic() - started, phase, guest=guest, extender=extender,
-                        agent=agent, vm=vm, host_url=host_url, tps=tps)  # fmt: skip
+                        agent=agent, vm=vm, tps=tps)  # fmt: skip
         samples.append(s)
         if not args.quiet:
             print(row(s), flush=True)
@@ -473,16 +527,17 @@ def measure(
         print(HEADER, flush=True)
     for _ in every_second(time.monotonic() + args.warmup):
         tick("idle", None)
+    assert guest.postgres_port is not None
     bench = subprocess.Popen(
-        [pgbench, "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-c",
+        [pgbench, "-h", "127.0.0.1", "-p", str(guest.postgres_port), "-U", PGUSER, "-c",
          str(args.clients), "-j", str(args.clients), "-T", str(int(args.duration)), "-P", "1",
-         "--no-vacuum", "postgres"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         "-b", args.builtin, "--no-vacuum", PGDATABASE],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=pg_env(),
     )  # fmt: skip
     progress = PgbenchProgress(bench, out / "pgbench.log")
     load_started = time.monotonic() - started
     try:
-        for _ in every_second(time.monotonic() + args.duration + 30):
+        for _ in every_second(time.monotonic() + args.duration + 60):
             if bench.poll() is not None:
                 break
             tick("load", progress.tps)
@@ -504,13 +559,25 @@ def measure(
             break
     plot_path = out / "bench.png"
     plot(samples, plot_path, vm=vm.key)
+    try:
+        latency = latency_buckets(agent.metrics())
+    except (OSError, ValueError):
+        latency = []
+    verdict = judge(samples, min_vcpus=vm.min_vcpus, load_started=load_started,
+                    load_ended=load_ended, latency=latency)  # fmt: skip
     result = {
         "vm": vm.key,
         "min_vcpus": vm.min_vcpus,
         "max_vcpus": vm.max_vcpus,
         "load_started_seconds": round(load_started, 2),
         "load_ended_seconds": round(load_ended, 2),
-        "pgbench": {"clients": args.clients, "scale": args.scale, **progress.summary},
+        "pgbench": {
+            "clients": args.clients,
+            "scale": args.scale,
+            "builtin": args.builtin,
+            **progress.summary,
+        },
+        "verdict": {**asdict(verdict), "ok": verdict.ok, "line": verdict.line(vm.key)},
         "plot": str(plot_path),
         "samples": [asdict(s) for s in samples],
     }
@@ -528,14 +595,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("run-bench --local: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
-    vcpus = [s["vcpus"] for s in result["samples"] if s["vcpus"] is not None]
-    print(
-        f"==> {result['vm']}: vCPUs {min(vcpus)}..{max(vcpus)}; pgbench"
-        f" {result['pgbench'].get('tps', 0):.0f} tps; {result['plot']},"
-        f" {Path(result['plot']).with_name('bench.json')}",
-        file=sys.stderr,
-    )
-    return 0
+    print(f"==> plot {result['plot']}, samples {Path(result['plot']).with_name('bench.json')}",
+          file=sys.stderr)  # fmt: skip
+    print(f"==> {result['verdict']['line']}", file=sys.stderr)
+    return 0 if result["verdict"]["ok"] else 3
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Shell only, no policy. Used by ``scripts/local_bench.py`` (``scripts/run-bench.s
 by the end-to-end tests in ``tests/e2e/``, so that both drive exactly the same real binaries the
 same way:
 
-* ``start_runner``: ``python -m vm_runner`` (QEMU, the minimal guest) with a QMP socket for the
-  agent, a serial console socket, and the guest's node_exporter forwarded to a loopback port.
+* ``start_runner``: ``python -m vm_runner`` (QEMU, the minimal or the postgres guest) with a QMP
+  socket for the agent, a serial console socket, and the guest's node_exporter (and PostgreSQL,
+  for the postgres guest) forwarded to loopback ports.
 * ``write_cluster`` + ``start_extender``: ``scheduler-extender serve --standalone`` with a
   static token, nodes and pods from one YAML file.
 * ``write_agent_files`` + ``start_agent``: ``autoscaler-agent --standalone`` for one VM.
@@ -237,18 +238,22 @@ class GuestImage:
     initrd: Path
 
 
-def build_minimal_image() -> GuestImage:
-    """``python -m vm_image minimal`` (cached under vm_image/build: seconds when built)."""
+def build_image(variant: str = "minimal") -> GuestImage:
+    """``python -m vm_image VARIANT`` (cached under vm_image/build: seconds when built)."""
     result = subprocess.run(
-        [sys.executable, "-m", "vm_image", "minimal", "--out", str(REPO / "vm_image/build"),
+        [sys.executable, "-m", "vm_image", variant, "--out", str(REPO / "vm_image/build"),
          "--cache", str(REPO / "vm_image/build/debs")],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     if result.returncode != 0:
-        raise RuntimeError(f"building the minimal guest image failed:\n{result.stderr}")
+        raise RuntimeError(f"building the {variant} guest image failed:\n{result.stderr}")
     out = Path(result.stdout.strip())
     return GuestImage(kernel=out / "vmlinuz", initrd=out / "initramfs.cpio.gz")
+
+
+def build_minimal_image() -> GuestImage:
+    return build_image("minimal")
 
 
 @dataclass
@@ -261,6 +266,7 @@ class Guest:
     metrics_port: int  # the guest's node_exporter, forwarded to 127.0.0.1
     min_vcpus: int
     max_vcpus: int
+    postgres_port: int | None = None  # the postgres guest's :5432, forwarded to 127.0.0.1
     _control_socket: Path | None = field(default=None, repr=False)
 
     @property
@@ -269,6 +275,10 @@ class Guest:
 
     def scrape(self, *, timeout_seconds: float = 5.0) -> Samples:
         return scrape(self.metrics_url, timeout_seconds=timeout_seconds)
+
+    def online_vcpus(self, *, timeout_seconds: float = 5.0) -> int:
+        """CPUs the guest kernel has online, as its node_exporter reports them."""
+        return online_cpus(self.scrape(timeout_seconds=timeout_seconds))
 
     def control_socket(self) -> Path:
         """The runner's private QMP socket, from its ``qemu_starting`` log line."""
@@ -366,9 +376,15 @@ def start_runner(
     max_memory: str | None = None,
     accel: str = "tcg",
     grace_seconds: float = 10,
+    postgres: bool = False,
 ) -> Guest:
-    """Start the guest; returns at once (``wait_booted`` waits for node_exporter)."""
+    """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
+
+    ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
+    """
     port = free_port()
+    pg_port = free_port() if postgres else None
+    pg_forward = [] if pg_port is None else ["--forward", f"127.0.0.1:{pg_port}:5432"]
     qmp_socket = workdir / "sockets" / "vm-qmp.sock"
     serial_socket = workdir / "serial.sock"
     runner = spawn(
@@ -379,7 +395,7 @@ def start_runner(
             "--min-vcpus", str(min_vcpus), "--max-vcpus", str(max_vcpus), "--memory", memory,
             "--accel", accel, "--qmp-socket", str(qmp_socket),
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
-            "--grace-seconds", str(grace_seconds),
+            "--grace-seconds", str(grace_seconds), *pg_forward,
             *(["--max-memory", max_memory] if max_memory is not None else []),
         ],
         log_path=workdir / "runner.log",
@@ -391,6 +407,7 @@ def start_runner(
         metrics_port=port,
         min_vcpus=min_vcpus,
         max_vcpus=max_vcpus,
+        postgres_port=pg_port,
     )
 
 

@@ -9,21 +9,31 @@
 # Cluster path: pgbench runs in a throwaway pod next to the VM (so the load does not go through
 # a port-forward, which would be the bottleneck), while this terminal shows the extender's
 # view: the VM's permitted vCPUs and every node's free CPU (scripts/watch-vcpus over a
-# port-forward to the extender's /state).
+# port-forward to the extender's /state). The VM runs the postgres guest image
+# (vm_runner/Dockerfile): PostgreSQL 15 with role bench, password bench and database pgbench,
+# filled at scale 5 when the guest boots. After the load the script waits for the VM to shrink
+# back and ends with a verdict line: grew to N, pgbench's tps, shrank in Y s.
 #
 # Environment (cluster path):
 #   VM_NAME          the VM pod, e.g. pg-vm-0 (required)
 #   VM_NAMESPACE     its namespace (default: default)
 #   KUBE_CONTEXT     kubectl context (default: the current one)
 #   PGBENCH_IMAGE    image with pgbench and pg_isready (default: postgres:16-alpine)
-#   PGUSER PGDATABASE PGPASSWORD   passed to pgbench (defaults: postgres, postgres, unset)
-#   SCALE            pgbench -i scale factor (default: 10)
+#   PGUSER PGDATABASE PGPASSWORD   passed to pgbench (defaults: bench, pgbench, bench: the
+#                    guest image's)
+#   SCALE            re-run pgbench -i at this scale first (default: unset, use the guest's 5)
+#   BUILTIN          pgbench built-in script (default: select-only, CPU-bound in the guest)
 #   CLIENTS          pgbench clients, and threads (default: 8)
 #   DURATION         seconds of load (default: 120)
+#   PG_WAIT          seconds to wait for PostgreSQL in the VM to accept connections: the
+#                    guest fills its database at boot, tens of seconds under TCG (default: 300)
+#   COOLDOWN         seconds to wait after the load for the VM to shrink back (default: 120)
 #   STATE_PORT       local port for the extender's /state (default: 10298)
 #
-# Exit status: 0 when the benchmark ran; 1 when a tool or the cluster failed; 2 for arguments
-# the cluster path does not take (it is configured by the environment above).
+# Exit status: 0 when the VM grew under the load and shrank back after it; 1 when a tool or
+# the cluster failed (PostgreSQL not ready within PG_WAIT included); 2 for arguments the
+# cluster path does not take (it is configured by the environment above); 3 when the benchmark
+# ran but the VM did not grow, or did not shrink back within COOLDOWN.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; }
@@ -63,12 +73,15 @@ fi
 : "${VM_NAME:?set VM_NAME to the VM pod, e.g. VM_NAME=pg-vm-0 $0}"
 VM_NAMESPACE="${VM_NAMESPACE:-default}"
 PGBENCH_IMAGE="${PGBENCH_IMAGE:-postgres:16-alpine}"
-PGUSER="${PGUSER:-postgres}"
-PGDATABASE="${PGDATABASE:-postgres}"
-PGPASSWORD="${PGPASSWORD:-}"
-SCALE="${SCALE:-10}"
+PGUSER="${PGUSER:-bench}"
+PGDATABASE="${PGDATABASE:-pgbench}"
+PGPASSWORD="${PGPASSWORD:-bench}"
+SCALE="${SCALE:-}"
+BUILTIN="${BUILTIN:-select-only}"
 CLIENTS="${CLIENTS:-8}"
 DURATION="${DURATION:-120}"
+PG_WAIT="${PG_WAIT:-300}"
+COOLDOWN="${COOLDOWN:-120}"
 STATE_PORT="${STATE_PORT:-10298}"
 
 command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed or not on PATH"
@@ -118,26 +131,77 @@ python3 "$ROOT/scripts/watch-vcpus" --once --url "http://127.0.0.1:$STATE_PORT/s
   || say "(the extender's /state is not reachable; the benchmark runs anyway)"
 
 # Every 5 s, the VM's row and its node's free CPU, interleaved with pgbench's progress lines.
+# Also kept in WATCH_LOG: the verdict reads the VM's peak from it.
+WATCH_LOG="$(mktemp)"
 python3 "$ROOT/scripts/watch-vcpus" --no-clear --interval 5 --vm "$VM_NAMESPACE/$VM_NAME" \
-  --url "http://127.0.0.1:$STATE_PORT/state" >&2 &
+  --url "http://127.0.0.1:$STATE_PORT/state" > >(tee "$WATCH_LOG" >&2) &
 WATCH_PID=$!
 
-say "pgbench against $VM_NAME ($VM_IP:5432): scale $SCALE, $CLIENTS clients, ${DURATION}s"
+# The VM's permitted vCPUs and minimum in the extender's /state ("N MIN"), nothing if unknown.
+vm_permit() {
+  python3 - "http://127.0.0.1:$STATE_PORT/state" "$VM_NAMESPACE/$VM_NAME" <<'PY' 2>/dev/null || true
+import json, sys, urllib.request
+url, pod = sys.argv[1:]
+state = json.load(urllib.request.urlopen(url, timeout=5))
+for node in state["nodes"]:
+    for alloc in node.get("allocations") or ():
+        if alloc.get("pod") == pod and alloc.get("vm"):
+            print(alloc["vm"]["vcpus"], alloc["vm"]["minVcpus"])
+PY
+}
+read -r _ MIN_VCPUS <<<"$(vm_permit)" || true
+MIN_VCPUS="${MIN_VCPUS:-1}"
+
+say "pgbench against $VM_NAME ($VM_IP:5432): scale ${SCALE:-5 (filled at boot)}, $CLIENTS clients, ${DURATION}s, -b $BUILTIN"
 # Single-quoted on purpose: expanded by the pod's shell, from the env passed with --env.
 # shellcheck disable=SC2016
 BENCH_SCRIPT='
-until pg_isready -q -h "$VM_IP" -p 5432; do echo "waiting for PostgreSQL in the VM..."; sleep 2; done
-pgbench -h "$VM_IP" -i -s "$SCALE" --quiet
-pgbench -h "$VM_IP" -c "$CLIENTS" -j "$CLIENTS" -T "$DURATION" -P 5 --no-vacuum
+waited=0
+until pg_isready -q -h "$VM_IP" -p 5432 -U "$PGUSER" -d "$PGDATABASE"; do
+  if [ "$waited" -ge "$PG_WAIT" ]; then
+    echo "run-bench: PostgreSQL in the VM did not accept connections within ${PG_WAIT}s" >&2
+    exit 10
+  fi
+  echo "waiting for PostgreSQL in the VM (${waited}s; the guest fills its database at boot)..."
+  sleep 5; waited=$((waited + 5))
+done
+if [ -n "$SCALE" ]; then pgbench -h "$VM_IP" -i -s "$SCALE" --quiet || exit 1; fi
+echo "pgbench-starts"
+pgbench -h "$VM_IP" -c "$CLIENTS" -j "$CLIENTS" -T "$DURATION" -P 5 -b "$BUILTIN" --no-vacuum
 '
+BENCH_LOG="$(mktemp)"
+set +e
 "${KUBECTL[@]}" -n "$VM_NAMESPACE" run "$BENCH_POD" --rm -i --restart=Never --quiet \
   --image="$PGBENCH_IMAGE" \
   --env="VM_IP=$VM_IP" --env="SCALE=$SCALE" --env="CLIENTS=$CLIENTS" \
   --env="DURATION=$DURATION" --env="PGUSER=$PGUSER" --env="PGDATABASE=$PGDATABASE" \
-  --env="PGPASSWORD=$PGPASSWORD" \
-  --command -- sh -c "$BENCH_SCRIPT"
+  --env="PGPASSWORD=$PGPASSWORD" --env="PG_WAIT=$PG_WAIT" --env="BUILTIN=$BUILTIN" \
+  --command -- sh -c "$BENCH_SCRIPT" 2>&1 | tee "$BENCH_LOG"
+bench_status=${PIPESTATUS[0]}
+set -e
+LOAD_ENDED=$SECONDS
 
 kill "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
-say "after the load (the VM shrinks back after the agent's shrink_after_seconds of low load):"
+if grep -q "^run-bench: PostgreSQL in the VM" "$BENCH_LOG"; then
+  die "PostgreSQL in $VM_NAMESPACE/$VM_NAME ($VM_IP:5432) did not accept connections within ${PG_WAIT}s (PG_WAIT); is the VM pod running the postgres guest image (vm_runner/Dockerfile, built by kind/up.sh)? The guest's console: kubectl -n $VM_NAMESPACE logs $VM_NAME -c vm"
+fi
+[[ "$bench_status" -eq 0 ]] || die "pgbench failed (exit $bench_status); see above"
+# The peak is what the watch printed during the load (its VM rows: pod, vCPUs, min, max, ...).
+PEAK="$(grep -E "^ +$VM_NAMESPACE/$VM_NAME " "$WATCH_LOG" | awk '{print $2}' | sort -n | tail -1)"
+TPS="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$BENCH_LOG" | head -1)"
+say "after the load: waiting up to ${COOLDOWN}s for $VM_NAME to shrink back to $MIN_VCPUS"
+SHRANK=""
+while (( SECONDS - LOAD_ENDED < COOLDOWN )); do
+  read -r now _ <<<"$(vm_permit)" || true
+  if [[ "${now:-}" == "$MIN_VCPUS" ]]; then SHRANK=$((SECONDS - LOAD_ENDED)); break; fi
+  sleep 2
+done
 python3 "$ROOT/scripts/watch-vcpus" --once --url "http://127.0.0.1:$STATE_PORT/state" || true
+rm -f "$BENCH_LOG" "$WATCH_LOG"
+grew="DID NOT GROW"
+[[ -n "$PEAK" && "$PEAK" -gt "$MIN_VCPUS" ]] && grew="grew to $PEAK"
+shrank="DID NOT SHRINK within ${COOLDOWN}s"
+[[ -n "$SHRANK" ]] && shrank="shrank to $MIN_VCPUS in ${SHRANK}s"
+say "$VM_NAMESPACE/$VM_NAME: $grew (permitted vCPUs), pgbench ${TPS:-?} tps, $shrank"
+[[ "$grew" != "DID NOT GROW" && -n "$SHRANK" ]] || exit 3

@@ -1,4 +1,4 @@
-"""Command line: ``python -m vm_image {minimal,full} [--out DIR] [--cache DIR]``.
+"""Command line: ``python -m vm_image {minimal,postgres,full} [--out DIR] [--cache DIR]``.
 
 Prints the output directory on stdout (and nothing else there), so scripts can capture it.
 """
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from vm_image import debs, full, minimal
+from vm_image import debs, full, minimal, postgres
 
 _HERE = Path(__file__).parent
 
@@ -23,8 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "variant",
-        choices=["minimal", "full"],
+        choices=["minimal", "postgres", "full"],
         help="minimal: kernel + busybox initramfs with node_exporter (seconds to build); "
+        "postgres: minimal plus PostgreSQL 15, initialised in RAM at boot (no root); "
         "full: debootstrapped Debian disk with PostgreSQL (minutes, needs root)",
     )
     parser.add_argument(
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.variant == "minimal":
             out = minimal.build(out_root=args.out, cache_dir=cache, source_date_epoch=epoch)
+        elif args.variant == "postgres":
+            out = postgres.build(out_root=args.out, cache_dir=cache, source_date_epoch=epoch)
         else:
             out = full.build(out_root=args.out, cache_dir=cache, source_date_epoch=epoch)
     except debs.AptError as e:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build a guest image: ./vm_image/build.sh minimal|full [--out DIR] [--cache DIR]
+full|full [--out DIR] [--cache DIR]
 # A thin wrapper so CI and Dockerfiles need not know the Python entry point. The builder uses
 # only the Python standard library plus apt-get/dpkg-deb, which every Debian machine has.
 set -eu

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-_ARCH = "amd64"
+_ARCHES = ("amd64", "all")  # the guest's architecture, and architecture-independent data
 
 
 class AptError(RuntimeError):
@@ -68,21 +68,28 @@ def depends(package: Package) -> list[str]:
     return [part.split()[0] for part in match.group(1).split(",")]
 
 
-def deb_filename(package: Package) -> str:
+def deb_filenames(package: Package) -> list[str]:
+    """The names ``apt-get download`` may give the package, one per architecture it may have."""
     # apt-get download writes an epoch's colon as "%3a"; match it so the cache hits.
     version = package.version.replace(":", "%3a")
-    return f"{package.name}_{version}_{_ARCH}.deb"
+    return [f"{package.name}_{version}_{arch}.deb" for arch in _ARCHES]
 
 
 def fetch(package: Package, cache_dir: Path) -> Path:
     """The cached .deb for ``package``, downloading it first if needed."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / deb_filename(package)
-    if not path.exists():
+
+    def cached() -> Path | None:
+        return next((p for n in deb_filenames(package) if (p := cache_dir / n).exists()), None)
+
+    path = cached()
+    if path is None:
         _run(["apt-get", "download", "-q", package.pin()], cwd=cache_dir)
-        if not path.exists():
+        path = cached()
+        if path is None:
             found = sorted(p.name for p in cache_dir.glob(f"{package.name}_*.deb"))
-            raise AptError(f"apt-get download of {package.pin()} left {found}, not {path.name}")
+            raise AptError(f"apt-get download of {package.pin()} left {found}, not one of"
+                           f" {deb_filenames(package)}")  # fmt: skip
     return path
 
 

@@ -12,6 +12,8 @@ import gzip
 import os
 import shutil
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from vm_image import cpio, debs, manifest
@@ -61,11 +63,17 @@ class _Tree:
         self.entries: dict[str, cpio.Entry] = {}
 
     def add(self, entry: cpio.Entry) -> None:
+        """Add ``entry`` and its parent directories; an entry already at that path stays."""
         self.entries.setdefault(entry.path, entry)
         parent = Path(entry.path).parent
         while parent != Path():
             self.entries.setdefault(parent.as_posix(), cpio.directory(parent.as_posix()))
             parent = parent.parent
+
+    def replace(self, entry: cpio.Entry) -> None:
+        """Put ``entry`` at its path even if the base image already has one there."""
+        self.entries.pop(entry.path, None)
+        self.add(entry)
 
     def copy(self, src: str, dest: str | None = None) -> None:
         """Add ``src`` (relative to the unpacked tree) at ``dest``; symlinks bring their target."""
@@ -117,14 +125,39 @@ def _kernel_version(tree: Path) -> str:
     return version
 
 
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """An initramfs image: the minimal guest's parts plus ``packages`` and what ``extend`` adds.
+
+    ``extend`` runs on the finished base tree (unpacked packages at ``tree.root``), so a variant
+    keeps the same kernel, modules and boot scripts as ``minimal`` and only adds to them.
+    """
+
+    name: str
+    packages: tuple[str, ...] = ()
+    extend: Callable[[_Tree], None] | None = None
+
+
+MINIMAL = Variant(name="minimal")
+
+
 def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
     """Build (or reuse) the minimal image; returns the output directory."""
-    out_dir = out_root / "minimal"
+    return build_variant(
+        MINIMAL, out_root=out_root, cache_dir=cache_dir, source_date_epoch=source_date_epoch
+    )
+
+
+def build_variant(
+    variant: Variant, *, out_root: Path, cache_dir: Path, source_date_epoch: int
+) -> Path:
+    """Build (or reuse) an initramfs variant in ``out_root/<name>``; returns that directory."""
+    out_dir = out_root / variant.name
     (meta,) = debs.resolve([KERNEL_META_PACKAGE])
     kernel_names = [d for d in debs.depends(meta) if d.startswith("linux-image-")]
-    packages = debs.resolve([*kernel_names, *GUEST_PACKAGES])
+    packages = debs.resolve([*kernel_names, *GUEST_PACKAGES, *variant.packages])
     inputs = (
-        "variant minimal",
+        f"variant {variant.name}",
         f"recipe {manifest.recipe_digest(Path(__file__).parent)}",
         f"source_date_epoch {source_date_epoch}",
         *(f"package {p.pin()}" for p in sorted(packages, key=lambda p: p.name)),
@@ -132,7 +165,7 @@ def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
     if manifest.is_current(out_dir, inputs):
         return out_dir
 
-    work = out_root / ".work-minimal"
+    work = out_root / f".work-{variant.name}"
     shutil.rmtree(work, ignore_errors=True)
     for package in packages:
         debs.extract(debs.fetch(package, cache_dir), work)
@@ -155,6 +188,8 @@ def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
     tree.copy_with_libraries("usr/bin/prometheus-node-exporter", "usr/bin/node_exporter")
     for module in MODULES:
         tree.copy(f"lib/modules/{kernel}/{module}")
+    if variant.extend is not None:
+        variant.extend(tree)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = cpio.write_newc(list(tree.entries.values()), mtime=source_date_epoch)

@@ -133,6 +133,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "VM_NAME=pg-vm-0 scripts/run-bench.sh": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
     "vm_image/build.sh minimal": (How.ELSEWHERE, "tests/vm/test_image.py"),
+    "vm_image/build.sh postgres": (How.ELSEWHERE, "tests/vm/test_image.py"),
     "vm_image/build.sh full": (How.PARSE, None),
     ".venv/bin/python -m vm_runner --kernel vm_image/build/minimal/vmlinuz --initrd "
     "vm_image/build/minimal/initramfs.cpio.gz --min-vcpus 1 --max-vcpus 4 --memory 512Mi "

@@ -25,9 +25,9 @@ class MinimalImage:
     manifest: Path
 
 
-def build_minimal(out: Path, cache: Path) -> Path:
+def build_minimal(out: Path, cache: Path, variant: str = "minimal") -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "vm_image", "minimal", "--out", str(out), "--cache", str(cache)],
+        [sys.executable, "-m", "vm_image", variant, "--out", str(out), "--cache", str(cache)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -43,6 +43,17 @@ def minimal_image() -> MinimalImage:
     require_binary("apt-get")
     require_binary("dpkg-deb")
     out = build_minimal(REPO / "vm_image/build", REPO / "vm_image/build/debs")
+    return MinimalImage(
+        kernel=out / "vmlinuz", initrd=out / "initramfs.cpio.gz", manifest=out / "manifest.txt"
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_image() -> MinimalImage:
+    """The postgres variant (minimal plus PostgreSQL 15); ~25 s to build, then cached."""
+    require_binary("apt-get")
+    require_binary("dpkg-deb")
+    out = build_minimal(REPO / "vm_image/build", REPO / "vm_image/build/debs", "postgres")
     return MinimalImage(
         kernel=out / "vmlinuz", initrd=out / "initramfs.cpio.gz", manifest=out / "manifest.txt"
     )

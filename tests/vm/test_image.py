@@ -15,6 +15,7 @@ from tests.vm.conftest import REPO, MinimalImage, build_minimal
 from vm_image import cpio, manifest
 from vm_image.elf import read_dynamic_info
 from vm_image.minimal import MODULES
+from vm_image.postgres import INITTAB_LINE, PG_MAJOR, PGBENCH_SCALE
 
 
 def read_newc(data: bytes) -> list[dict[str, Any]]:
@@ -130,3 +131,43 @@ def test_minimal_build_is_cached_and_reproducible(minimal_image: MinimalImage, t
     for name in ("initramfs.cpio.gz", "vmlinuz", "manifest.txt"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert (first / "manifest.txt").read_bytes() == minimal_image.manifest.read_bytes()
+
+
+@pytest.mark.slow
+def test_postgres_image_is_the_minimal_guest_plus_postgresql(
+    minimal_image: MinimalImage, postgres_image: MinimalImage
+):
+    """Same kernel and boot pieces as minimal (so changes there carry over), plus PostgreSQL
+    with every library its binaries name, and one more service in the inittab."""
+    base = {e["name"]: e for e in read_newc(gzip.decompress(minimal_image.initrd.read_bytes()))}
+    entries = read_newc(gzip.decompress(postgres_image.initrd.read_bytes()))
+    by_name = {e["name"]: e for e in entries}
+    assert postgres_image.kernel.read_bytes() == minimal_image.kernel.read_bytes()
+    for name in ("init", "etc/rc.sysinit", "etc/modules.order", "usr/sbin/cpu-onliner",
+                 "usr/bin/node_exporter"):  # fmt: skip
+        assert by_name[name]["data"] == base[name]["data"], name
+    assert by_name["etc/inittab"]["data"] == base["etc/inittab"]["data"] + INITTAB_LINE
+    pg_bin = f"usr/lib/postgresql/{PG_MAJOR}/bin"
+    for program in ("postgres", "initdb", "pg_ctl", "pgbench"):
+        elf = by_name[f"{pg_bin}/{program}"]
+        assert elf["mode"] & 0o111
+        # Every library the loader will look for is in the image (by name, in a lib dir).
+        for needed in read_dynamic_info(elf["data"]).needed:
+            assert any(
+                f"{lib_dir}/{needed}" in by_name
+                for lib_dir in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+            ), (program, needed)
+    assert f"usr/share/postgresql/{PG_MAJOR}/postgres.bki" in by_name
+    assert f"usr/lib/postgresql/{PG_MAJOR}/lib/plpgsql.so" in by_name
+    assert b"postgres:x:" in by_name["etc/passwd"]["data"]
+    assert by_name["etc/pgbench-scale"]["data"] == f"{PGBENCH_SCALE}\n".encode()
+    assert by_name["usr/sbin/postgres-guest"]["mode"] & 0o111
+    assert f"package postgresql-{PG_MAJOR}=" in postgres_image.manifest.read_text()
+
+
+@pytest.mark.slow
+def test_postgres_build_is_reproducible(postgres_image: MinimalImage, tmp_path):
+    require_binary("apt-get")
+    again = build_minimal(tmp_path, REPO / "vm_image/build/debs", "postgres")
+    for name in ("initramfs.cpio.gz", "vmlinuz", "manifest.txt"):
+        assert (again / name).read_bytes() == postgres_image.initrd.with_name(name).read_bytes()
