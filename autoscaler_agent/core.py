@@ -146,7 +146,8 @@ class PermitOutcome(enum.StrEnum):
     PARTIAL = "partial"
     DENIED = "denied"
     RELEASED = "released"
-    # The answer broke the protocol (above the request or below usage): ignored.
+    # The answer broke the protocol (above the request, vCPUs below usage, memory below the
+    # VM's minimum): ignored.
     REJECTED = "rejected"
 
 
@@ -188,6 +189,7 @@ class VmState:
         "_failed_memory_target",
         "_failed_resize_target",
         "_hypervisor_max_vcpus",
+        "_memory_ceiling",
         "_memory_changed_at",
         "_memory_policy_state",
         "_memory_resize_failures",
@@ -263,6 +265,9 @@ class VmState:
         self._failed_memory_target: int | None = None
         self._asked_memory: int | None = None
         self._ask_again_memory_at = now
+        # A permit below the memory the VM has: the extender counts no more than this (it did
+        # not hold the rest, and the node has no room for it), so the VM must shrink to it.
+        self._memory_ceiling: int | None = None
 
         self._busy: _Busy | None = None
         self._call: PermitCall | None = None
@@ -358,6 +363,8 @@ class VmState:
                 top_memory_bytes=self._top_memory,
                 memory_per_vcpu_bytes=ratio,
             )
+        if self._memory_ceiling is not None:
+            target = min(target, self._memory_ceiling)
         return max(self.spec.min_memory_bytes, min(target, self._top_memory))
 
     @property
@@ -652,7 +659,11 @@ class VmState:
         if current_memory != self.current_memory:
             self._memory_changed_at = now
         self.current_memory = current_memory
-        if self.permit_memory is None or self.permit_memory < current_memory:
+        if self._memory_ceiling is not None and current_memory <= self._memory_ceiling:
+            self._memory_ceiling = None  # given back: the permit covers the VM again
+        if self._memory_ceiling is None and (
+            self.permit_memory is None or self.permit_memory < current_memory
+        ):
             self.permit_memory = current_memory
 
     def vcpus_read_failed(self, now: float, error: str, *, jitter: float) -> None:
@@ -741,14 +752,17 @@ class VmState:
         is_valid = call.usage_vcpus <= vcpus <= call.requested_vcpus
         if has_memory:
             assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
+            # Memory may come back below what the VM has: the extender believes memory it did
+            # not hold only where it fits, and the VM must give the rest back (docs/API.md).
             is_valid = is_valid and (
                 memory_bytes is not None
-                and call.usage_memory_bytes <= memory_bytes <= call.requested_memory_bytes
+                and self.spec.min_memory_bytes <= memory_bytes <= call.requested_memory_bytes
             )
         if not is_valid:
-            # Above the request is a grant we never asked for; below usage would take away
-            # vCPUs (or memory) the VM is running on. Either way the extender is confused: keep
-            # the old permit and back off as for any other failure.
+            # Above the request is a grant we never asked for; vCPUs below usage would take away
+            # vCPUs the VM is running on (memory below it is an order to give it back, but never
+            # below the VM's minimum). Either way the extender is confused: keep the old permit
+            # and back off as for any other failure.
             self._extender_failed(now, jitter)
             return PermitOutcome.REJECTED
         self.extender_failures = 0
@@ -768,6 +782,7 @@ class VmState:
         if has_memory and memory_bytes is not None:
             assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
             self.permit_memory = memory_bytes
+            self._memory_ceiling = memory_bytes if memory_bytes < call.usage_memory_bytes else None
             if memory_bytes >= call.requested_memory_bytes:
                 self._asked_memory = None
                 if call.requested_memory_bytes > call.usage_memory_bytes:

@@ -58,7 +58,8 @@ class AgentMetrics:
         )
         self.permit_protocol_errors = Counter(
             p + "permit_protocol_errors_total",
-            "Permits rejected for breaking the protocol (above the request or below usage)",
+            "Permits rejected for breaking the protocol (above the request, vCPUs below usage or"
+            " memory below the minimum)",
             registry=registry,
         )
         self.extender_errors = Counter(

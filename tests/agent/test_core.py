@@ -528,3 +528,27 @@ def test_coupled_memory_raises_the_vcpus_in_the_same_request(clock):
     call = vm.next_actions(clock.now).request_permit
     assert (call.current_vcpus, call.requested_vcpus) == (1, 2)
     assert call.requested_memory_bytes == 1024 * MiB
+
+
+def test_a_permit_below_the_memory_the_vm_has_is_obeyed_by_shrinking_to_it(clock):
+    """The extender believes memory it did not hold only where the node has room (after a
+    restart that lost a record, say): its answer is then below what the VM has, and the VM
+    gives the rest back instead of running on memory nobody counts."""
+    vm = mem_started(clock, memory=2 * GiB)  # adopted: the VM runs with 2 GiB
+    mem_scrape(vm, clock, used=300 * MiB)
+    vm.extender_restarted(clock.now)  # a new epoch: every VM reports its size
+    actions = vm.next_actions(clock.now)
+    call = actions.request_permit or actions.notify_extender
+    assert call is not None and call.usage_memory_bytes == 2 * GiB
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=1 * GiB) is not PermitOutcome.REJECTED
+    assert vm.permit_memory == 1 * GiB
+    resize = vm.next_actions(clock.now).resize_memory
+    assert resize is not None and resize.memory_bytes == 1 * GiB
+    vm.memory_resize_started(clock.now, 1 * GiB)
+    vm.memory_resized(clock.now, current_memory=1 * GiB)
+    # At the permit again: nothing more to give back, and later reads keep the permit.
+    assert (vm.current_memory, vm.permit_memory) == (1 * GiB, 1 * GiB)
+    assert vm.next_actions(clock.now).notify_extender is None
+    mem_scrape(vm, clock, used=300 * MiB)
+    assert vm.permit_memory == 1 * GiB
