@@ -9,8 +9,9 @@ Shell. Every permit that changes a VM's size is written to its pod:
   The first ``NotSupported`` switches that off for the life of the process. For a VM whose
   memory scales (``max-memory`` above ``min-memory``), the container's memory request and limit
   follow the permitted memory in the same patch: the VM container's memory is the guest's
-  memory (keep QEMU's own overhead out of it, e.g. in a RuntimeClass ``overhead``, which the
-  ledger counts on top). Requests and limits move together, so a Guaranteed pod stays
+  memory. (Known gap, docs/DEPLOY.md: QEMU's own memory then has no room inside the container's
+  limit; the fix is to hold and write permit + the container's memory above ``min-memory``.)
+  Requests and limits move together, so a Guaranteed pod stays
   Guaranteed; decreasing a memory limit in place needs Kubernetes v1.35+ and the container's
   memory ``resizePolicy`` ``NotRequired`` (the default). A VM whose memory does not scale keeps
   its container's memory as written.
