@@ -18,11 +18,15 @@ label ``vm``           ``"true"`` marks the pod as a VM                         
                        or ``cloud-hypervisor:///var/run/ch/ch.sock`` (a path on
                        the host, below the agent's configured root)
 ``metrics-url``        the guest's node_exporter                                 pod IP :9100
+``vm-container``       which container runs the VM (its memory is resized)       the first
 =====================  ========================================================  ==========
 
 Written by the extender (the durable record a restarted extender rebuilds from):
 
 ``permitted-vcpus`` / ``permitted-memory``: the last permit granted to the VM.
+``memory-overhead``: for a VM whose memory scales, its container's memory above the guest's
+(QEMU's own, from the container as written: its memory less ``min-memory``), which every
+resize of the container keeps and the extender holds on top of the permitted memory.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ HYPERVISOR: Final = PREFIX + "hypervisor"
 METRICS_URL: Final = PREFIX + "metrics-url"
 PERMITTED_VCPUS: Final = PREFIX + "permitted-vcpus"
 PERMITTED_MEMORY: Final = PREFIX + "permitted-memory"
+# Written by the extender with ``permitted-memory`` for a VM whose memory scales: the VM
+# container's memory above the guest's (QEMU's own), kept when the container is resized.
+MEMORY_OVERHEAD: Final = PREFIX + "memory-overhead"
+# Names the VM's container in a pod with several (default: the first container).
+VM_CONTAINER: Final = PREFIX + "vm-container"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
@@ -171,3 +180,14 @@ def parse_permitted(annotations: dict[str, str] | None) -> tuple[int | None, int
     except QuantityError:
         mem = None
     return vcpus, mem
+
+
+def parse_memory_overhead(annotations: dict[str, str] | None) -> int | None:
+    """The VM container's memory overhead the extender recorded, if any and well-formed."""
+    raw = (annotations or {}).get(MEMORY_OVERHEAD)
+    if raw is None:
+        return None
+    try:
+        return memory_bytes(raw)
+    except QuantityError:
+        return None

@@ -18,6 +18,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.annotations import VM_CONTAINER
 from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
@@ -34,7 +35,7 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
 # manifests/agent.yaml: the agent DaemonSet's namespace and serviceAccountName.
 DEFAULT_AGENT_SERVICE_ACCOUNT: Final = "vm-autoscaling/autoscaler-agent"
-CONTAINER_ANNOTATION: Final = "vm-autoscaling.io/vm-container"
+CONTAINER_ANNOTATION: Final = VM_CONTAINER
 
 
 class ConfigError(Exception):

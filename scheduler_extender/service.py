@@ -104,6 +104,8 @@ class Extender:
         self.cordoned: set[str] = set()
         # uid -> the VM's container, resized in place by the durability writer.
         self.vm_containers: dict[str, str] = {}
+        # A memory-scaling VM's container memory beyond the guest's, kept by every resize.
+        self.vm_memory_overheads: dict[str, int] = {}
         self.binds_in_flight: set[str] = set()
         self.has_nodes = False
         self.has_pods = False
@@ -198,6 +200,7 @@ class Extender:
         self.unbound.clear()
         self.unbound_specs.clear()
         self.vm_containers.clear()
+        self.vm_memory_overheads.clear()
         for pod in pods:
             info = self._info(pod)
             if info is not None:
@@ -236,6 +239,7 @@ class Extender:
             del self.unbound[key]
             self.unbound_specs.pop(key, None)
         self.vm_containers.pop(uid, None)
+        self.vm_memory_overheads.pop(uid, None)
         self.parked.unpark(uid)
         if self.recorder is not None:
             self.recorder.forget(uid)
@@ -312,6 +316,7 @@ class Extender:
             container = self._vm_container(pod)
             if container is not None:
                 self.vm_containers[info.uid] = container
+            self.vm_memory_overheads[info.uid] = info.container_memory_overhead_bytes
             if self.recorder is not None:
                 self.recorder.observed(info.uid, info.permitted_vcpus, info.permitted_memory_bytes)
 
@@ -468,6 +473,7 @@ class Extender:
                         memory_bytes=entry.memory_bytes,
                         resize_memory=entry.vm is not None
                         and entry.vm.max_memory_bytes > entry.vm.min_memory_bytes,
+                        memory_overhead_bytes=self.vm_memory_overheads.get(entry.uid, 0),
                     ),
                 )
         for name, count in counts.items():

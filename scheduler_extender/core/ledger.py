@@ -80,6 +80,9 @@ class Allocation(msgspec.Struct, kw_only=True):
     # A VM's permitted size; ``held`` is at least ``vcpus * 1000`` millicores.
     vcpus: int | None = None
     memory_bytes: int | None = None
+    # A memory-scaling VM's pod memory beyond the guest's (``PodInfo.memory_extra_bytes``):
+    # it holds ``memory_bytes + memory_extra`` at least.
+    memory_extra: int = 0
     # Reserved by our bind but not yet seen bound by the watch. Only such an entry is released
     # when the bind fails: once the API server shows the pod on the node, reality decides.
     is_tentative: bool = False
@@ -387,6 +390,8 @@ class Ledger:
         entry.requests = pod.requests
         if entry.vm is None and pod.vm is not None:
             entry.vm = pod.vm
+        if entry.vm is not None:
+            entry.memory_extra = pod.memory_extra_bytes
         held = _held_for(entry)
         change = self._set_held(entry, held)
         if change is not None:
@@ -436,6 +441,7 @@ class Ledger:
             vm=pod.vm if owner is Owner.OWN else None,
         )
         if entry.vm is not None:
+            entry.memory_extra = pod.memory_extra_bytes
             entry.vcpus = (
                 pod.permitted_vcpus if pod.permitted_vcpus is not None else entry.vm.min_vcpus
             )
@@ -503,7 +509,7 @@ class Ledger:
             held = requests
         else:
             cpu = max(requests.cpu_millis, vcpus * 1000)
-            held = Demand(cpu, max(requests.memory_bytes, memory_bytes))
+            held = Demand(cpu, max(requests.memory_bytes, memory_bytes + entry.memory_extra))
         if entry.uncertain != ZERO:
             state = self.nodes[entry.node]
             state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
@@ -575,14 +581,14 @@ def _held_for(entry: Allocation) -> Demand:
     vm = entry.vm
     if vm is None or entry.vcpus is None or entry.memory_bytes is None:
         return entry.requests
-    return entry.requests.max(Demand(entry.vcpus * 1000, entry.memory_bytes))
+    return entry.requests.max(Demand(entry.vcpus * 1000, entry.memory_bytes + entry.memory_extra))
 
 
 def _uncertain_for(entry: Allocation) -> Demand:
     """What an unverified VM may run beyond what it holds: up to its maximum."""
     vm = entry.vm
     assert vm is not None
-    top = entry.requests.max(Demand(vm.top_vcpus * 1000, vm.top_memory_bytes))
+    top = entry.requests.max(Demand(vm.top_vcpus * 1000, vm.top_memory_bytes + entry.memory_extra))
     return Demand(
         max(0, top.cpu_millis - entry.held.cpu_millis),
         max(0, top.memory_bytes - entry.held.memory_bytes),

@@ -148,11 +148,14 @@ def decide(
             # On top of the VM's recorded size (after adopting lastPermit), not of what it
             # held: that is the quota it already uses.
             base_cpu = max(entry.requests.cpu_millis, held_vcpus * CPU_MILLIS_PER_VCPU)
-            base_mem = max(entry.requests.memory_bytes, held_mem)
+            base_mem = max(entry.requests.memory_bytes, held_mem + entry.memory_extra)
             grow_cpu = min(room_cpu, base_cpu + left.cpu_millis)
             grow_mem = min(room_mem, base_mem + left.memory_bytes)
     if growth_cap_millis is not None:
         grow_cpu = min(grow_cpu, req.current.vcpus * CPU_MILLIS_PER_VCPU + growth_cap_millis)
+    # A memory-scaling VM's pod holds its memory plus the rest of the pod (QEMU's own memory,
+    # other containers): the guest may have what is left of the room after that.
+    grow_mem -= entry.memory_extra
     if growth_cap_bytes is not None:
         grow_mem = min(grow_mem, max(held_mem, req.current.memory_bytes) + growth_cap_bytes)
     last = req.last_permit
@@ -175,14 +178,15 @@ def decide(
             want.memory_bytes,
             held_mem,
             last=last.memory_bytes if last is not None else None,
-            fit=grow_mem if entry.requests.memory_bytes <= grow_mem else 0,
+            fit=grow_mem if entry.requests.memory_bytes <= grow_mem + entry.memory_extra else 0,
             round_down=vm.round_memory_down,
         )
     ledger.resize_vm(entry.uid, vcpus=vcpus, memory_bytes=memory)
     quota = None
-    if left is not None and (grow_cpu < room_cpu or grow_mem < room_mem):
+    mem_short = grow_mem + entry.memory_extra < room_mem
+    if left is not None and (grow_cpu < room_cpu or mem_short):
         # Name the resource the quota held back: CPU unless only memory was asked for.
-        is_cpu = grow_cpu < room_cpu and (want.vcpus > req.current.vcpus or grow_mem >= room_mem)
+        is_cpu = grow_cpu < room_cpu and (want.vcpus > req.current.vcpus or not mem_short)
         quota = _QuotaLimit(entry.namespace, left, is_cpu=is_cpu)
     status, reason = _status(req, vcpus, memory, free=free, node=state.name, quota=quota)
     if answer_memory < current_mem and want.memory_bytes >= current_mem:

@@ -63,6 +63,12 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     vm_error: str | None = None
     permitted_vcpus: int | None = None
     permitted_memory_bytes: int | None = None
+    # For a VM whose memory scales: the pod's memory beyond the guest's, which it holds on top
+    # of its permitted memory (the VM container's own overhead, QEMU's, plus every other
+    # container and the pod overhead), and the VM container's part of it, which a resize of the
+    # container keeps. Zero for every other pod (and VM), whose requests are what they hold.
+    memory_extra_bytes: int = 0
+    container_memory_overhead_bytes: int = 0
     created: str = ""
 
     @property
@@ -80,7 +86,7 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
             if self.permitted_memory_bytes is not None
             else self.vm.min_memory_bytes
         )
-        return self.requests.max(Demand(vcpus * 1000, mem))
+        return self.requests.max(Demand(vcpus * 1000, mem + self.memory_extra_bytes))
 
 
 class PodError(ValueError):
@@ -160,6 +166,9 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         except ann.AnnotationError as e:
             vm_error = str(e)
         permitted = ann.parse_permitted(meta.annotations)
+    extra = overhead = 0
+    if vm is not None and vm.max_memory_bytes > vm.min_memory_bytes:
+        extra, overhead = _memory_extra(pod, vm, requests)
     return PodInfo(
         uid=meta.uid,
         namespace=meta.namespace,
@@ -176,5 +185,31 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         vm_error=vm_error,
         permitted_vcpus=permitted[0],
         permitted_memory_bytes=permitted[1],
+        memory_extra_bytes=extra,
+        container_memory_overhead_bytes=overhead,
         created=meta.creation_timestamp or "",
     )
+
+
+def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]:
+    """(extra, overhead) of ``PodInfo`` for a VM whose memory scales.
+
+    The VM container's overhead is what the extender recorded with its first permit
+    (``memory-overhead``) or, before any, its memory above ``min-memory`` as written (nothing
+    has resized it yet: the record is written before the resize). The rest of the pod (other
+    containers, the pod overhead) is its requests less the VM container's, at any moment."""
+    containers = pod.spec.containers or []
+    named = (pod.metadata.annotations or {}).get(ann.VM_CONTAINER)
+    container = next((c for c in containers if c.name == named), None) if named else None
+    if container is None and containers:
+        container = containers[0]
+    if container is None:
+        return 0, 0
+    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    try:
+        own = _container_demand(container, statuses.get(container.name)).memory_bytes
+    except QuantityError:
+        return 0, 0
+    recorded = ann.parse_memory_overhead(pod.metadata.annotations)
+    overhead = recorded if recorded is not None else max(0, own - vm.min_memory_bytes)
+    return max(0, requests.memory_bytes - own) + overhead, overhead

@@ -8,9 +8,9 @@ Shell. Every permit that changes a VM's size is written to its pod:
   the ``pods/resize`` subresource, so that the kubelet and kube-scheduler see the VM's real size.
   The first ``NotSupported`` switches that off for the life of the process. For a VM whose
   memory scales (``max-memory`` above ``min-memory``), the container's memory request and limit
-  follow the permitted memory in the same patch: the VM container's memory is the guest's
-  memory. (Known gap, docs/DEPLOY.md: QEMU's own memory then has no room inside the container's
-  limit; the fix is to hold and write permit + the container's memory above ``min-memory``.)
+  follow the permitted memory in the same patch, plus the container's own overhead: its memory
+  above ``min-memory`` as written, QEMU's room (recorded as ``memory-overhead`` with the first
+  permit, before any resize, so a restart reads it back; the ledger holds the same).
   Requests and limits move together, so a Guaranteed pod stays
   Guaranteed; decreasing a memory limit in place needs Kubernetes v1.35+ and the container's
   memory ``resizePolicy`` ``NotRequired`` (the default). A VM whose memory does not scale keeps
@@ -61,8 +61,10 @@ class PermitWrite(NamedTuple):
     container: str | None
     vcpus: int
     memory_bytes: int
-    # Resize the container's memory too (the VM's memory scales).
+    # Resize the container's memory too (the VM's memory scales), to the guest's memory plus
+    # this (QEMU's own, kept from the container as written; recorded as ``memory-overhead``).
     resize_memory: bool = False
+    memory_overhead_bytes: int = 0
 
 
 class PermitRecorder:
@@ -201,6 +203,11 @@ class PermitRecorder:
                 {
                     ann.PERMITTED_VCPUS: str(write.vcpus),
                     ann.PERMITTED_MEMORY: format_memory(write.memory_bytes),
+                    **(
+                        {ann.MEMORY_OVERHEAD: format_memory(write.memory_overhead_bytes)}
+                        if write.resize_memory
+                        else {}
+                    ),
                 },
             )
             self._metrics.durable_writes.labels("annotations", "ok").inc()
@@ -211,7 +218,9 @@ class PermitRecorder:
                     write.name,
                     container=write.container,
                     cpu=str(write.vcpus),
-                    memory=format_memory(write.memory_bytes) if write.resize_memory else None,
+                    memory=format_memory(write.memory_bytes + write.memory_overhead_bytes)
+                    if write.resize_memory
+                    else None,
                 )
             except NotSupported as e:
                 self._is_resize_supported = False

@@ -18,6 +18,7 @@ def vm_pod(
     max_vcpus: int = 4,
     extra: dict[str, str] | None = None,
     drop: tuple[str, ...] = (),
+    memory: str = "1Gi",
 ) -> dict[str, Any]:
     annotations = {
         "vm-autoscaling.io/min-vcpus": str(min_vcpus),
@@ -34,7 +35,7 @@ def vm_pod(
         labels=VM_LABELS,
         annotations=annotations,
         cpu=str(min_vcpus),
-        memory="1Gi",
+        memory=memory,
         phase="Running" if node else "Pending",
     )
 

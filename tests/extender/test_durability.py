@@ -182,3 +182,49 @@ async def test_memory_is_recorded_and_resized_in_place_both_ways(
     assert entry["unverified"]["uncertain"]["memoryBytes"] == 8 * gib - 5 * gib // 2
     await ask(5 * gib // 2, 5 * gib // 2, 5 * gib // 2, on=second)
     assert await second.state() == before
+
+
+async def test_a_resized_vm_container_keeps_its_memory_above_the_guests(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """The container was written 512Mi above the guest's minimum (QEMU's own memory): every
+    resize keeps that, the record says so, and a restart holds the same."""
+    gib, mib = 2**30, 2**20
+    kube_api.add_node(node_object("node-a", cpu="8", memory="16Gi"))
+    memory = {
+        "vm-autoscaling.io/min-memory": "1Gi",
+        "vm-autoscaling.io/max-memory": "8Gi",
+        "vm-autoscaling.io/memory-unit": "512Mi",
+    }
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a", extra=memory, memory="1536Mi"))
+    first = await start_extender()
+    assert first.extender.recorder is not None
+
+    async def ask(current: int, requested: int, last: int) -> dict[str, object]:
+        permit = await ask_memory(
+            first.permits, AUTH, current=current, requested=requested, last=last
+        )
+        assert first.extender.recorder is not None
+        await first.extender.recorder.wait_idle()
+        return permit
+
+    def container_memory() -> str:
+        resources = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"]
+        found: str = resources["requests"]["memory"]
+        return found
+
+    await ask(gib, gib, gib)
+    assert (await ask(gib, 5 * gib, gib))["permit"] == {"vcpus": 1, "memoryBytes": 5 * gib}
+    assert _annotations(kube_api)["vm-autoscaling.io/permitted-memory"] == "5Gi"
+    assert _annotations(kube_api)["vm-autoscaling.io/memory-overhead"] == "512Mi"
+    assert container_memory() == "5632Mi"
+    ledger = first.extender.ledger
+    assert ledger.pods["u-1"].held.memory_bytes == 5 * gib + 512 * mib
+    await ask(5 * gib, 5 * gib // 2, 5 * gib)
+    assert container_memory() == "3Gi"
+    await wait_until(lambda: ledger.pods["u-1"].requests.memory_bytes == 3 * gib)
+    assert ledger.pods["u-1"].held.memory_bytes == 3 * gib
+    second = await start_extender()
+    assert second.extender.ledger.pods["u-1"].held.memory_bytes == 3 * gib
+    assert second.extender.ledger.pods["u-1"].memory_bytes == 5 * gib // 2

@@ -175,3 +175,24 @@ def test_vms_growing_memory_in_one_batch_share_the_node_fairly(ledger):
     assert small.permit.permit is not None and big.permit.permit is not None
     assert small.permit.permit.memory_bytes == GI + 512 * MI
     assert big.permit.permit.memory_bytes == 2 * GI + 512 * MI
+
+
+def test_a_grow_leaves_room_for_the_pods_memory_beyond_the_guests(ledger):
+    """A VM in a container 512Mi above its guest (QEMU's own memory): the node must have room
+    for the guest's new size *and* that, since the resized container keeps it."""
+    pod = msgspec.structs.replace(
+        vm_pod("v1"),
+        requests=Demand(1000, GI + 512 * MI),
+        memory_extra_bytes=512 * MI,
+        container_memory_overhead_bytes=512 * MI,
+    )
+    ledger.reserve_for_bind(pod, "n1", at=0)
+    ledger.observe_pod(msgspec.structs.replace(pod, node_name="n1"), at=1)
+    assert mem_held(ledger) == GI + 512 * MI
+    ledger.observe_pod(foreign("f1", 4 * GI), at=2)  # 8 GiB node: 2.5 GiB left
+    d = decide(ledger, ask("v1", GI, 8 * GI))
+    # 1.5 GiB held + 2.5 GiB free = 4 GiB of pod: 3.5 GiB of guest, in 512Mi units.
+    assert d.permit.permit.memory_bytes == 3 * GI + 512 * MI
+    assert mem_held(ledger) == 4 * GI
+    assert ledger.nodes["n1"].free.memory_bytes == 0
+    ledger.check_invariants()

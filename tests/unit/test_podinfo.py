@@ -169,3 +169,43 @@ def test_vm_spec_rounding():
 
 def test_the_recorded_samples_are_there():
     assert Path(REFERENCE / "kube").is_dir()
+
+
+MI, GI = 2**20, 2**30
+SCALING = {ann.MIN_MEMORY: "1Gi", ann.MAX_MEMORY: "4Gi", ann.MIN_VCPUS: "1", ann.MAX_VCPUS: "2"}
+
+
+def test_a_memory_scaling_vm_keeps_its_containers_memory_above_the_guests():
+    """The example VM: 1 GiB of guest in a 1536Mi container (QEMU's own memory), a 100Mi
+    sidecar. The pod holds the guest's memory plus all of that; the container's part is what
+    each resize keeps."""
+    p = vm_pod(SCALING, mem="1536Mi")
+    p.spec.containers.append(container("log", mem="100Mi"))
+    info = pod_info(p, scheduler_name="vm-scheduler")
+    assert (info.memory_extra_bytes, info.container_memory_overhead_bytes) == (612 * MI, 512 * MI)
+    assert info.initial_demand() == Demand(1000, 1636 * MI)
+    # Resized to 3 GiB of guest (container 3 GiB + 512Mi) with the overhead recorded: the same.
+    p.metadata.annotations = {
+        **SCALING,
+        ann.PERMITTED_MEMORY: "3Gi",
+        ann.MEMORY_OVERHEAD: "512Mi",
+    }
+    p.spec.containers[0] = container("vm", "1", "3584Mi")
+    info = pod_info(p, scheduler_name="vm-scheduler")
+    assert (info.memory_extra_bytes, info.container_memory_overhead_bytes) == (612 * MI, 512 * MI)
+    assert info.initial_demand() == Demand(1000, 3 * GI + 612 * MI)
+    # The record was written before the resize: a restart in between still reads 512Mi.
+    p.spec.containers[0] = container("vm", "1", "1536Mi")
+    info = pod_info(p, scheduler_name="vm-scheduler")
+    assert info.container_memory_overhead_bytes == 512 * MI
+    assert info.initial_demand() == Demand(1000, 3 * GI + 612 * MI)
+
+
+def test_the_named_container_is_the_vm_and_fixed_memory_vms_have_no_extra():
+    named = vm_pod({**SCALING, ann.VM_CONTAINER: "qemu"}, mem="64Mi")
+    named.spec.containers.append(container("qemu", mem="1280Mi"))
+    info = pod_info(named, scheduler_name="vm-scheduler")
+    assert (info.memory_extra_bytes, info.container_memory_overhead_bytes) == (320 * MI, 256 * MI)
+    fixed = pod_info(vm_pod({ann.MIN_VCPUS: "1", ann.MAX_VCPUS: "2"}, mem="1536Mi"),
+                     scheduler_name="vm-scheduler")  # fmt: skip
+    assert (fixed.memory_extra_bytes, fixed.container_memory_overhead_bytes) == (0, 0)
