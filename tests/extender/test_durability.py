@@ -148,19 +148,10 @@ async def test_memory_is_recorded_and_resized_in_place_both_ways(
     async def ask(
         current: int, requested: int, last: int, *, on: Running | None = None
     ) -> dict[str, object]:
-        running = on or first
-        permit = await ask_memory(
-            running.permits, AUTH, current=current, requested=requested, last=last
-        )
-        assert running.extender.recorder is not None
-        await running.extender.recorder.wait_idle()
-        return permit
+        return await _ask_and_record(on or first, current, requested, last)
 
     def container_memory() -> str:
-        resources = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]["resources"]
-        assert resources["requests"]["memory"] == resources["limits"]["memory"]
-        found: str = resources["requests"]["memory"]
-        return found
+        return _container_memory(kube_api)
 
     await ask(gib, gib, gib)
     assert (await ask(gib, 5 * gib, gib))["permit"] == {"vcpus": 1, "memoryBytes": 5 * gib}
@@ -198,21 +189,12 @@ async def test_a_resized_vm_container_keeps_its_memory_above_the_guests(
     }
     kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a", extra=memory, memory="1536Mi"))
     first = await start_extender()
-    assert first.extender.recorder is not None
 
     async def ask(current: int, requested: int, last: int) -> dict[str, object]:
-        permit = await ask_memory(
-            first.permits, AUTH, current=current, requested=requested, last=last
-        )
-        assert first.extender.recorder is not None
-        await first.extender.recorder.wait_idle()
-        return permit
+        return await _ask_and_record(first, current, requested, last)
 
     def container_memory() -> str:
-        resources = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]["resources"]
-        assert resources["requests"]["memory"] == resources["limits"]["memory"]
-        found: str = resources["requests"]["memory"]
-        return found
+        return _container_memory(kube_api)
 
     await ask(gib, gib, gib)
     assert (await ask(gib, 5 * gib, gib))["permit"] == {"vcpus": 1, "memoryBytes": 5 * gib}
@@ -228,3 +210,23 @@ async def test_a_resized_vm_container_keeps_its_memory_above_the_guests(
     second = await start_extender()
     assert second.extender.ledger.pods["u-1"].held.memory_bytes == 3 * gib
     assert second.extender.ledger.pods["u-1"].memory_bytes == 5 * gib // 2
+
+
+async def _ask_and_record(
+    running: Running, current: int, requested: int, last: int
+) -> dict[str, object]:
+    """One memory permit through the permit port, once its durable write has landed."""
+    permit = await ask_memory(
+        running.permits, AUTH, current=current, requested=requested, last=last
+    )
+    assert running.extender.recorder is not None
+    await running.extender.recorder.wait_idle()
+    return permit
+
+
+def _container_memory(kube_api: FakeKubeApi) -> str:
+    """The VM container's memory (request and limit move together)."""
+    resources = kube_api.get_pod("vms", "vm-1")["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    found: str = resources["requests"]["memory"]
+    return found
