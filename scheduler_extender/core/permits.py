@@ -299,8 +299,9 @@ def _adopt_last_permit(
     vcpus, mem = entry.vcpus, entry.memory_bytes
     if vcpus < last.vcpus <= vm.top_vcpus and last.vcpus * CPU_MILLIS_PER_VCPU <= room_cpu:
         vcpus = last.vcpus
-    if mem < last.memory_bytes <= vm.top_memory_bytes and last.memory_bytes <= room_mem:
-        mem = last.memory_bytes
+    last_mem = last.memory_bytes
+    if mem < last_mem <= vm.top_memory_bytes and last_mem + entry.memory_extra <= room_mem:
+        mem = last_mem
     return vcpus, mem
 
 
