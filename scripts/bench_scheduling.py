@@ -107,6 +107,7 @@ class BindWatch:
         self._conn = http.client.HTTPSConnection(
             "127.0.0.1", cp.port, context=cp.ssl_context(client_cert=True), timeout=600
         )
+        self._closing = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -130,11 +131,14 @@ class BindWatch:
                     name = pod.get("metadata", {}).get("name")
                     if name and pod.get("spec", {}).get("nodeName") and name not in self.bound_at:
                         self.bound_at[name] = now
-        except (OSError, http.client.HTTPException, ValueError):
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            if not self._closing:
+                print(f"bench_scheduling: the bind watch ended: {e!r}", file=sys.stderr)
             return
 
     def close(self) -> None:
         """End the stream from outside: the reading thread sees EOF and returns."""
+        self._closing = True
         sock = self._conn.sock
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -218,6 +222,47 @@ def clear_namespace(api: Api, name: str) -> None:
     )
 
 
+def _labels(line: str) -> tuple[dict[str, str], float]:
+    """One Prometheus sample line: its labels and value (label values hold no commas here)."""
+    head, value = line.rsplit(" ", 1)
+    inner = head.split("{", 1)[1].rstrip("}")
+    pairs = (part.split("=", 1) for part in inner.split(",") if "=" in part)
+    return {k: v.strip('"') for k, v in pairs}, float(value)
+
+
+def api_counts(api: Api) -> dict[str, float]:
+    """The API server's own counters: requests by "VERB resource[/subresource]" (whoever sent
+    them) and watch events sent by resource ("watch-events resource")."""
+    text = api.request("GET", "/metrics", ok=(200,)).get("text", "")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, value = _labels(line)
+            resource = labels.get("resource", "")
+            if not resource:
+                continue
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = f"{labels.get('verb', '')} {resource}"
+        elif line.startswith("apiserver_watch_events_total{"):
+            labels, value = _labels(line)
+            key = f"watch-events {labels.get('resource') or labels.get('kind') or '?'}"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def per_pod(after: dict[str, float], before: dict[str, float], pods: int) -> dict[str, float]:
+    """What grew between two ``api_counts``, per pod (only what grew by 0.05 per pod or more)."""
+    grown = {k: (v - before.get(k, 0.0)) / pods for k, v in after.items()}
+    kept = {k: round(v, 2) for k, v in sorted(grown.items()) if v >= 0.05}
+    kept["total requests"] = round(
+        sum(v for k, v in grown.items() if not k.startswith("watch-events")), 2
+    )
+    return kept
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
@@ -298,6 +343,7 @@ class Bench:
                 assert extender.process is not None
                 cpu_before = cpu_seconds(extender.process.popen.pid)
                 verbs_before = verb_seconds(extender)
+            api_before = api_counts(self.api)
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
             scheduler.start()
             try:
@@ -307,6 +353,8 @@ class Bench:
                     what=f"{pods} pods bound ({mode}; saw {len(watch.bound_at)})",
                     interval=0.2,
                 )
+                time.sleep(1)  # the last binds' Events, watch events and writes
+                result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
             finally:
                 scheduler.stop()
             times = sorted(watch.bound_at.values())
@@ -314,7 +362,6 @@ class Bench:
             result["podsPerSecond"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 assert extender.process is not None
-                time.sleep(1)  # the last binds' watch events and writes
                 cpu = cpu_seconds(extender.process.popen.pid) - cpu_before
                 verbs = verb_seconds(extender)
                 result["extenderCpuMsPerPod"] = round(cpu * 1000 / pods, 3)
@@ -501,6 +548,7 @@ def main() -> int:
                 rates = [r["podsPerSecond"] for r in results]
                 medians[mode] = statistics.median(rates)
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
+                entry["apiPerPod"] = results[-1]["apiPerPod"]
                 if not mode.startswith("alone"):
                     entry["extenderCpuMsPerPod"] = statistics.median(
                         r["extenderCpuMsPerPod"] for r in results
