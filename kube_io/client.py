@@ -17,9 +17,10 @@ which applies auth and returns the raw aiohttp response, and msgspec decodes the
 from __future__ import annotations
 
 import datetime
+import urllib.request
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import msgspec
@@ -96,6 +97,7 @@ class KubeClient:
         )
         self._connect_timeout_seconds = connect_timeout_seconds
         api.user_agent = "vm-autoscaling/kube_io"
+        _skip_env_lookups(api)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, *, context: str | None = None) -> KubeClient:
@@ -483,6 +485,39 @@ class KubeClient:
             # A token file that vanished or an exec plugin that failed: no request was sent.
             raise Unavailable(f"{method} {path}: credentials unavailable: {e}") from e
         return response
+
+
+def _skip_env_lookups(api: ApiClient) -> None:
+    """Swap kubernetes-asyncio's session (``trust_env=True``) for one that does not look up a
+    proxy and ``~/.netrc`` on every request.
+
+    With ``trust_env``, aiohttp resolves both per request, each in a thread of the default
+    executor: two thread hops and GIL hand-overs for every Binding POST, where the extender's
+    event loop also answers kube-scheduler's filter calls. The environment does not change
+    while the process runs, so it is read once here: when a proxy applies to the API server,
+    the session is left as it was (aiohttp keeps honouring the proxy variables); otherwise
+    the new session has no env lookups. ``~/.netrc`` is not an API credential (the kubeconfig
+    or the ServiceAccount token is; kubectl ignores ``.netrc`` too).
+    """
+    rest = api.rest_client
+    if _env_proxy_applies(str(api.configuration.host)):
+        return
+    old: aiohttp.ClientSession = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector,
+        trust_env=False,
+        # kubernetes-asyncio's own choice: one watch event may be a large object.
+        read_bufsize=2**21,
+    )
+    old.detach()  # the connector now belongs to the new session
+
+
+def _env_proxy_applies(url: str) -> bool:
+    """Would aiohttp's ``trust_env`` send requests to ``url`` through a proxy?"""
+    parts = urlsplit(url)
+    if parts.scheme not in urllib.request.getproxies():
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 async def _raise_for_status(response: aiohttp.ClientResponse) -> None:

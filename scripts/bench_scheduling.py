@@ -58,6 +58,7 @@ from tests.controlplane.harness import (  # noqa: E402
     KUBE_BIN_ENV,
     SCHEDULER_NAME,
     Api,
+    ApiError,
     ControlPlane,
     Extender,
     Obj,
@@ -93,28 +94,62 @@ def find_binaries() -> Path:
 
 
 class BindWatch:
-    """A pod watch on one namespace in a thread: when each pod was first seen bound."""
+    """A pod watch on one namespace in a thread: when each pod was first seen bound.
+
+    A watch the API server ends or refuses (a 429 when it is overloaded, a 410) is started
+    again from a fresh list; pods the list shows bound count from when the list was read.
+    """
 
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
         self.bound_at: dict[str, float] = {}
+        self.restarts = 0
         self._cp = cp
         self._namespace = namespace
-        listed = cp.admin().get(pod_path(namespace))
-        self._rv = listed["metadata"]["resourceVersion"]
-        for pod in listed["items"]:
-            if pod["spec"].get("nodeName"):
-                self.bound_at[pod["metadata"]["name"]] = time.monotonic()
-        self._conn = http.client.HTTPSConnection(
-            "127.0.0.1", cp.port, context=cp.ssl_context(client_cert=True), timeout=600
-        )
+        self._conn: http.client.HTTPSConnection | None = None
+        self._closing = threading.Event()
+        self._rv = self._list()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        path = f"{pod_path(self._namespace)}?watch=1&resourceVersion={self._rv}"
+    def _list(self) -> str:
+        api = self._cp.admin()
         try:
-            self._conn.request("GET", path)
-            response = self._conn.getresponse()
+            listed = api.get(pod_path(self._namespace))
+        finally:
+            api.close()
+        now = time.monotonic()
+        for pod in listed["items"]:
+            if pod["spec"].get("nodeName"):
+                self.bound_at.setdefault(pod["metadata"]["name"], now)
+        rv: str = listed["metadata"]["resourceVersion"]
+        return rv
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self._watch()
+            except (OSError, http.client.HTTPException, ValueError, ApiError) as e:
+                if self._closing.is_set():
+                    return
+                print(f"bench_scheduling: the bind watch broke ({e!r}); again", file=sys.stderr)
+            if self._closing.wait(0.2):
+                return
+            self.restarts += 1
+            try:
+                self._rv = self._list()
+            except (OSError, http.client.HTTPException, ValueError, ApiError) as e:
+                print(f"bench_scheduling: listing pods failed ({e!r}); again", file=sys.stderr)
+
+    def _watch(self) -> None:
+        """One watch stream, until it ends (or answers anything but 200)."""
+        conn = self._conn = http.client.HTTPSConnection(
+            "127.0.0.1", self._cp.port, context=self._cp.ssl_context(client_cert=True), timeout=600
+        )
+        try:
+            conn.request("GET", f"{pod_path(self._namespace)}?watch=1&resourceVersion={self._rv}")
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ApiError(response.status, response.read().decode(errors="replace"))
             pending = b""
             while True:
                 # read1, not readline: one event's line may span chunks of the stream.
@@ -126,21 +161,28 @@ class BindWatch:
                 for line in lines:
                     if not line.strip():
                         continue
-                    pod = json.loads(line).get("object", {})
+                    event = json.loads(line)
+                    pod = event.get("object", {})
+                    if event.get("type") == "ERROR":  # e.g. 410: this resourceVersion is gone
+                        raise ApiError(pod.get("code", 0), pod)
                     name = pod.get("metadata", {}).get("name")
                     if name and pod.get("spec", {}).get("nodeName") and name not in self.bound_at:
                         self.bound_at[name] = now
-        except (OSError, http.client.HTTPException, ValueError):
-            return
+                    rv = pod.get("metadata", {}).get("resourceVersion")
+                    if rv:
+                        self._rv = rv
+        finally:
+            conn.close()
 
     def close(self) -> None:
         """End the stream from outside: the reading thread sees EOF and returns."""
-        sock = self._conn.sock
+        self._closing.set()
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=10)
-        self._conn.close()
 
 
 def create_all(cp: ControlPlane, items: list[tuple[str, Obj]], *, threads: int = 8) -> None:
@@ -216,6 +258,47 @@ def clear_namespace(api: Api, name: str) -> None:
     wait_for(
         lambda: not api.get(pod_path(name))["items"], timeout_seconds=120, what=f"{name} empty"
     )
+
+
+def _labels(line: str) -> tuple[dict[str, str], float]:
+    """One Prometheus sample line: its labels and value (label values hold no commas here)."""
+    head, value = line.rsplit(" ", 1)
+    inner = head.split("{", 1)[1].rstrip("}")
+    pairs = (part.split("=", 1) for part in inner.split(",") if "=" in part)
+    return {k: v.strip('"') for k, v in pairs}, float(value)
+
+
+def api_counts(api: Api) -> dict[str, float]:
+    """The API server's own counters: requests by "VERB resource[/subresource]" (whoever sent
+    them) and watch events sent by resource ("watch-events resource")."""
+    text = api.request("GET", "/metrics", ok=(200,)).get("text", "")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, value = _labels(line)
+            resource = labels.get("resource", "")
+            if not resource:
+                continue
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = f"{labels.get('verb', '')} {resource}"
+        elif line.startswith("apiserver_watch_events_total{"):
+            labels, value = _labels(line)
+            key = f"watch-events {labels.get('resource') or labels.get('kind') or '?'}"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def per_pod(after: dict[str, float], before: dict[str, float], pods: int) -> dict[str, float]:
+    """What grew between two ``api_counts``, per pod (only what grew by 0.05 per pod or more)."""
+    grown = {k: (v - before.get(k, 0.0)) / pods for k, v in after.items()}
+    kept = {k: round(v, 2) for k, v in sorted(grown.items()) if v >= 0.05}
+    kept["total requests"] = round(
+        sum(v for k, v in grown.items() if not k.startswith("watch-events")), 2
+    )
+    return kept
 
 
 def cpu_seconds(pid: int) -> float:
@@ -298,6 +381,7 @@ class Bench:
                 assert extender.process is not None
                 cpu_before = cpu_seconds(extender.process.popen.pid)
                 verbs_before = verb_seconds(extender)
+            api_before = api_counts(self.api)
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
             scheduler.start()
             try:
@@ -307,14 +391,18 @@ class Bench:
                     what=f"{pods} pods bound ({mode}; saw {len(watch.bound_at)})",
                     interval=0.2,
                 )
+                time.sleep(1)  # the last binds' Events, watch events and writes
+                result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
             finally:
                 scheduler.stop()
+            if watch.restarts:
+                # Pods a re-list found bound count from the list: this run's rate is rougher.
+                result["bindWatchRestarts"] = watch.restarts
             times = sorted(watch.bound_at.values())
             span = times[-1] - times[0]
             result["podsPerSecond"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 assert extender.process is not None
-                time.sleep(1)  # the last binds' watch events and writes
                 cpu = cpu_seconds(extender.process.popen.pid) - cpu_before
                 verbs = verb_seconds(extender)
                 result["extenderCpuMsPerPod"] = round(cpu * 1000 / pods, 3)
@@ -501,6 +589,7 @@ def main() -> int:
                 rates = [r["podsPerSecond"] for r in results]
                 medians[mode] = statistics.median(rates)
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
+                entry["apiPerPod"] = results[-1]["apiPerPod"]
                 if not mode.startswith("alone"):
                     entry["extenderCpuMsPerPod"] = statistics.median(
                         r["extenderCpuMsPerPod"] for r in results

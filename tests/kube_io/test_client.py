@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from kube_io import (
@@ -268,6 +271,45 @@ current-context: other
             await client.close()
     assert [n.metadata.name for n in nodes] == ["node-a"]
     assert api.requests[-1].authorization == "Bearer from-kubeconfig"
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_requests_take_no_executor_threads(kube_api, client, monkeypatch):
+    # aiohttp's trust_env looked up a proxy and ~/.netrc in a thread for every request: two
+    # thread hops per Binding POST on the loop that also answers kube-scheduler's filters.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    for i in range(3):
+        kube_api.add_pod(pod_object(f"vm-{i}", namespace="vms", uid=f"uid-{i}"))
+        await client.bind_pod("vms", f"vm-{i}", uid=f"uid-{i}", node="node-a")
+    await client.list_pods()
+    assert kube_api.get_pod("vms", "vm-2")["spec"]["nodeName"] == "node-a"
+    assert executor.submitted == 0
+
+
+async def test_a_proxy_named_in_the_environment_is_still_used(kube_api, monkeypatch):
+    # The proxy here is a second fake API server: an absolute-form request line reaches its
+    # handlers as the same path, so what the client lists shows which server answered.
+    kube_api.add_node(node_object("direct"))
+    async with FakeKubeApi() as proxy:
+        proxy.add_node(node_object("through-the-proxy"))
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        async with KubeClient.for_url(kube_api.url) as client:
+            nodes, _ = await client.list_nodes()
+    assert [n.metadata.name for n in nodes] == ["through-the-proxy"]
 
 
 def test_public_names_are_pinned():
