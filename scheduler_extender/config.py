@@ -75,6 +75,11 @@ class Listen(_Section, frozen=True):
     # the agents) open few.
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    # The kernel's queue of connections not yet accepted, and so (asyncio accepts up to this
+    # many per turn of the event loop, each then handled before anything queued after it) how
+    # many new connections one turn may take on. A flood of connects to one listener delays
+    # every other listener's requests by up to this many connections' handling per turn.
+    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
 
 
 class VerbsListen(Listen, frozen=True):
@@ -96,6 +101,9 @@ class PermitsListen(Listen, frozen=True):
     # stall the loop (and kube-scheduler's calls with it).
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 20.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
+    # Agents keep their connections: a few new ones a turn is plenty, and a connect flood
+    # here then costs kube-scheduler's filter calls a few connections' handling, not 128.
+    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
 
 
 class MetricsAuth(enum.StrEnum):
@@ -117,6 +125,7 @@ class MetricsListen(Listen, frozen=True):
     max_connections: Annotated[int, msgspec.Meta(ge=2)] = 32
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 20
+    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     auth: MetricsAuth = MetricsAuth.KUBERNETES
     # How long a scraper's allowed token is trusted without reviewing it again, and a refused
     # one refused; reviews of new tokens are limited like the agents' (with a budget of their

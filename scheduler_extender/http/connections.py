@@ -144,6 +144,7 @@ class GuardedSite(web.BaseSite):
     """A TCP listener with at most ``listen.max_connections`` open connections."""
 
     def __init__(self, runner: web.BaseRunner, listen: Listen, **kwargs: Any) -> None:
+        kwargs.setdefault("backlog", listen.accept_backlog)
         super().__init__(runner, **kwargs)
         self._listen = listen
         self._open: set[_Guarded] = set()
