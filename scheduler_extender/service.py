@@ -44,7 +44,13 @@ from scheduler_extender.core.ledger import Ledger, LedgerError
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import BatchRefused, decide_batch
 from scheduler_extender.core.placement import FitIndex, ScoreIndex
-from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
+from scheduler_extender.core.podinfo import (
+    Demand,
+    PodError,
+    PodInfo,
+    pod_info,
+    vm_container_name,
+)
 from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
 from scheduler_extender.kube.auth import Identity
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
@@ -321,12 +327,7 @@ class Extender:
                 self.recorder.observed(info.uid, info.permitted_vcpus, info.permitted_memory_bytes)
 
     def _vm_container(self, pod: Pod) -> str | None:
-        annotations = pod.metadata.annotations or {}
-        named = annotations.get(self.config.durability.container_annotation)
-        if named:
-            return named
-        containers = pod.spec.containers or []
-        return containers[0].name if containers else None
+        return vm_container_name(pod, annotation=self.config.durability.container_annotation)
 
     # -- bind: the commit point ------------------------------------------------------------
 
