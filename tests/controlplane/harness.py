@@ -214,7 +214,11 @@ def pod_path(namespace: str, name: str = "") -> str:
 
 # --- manifests: create the objects a Deployment would need ---------------------------------
 
-_PLURALS: Final = {"Ingress": "ingresses", "PriorityClass": "priorityclasses"}
+_PLURALS: Final = {
+    "Ingress": "ingresses",
+    "NetworkPolicy": "networkpolicies",
+    "PriorityClass": "priorityclasses",
+}
 _CLUSTER_SCOPED: Final = {
     "Namespace",
     "ClusterRole",

@@ -97,6 +97,7 @@ def test_main_kustomization_renders_the_whole_system():
         ("Deployment", "scheduler-extender"),
         ("Service", "scheduler-extender"),
         ("PodDisruptionBudget", "scheduler-extender"),
+        ("NetworkPolicy", "scheduler-extender"),
         ("DaemonSet", "autoscaler-agent"),
         ("ServiceAccount", "vm-scheduler"),
         ("ServiceAccount", "autoscaler-agent"),
@@ -171,3 +172,45 @@ def test_services_select_their_pods_by_port_name():
         }
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in port_names
+
+
+def test_network_policy_lets_only_the_agents_reach_the_permit_port():
+    """The policy selects the extender's pods; the permit port admits the agent DaemonSet's
+    pods and nothing else; the verbs port (loopback, unauthenticated /bind) admits nobody;
+    every port it names is one the extender's pod really has."""
+    docs = render(MANIFESTS)
+    policy = find(docs, "NetworkPolicy", "scheduler-extender")
+    extender = find(docs, "Deployment", "scheduler-extender")
+    agent = find(docs, "DaemonSet", "autoscaler-agent")
+    spec = policy["spec"]
+    selected = [
+        d
+        for d in docs
+        if d["kind"] in {"Deployment", "DaemonSet", "StatefulSet"}
+        and d["metadata"]["namespace"] == policy["metadata"]["namespace"]
+        and spec["podSelector"]["matchLabels"].items()
+        <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert selected == [extender]
+    assert spec["policyTypes"] == ["Ingress"]
+    port_names = {p["name"] for c in pod_spec(extender)["containers"] for p in c.get("ports", [])}
+    admitted: dict[str, list] = {}
+    for rule in spec["ingress"]:
+        for port in rule["ports"]:
+            assert port["port"] in port_names
+            admitted.setdefault(port["port"], []).append(rule.get("from"))
+    assert "verbs" not in admitted
+    (sources,) = admitted["permits"]
+    assert len(sources) == 1
+    (source,) = sources
+    # No namespaceSelector: the policy's own namespace, which is the agents'.
+    assert set(source) == {"podSelector"}
+    assert agent["metadata"]["namespace"] == policy["metadata"]["namespace"]
+    labels = agent["spec"]["template"]["metadata"]["labels"]
+    assert source["podSelector"]["matchLabels"].items() <= labels.items()
+    assert not any(
+        source["podSelector"]["matchLabels"].items()
+        <= d["spec"]["template"]["metadata"]["labels"].items()
+        for d in docs
+        if d["kind"] in {"Deployment", "StatefulSet"}
+    )
