@@ -62,6 +62,14 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def same_loop(self, other: VmTarget) -> bool:
+        """Whether a loop built for ``other`` can go on for this target: everything but the
+        permit record, which only seeds a new loop's state (the running loop knows its permit
+        better than the annotation, which the extender writes after answering)."""
+        return msgspec.structs.replace(
+            self, permitted_vcpus=None, permitted_memory=None
+        ) == msgspec.structs.replace(other, permitted_vcpus=None, permitted_memory=None)
+
     @property
     def pod(self) -> PodRef:
         return PodRef(namespace=self.namespace, name=self.name, uid=self.uid)

@@ -571,11 +571,16 @@ class Supervisor:
             await asyncio.shield(self.close())
 
     async def apply(self, snapshot: Snapshot) -> None:
-        for key, (target, _) in list(self._loops.items()):
-            if snapshot.get(key) != target:
+        for key, (target, task) in list(self._loops.items()):
+            new = snapshot.get(key)
+            if new is None or not new.same_loop(target):
                 # Gone, or changed (bounds, URLs, a new pod under the same name): the loop's
                 # state was built for the old target, so restart it.
-                await self._stop(key, why="gone" if key not in snapshot else "changed")
+                await self._stop(key, why="gone" if new is None else "changed")
+            elif new != target:
+                # Only the permit record moved (the extender writes it after every grant):
+                # restarting would drop the loop's windows and cancel the resize in flight.
+                self._loops[key] = (new, task)
         for key, target in snapshot.items():
             if key not in self._loops:
                 self._start(target)

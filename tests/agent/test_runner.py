@@ -152,12 +152,35 @@ async def test_supervisor_binds_vm_and_node_and_restarts_crashed_loops(world):
     await eventually(lambda: len(seen) == 2)
     assert seen[0] == {"vm": "default/vm-1", "node": NODE}
     assert world.sample("vmautoscale_agent_vm_loop_restarts_total") == 1
+    # The extender's permit record (an annotation it writes after each grant) changes the
+    # target but not the loop: restarting would drop the loop's windows and the resize in
+    # flight. The supervisor keeps the newest target.
+    recorded = msgspec.structs.replace(target, permitted_vcpus=3, permitted_memory=2**30)
+    await sup.apply({recorded.key: recorded})
+    await asyncio.sleep(0.05)
+    assert len(seen) == 2
+    assert sup.vms == {recorded.key: recorded}
     # A changed target (here: new bounds) restarts the loop with fresh state.
     changed = world.vm("vm-1", max_vcpus=4)
     await sup.apply({changed.key: changed})
     await eventually(lambda: len(seen) == 3)
     await sup.close()
     assert sup.vms == {}
+
+
+async def test_a_permit_recorded_on_the_pod_does_not_restart_the_vm_loop(world):
+    """On a cluster every grant comes back as a pod update (the permitted-* annotations): the
+    loop that asked goes on, with its state, and grows on as the load asks."""
+    target = world.vm("vm-1", current=2, load=5.0)
+    hv = world.hypervisors[target.key]
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: hv.current == 6)
+    await world.supervisor.apply({target.key: msgspec.structs.replace(target, permitted_vcpus=6)})
+    world.metrics_app.loads["vm-1"] = 7.0  # needs 8
+    await eventually(lambda: hv.current == 8)
+    # One hypervisor connection all along: the loop was never stopped.
+    assert hv.closed == 0
+    assert world.sample("vmautoscale_agent_vm_loop_restarts_total") == 0
 
 
 def test_first_scrapes_are_spread_over_the_interval_by_uid():
