@@ -40,7 +40,7 @@ from autoscaler_agent.extender_client import (
 )
 from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
 from autoscaler_agent.metrics import AgentMetrics
-from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
 
@@ -171,7 +171,8 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             stuck_after_seconds=config.metrics.stuck_after_seconds,
             epochs=epochs,
         )
-        supervisor = Supervisor(make_run_vm(deps), node=node, metrics=metrics)
+        loops = VmLoops(deps)
+        supervisor = Supervisor(loops.run, node=node, metrics=metrics, update_vm=loops.update)
         epoch_check = asyncio.create_task(
             client.keep_epoch_fresh(interval_seconds=config.extender.epoch_check_seconds),
             name="epoch-check",

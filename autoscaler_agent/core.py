@@ -213,6 +213,7 @@ class VmState:
         "extender_failures",
         "goal",
         "memory_goal",
+        "memory_room",
         "permit_memory",
         "permit_vcpus",
         "samples",
@@ -228,6 +229,7 @@ class VmState:
         now: float,
         permit_vcpus: int | None = None,
         permit_memory: int | None = None,
+        memory_room: int | None = None,
         explain: bool = True,
     ) -> None:
         # Fixed for the life of the state: new bounds come with a new pod, so a new VmState.
@@ -256,6 +258,12 @@ class VmState:
         self.current_memory: int | None = None
         self._top_memory = spec.top_memory_bytes
         self.permit_memory: int | None = permit_memory
+        # The guest memory the VM container's memory limit, as the kubelet has applied it,
+        # leaves room for (None: no limit known). A grant raises the limit through the pod's
+        # in-place resize, which the kubelet applies a moment later: plugging memory the guest
+        # then touches before that would run QEMU into the old limit and the OOM killer.
+        # Growth waits for it (``memory_room_seen``); the permit is not asked for again.
+        self.memory_room: int | None = memory_room
         self.memory_goal: MemoryGoal | None = None
         self._memory_policy_state = MemoryPolicyState()
         self._memory_changed_at: float | None = None
@@ -456,16 +464,17 @@ class VmState:
             if mem_desired < mem:
                 mem_target, verb = mem_desired, "shrink memory"
             elif mem_desired > mem:
-                allowed = min(
-                    mem_desired, self.spec.round_memory_down(mem_permit), self._top_memory
-                )
+                room = self.memory_room
+                within = mem_permit if room is None else min(mem_permit, room)
+                allowed = min(mem_desired, self.spec.round_memory_down(within), self._top_memory)
                 if allowed > mem:
                     mem_target = allowed
-                    verb = (
-                        "grow memory"
-                        if allowed == mem_desired
-                        else f"grow memory within permit {mem_permit}"
-                    )
+                    if allowed == mem_desired:
+                        verb = "grow memory"
+                    elif within < mem_permit:
+                        verb = f"grow memory within the container's applied limit ({within})"
+                    else:
+                        verb = f"grow memory within permit {mem_permit}"
             if mem_target is not None:
                 if now >= self._memory_retry_at or mem_target != self._failed_memory_target:
                     return (
@@ -627,6 +636,12 @@ class VmState:
         self._memory_policy_state = MemoryPolicyState()
 
     # -- events: hypervisor --------------------------------------------------------------
+
+    def memory_room_seen(self, now: float, room: int | None) -> None:
+        """The pod's VM container now has a memory limit (as applied) with room for ``room``
+        bytes of guest memory; None when no limit is known. A later ``next_actions`` grows
+        into it when a permit already covers more."""
+        self.memory_room = room
 
     def vcpus_read_started(self, now: float) -> None:
         self._busy = _Busy.READ

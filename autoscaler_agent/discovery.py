@@ -31,8 +31,10 @@ from protocol.annotations import (
     AnnotationError,
     VmSpec,
     is_vm,
+    parse_memory_overhead,
     parse_permitted,
     parse_vm_spec,
+    vm_container_name,
 )
 from protocol.kube import Pod
 from protocol.permits import PodRef
@@ -57,6 +59,9 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     # The extender's durable record of the last permit (pod annotation), if any.
     permitted_vcpus: int | None = None
     permitted_memory: int | None = None
+    # Guest memory the VM container's memory limit, as the kubelet reports it applied, leaves
+    # room for (``memory_room``); None when no limit is known or memory does not scale.
+    memory_room_bytes: int | None = None
 
     @property
     def key(self) -> str:
@@ -65,14 +70,19 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     def same_loop(self, other: VmTarget) -> bool:
         """Whether a loop built for ``other`` can go on for this target: everything but the
         permit record, which only seeds a new loop's state (the running loop knows its permit
-        better than the annotation, which the extender writes after answering)."""
-        return msgspec.structs.replace(
-            self, permitted_vcpus=None, permitted_memory=None
-        ) == msgspec.structs.replace(other, permitted_vcpus=None, permitted_memory=None)
+        better than the annotation, which the extender writes after answering), and the
+        container's memory room, which the loop is told of as it changes."""
+        return _loop_part(self) == _loop_part(other)
 
     @property
     def pod(self) -> PodRef:
         return PodRef(namespace=self.namespace, name=self.name, uid=self.uid)
+
+
+def _loop_part(target: VmTarget) -> VmTarget:
+    return msgspec.structs.replace(
+        target, permitted_vcpus=None, permitted_memory=None, memory_room_bytes=None
+    )
 
 
 Snapshot = Mapping[str, VmTarget]
@@ -99,6 +109,37 @@ def _pod_memory_bytes(pod: Pod) -> int:
             with contextlib.suppress(QuantityError):
                 total += memory_bytes(raw)
     return total
+
+
+def memory_room(pod: Pod, spec: VmSpec) -> int | None:
+    """Guest memory the VM container's applied memory limit leaves room for, or None.
+
+    The limit is the kubelet's report of what it applied (``status.containerStatuses[].
+    resources``, which lags an in-place resize of the spec), less the container's memory above
+    the guest's: the extender's record (``memory-overhead``) or, before any permit, the
+    container's memory as written above ``min-memory``. None when memory does not scale, or
+    the kubelet reports no memory limit (then nothing in the pod caps QEMU's memory).
+    """
+    if spec.max_memory_bytes <= spec.min_memory_bytes:
+        return None
+    name = vm_container_name(pod)
+    container = next((c for c in pod.spec.containers or () if c.name == name), None)
+    status = next((s for s in pod.status.container_statuses or () if s.name == name), None)
+    if container is None or status is None or status.resources is None:
+        return None
+    try:
+        applied = memory_bytes((status.resources.limits or {})["memory"])
+    except (KeyError, QuantityError):
+        return None
+    overhead = parse_memory_overhead(pod.metadata.annotations)
+    if overhead is None:
+        res = container.resources
+        written = res and ((res.limits or {}).get("memory") or (res.requests or {}).get("memory"))
+        try:
+            overhead = max(0, memory_bytes(written) - spec.min_memory_bytes) if written else 0
+        except QuantityError:
+            overhead = 0
+    return max(0, applied - overhead)
 
 
 def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
@@ -137,6 +178,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         metrics_url=metrics_url,
         permitted_vcpus=permitted,
         permitted_memory=permitted_memory,
+        memory_room_bytes=memory_room(pod, spec),
     )
 
 

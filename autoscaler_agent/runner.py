@@ -120,6 +120,7 @@ class VmRunner:
             now=self._loop.time(),
             permit_vcpus=target.permitted_vcpus,
             permit_memory=target.permitted_memory,
+            memory_room=target.memory_room_bytes,
         )
         self._changed = asyncio.Event()
         self.progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
@@ -135,6 +136,14 @@ class VmRunner:
 
     def _now(self) -> float:
         return self._loop.time()
+
+    def update(self, target: VmTarget) -> None:
+        """The same VM, newer facts from its pod (``VmTarget.same_loop``): the memory room
+        its container's applied limit leaves."""
+        self.target = target
+        if target.memory_room_bytes != self.state.memory_room:
+            self.state.memory_room_seen(self._now(), target.memory_room_bytes)
+            self._changed.set()
 
     def _extender_restarted(self) -> None:
         self.state.extender_restarted(self._now())
@@ -535,6 +544,7 @@ class VmRunner:
 
 
 RunVm = Callable[[VmTarget], Awaitable[None]]
+UpdateVm = Callable[[VmTarget], None]
 
 
 class Supervisor:
@@ -552,8 +562,11 @@ class Supervisor:
         node: str,
         metrics: AgentMetrics,
         restart_delay_seconds: float = 5.0,
+        update_vm: UpdateVm | None = None,
     ) -> None:
         self._run_vm = run_vm
+        # Told of a running VM's newer target when its loop goes on (``VmTarget.same_loop``).
+        self._update_vm = update_vm
         self._node = node
         self._metrics = metrics
         self._restart_delay = restart_delay_seconds
@@ -578,9 +591,12 @@ class Supervisor:
                 # state was built for the old target, so restart it.
                 await self._stop(key, why="gone" if new is None else "changed")
             elif new != target:
-                # Only the permit record moved (the extender writes it after every grant):
-                # restarting would drop the loop's windows and cancel the resize in flight.
+                # Only the permit record or the memory room moved (the extender writes the
+                # record after every grant, the kubelet applies the resize after it): restarting
+                # would drop the loop's windows and cancel the resize in flight.
                 self._loops[key] = (new, task)
+                if self._update_vm is not None:
+                    self._update_vm(new)
         for key, target in snapshot.items():
             if key not in self._loops:
                 self._start(target)
@@ -617,8 +633,24 @@ class Supervisor:
             await asyncio.sleep(self._restart_delay)
 
 
-def make_run_vm(deps: RunnerDeps) -> RunVm:
-    async def run_vm(target: VmTarget) -> None:
-        await VmRunner(target, deps).run()
+class VmLoops:
+    """``run`` for the supervisor's loops, and ``update`` to tell a running one of its VM's
+    newer target."""
 
-    return run_vm
+    def __init__(self, deps: RunnerDeps) -> None:
+        self._deps = deps
+        self._running: dict[str, VmRunner] = {}
+
+    async def run(self, target: VmTarget) -> None:
+        runner = VmRunner(target, self._deps)
+        self._running[target.key] = runner
+        try:
+            await runner.run()
+        finally:
+            if self._running.get(target.key) is runner:
+                del self._running[target.key]
+
+    def update(self, target: VmTarget) -> None:
+        runner = self._running.get(target.key)
+        if runner is not None:
+            runner.update(target)

@@ -31,11 +31,14 @@ resize of the container keeps and the extender holds on top of the permitted mem
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from protocol.quantity import QuantityError, memory_bytes
+
+if TYPE_CHECKING:
+    from protocol.kube import Pod
 
 PREFIX: Final = "vm-autoscaling.io/"
 VM_LABEL: Final = PREFIX + "vm"
@@ -191,3 +194,12 @@ def parse_memory_overhead(annotations: dict[str, str] | None) -> int | None:
         return memory_bytes(raw)
     except QuantityError:
         return None
+
+
+def vm_container_name(pod: Pod, *, annotation: str = VM_CONTAINER) -> str | None:
+    """The container that runs the VM: the one ``annotation`` names, else the first."""
+    named = (pod.metadata.annotations or {}).get(annotation)
+    if named:
+        return named
+    containers = pod.spec.containers or []
+    return containers[0].name if containers else None

@@ -32,6 +32,7 @@ import msgspec
 import structlog
 
 from kube_io.errors import KubeError
+from protocol.annotations import vm_container_name
 from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
@@ -49,7 +50,6 @@ from scheduler_extender.core.podinfo import (
     PodError,
     PodInfo,
     pod_info,
-    vm_container_name,
 )
 from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
 from scheduler_extender.kube.auth import Identity

@@ -33,7 +33,7 @@ from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.discovery import VmTarget
 from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, TokenFile
 from autoscaler_agent.metrics import AgentMetrics
-from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
 from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics
 from tests.support import free_port
@@ -136,7 +136,8 @@ async def run_agent(
             scrape_timeout_seconds=min(0.8, args.interval),
             rng=random.Random(1),
         )
-        sup = Supervisor(make_run_vm(deps), node=NODE, metrics=metrics)
+        loops = VmLoops(deps)
+        sup = Supervisor(loops.run, node=NODE, metrics=metrics, update_vm=loops.update)
         await sup.apply(targets)
 
         async def set_loads(value: float) -> None:

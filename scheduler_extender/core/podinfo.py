@@ -191,15 +191,6 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
     )
 
 
-def vm_container_name(pod: Pod, *, annotation: str = ann.VM_CONTAINER) -> str | None:
-    """The container that runs the VM: the one ``annotation`` names, else the first."""
-    named = (pod.metadata.annotations or {}).get(annotation)
-    if named:
-        return named
-    containers = pod.spec.containers or []
-    return containers[0].name if containers else None
-
-
 def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]:
     """(extra, overhead) of ``PodInfo`` for a VM whose memory scales.
 
@@ -208,7 +199,7 @@ def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]
     has resized it yet: the record is written before the resize). The rest of the pod (other
     containers, the pod overhead) is its requests less the VM container's, at any moment."""
     containers = pod.spec.containers or []
-    name = vm_container_name(pod)
+    name = ann.vm_container_name(pod)
     container = next((c for c in containers if c.name == name), None)
     if container is None and containers:
         container = containers[0]

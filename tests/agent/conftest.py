@@ -16,7 +16,7 @@ from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, Toke
 from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.policy import PolicyConfig
-from autoscaler_agent.runner import RunnerDeps, Supervisor, make_run_vm
+from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
 from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, serving
 
@@ -127,8 +127,13 @@ async def world(tmp_path):
             rng=random.Random(7),
             epochs=client.epochs,
         )
+        loops = VmLoops(deps)
         supervisor = Supervisor(
-            make_run_vm(deps), node=NODE, metrics=metrics, restart_delay_seconds=0.1
+            loops.run,
+            node=NODE,
+            metrics=metrics,
+            restart_delay_seconds=0.1,
+            update_vm=loops.update,
         )
         w = World(
             extender=extender,

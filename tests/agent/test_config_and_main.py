@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from autoscaler_agent.__main__ import EXIT_CONFIG, build_parser, main
@@ -15,8 +16,9 @@ from autoscaler_agent.discovery import (
     targets_from_pods,
     vm_target_from_pod,
 )
+from protocol.kube import Container, ContainerStatus, Pod, PodSpec, PodStatus
 from protocol.kube import ObjectMeta as Meta
-from protocol.kube import Pod, PodSpec, PodStatus
+from protocol.kube import ResourceRequirements as Resources
 
 
 def test_empty_config_gives_defaults():
@@ -160,3 +162,57 @@ def test_unusable_vm_pods_are_skipped():
     with pytest.raises(DiscoveryError, match="pod IP"):
         vm_target_from_pod(no_url, node="n1")
     assert targets_from_pods({"a": no_url, "b": pod()}, node="n1").keys() == {"ns/vm"}
+
+
+def scaling_pod(*, applied, written="1280Mi", overhead=None, vm_container=None):
+    """A VM pod whose memory scales 1..4 GiB, its containers as the kubelet reports them."""
+    p = pod(
+        **{
+            "vm-autoscaling.io/max-memory": "4Gi",
+            "vm-autoscaling.io/memory-overhead": overhead,
+            "vm-autoscaling.io/vm-container": vm_container,
+        }
+    )
+    limits = {"memory": written}
+    containers = [
+        Container(name="sidecar", resources=Resources(limits={"memory": "64Mi"})),
+        Container(name="vm", resources=Resources(limits=limits, requests=limits)),
+    ]
+    statuses = [
+        ContainerStatus(name="sidecar", resources=Resources(limits={"memory": "64Mi"})),
+        ContainerStatus(
+            name="vm", resources=None if applied is None else Resources(limits={"memory": applied})
+        ),
+    ]
+    if vm_container is None:  # the first container is the VM's
+        containers.reverse()
+        statuses.reverse()
+    return msgspec.structs.replace(
+        p,
+        spec=msgspec.structs.replace(p.spec, containers=containers),
+        status=msgspec.structs.replace(p.status, container_statuses=statuses),
+    )
+
+
+@pytest.mark.parametrize("vm_container", [None, "vm"])
+def test_memory_room_is_the_applied_limit_less_the_containers_overhead(vm_container):
+    Mi = 2**20
+    # Before any permit: the overhead is the container's memory as written above min-memory.
+    t = vm_target_from_pod(scaling_pod(applied="1280Mi", vm_container=vm_container), node="n1")
+    assert t.memory_room_bytes == 1024 * Mi
+    # A grant recorded the overhead and resized the spec; the kubelet has not applied it yet.
+    waiting = scaling_pod(
+        applied="1280Mi", written="2304Mi", overhead="256Mi", vm_container=vm_container
+    )
+    assert vm_target_from_pod(waiting, node="n1").memory_room_bytes == 1024 * Mi
+    applied = scaling_pod(
+        applied="2304Mi", written="2304Mi", overhead="256Mi", vm_container=vm_container
+    )
+    t2 = vm_target_from_pod(applied, node="n1")
+    assert t2.memory_room_bytes == 2048 * Mi
+    assert t2.same_loop(t) and t2 != t  # the loop goes on, told of the room
+
+
+def test_no_memory_room_without_an_applied_limit_or_scaling_memory():
+    assert vm_target_from_pod(scaling_pod(applied=None), node="n1").memory_room_bytes is None
+    assert vm_target_from_pod(pod(), node="n1").memory_room_bytes is None  # memory fixed

@@ -552,3 +552,36 @@ def test_a_permit_below_the_memory_the_vm_has_is_obeyed_by_shrinking_to_it(clock
     assert vm.next_actions(clock.now).notify_extender is None
     mem_scrape(vm, clock, used=300 * MiB)
     assert vm.permit_memory == 1 * GiB
+
+
+def test_memory_grows_only_into_the_room_the_applied_container_limit_leaves(clock):
+    """The permit raises the pod's memory limit by an in-place resize, which the kubelet
+    applies a moment later: until then the VM grows only as far as the applied limit allows,
+    then into the rest of its permit, without asking again."""
+    vm = mem_started(clock)
+    vm.memory_room_seen(clock.now, 640 * MiB)
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB) is PermitOutcome.GRANTED
+    resize = vm.next_actions(clock.now).resize_memory
+    assert resize is not None and resize.memory_bytes == 640 * MiB
+    assert resize.reason.startswith("grow memory within the container's applied limit")
+    vm.memory_resize_started(clock.now, 640 * MiB)
+    vm.memory_resized(clock.now, current_memory=640 * MiB)
+    actions = vm.next_actions(clock.now)
+    assert actions.resize_memory is None and actions.request_permit is None
+    vm.memory_room_seen(clock.now, 768 * MiB)  # the kubelet applied the resize
+    assert vm.next_actions(clock.now).resize_memory == MemoryResize(
+        memory_bytes=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
+    )
+
+
+def test_no_room_known_leaves_growth_to_the_permit_alone(clock):
+    vm = mem_started(clock)
+    vm.memory_room_seen(clock.now, None)
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    vm.permit_requested(clock.now, call)
+    vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB)
+    assert vm.next_actions(clock.now).resize_memory.memory_bytes == 768 * MiB

@@ -361,3 +361,22 @@ async def test_a_refused_memory_shrink_is_reported_at_the_size_it_reached(world)
         )
         == 1
     )
+
+
+async def test_memory_waits_for_the_kubelet_to_apply_the_containers_new_limit(world):
+    """On a cluster the pod's memory room arrives with pod updates: the loop is told, not
+    restarted, and grows once the applied limit has room."""
+    target = world.vm("vm-1", current=1, load=0.1, memory=512 * MiB, max_memory=2 * 1024 * MiB)
+    target = msgspec.structs.replace(target, memory_room_bytes=512 * MiB)
+    hv = world.hypervisors[target.key]
+    used = {"bytes": 400 * MiB}
+    guest_memory(world, target, used)
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.extender.reserved_memory.get("uid-vm-1", 0) > 512 * MiB)
+    await asyncio.sleep(0.3)  # granted, but the applied limit has no room yet
+    assert hv.memory_calls == []
+    granted = world.extender.reserved_memory["uid-vm-1"]
+    roomy = msgspec.structs.replace(target, memory_room_bytes=granted)
+    await world.supervisor.apply({target.key: roomy})
+    await eventually(lambda: hv.memory_current == granted)
+    assert hv.closed == 0  # the same loop all along
