@@ -11,7 +11,8 @@ label ``vm``           ``"true"`` marks the pod as a VM                         
 ``min-vcpus``          fewest vCPUs; the VM is placed and started with these     (required)
 ``max-vcpus``          most vCPUs the VM may grow to (QEMU ``maxcpus``)          (required)
 ``scaling-unit``       vCPUs per step; sizes are ``min + k * unit`` <= max        ``1``
-``min-memory``         least memory (a quantity, e.g. ``1Gi``)                   pod request
+``min-memory``         least memory (a quantity, e.g. ``1Gi``); required when     pod request
+                       ``max-memory`` is above the pod's memory request
 ``max-memory``         most memory                                               min-memory
 ``memory-unit``        memory step; sizes are ``min + k * unit``                 ``128Mi``
 ``hypervisor``         how the agent reaches the VMM: ``qmp:///run/vm/qmp.sock``  (none)
@@ -153,6 +154,12 @@ def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) 
     unit = _whole(ann, SCALING_UNIT, 1)
     min_mem = _memory(ann, MIN_MEMORY, pod_memory_bytes or None)
     max_mem = _memory(ann, MAX_MEMORY, min_mem)
+    if max_mem > min_mem and MIN_MEMORY not in ann:
+        # The pod's memory follows the permit (in-place resize): read as the minimum, it
+        # would rise with every grant and never come down again.
+        raise AnnotationError(
+            MIN_MEMORY, "is required when max-memory is above the pod's memory request"
+        )
     if max_mem < min_mem:
         raise AnnotationError(MAX_MEMORY, f"{max_mem} bytes is below {MIN_MEMORY} ({min_mem})")
     mem_unit = _memory(ann, MEMORY_UNIT, DEFAULT_MEMORY_UNIT)

@@ -127,6 +127,8 @@ def test_durable_permit_annotation_sets_the_initial_demand():
             ann.MAX_MEMORY,
         ),
         ({ann.MIN_VCPUS: "1", ann.MAX_VCPUS: "4", ann.MIN_MEMORY: "lots"}, ann.MIN_MEMORY),
+        # Scaling memory needs its minimum written down: the pod's memory follows the permit.
+        ({ann.MIN_VCPUS: "1", ann.MAX_VCPUS: "4", ann.MAX_MEMORY: "64Gi"}, ann.MIN_MEMORY),
     ],
     ids=[
         "no-min",
@@ -136,6 +138,7 @@ def test_durable_permit_annotation_sets_the_initial_demand():
         "zero-unit",
         "memory-inverted",
         "bad-memory",
+        "scaling-memory-without-min",
     ],
 )
 def test_bad_vm_annotations_name_the_key(annotations, key):
