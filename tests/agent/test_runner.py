@@ -353,14 +353,17 @@ async def test_a_refused_memory_shrink_is_reported_at_the_size_it_reached(world)
     assert hv.memory_current == 1536 * MiB  # ...got part, and the extender holds exactly that
     notice = world.extender.batches[-1].requests[0]
     assert (notice.current.memory_bytes, notice.requested.memory_bytes) == (2048 * MiB, 1536 * MiB)
+    # At least once: the target is held for resize_failure_hold_seconds and then tried again,
+    # which a slow machine can reach before the assertion; each try ends at the same size.
     assert (
         world.sample(
             "vmautoscale_agent_memory_resizes_total",
             ("direction", "shrink"),
             ("result", "incomplete"),
         )
-        == 1
+        >= 1
     )
+    assert set(hv.memory_calls) == {512 * MiB}
 
 
 async def test_memory_waits_for_the_kubelet_to_apply_the_containers_new_limit(world):
