@@ -430,12 +430,18 @@ def test_memory_grow_asks_for_both_resources_in_one_request_then_resizes(clock):
     assert vm.next_actions(clock.now).request_permit is None
 
 
-def test_memory_partial_permit_grows_within_it_and_asks_again_later(clock):
-    vm = mem_started(clock)
+def mem_granted(vm, clock, memory_bytes):
+    """Pressure (24 MiB available: the VM wants 768 MiB), a request, and ``memory_bytes``
+    granted; returns the outcome."""
     mem_scrape(vm, clock, used=400 * MiB)
     call = vm.next_actions(clock.now).request_permit
     vm.permit_requested(clock.now, call)
-    assert vm.permit_granted(clock.now, 1, memory_bytes=640 * MiB) is PermitOutcome.PARTIAL
+    return vm.permit_granted(clock.now, 1, memory_bytes=memory_bytes)
+
+
+def test_memory_partial_permit_grows_within_it_and_asks_again_later(clock):
+    vm = mem_started(clock)
+    assert mem_granted(vm, clock, 640 * MiB) is PermitOutcome.PARTIAL
     resize = vm.next_actions(clock.now).resize_memory
     assert resize is not None and resize.memory_bytes == 640 * MiB
     assert resize.reason.startswith("grow memory within permit")
@@ -560,10 +566,7 @@ def test_memory_grows_only_into_the_room_the_applied_container_limit_leaves(cloc
     then into the rest of its permit, without asking again."""
     vm = mem_started(clock)
     vm.memory_room_seen(clock.now, 640 * MiB)
-    mem_scrape(vm, clock, used=400 * MiB)
-    call = vm.next_actions(clock.now).request_permit
-    vm.permit_requested(clock.now, call)
-    assert vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB) is PermitOutcome.GRANTED
+    assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
     resize = vm.next_actions(clock.now).resize_memory
     assert resize is not None and resize.memory_bytes == 640 * MiB
     assert resize.reason.startswith("grow memory within the container's applied limit")
@@ -580,8 +583,5 @@ def test_memory_grows_only_into_the_room_the_applied_container_limit_leaves(cloc
 def test_no_room_known_leaves_growth_to_the_permit_alone(clock):
     vm = mem_started(clock)
     vm.memory_room_seen(clock.now, None)
-    mem_scrape(vm, clock, used=400 * MiB)
-    call = vm.next_actions(clock.now).request_permit
-    vm.permit_requested(clock.now, call)
-    vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB)
+    assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
     assert vm.next_actions(clock.now).resize_memory.memory_bytes == 768 * MiB
