@@ -18,7 +18,6 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
-from protocol.annotations import VM_CONTAINER
 from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
@@ -35,7 +34,6 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
 # manifests/agent.yaml: the agent DaemonSet's namespace and serviceAccountName.
 DEFAULT_AGENT_SERVICE_ACCOUNT: Final = "vm-autoscaling/autoscaler-agent"
-CONTAINER_ANNOTATION: Final = VM_CONTAINER
 
 
 class ConfigError(Exception):
@@ -234,8 +232,6 @@ class DurabilityConfig(_Section, frozen=True):
     # and kube-scheduler see the VM's real size. Switched off for good on the first 404 from a
     # cluster without in-place resize.
     resize_pods: bool = True
-    # The container to resize is named by this pod annotation, else the pod's first container.
-    container_annotation: NonEmpty = CONTAINER_ANNOTATION
     retry_initial_seconds: PositiveSeconds = 0.5
     retry_max_seconds: PositiveSeconds = 30.0
     # Writes in flight at once (each is one PATCH); bounds the load on the API server.

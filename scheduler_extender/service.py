@@ -319,15 +319,12 @@ class Extender:
                 self.unbound_specs.pop(key, None)
             self.parked.unpark(info.uid)
         if info.is_ours and info.vm is not None and not info.is_terminated:
-            container = self._vm_container(pod)
+            container = vm_container_name(pod)
             if container is not None:
                 self.vm_containers[info.uid] = container
             self.vm_memory_overheads[info.uid] = info.container_memory_overhead_bytes
             if self.recorder is not None:
                 self.recorder.observed(info.uid, info.permitted_vcpus, info.permitted_memory_bytes)
-
-    def _vm_container(self, pod: Pod) -> str | None:
-        return vm_container_name(pod, annotation=self.config.durability.container_annotation)
 
     # -- bind: the commit point ------------------------------------------------------------
 
