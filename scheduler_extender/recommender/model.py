@@ -723,7 +723,10 @@ def candidates(model: Model, *, pool_label: str, reserve: SystemReserve) -> list
     for pool in sorted(model.pools, key=lambda p: p.name):
         room = usable(pool.allocatable, reserve)
         for zone in sorted(pool.zones):
-            labels = {**pool.labels, pool_label: pool.name, ZONE_LABEL: zone}
+            # Every node has a hostname label; a new one's value is not known yet (it is set
+            # when the node is committed), so a template matches Exists and DoesNotExist as
+            # its nodes will, and no pod's In list of real names.
+            labels = {**pool.labels, pool_label: pool.name, ZONE_LABEL: zone, HOSTNAME_LABEL: ""}
             found.append(
                 Candidate(
                     index=len(found),

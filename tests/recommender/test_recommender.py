@@ -614,3 +614,29 @@ def test_snapshot_from_ledger_reads_but_never_changes_the_live_ledger():
     assert set(ledger.nodes) == {"n1"}
     assert set(ledger.pods) == {"uid-running"}
     ledger.check_invariants()
+
+
+def hostname_affinity(operator: str) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": operator}]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+
+def test_a_new_node_has_a_hostname_label_like_every_node():
+    """A pool's template is matched as its nodes will be: with a hostname label. A pod that
+    requires the label gets a new node; one that requires its absence can run on none."""
+    rec = run(
+        snap(
+            nodePools=[pool("p", price=1.0, zones=["a"])],
+            pods=[
+                pod("wants-hostname", affinity=hostname_affinity("Exists")),
+                pod("no-hostname", affinity=hostname_affinity("DoesNotExist")),
+            ],
+        )
+    )
+    assert rec.diagnostics.new_nodes == {"p-a-new-1": ["ns/wants-hostname"]}
+    assert rec.unscheduled_pods == ["ns/no-hostname"]
+    assert reasons(rec) == {"ns/no-hostname": "NoMatchingPool"}
