@@ -134,7 +134,10 @@ class PgbenchProgress:
 class Sample:
     t: float  # seconds since the bench started sampling
     phase: str  # idle, load, cool
-    vcpus: int | None  # plugged into QEMU (QMP query-cpus-fast)
+    # The VM's size as its hypervisor reports it: vCPUs plugged into QEMU (QMP query-cpus-fast)
+    # in the hot-plug mode; in the online mode (QEMU keeps all of them) the vCPUs the guest has
+    # online per qemu-guest-agent, as the agent last read them (it holds the QGA socket).
+    vcpus: int | None
     online: float | None  # online in the guest (its node_exporter, as the agent last read it)
     # The VM's reservation (its permit) in the extender's ledger, read just before and just
     # after the vCPUs: a grow raises it before plugging, a shrink lowers it after unplugging.
@@ -157,10 +160,16 @@ def take_sample(
             return None  # one missed reading is a gap in the table, not a reason to stop
 
     before = attempt(lambda: extender.reserved_millis(vm) / 1000)
-    vcpus = attempt(guest.query_vcpus)
+    metrics: Samples = {}
+    if guest.vcpu_mode == "online":
+        metrics = attempt(agent.metrics) or {}
+        current = agent.gauge(metrics, "current_vcpus")
+        vcpus = None if current is None else int(current)
+    else:
+        vcpus = attempt(guest.query_vcpus)
     after = attempt(lambda: extender.reserved_millis(vm) / 1000)
     free = attempt(lambda: extender.node(vm.node)["free"]["cpuMillis"] / 1000)
-    metrics = attempt(agent.metrics) or {}
+    metrics = metrics or attempt(agent.metrics) or {}
     return Sample(
         t=round(t, 2),
         phase=phase,
@@ -190,7 +199,7 @@ def row(s: Sample) -> str:
     )
 
 
-def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
+def plot(samples: list[Sample], path: Path, *, vm: str, vcpu_mode: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -198,8 +207,11 @@ def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
 
     t = [s.t for s in samples]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(11, 7))
-    top.step(t, [s.vcpus for s in samples], where="post", label="vCPUs plugged (QMP)",
-             linewidth=2.5)  # fmt: skip
+    size_label = (
+        "vCPUs set online (QGA, as the agent read it)" if vcpu_mode == "online"
+        else "vCPUs plugged (QMP)"
+    )  # fmt: skip
+    top.step(t, [s.vcpus for s in samples], where="post", label=size_label, linewidth=2.5)
     top.step(t, [s.online for s in samples], where="post", label="vCPUs online in the guest",
              linewidth=1.5, color="tab:purple")  # fmt: skip
     top.step(t, [s.reserved_after for s in samples], where="post", linestyle="--",
@@ -414,6 +426,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--accel", default="tcg", help="vm_runner --accel (tcg; see vm_runner/README)")
     p.add_argument(
+        "--vcpu-mode", choices=("online", "hotplug"), default="online",
+        help="vm_runner --vcpu-mode: online (vCPUs present from boot, onlined in the guest"
+        " through qemu-guest-agent; survives repeated cycles) or hotplug (QMP device_add; on"
+        " QEMU 7.2 under TCG a grow after a shrink kills QEMU) (online)",
+    )  # fmt: skip
+    p.add_argument(
         "--out", type=Path, default=REPO / "out" / "local-bench",
         help="directory for bench.json, bench.png and every process's log (out/local-bench)",
     )  # fmt: skip
@@ -448,7 +466,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f" {vm.memory}); the guest initialises PostgreSQL in RAM")  # fmt: skip
         guest = start_runner(
             image, workdir, min_vcpus=vm.min_vcpus, max_vcpus=vm.max_vcpus, memory=vm.memory,
-            accel=args.accel, postgres=True,
+            accel=args.accel, postgres=True, vcpu_mode=args.vcpu_mode,
         )  # fmt: skip
         services.append(guest.runner)
         assert guest.postgres_port is not None
@@ -481,7 +499,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         services.append(extender.service)
         config, vms, http_port = write_agent_files(
             workdir, vm, extender=extender, qmp_socket=guest.qmp_socket,
-            metrics_url=guest.metrics_url,
+            hypervisor_url=guest.hypervisor_url, metrics_url=guest.metrics_url,
             base_config=yaml.safe_load(args.agent_config.read_text()),
         )  # fmt: skip
         agent = start_agent(workdir, vm, config=config, vms=vms, port=http_port)
@@ -558,7 +576,7 @@ def measure(
         if has_grown and s.vcpus == vm.min_vcpus and s.reserved_after == vm.min_vcpus:
             break
     plot_path = out / "bench.png"
-    plot(samples, plot_path, vm=vm.key)
+    plot(samples, plot_path, vm=vm.key, vcpu_mode=guest.vcpu_mode)
     try:
         latency = latency_buckets(agent.metrics())
     except (OSError, ValueError):

@@ -5,8 +5,9 @@ by the end-to-end tests in ``tests/e2e/``, so that both drive exactly the same r
 same way:
 
 * ``start_runner``: ``python -m vm_runner`` (QEMU, the minimal or the postgres guest) with a QMP
-  socket for the agent, a serial console socket, and the guest's node_exporter (and PostgreSQL,
-  for the postgres guest) forwarded to loopback ports.
+  socket for the agent (and, in the runner's default ``--vcpu-mode online``, a QGA socket beside
+  it), a serial console socket, and the guest's node_exporter (and PostgreSQL, for the postgres
+  guest) forwarded to loopback ports.
 * ``write_cluster`` + ``start_extender``: ``scheduler-extender serve --standalone`` with a
   static token, nodes and pods from one YAML file.
 * ``write_agent_files`` + ``start_agent``: ``autoscaler-agent --standalone`` for one VM.
@@ -391,7 +392,7 @@ def start_runner(
     accel: str = "tcg",
     grace_seconds: float = 10,
     postgres: bool = False,
-    vcpu_mode: str = "hotplug",
+    vcpu_mode: str = "online",
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 

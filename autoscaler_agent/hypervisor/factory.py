@@ -63,12 +63,6 @@ def _below_root(url: str, host_path: str, root: Path) -> Path:
     return resolved
 
 
-def socket_path_from_url(url: str, *, root: Path) -> tuple[str, Path]:
-    """``(scheme, path below root)``; ValueError saying what is wrong with ``url``."""
-    scheme, path, _ = socket_paths_from_url(url, root=root)
-    return scheme, path
-
-
 def socket_paths_from_url(url: str, *, root: Path) -> tuple[str, Path, Path | None]:
     """``(scheme, path below root, QGA socket below root or None)``; ValueError saying what is
     wrong with ``url``. Only ``qmp+qga`` takes a query, and only ``qga=<absolute path>``."""
