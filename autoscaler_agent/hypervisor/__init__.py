@@ -12,6 +12,7 @@ Modules:
     ch_remote         the ``ch-remote`` CLI
     qmp               QEMU's QMP: vCPU hot-plug and unplug, virtio-mem resize
     qga               qemu-guest-agent: vCPUs onlined and offlined in the guest; memory by QMP
+    unix              opening a unix socket with a bounded wait (QMP, QGA)
     factory           ``hypervisor_from_url`` for the pod's ``hypervisor`` annotation
 """
 

@@ -48,6 +48,7 @@ from autoscaler_agent.hypervisor.errors import (
     VcpuResizeIncomplete,
 )
 from autoscaler_agent.hypervisor.qmp import QmpClient
+from autoscaler_agent.hypervisor.unix import open_unix_stream
 
 DEFAULT_COMMAND_TIMEOUT_SECONDS: Final = 5.0
 # guest-set-vcpus returns once the guest kernel has brought the CPUs up or down: 0.1-0.7 s for
@@ -126,20 +127,12 @@ class QgaClient:
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._reader is not None and self._writer is not None:
             return self._reader, self._writer
-        try:
-            async with asyncio.timeout(self.command_timeout_seconds):
-                reader, writer = await asyncio.open_unix_connection(
-                    str(self.socket_path), limit=MAX_LINE_BYTES
-                )
-        except TimeoutError as e:
-            raise HypervisorUnavailable(
-                f"QGA on {self.socket_path} did not accept a connection within "
-                f"{self.command_timeout_seconds} s"
-            ) from e
-        except OSError as e:
-            raise HypervisorUnavailable(
-                f"QGA on {self.socket_path} is unreachable", detail=str(e)
-            ) from e
+        reader, writer = await open_unix_stream(
+            self.socket_path,
+            protocol="QGA",
+            timeout_seconds=self.command_timeout_seconds,
+            limit=MAX_LINE_BYTES,
+        )
         self._reader, self._writer = reader, writer
         is_synced = False
         try:

@@ -107,6 +107,11 @@ class Stack:
     def agent_metrics(self) -> Samples:
         return self.agent.metrics()
 
+    def agent_metrics_until(self, accept: Callable[[Samples], bool], what: str) -> Samples:
+        return eventually(
+            self.agent_metrics, accept, timeout_seconds=WAIT_SECONDS, what=what, alive=self.services
+        )
+
 
 @pytest.fixture
 def make_stack(guest: Guest, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
@@ -156,27 +161,21 @@ def test_load_grows_within_the_permit_then_shrinks_and_releases_twice(make_stack
         timings[f"load_to_grown_{cycle}"] = time.monotonic() - mark
         # The guest shows the CPUs online a moment before qemu-ga answers the agent: wait for
         # the agent to have counted this cycle's grow and seen the 3 CPUs in the guest too.
-        samples = eventually(
-            stack.agent_metrics,
+        samples = stack.agent_metrics_until(
             lambda s, c=cycle: (
                 (value(s, "vmautoscale_agent_resizes_total", direction="grow", result="ok") or 0)
                 >= c
                 and value(s, "vmautoscale_agent_vm_online_vcpus", vm=stack.vm.key) == 3
             ),
-            timeout_seconds=WAIT_SECONDS,
-            what=f"cycle {cycle}: the agent's grow counted and 3 CPUs online in its view",
-            alive=stack.services,
+            f"cycle {cycle}: the agent's grow counted and 3 CPUs online in its view",
         )
         assert value(samples, "vmautoscale_agent_vm_permitted_vcpus", vm=stack.vm.key) == 3
         if cycle == 1:
             # The agent timed its grow, decision to online in the guest (once is enough here:
             # the histogram is the bench's to report).
-            samples = eventually(
-                stack.agent_metrics,
+            samples = stack.agent_metrics_until(
                 lambda s: (value(s, "vmautoscale_agent_grow_to_online_seconds_count") or 0) >= 1,
-                timeout_seconds=WAIT_SECONDS,
-                what="the agent's decision-to-online latency observed",
-                alive=stack.services,
+                "the agent's decision-to-online latency observed",
             )
             timings["decision_to_online_sum"] = value(
                 samples, "vmautoscale_agent_grow_to_online_seconds_sum"
@@ -187,12 +186,9 @@ def test_load_grows_within_the_permit_then_shrinks_and_releases_twice(make_stack
                 value(samples, "vmautoscale_agent_permit_denials_total") or 0
             )
             assert short >= 1
-            eventually(
-                stack.agent_metrics,
+            stack.agent_metrics_until(
                 lambda s: value(s, "vmautoscale_agent_vm_stuck", vm=stack.vm.key) == 1,
-                timeout_seconds=WAIT_SECONDS,
-                what="the VM, held below its wanted 4 vCPUs, marked stuck",
-                alive=stack.services,
+                "the VM, held below its wanted 4 vCPUs, marked stuck",
             )
         assert stack.observe() == (3, 3.0)  # still under load: no fourth vCPU came after all
 
@@ -240,12 +236,9 @@ def test_full_node_denies_and_no_vcpu_is_added(make_stack, busy_guest):
 
     busy_guest()
     # Two denials: the agent asked, was refused, and asked again after its retry interval.
-    samples = eventually(
-        stack.agent_metrics,
+    samples = stack.agent_metrics_until(
         lambda s: (value(s, "vmautoscale_agent_permit_denials_total") or 0) >= 2,
-        timeout_seconds=WAIT_SECONDS,
-        what="two denied permit requests",
-        alive=stack.services,
+        "two denied permit requests",
     )
     # It wanted more (the policy is not what held the size) ...
     assert value(samples, "vmautoscale_agent_vm_desired_vcpus", vm=stack.vm.key) > 1
