@@ -316,6 +316,11 @@ class VmState:
         return self._top_vcpus
 
     @property
+    def is_resizing_vcpus(self) -> bool:
+        """A vCPU resize is in flight: the size is about to change."""
+        return self._busy is _Busy.RESIZE
+
+    @property
     def desired_vcpus(self) -> int | None:
         """The goal clamped to the bounds, or the current size when there is no fresh goal."""
         current = self.current_vcpus

@@ -27,7 +27,8 @@ cannot be observed and closes unobserved once a grow landed.
 to the wanted size. A VM is *stuck* once a change has been pending for ``stuck_after_seconds``
 without a break: the extender keeps denying the permit, the hypervisor keeps refusing, or the
 guest never onlines a plugged vCPU. Steps where the size is unknown (re-reading it after a
-failed resize) neither start nor end a pending change.
+failed resize) or the wish is (no fresh metrics: the runner passes ``desired=None``) neither
+start nor end a pending change, nor a grow episode.
 """
 
 from __future__ import annotations

@@ -217,7 +217,13 @@ class VmRunner:
         now = self._now()
         current, desired = s.current_vcpus, s.desired_vcpus
         online = s.samples.cpu_count if s.samples is not None else None
-        progress = self.progress.observe(now, current=current, desired=desired, online=online)
+        # Without a fresh goal (a failed scrape) the core holds the current size, and after one
+        # its hysteresis restarts with a "hold": neither is "the load went away", so while a
+        # resize is in flight, or with no goal, the wish is unknown and cannot end a grow as
+        # abandoned. (Onlining vCPUs stalls a TCG guest's node_exporter for a
+        # scrape or two just as the grow lands; taken as a wish, such grows went untimed.)
+        wish = desired if s.goal is not None and not s.is_resizing_vcpus else None
+        progress = self.progress.observe(now, current=current, desired=wish, online=online)
         if progress.grow_latency_seconds is not None:
             m.grow_to_online.observe(progress.grow_latency_seconds)
             log.info(

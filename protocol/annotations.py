@@ -15,8 +15,11 @@ label ``vm``           ``"true"`` marks the pod as a VM                         
                        ``max-memory`` is above the pod's memory request
 ``max-memory``         most memory                                               min-memory
 ``memory-unit``        memory step; sizes are ``min + k * unit``                 ``128Mi``
-``hypervisor``         how the agent reaches the VMM: ``qmp:///run/vm/qmp.sock``  (none)
-                       or ``cloud-hypervisor:///var/run/ch/ch.sock`` (a path on
+``hypervisor``         how the agent reaches the VMM: ``qmp+qga:///run/vm/qmp.sock`` (none)
+                       (vCPUs onlined in the guest through qemu-guest-agent at
+                       ``qmp.qga.sock``, memory by QMP; vm_runner's default
+                       mode), ``qmp:///run/vm/qmp.sock`` (vCPU hot-plug) or
+                       ``cloud-hypervisor:///var/run/ch/ch.sock`` (a path on
                        the host, below the agent's configured root)
 ``metrics-url``        the guest's node_exporter                                 pod IP :9100
 ``vm-container``       which container runs the VM (its memory is resized)       the first

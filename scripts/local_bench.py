@@ -10,14 +10,18 @@ at boot) under ``vm_runner`` (QEMU, TCG) with its 5432 and 9100 forwarded to loo
 --standalone``. pgbench runs on this machine against the forwarded port, so the transactions
 run in the guest; the agent scales the VM from the *guest's* node_exporter only.
 
-Phases: ``idle`` (``--warmup`` seconds at the minimum), ``load`` (pgbench for ``--duration``
-seconds), ``cool`` (until the VM is back at its minimum and its reservation released, at most
-``--cooldown`` seconds). Each second one row goes to the terminal: vCPUs plugged (QMP), vCPUs
+Phases: ``idle`` (``--warmup`` seconds at the minimum), then ``--bursts`` times (2): ``load``
+(pgbench for ``--duration`` seconds) and ``cool`` (until the VM is back at its minimum and its
+reservation released, at most ``--cooldown`` seconds). Two bursts show that the VM survives
+growing again after a shrink (the hot-plug mode on QEMU 7.2 under TCG does not).
+
+Each second one row goes to the terminal: the VM's vCPUs (QGA or QMP, by mode), vCPUs
 online in the guest, permit, what the agent wants, the node's free CPU, pgbench tps and the
 agent's stuck signal. At the end: ``OUT/bench.json`` (every sample and the verdict),
-``OUT/bench.png`` (all of it on one time axis) and a verdict line: grew to N in X s, tps at each
-size, shrank in Y s, decision-to-online latency p50/p99 (the agent's histogram), stuck or not.
-Exit status 3 when the VM did not grow under the load or did not shrink back after it.
+``OUT/bench.png`` (all of it on one time axis) and a verdict line: per burst grew to N in X s,
+tps at each size, shrank in Y s; cycles survived (bursts that grew and shrank, QEMU alive);
+decision-to-online latency p50/p99 (the agent's histogram), stuck or not. Exit status 3 when
+the VM did not grow under a load, did not shrink back after it, or its QEMU died.
 
 Shell: it drives processes and prints; the scaling decisions are the agent's.
 """
@@ -134,7 +138,11 @@ class PgbenchProgress:
 class Sample:
     t: float  # seconds since the bench started sampling
     phase: str  # idle, load, cool
-    vcpus: int | None  # plugged into QEMU (QMP query-cpus-fast)
+    burst: int  # 0 while idle, then 1, 2, ... for each load and the cool-down after it
+    # The VM's size as its hypervisor reports it: vCPUs plugged into QEMU (QMP query-cpus-fast)
+    # in the hot-plug mode; in the online mode (QEMU keeps all of them) the vCPUs the guest has
+    # online per qemu-guest-agent, as the agent last read them (it holds the QGA socket).
+    vcpus: int | None
     online: float | None  # online in the guest (its node_exporter, as the agent last read it)
     # The VM's reservation (its permit) in the extender's ledger, read just before and just
     # after the vCPUs: a grow raises it before plugging, a shrink lowers it after unplugging.
@@ -147,8 +155,8 @@ class Sample:
 
 
 def take_sample(
-    t: float, phase: str, *, guest: Guest, extender: Extender, agent: Agent, vm: VmPod,
-    tps: float | None,
+    t: float, phase: str, *, burst: int, guest: Guest, extender: Extender, agent: Agent,
+    vm: VmPod, tps: float | None,
 ) -> Sample:  # fmt: skip
     def attempt(read: Any) -> Any:
         try:
@@ -157,13 +165,20 @@ def take_sample(
             return None  # one missed reading is a gap in the table, not a reason to stop
 
     before = attempt(lambda: extender.reserved_millis(vm) / 1000)
-    vcpus = attempt(guest.query_vcpus)
+    metrics: Samples = {}
+    if guest.vcpu_mode == "online":
+        metrics = attempt(agent.metrics) or {}
+        current = agent.gauge(metrics, "current_vcpus")
+        vcpus = None if current is None else int(current)
+    else:
+        vcpus = attempt(guest.query_vcpus)
     after = attempt(lambda: extender.reserved_millis(vm) / 1000)
     free = attempt(lambda: extender.node(vm.node)["free"]["cpuMillis"] / 1000)
-    metrics = attempt(agent.metrics) or {}
+    metrics = metrics or attempt(agent.metrics) or {}
     return Sample(
         t=round(t, 2),
         phase=phase,
+        burst=burst,
         vcpus=vcpus,
         # The agent's reading of the guest's node_exporter: a second scraper would take guest
         # CPU from the workload (and from the agent's own scrapes) under TCG.
@@ -190,7 +205,7 @@ def row(s: Sample) -> str:
     )
 
 
-def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
+def plot(samples: list[Sample], path: Path, *, vm: str, vcpu_mode: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -198,8 +213,11 @@ def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
 
     t = [s.t for s in samples]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(11, 7))
-    top.step(t, [s.vcpus for s in samples], where="post", label="vCPUs plugged (QMP)",
-             linewidth=2.5)  # fmt: skip
+    size_label = (
+        "vCPUs set online (QGA, as the agent read it)" if vcpu_mode == "online"
+        else "vCPUs plugged (QMP)"
+    )  # fmt: skip
+    top.step(t, [s.vcpus for s in samples], where="post", label=size_label, linewidth=2.5)
     top.step(t, [s.online for s in samples], where="post", label="vCPUs online in the guest",
              linewidth=1.5, color="tab:purple")  # fmt: skip
     top.step(t, [s.reserved_after for s in samples], where="post", linestyle="--",
@@ -218,11 +236,11 @@ def plot(samples: list[Sample], path: Path, *, vm: str) -> None:
                        label="agent: VM stuck")  # fmt: skip
     bottom.set_ylabel("tps")
     bottom.set_xlabel("seconds")
-    loaded = [s.t for s in samples if s.phase == "load"]
-    if loaded:
+    for burst in sorted({s.burst for s in samples if s.phase == "load"}):
+        loaded = [s.t for s in samples if s.phase == "load" and s.burst == burst]
         for axis in (top, bottom):
             axis.axvspan(loaded[0], loaded[-1], alpha=0.12, color="tab:orange",
-                         label="pgbench running")  # fmt: skip
+                         label="pgbench running" if burst == 1 else None)  # fmt: skip
     top.legend(loc="upper left", fontsize="small")
     bottom.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
@@ -265,21 +283,19 @@ def latency_buckets(metrics: Samples) -> list[tuple[float, float]]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Burst:
+    """One pgbench load and the cool-down after it."""
+
     grew_to: int | None  # peak vCPUs during the load, if above the minimum
     grow_seconds: float | None  # load start -> the peak plugged and online
     tps_by_vcpus: dict[int, float]  # mean tps during the load, by vCPUs online in the guest
     shrink_seconds: float | None  # load end -> back at the minimum, permit released
-    latency_p50: float | None
-    latency_p99: float | None
-    latency_count: int
-    stuck_seconds: int  # samples (about one a second) in which the agent said "stuck"
 
     @property
-    def ok(self) -> bool:
+    def is_cycle(self) -> bool:
         return self.grew_to is not None and self.shrink_seconds is not None
 
-    def line(self, vm: str) -> str:
+    def part(self) -> str:
         def sec(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}s"
 
@@ -297,18 +313,53 @@ class Verdict:
             f"shrank in {sec(self.shrink_seconds)}"
             if self.shrink_seconds is not None else "DID NOT SHRINK"
         )  # fmt: skip
+        return f"{grew}, {rise} (by vCPUs online {{{tps}}}), {shrank}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    bursts: list[Burst]
+    bursts_planned: int
+    is_vm_alive: bool  # QEMU (the runner) still ran at the end
+    latency_p50: float | None
+    latency_p99: float | None
+    latency_count: int
+    stuck_seconds: int  # samples (about one a second) in which the agent said "stuck"
+
+    @property
+    def cycles_survived(self) -> int:
+        """Bursts in a row, from the first, that grew and shrank back with QEMU alive."""
+        count = 0
+        for burst in self.bursts:
+            if not burst.is_cycle:
+                break
+            count += 1
+        return count if self.is_vm_alive else min(count, len(self.bursts) - 1)
+
+    @property
+    def ok(self) -> bool:
+        return self.is_vm_alive and self.cycles_survived == self.bursts_planned
+
+    def line(self, vm: str) -> str:
+        def sec(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}s"
+
+        parts = "; ".join(
+            f"burst {i}: {b.part()}" if len(self.bursts) > 1 else b.part()
+            for i, b in enumerate(self.bursts, 1)
+        )
+        died = "" if self.is_vm_alive else ", QEMU DIED"
         return (
-            f"{vm}: {grew}, {rise} (by vCPUs online {{{tps}}}), {shrank};"
+            f"{vm}: {parts}; cycles survived {self.cycles_survived}/{self.bursts_planned}{died};"
             f" decision->online p50 {sec(self.latency_p50)} p99 {sec(self.latency_p99)}"
             f" (n={self.latency_count}); stuck {self.stuck_seconds}s"
         )
 
 
-def judge(
-    samples: list[Sample], *, min_vcpus: int, load_started: float, load_ended: float,
-    latency: list[tuple[float, float]],
-) -> Verdict:  # fmt: skip
-    """What the run showed, from its samples and the agent's grow latency histogram."""
+def judge_burst(
+    samples: list[Sample], *, min_vcpus: int, load_started: float, load_ended: float
+) -> Burst:
+    """One burst, from its samples (its load and the cool-down after it)."""
     during = [s for s in samples if s.phase == "load"]
     after = [s for s in samples if s.phase == "cool"]
     peak = max((s.vcpus for s in during if s.vcpus is not None), default=min_vcpus)
@@ -329,12 +380,34 @@ def judge(
         ),
         None,
     ) if grew_to is not None else None  # fmt: skip
-    total = max((c for b, c in latency if b == float("inf")), default=0.0)
-    return Verdict(
+    return Burst(
         grew_to=grew_to,
         grow_seconds=None if grew_to is None else grow_seconds,
         tps_by_vcpus={n: sum(v) / len(v) for n, v in sorted(by_size.items())},
         shrink_seconds=shrink_seconds,
+    )
+
+
+def judge(
+    samples: list[Sample], *, min_vcpus: int, loads: list[tuple[float, float]],
+    bursts_planned: int, is_vm_alive: bool, latency: list[tuple[float, float]],
+) -> Verdict:  # fmt: skip
+    """What the run showed, from its samples, the (start, end) of each load and the agent's
+    grow latency histogram."""
+    bursts = [
+        judge_burst(
+            [s for s in samples if s.burst == i],
+            min_vcpus=min_vcpus,
+            load_started=started,
+            load_ended=ended,
+        )
+        for i, (started, ended) in enumerate(loads, 1)
+    ]
+    total = max((c for b, c in latency if b == float("inf")), default=0.0)
+    return Verdict(
+        bursts=bursts,
+        bursts_planned=bursts_planned,
+        is_vm_alive=is_vm_alive,
         latency_p50=histogram_quantile(latency, 0.5),
         latency_p99=histogram_quantile(latency, 0.99),
         latency_count=int(total),
@@ -367,15 +440,28 @@ def pick_vm(cluster: dict[str, Any], name: str) -> VmPod:
     raise BenchError(f"VM_NAME={name}: no such VM pod on a node in the cluster file ({names})")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="run-bench.sh --local",
         description="pgbench against PostgreSQL in a real QEMU VM while the real agent scales it"
         " (docs/LOCAL.md). VM_NAME (environment) picks the VM pod; default pg-vm-0."
-        " Exit status: 0 the VM grew and shrank back; 1 a tool or process failed; 3 the VM"
-        " did not grow under the load or did not shrink back after it.",
+        " Exit status: 0 the VM grew and shrank back after every burst; 1 a tool or process"
+        " failed; 3 the VM did not grow under a load, did not shrink back after it, or its"
+        " QEMU died.",
     )
-    p.add_argument("--duration", type=float, default=90, help="seconds of pgbench load (90)")
+    p.add_argument("--duration", type=float, default=90, help="seconds of each pgbench load (90)")
+    p.add_argument(
+        "--bursts", type=_positive_int, default=2,
+        help="pgbench loads, each followed by the cool-down: 2 shows the VM growing again"
+        " after a shrink (2)",
+    )  # fmt: skip
     p.add_argument("--clients", type=int, default=8, help="pgbench clients and threads (8)")
     p.add_argument(
         "--scale", type=int, default=IMAGE_SCALE,
@@ -414,6 +500,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--accel", default="tcg", help="vm_runner --accel (tcg; see vm_runner/README)")
     p.add_argument(
+        "--vcpu-mode", choices=("online", "hotplug"), default="online",
+        help="vm_runner --vcpu-mode: online (vCPUs present from boot, onlined in the guest"
+        " through qemu-guest-agent; survives repeated cycles) or hotplug (QMP device_add; on"
+        " QEMU 7.2 under TCG a grow after a shrink kills QEMU) (online)",
+    )  # fmt: skip
+    p.add_argument(
         "--out", type=Path, default=REPO / "out" / "local-bench",
         help="directory for bench.json, bench.png and every process's log (out/local-bench)",
     )  # fmt: skip
@@ -448,7 +540,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f" {vm.memory}); the guest initialises PostgreSQL in RAM")  # fmt: skip
         guest = start_runner(
             image, workdir, min_vcpus=vm.min_vcpus, max_vcpus=vm.max_vcpus, memory=vm.memory,
-            accel=args.accel, postgres=True,
+            accel=args.accel, postgres=True, vcpu_mode=args.vcpu_mode,
         )  # fmt: skip
         services.append(guest.runner)
         assert guest.postgres_port is not None
@@ -481,7 +573,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         services.append(extender.service)
         config, vms, http_port = write_agent_files(
             workdir, vm, extender=extender, qmp_socket=guest.qmp_socket,
-            metrics_url=guest.metrics_url,
+            hypervisor_url=guest.hypervisor_url, metrics_url=guest.metrics_url,
             base_config=yaml.safe_load(args.agent_config.read_text()),
         )  # fmt: skip
         agent = start_agent(workdir, vm, config=config, vms=vms, port=http_port)
@@ -499,20 +591,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+class VmDied(Exception):
+    """QEMU (the runner) exited during the run: the verdict says so."""
+
+
 def measure(
     args: argparse.Namespace, *, vm: VmPod, guest: Guest, extender: Extender, agent: Agent,
     pgbench: str, out: Path,
 ) -> dict[str, Any]:  # fmt: skip
     samples: list[Sample] = []
     started = time.monotonic()
-    alive = [guest.runner, extender.service, agent.service]
+    alive = [extender.service, agent.service]
 
-    def tick(phase: str, tps: float | None) -> Sample:
+    def tick(phase: str, burst: int, tps: float | None) -> Sample:
+        if not guest.runner.is_running():
+            raise VmDied(f"the VM's QEMU exited; its log ends:\n{guest.runner.log_tail()}")
         for service in alive:
             if not service.is_running():
                 raise BenchError(f"{service.name} exited; its log ends:\n{service.log_tail()}")
-        s = take_sample(time.monotonic() - started, phase, guest=guest, extender=extender,
-                        agent=agent, vm=vm, tps=tps)  # fmt: skip
+        s = take_sample(time.monotonic() - started, phase, burst=burst, guest=guest,
+                        extender=extender, agent=agent, vm=vm, tps=tps)  # fmt: skip
         samples.append(s)
         if not args.quiet:
             print(row(s), flush=True)
@@ -523,61 +621,85 @@ def measure(
             yield now
             time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
 
+    def one_burst(burst: int) -> None:
+        """pgbench, then the cool-down; sets ``loads[-1]`` to (load start, load end)."""
+        assert guest.postgres_port is not None
+        bench = subprocess.Popen(
+            [pgbench, "-h", "127.0.0.1", "-p", str(guest.postgres_port), "-U", PGUSER, "-c",
+             str(args.clients), "-j", str(args.clients), "-T", str(int(args.duration)), "-P",
+             "1", "-b", args.builtin, "--no-vacuum", PGDATABASE],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=pg_env(),
+        )  # fmt: skip
+        log_name = "pgbench.log" if burst == 1 else f"pgbench-{burst}.log"
+        progress = PgbenchProgress(bench, out / log_name)
+        load_started = time.monotonic() - started
+        try:
+            for _ in every_second(time.monotonic() + args.duration + 60):
+                if bench.poll() is not None:
+                    break
+                tick("load", burst, progress.tps)
+        finally:
+            if bench.poll() is None:
+                bench.terminate()
+            bench.wait(30)
+            progress.finish()
+        load_ended = time.monotonic() - started
+        loads[-1] = (load_started, load_ended)
+        summaries.append(progress.summary)
+        if bench.returncode != 0 and guest.runner.is_running():
+            raise BenchError(f"pgbench exited with {bench.returncode}; see {out / log_name}")
+        has_grown = any((s.vcpus or 0) > vm.min_vcpus for s in samples if s.burst == burst)
+        for _ in every_second(time.monotonic() + args.cooldown):
+            s = tick("cool", burst, None)
+            has_grown = has_grown or (s.vcpus or 0) > vm.min_vcpus
+            # Back at the minimum, vCPUs and permit: nothing more to watch. (A VM that never
+            # grew is watched for the whole cooldown: a late grow is something to see too.)
+            if has_grown and s.vcpus == vm.min_vcpus and s.reserved_after == vm.min_vcpus:
+                break
+
     if not args.quiet:
         print(HEADER, flush=True)
-    for _ in every_second(time.monotonic() + args.warmup):
-        tick("idle", None)
-    assert guest.postgres_port is not None
-    bench = subprocess.Popen(
-        [pgbench, "-h", "127.0.0.1", "-p", str(guest.postgres_port), "-U", PGUSER, "-c",
-         str(args.clients), "-j", str(args.clients), "-T", str(int(args.duration)), "-P", "1",
-         "-b", args.builtin, "--no-vacuum", PGDATABASE],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=pg_env(),
-    )  # fmt: skip
-    progress = PgbenchProgress(bench, out / "pgbench.log")
-    load_started = time.monotonic() - started
+    loads: list[tuple[float, float]] = []
+    summaries: list[dict[str, float]] = []
+    is_vm_alive = True
     try:
-        for _ in every_second(time.monotonic() + args.duration + 60):
-            if bench.poll() is not None:
-                break
-            tick("load", progress.tps)
-    finally:
-        if bench.poll() is None:
-            bench.terminate()
-        bench.wait(30)
-        progress.finish()
-    load_ended = time.monotonic() - started
-    if bench.returncode != 0:
-        raise BenchError(f"pgbench exited with {bench.returncode}; see {out / 'pgbench.log'}")
-    has_grown = any((s.vcpus or 0) > vm.min_vcpus for s in samples)
-    for _ in every_second(time.monotonic() + args.cooldown):
-        s = tick("cool", None)
-        has_grown = has_grown or (s.vcpus or 0) > vm.min_vcpus
-        # Back at the minimum, vCPUs and permit: nothing more to watch. (A VM that never grew
-        # is watched for the whole cooldown: a late grow is something to see too.)
-        if has_grown and s.vcpus == vm.min_vcpus and s.reserved_after == vm.min_vcpus:
-            break
+        for _ in every_second(time.monotonic() + args.warmup):
+            tick("idle", 0, None)
+        for burst in range(1, args.bursts + 1):
+            # Appended before it runs (and completed once its load ends): a burst QEMU died in
+            # is judged too, as not survived.
+            now = time.monotonic() - started
+            loads.append((now, now))
+            one_burst(burst)
+    except VmDied as e:
+        is_vm_alive = False
+        print(f"==> {e}", file=sys.stderr, flush=True)
     plot_path = out / "bench.png"
-    plot(samples, plot_path, vm=vm.key)
+    plot(samples, plot_path, vm=vm.key, vcpu_mode=guest.vcpu_mode)
     try:
         latency = latency_buckets(agent.metrics())
     except (OSError, ValueError):
         latency = []
-    verdict = judge(samples, min_vcpus=vm.min_vcpus, load_started=load_started,
-                    load_ended=load_ended, latency=latency)  # fmt: skip
+    verdict = judge(samples, min_vcpus=vm.min_vcpus, loads=loads, bursts_planned=args.bursts,
+                    is_vm_alive=is_vm_alive, latency=latency)  # fmt: skip
     result = {
         "vm": vm.key,
+        "vcpu_mode": guest.vcpu_mode,
         "min_vcpus": vm.min_vcpus,
         "max_vcpus": vm.max_vcpus,
-        "load_started_seconds": round(load_started, 2),
-        "load_ended_seconds": round(load_ended, 2),
+        "loads_seconds": [[round(a, 2), round(b, 2)] for a, b in loads],
         "pgbench": {
             "clients": args.clients,
             "scale": args.scale,
             "builtin": args.builtin,
-            **progress.summary,
+            "bursts": summaries,
         },
-        "verdict": {**asdict(verdict), "ok": verdict.ok, "line": verdict.line(vm.key)},
+        "verdict": {
+            **asdict(verdict),
+            "cycles_survived": verdict.cycles_survived,
+            "ok": verdict.ok,
+            "line": verdict.line(vm.key),
+        },
         "plot": str(plot_path),
         "samples": [asdict(s) for s in samples],
     }

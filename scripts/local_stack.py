@@ -5,8 +5,9 @@ by the end-to-end tests in ``tests/e2e/``, so that both drive exactly the same r
 same way:
 
 * ``start_runner``: ``python -m vm_runner`` (QEMU, the minimal or the postgres guest) with a QMP
-  socket for the agent, a serial console socket, and the guest's node_exporter (and PostgreSQL,
-  for the postgres guest) forwarded to loopback ports.
+  socket for the agent (and, in the runner's default ``--vcpu-mode online``, a QGA socket beside
+  it), a serial console socket, and the guest's node_exporter (and PostgreSQL, for the postgres
+  guest) forwarded to loopback ports.
 * ``write_cluster`` + ``start_extender``: ``scheduler-extender serve --standalone`` with a
   static token, nodes and pods from one YAML file.
 * ``write_agent_files`` + ``start_agent``: ``autoscaler-agent --standalone`` for one VM.
@@ -44,6 +45,8 @@ from typing import Any, TypeVar
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from vm_runner.cmdline import qga_socket_beside
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -261,6 +264,7 @@ class Guest:
     """A booted (or booting) minimal guest under ``vm_runner``."""
 
     runner: Service
+    vcpu_mode: str  # the runner's --vcpu-mode: "online" (QGA) or "hotplug" (QMP device_add)
     qmp_socket: Path  # the agent's
     serial_socket: Path
     metrics_port: int  # the guest's node_exporter, forwarded to 127.0.0.1
@@ -268,6 +272,17 @@ class Guest:
     max_vcpus: int
     postgres_port: int | None = None  # the postgres guest's :5432, forwarded to 127.0.0.1
     _control_socket: Path | None = field(default=None, repr=False)
+
+    @property
+    def qga_socket(self) -> Path:
+        """The guest agent's socket in online mode (the runner's default name for it)."""
+        return Path(qga_socket_beside(str(self.qmp_socket)))
+
+    @property
+    def hypervisor_url(self) -> str:
+        """The agent's URL for this VM, relative to the socket directory as its root."""
+        scheme = "qmp+qga" if self.vcpu_mode == "online" else "qmp"
+        return f"{scheme}:///{self.qmp_socket.name}"
 
     @property
     def metrics_url(self) -> str:
@@ -377,10 +392,13 @@ def start_runner(
     accel: str = "tcg",
     grace_seconds: float = 10,
     postgres: bool = False,
+    vcpu_mode: str = "online",
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 
     ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
+    ``vcpu_mode``: the runner's ``--vcpu-mode``; in ``online`` the agent's QGA socket is
+    ``Guest.qga_socket`` (beside the QMP socket, as the runner names it).
     """
     port = free_port()
     pg_port = free_port() if postgres else None
@@ -395,13 +413,14 @@ def start_runner(
             "--min-vcpus", str(min_vcpus), "--max-vcpus", str(max_vcpus), "--memory", memory,
             "--accel", accel, "--qmp-socket", str(qmp_socket),
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
-            "--grace-seconds", str(grace_seconds), *pg_forward,
+            "--grace-seconds", str(grace_seconds), "--vcpu-mode", vcpu_mode, *pg_forward,
             *(["--max-memory", max_memory] if max_memory is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip
     return Guest(
         runner=runner,
+        vcpu_mode=vcpu_mode,
         qmp_socket=qmp_socket,
         serial_socket=serial_socket,
         metrics_port=port,
@@ -591,6 +610,7 @@ def write_agent_files(
     policy: dict[str, float] | None = None,
     permit_retry_seconds: float = 1.0,
     base_config: dict[str, Any] | None = None,
+    hypervisor_url: str | None = None,
 ) -> tuple[Path, Path, int]:
     """The agent's config and VMs file; returns their paths and its HTTP port.
 
@@ -631,7 +651,7 @@ def write_agent_files(
                 "memory": vm.memory,
                 **({"max_memory": vm.max_memory} if vm.max_memory is not None else {}),
                 **({"memory_unit": vm.memory_unit} if vm.memory_unit is not None else {}),
-                "hypervisor": f"qmp:///{qmp_socket.name}",
+                "hypervisor": hypervisor_url or f"qmp:///{qmp_socket.name}",
                 "metrics_url": metrics_url,
             }
         ]
@@ -663,6 +683,7 @@ def start_extender_and_agent(
         vm,
         extender=extender,
         qmp_socket=guest.qmp_socket,
+        hypervisor_url=guest.hypervisor_url,
         metrics_url=guest.metrics_url,
         base_config=agent_config,
     )

@@ -21,6 +21,13 @@ from vm_image.elf import read_dynamic_info
 
 KERNEL_META_PACKAGE = "linux-image-cloud-amd64"
 GUEST_PACKAGES = ("busybox-static", "prometheus-node-exporter", "libc6")
+# qemu-guest-agent (the host sets the number of online vCPUs with its guest-set-vcpus, over a
+# virtio-serial port) and the libraries its ELF headers name, transitively, by Debian package.
+# The build fails with the missing soname if a Debian update adds one (``_Tree.find_library``).
+QGA_PACKAGES = (
+    "qemu-guest-agent", "libglib2.0-0", "libnuma1", "libudev1", "liburing2", "libffi8",
+    "libmount1", "libblkid1", "libselinux1", "libpcre2-8-0", "zlib1g",
+)  # fmt: skip
 
 # Dependency order: each module's dependencies come before it (insmod does not resolve them).
 # button and evdev make the ACPI power button visible to acpid, for a clean system_powerdown.
@@ -33,6 +40,8 @@ MODULES = (
     # virtio-mem (memory hot-plug in small blocks): depends on virtio and virtio_ring only
     # (``depends=`` in its modinfo; the Debian package ships no modules.dep).
     "kernel/drivers/virtio/virtio_mem.ko",
+    # virtio-serial ports (/dev/vportNpM), the channel qemu-ga talks to the host on.
+    "kernel/drivers/char/virtio_console.ko",
     "kernel/net/core/failover.ko",
     "kernel/drivers/net/net_failover.ko",
     "kernel/drivers/net/virtio_net.ko",
@@ -51,6 +60,7 @@ _GUEST_FILES = {  # guest/<name> -> (path in the image, permissions)
     "inittab": ("etc/inittab", 0o644),
     "rc.sysinit": ("etc/rc.sysinit", 0o755),
     "cpu-onliner": ("usr/sbin/cpu-onliner", 0o755),
+    "qga-start": ("usr/sbin/qga-start", 0o755),
     "power-button": ("etc/acpi/PWRF/00000080", 0o755),
 }
 
@@ -155,7 +165,7 @@ def build_variant(
     out_dir = out_root / variant.name
     (meta,) = debs.resolve([KERNEL_META_PACKAGE])
     kernel_names = [d for d in debs.depends(meta) if d.startswith("linux-image-")]
-    packages = debs.resolve([*kernel_names, *GUEST_PACKAGES, *variant.packages])
+    packages = debs.resolve([*kernel_names, *GUEST_PACKAGES, *QGA_PACKAGES, *variant.packages])
     inputs = (
         f"variant {variant.name}",
         f"recipe {manifest.recipe_digest(Path(__file__).parent)}",
@@ -186,6 +196,7 @@ def build_variant(
     tree.add(cpio.regular("etc/group", b"root:x:0:\n"))
     tree.copy("bin/busybox")
     tree.copy_with_libraries("usr/bin/prometheus-node-exporter", "usr/bin/node_exporter")
+    tree.copy_with_libraries("usr/sbin/qemu-ga", "usr/sbin/qemu-ga")
     for module in MODULES:
         tree.copy(f"lib/modules/{kernel}/{module}")
     if variant.extend is not None:

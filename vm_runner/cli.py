@@ -15,11 +15,14 @@ import structlog
 
 from vm_runner import supervisor
 from vm_runner.cmdline import (
+    QGA_SOCKET_SUFFIX,
     Accel,
     Forward,
+    VcpuMode,
     VmSpec,
     parse_forward,
     parse_memory,
+    qga_socket_beside,
     resolve_accel,
 )
 
@@ -33,7 +36,7 @@ KVM_DEVICE = "/dev/kvm"
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m vm_runner",
-        description="Boot one guest VM under QEMU with hot-pluggable vCPUs, and shut it down "
+        description="Boot one guest VM under QEMU with resizable vCPUs, and shut it down "
         "cleanly on SIGTERM (ACPI powerdown, then QMP quit, then kill).",
     )
     image = parser.add_argument_group("guest image (see vm_image/README.md)")
@@ -57,7 +60,18 @@ def make_parser() -> argparse.ArgumentParser:
         "--max-vcpus",
         type=int,
         required=True,
-        help="hot-plug ceiling (QEMU maxcpus); the autoscaler adds vCPUs up to this",
+        help="vCPU ceiling (QEMU maxcpus); the autoscaler adds vCPUs up to this",
+    )
+    sizing.add_argument(
+        "--vcpu-mode",
+        choices=[m.value for m in VcpuMode],
+        default=VcpuMode.ONLINE.value,
+        help="online: QEMU creates --max-vcpus vCPUs at boot, the guest kernel brings up "
+        "--min-vcpus (maxcpus=), and the autoscaler onlines and offlines the others inside the "
+        "guest through qemu-guest-agent on --qga-socket; survives any number of grow/shrink "
+        "cycles. hotplug: boot --min-vcpus and let the autoscaler plug vCPUs with QMP "
+        "device_add/device_del; on QEMU 7.2 under TCG, plugging again after an unplug kills "
+        "QEMU (default: %(default)s)",
     )
     sizing.add_argument(
         "--memory",
@@ -102,6 +116,13 @@ def make_parser() -> argparse.ArgumentParser:
         required=True,
         help="QMP unix socket for the autoscaler agent (its directory is created); in a pod, "
         "a hostPath directory shared with the agent",
+    )
+    sockets.add_argument(
+        "--qga-socket",
+        help="--vcpu-mode online: unix socket to the guest's qemu-guest-agent, for the "
+        f"autoscaler agent; default: beside --qmp-socket, '.sock' replaced by "
+        f"'{QGA_SOCKET_SUFFIX}' (qmp.sock -> qmp{QGA_SOCKET_SUFFIX}), the name the agent's "
+        "qmp+qga:// URL expects",
     )
     sockets.add_argument(
         "--serial-socket",
@@ -151,6 +172,14 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
     accel = resolve_accel(
         Accel(args.accel), is_kvm_usable=is_kvm_usable, is_kvm_boot_known=args.kvm_boots
     )
+    vcpu_mode = VcpuMode(args.vcpu_mode)
+    qga_socket: str | None = None
+    if vcpu_mode is VcpuMode.ONLINE:
+        qga_socket = args.qga_socket or qga_socket_beside(args.qmp_socket)
+        if qga_socket == args.qmp_socket:
+            raise ValueError(f"--qga-socket must differ from --qmp-socket ({qga_socket})")
+    elif args.qga_socket is not None:
+        raise ValueError("--qga-socket is only used with --vcpu-mode online")
     return VmSpec(
         qemu_binary=args.qemu_binary,
         kernel=args.kernel,
@@ -164,6 +193,8 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         memory_block_bytes=parse_memory(args.memory_block_size),
         accel=accel,
         qmp_socket=args.qmp_socket,
+        vcpu_mode=vcpu_mode,
+        qga_socket=qga_socket,
         control_socket=control_socket,
         serial_socket=args.serial_socket,
         forwards=forwards,
@@ -185,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             parser.error(str(e))  # exits 2
-        for path in (spec.qmp_socket, spec.serial_socket):
+        for path in (spec.qmp_socket, spec.qga_socket, spec.serial_socket):
             if path is not None:
                 # QEMU creates the socket (replacing a stale one) but not its directory.
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             accel=spec.accel.value,
             is_kvm_usable=is_kvm_usable,
             is_kvm_boot_known=args.kvm_boots,
+            vcpu_mode=spec.vcpu_mode.value,
+            qga_socket=spec.qga_socket,
         )
         return asyncio.run(
             supervisor.run(

@@ -41,6 +41,37 @@ DEFAULT_MEMORY_BLOCK_BYTES = 2 * MIB
 # The virtio-mem device's QOM id; the agent finds the device through query-memory-devices, so
 # it does not depend on this name, but the runner's own logs and tests do.
 VIRTIO_MEM_ID = "vmem0"
+# The virtio-serial port name qemu-guest-agent looks for (its default path is
+# /dev/virtio-ports/<this>; libvirt uses the same name).
+QGA_PORT_NAME = "org.qemu.guest_agent.0"
+QGA_SOCKET_SUFFIX = ".qga.sock"
+
+
+class VcpuMode(enum.Enum):
+    """How the VM's vCPU count changes while it runs (``vm_runner/README.md`` says why
+    ``ONLINE`` is the default).
+
+    ``ONLINE``: QEMU creates all ``max_vcpus`` at boot; the kernel brings up ``min_vcpus``
+    (``maxcpus=MIN``) and the rest stay offline until the host asks the guest, through
+    qemu-guest-agent on a virtio-serial port, to online or offline them. QEMU's CPU objects
+    never change, so any number of grow/shrink cycles is safe.
+    ``HOTPLUG``: QEMU boots ``min_vcpus``; the agent plugs and unplugs the others with QMP
+    ``device_add``/``device_del``. On QEMU 7.2 under TCG, plugging again after any unplug
+    kills QEMU (SIGSEGV or "corrupted double-linked list").
+    """
+
+    ONLINE = "online"
+    HOTPLUG = "hotplug"
+
+
+def qga_socket_beside(qmp_socket: str) -> str:
+    """The QGA socket's default path: the QMP socket's, with ``.sock`` turned into
+    ``.qga.sock`` (``/run/vm/qmp.sock`` -> ``/run/vm/qmp.qga.sock``), or ``.qga.sock`` appended.
+
+    The agent's ``qmp+qga://`` URL derives the same name
+    (``autoscaler_agent.hypervisor.factory``), so an annotation names only the QMP socket.
+    """
+    return qmp_socket.removesuffix(".sock") + QGA_SOCKET_SUFFIX
 
 
 class Accel(enum.Enum):
@@ -65,7 +96,8 @@ class VmSpec:
     """Everything that shapes the QEMU command line.
 
     Invariants (checked in ``__post_init__``): ``1 <= min_vcpus <= max_vcpus``; memory is a
-    whole number of MiB (QEMU's ``-m`` unit); ``accel`` is already resolved (never ``AUTO``).
+    whole number of MiB (QEMU's ``-m`` unit); ``accel`` is already resolved (never ``AUTO``);
+    ``qga_socket`` is set in ``VcpuMode.ONLINE``.
     """
 
     qemu_binary: str = "qemu-system-x86_64"
@@ -84,8 +116,13 @@ class VmSpec:
     control_socket: str
     serial_socket: str | None = None
     forwards: tuple[Forward, ...] = ()
+    vcpu_mode: VcpuMode = VcpuMode.ONLINE
+    # The host end of the guest agent's port; required in ONLINE mode, unused in HOTPLUG.
+    qga_socket: str | None = None
 
     def __post_init__(self) -> None:
+        if self.vcpu_mode is VcpuMode.ONLINE and self.qga_socket is None:
+            raise ValueError("vcpu mode online needs a QGA socket (qga_socket)")
         if not 1 <= self.min_vcpus <= self.max_vcpus:
             raise ValueError(
                 f"need 1 <= min_vcpus <= max_vcpus, got {self.min_vcpus} and {self.max_vcpus}"
@@ -192,6 +229,29 @@ def _virtio_mem_options(spec: VmSpec) -> list[str]:
     ]
 
 
+def _smp_option(spec: VmSpec) -> str:
+    if spec.vcpu_mode is VcpuMode.ONLINE:
+        # Every vCPU exists from boot (the kernel's maxcpus= keeps all but min_vcpus offline),
+        # and maxcpus equal to it leaves no hot-plug slot: nothing can device_add a vCPU.
+        return f"{spec.max_vcpus},maxcpus={spec.max_vcpus}"
+    # Boot with min_vcpus; the rest are empty hot-plug slots for QMP device_add.
+    return f"{spec.min_vcpus},maxcpus={spec.max_vcpus}"
+
+
+def _qga_options(spec: VmSpec) -> list[str]:
+    """A virtio-serial controller with one port, named as qemu-guest-agent expects, whose host
+    end is a unix socket the agent connects to (QEMU listens; the guest's qemu-ga answers)."""
+    assert spec.qga_socket is not None
+    return [
+        "-device",
+        "virtio-serial-pci,id=vser0",
+        "-chardev",
+        _socket_chardev("qga0", spec.qga_socket),
+        "-device",
+        f"virtserialport,bus=vser0.0,chardev=qga0,name={QGA_PORT_NAME}",
+    ]
+
+
 def build_qemu_command(spec: VmSpec) -> list[str]:
     """The full argv (binary first) that runs ``spec``."""
     argv = [
@@ -205,9 +265,8 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
         # q35 has ACPI CPU hot-plug, which is how vCPUs are added and removed live.
         "-machine",
         f"q35,accel={spec.accel.value}",
-        # Boot with min_vcpus; the rest are empty hot-plug slots for QMP device_add.
         "-smp",
-        f"{spec.min_vcpus},maxcpus={spec.max_vcpus}",
+        _smp_option(spec),
         "-m",
         _memory_option(spec),
         "-kernel",
@@ -220,6 +279,9 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
         *BASE_KERNEL_ARGS,
         *(DISK_KERNEL_ARGS if spec.disk else ()),
         *(MEMORY_HOTPLUG_KERNEL_ARGS if hotplug else ()),
+        # Online mode: the kernel brings up only min_vcpus of the max_vcpus QEMU created; the
+        # guest's cpu-onliner sees maxcpus= and leaves the rest to the host (qemu-ga).
+        *((f"maxcpus={spec.min_vcpus}",) if spec.vcpu_mode is VcpuMode.ONLINE else ()),
         *spec.kernel_args,
     ]
     argv += ["-append", " ".join(kernel_args)]
@@ -237,6 +299,8 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     for chardev_id, path in (("qmp", spec.qmp_socket), ("control", spec.control_socket)):
         argv += ["-chardev", _socket_chardev(chardev_id, path)]
         argv += ["-mon", f"chardev={chardev_id},mode=control"]
+    if spec.vcpu_mode is VcpuMode.ONLINE:
+        argv += _qga_options(spec)
     if spec.serial_socket is not None:
         argv += ["-chardev", _socket_chardev("serial0", spec.serial_socket)]
     else:

@@ -1,5 +1,5 @@
-"""The agent's hypervisor layer: resize a VM's vCPUs and memory through QEMU (QMP) or
-cloud-hypervisor.
+"""The agent's hypervisor layer: resize a VM's vCPUs and memory through QEMU (QMP, and
+qemu-guest-agent for vCPUs onlined in the guest) or cloud-hypervisor.
 
 Shell: clients only. They translate one call into the hypervisor's API and its answers into
 ``errors``; they hold no policy (sizes, retries, backoff belong to ``autoscaler_agent.core``).
@@ -11,6 +11,8 @@ Modules:
     cloud_hypervisor  HTTP over the VM's API socket
     ch_remote         the ``ch-remote`` CLI
     qmp               QEMU's QMP: vCPU hot-plug and unplug, virtio-mem resize
+    qga               qemu-guest-agent: vCPUs onlined and offlined in the guest; memory by QMP
+    unix              opening a unix socket with a bounded wait (QMP, QGA)
     factory           ``hypervisor_from_url`` for the pod's ``hypervisor`` annotation
 """
 
@@ -19,11 +21,13 @@ from autoscaler_agent.hypervisor.errors import (
     HypervisorError,
     HypervisorUnavailable,
     MemoryResizeIncomplete,
+    QgaCommandFailed,
     QmpCommandFailed,
     ResizeInProgress,
     ResizeRejected,
     UnexpectedResponse,
     UnplugNotCompleted,
+    VcpuResizeIncomplete,
     VmNotFound,
 )
 from autoscaler_agent.hypervisor.factory import hypervisor_from_url
@@ -34,11 +38,13 @@ __all__ = [
     "HypervisorUnavailable",
     "MemoryResizeIncomplete",
     "MemoryState",
+    "QgaCommandFailed",
     "QmpCommandFailed",
     "ResizeInProgress",
     "ResizeRejected",
     "UnexpectedResponse",
     "UnplugNotCompleted",
+    "VcpuResizeIncomplete",
     "VcpuState",
     "VmNotFound",
     "hypervisor_from_url",

@@ -21,8 +21,12 @@ QMP error class: the clients translate those here, once.
     │                                              memory asked for (a shrink of memory in
     │                                              use, no virtio-mem driver); ``.state`` is
     │                                              what is in effect afterwards
+    ├── VcpuResizeIncomplete        no             QGA: the guest onlined or offlined fewer
+    │                                              vCPUs than asked (refused, or cannot
+    │                                              offline one); ``.state`` is what is online
     └── UnexpectedResponse          no             an answer the client cannot interpret
-        └── QmpCommandFailed        no             a QMP command answered ``{"error": ...}``
+        ├── QmpCommandFailed        no             a QMP command answered ``{"error": ...}``
+        └── QgaCommandFailed        no             a QGA command answered ``{"error": ...}``
 
 ``UnplugNotCompleted`` is not retryable on purpose: re-sending ``device_del`` for a vCPU whose
 unplug is still pending only earns "already in the process of unplug". The caller should take
@@ -95,6 +99,18 @@ class MemoryResizeIncomplete(HypervisorError):
         self.state = state
 
 
+class VcpuResizeIncomplete(HypervisorError):
+    """The guest onlined or offlined fewer vCPUs than asked; ``state`` is what is online.
+
+    Not retryable: the guest answered (it refused, or cannot offline a vCPU), so asking again
+    at once would get the same answer. The caller takes ``state`` as the truth.
+    """
+
+    def __init__(self, message: str, *, state: VcpuState, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
+        self.state = state
+
+
 class UnexpectedResponse(HypervisorError):
     """The hypervisor answered something this client cannot interpret."""
 
@@ -104,6 +120,16 @@ class QmpCommandFailed(UnexpectedResponse):
 
     def __init__(self, command: str, *, error_class: str, desc: str) -> None:
         super().__init__(f"QMP {command} failed ({error_class})", detail=desc)
+        self.command = command
+        self.error_class = error_class
+        self.desc = desc
+
+
+class QgaCommandFailed(UnexpectedResponse):
+    """A qemu-guest-agent command answered with an error; ``error_class`` is its ``class``."""
+
+    def __init__(self, command: str, *, error_class: str, desc: str) -> None:
+        super().__init__(f"QGA {command} failed ({error_class})", detail=desc)
         self.command = command
         self.error_class = error_class
         self.desc = desc

@@ -57,6 +57,7 @@ from autoscaler_agent.hypervisor.errors import (
     UnexpectedResponse,
     UnplugNotCompleted,
 )
+from autoscaler_agent.hypervisor.unix import open_unix_stream
 
 DEFAULT_COMMAND_TIMEOUT_SECONDS: Final = 5.0
 # A running Linux guest ejects a vCPU in about 2 s under TCG (qemu-guest.md).
@@ -232,20 +233,12 @@ class QmpClient:
             if self.is_connected:
                 return
             await self._disconnect()
-            try:
-                async with asyncio.timeout(self.command_timeout_seconds):
-                    reader, writer = await asyncio.open_unix_connection(
-                        str(self.socket_path), limit=MAX_LINE_BYTES
-                    )
-            except TimeoutError as e:
-                raise HypervisorUnavailable(
-                    f"QMP on {self.socket_path} did not accept a connection within "
-                    f"{self.command_timeout_seconds} s"
-                ) from e
-            except OSError as e:
-                raise HypervisorUnavailable(
-                    f"QMP on {self.socket_path} is unreachable", detail=str(e)
-                ) from e
+            reader, writer = await open_unix_stream(
+                self.socket_path,
+                protocol="QMP",
+                timeout_seconds=self.command_timeout_seconds,
+                limit=MAX_LINE_BYTES,
+            )
             self._writer = writer
             is_ready = False
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 import structlog
 
 from autoscaler_agent.hypervisor import ResizeInProgress, ResizeRejected
@@ -267,6 +268,43 @@ async def test_grow_latency_runs_to_the_cpus_online_in_the_guest_and_a_lagging_g
     await world.supervisor.apply({})
     assert world.sample("vmautoscale_agent_vm_stuck", vm) is None
     assert world.sample("vmautoscale_agent_vm_online_vcpus", vm) is None
+
+
+@pytest.mark.parametrize("recovers", ["before-it-lands", "after-it-lands"])
+async def test_scrapes_failing_while_a_grow_is_in_flight_do_not_abandon_its_latency(
+    world, recovers
+):
+    """Onlining CPUs stalls a TCG guest for a moment, so its node_exporter misses scrapes while
+    the grow is landing. Without metrics the agent has no wish (it holds), and once they come
+    back its hysteresis restarts with a hold: neither is "the load went away", so the grow is
+    still timed once the guest shows its CPUs online."""
+    interval = CORE.scrape_interval_seconds
+    policy = msgspec.structs.replace(CORE.policy, grow_after_seconds=3 * interval)
+    world.deps.core = msgspec.structs.replace(CORE, policy=policy)
+    world.deps.stuck_after_seconds = 60.0
+    target = world.vm("vm-1", current=2, max_vcpus=8, load=0.5)
+    world.metrics_app.online["vm-1"] = 2
+    hv = world.hypervisors[target.key]
+    hv.resize_seconds = 15 * interval
+    vm = ("vm", target.key)
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_online_vcpus", vm) == 2)
+    world.metrics_app.loads["vm-1"] = 5.0  # saturated at 2: needs 6
+    await eventually(lambda: hv.calls == [6])
+    world.metrics_app.broken.add("vm-1")  # the guest stalls while the resize is in flight
+    await eventually(
+        lambda: (
+            (world.sample("vmautoscale_agent_scrape_errors_total", ("kind", "malformed")) or 0) >= 2
+        )
+    )
+    if recovers == "before-it-lands":
+        world.metrics_app.broken.discard("vm-1")  # back, with a restarted hysteresis: a hold
+        await eventually(lambda: world.sample("vmautoscale_agent_vm_desired_vcpus", vm) == 2)
+    await eventually(lambda: hv.current == 6, within_seconds=10)
+    world.metrics_app.online["vm-1"] = 6
+    world.metrics_app.broken.discard("vm-1")
+    await eventually(lambda: world.sample("vmautoscale_agent_grow_to_online_seconds_count") == 1)
+    assert world.sample("vmautoscale_agent_grows_abandoned_total") in (None, 0)
 
 
 async def test_a_permit_denied_for_long_marks_the_vm_stuck_until_it_grows(world):

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from autoscaler_agent.discovery import vm_target_from_pod
-from autoscaler_agent.hypervisor.factory import socket_path_from_url
+from autoscaler_agent.hypervisor.factory import socket_paths_from_url
 from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
 from protocol.codec import decode
 from protocol.kube import Pod
@@ -28,6 +28,7 @@ from tests.deploy.render import (
 )
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG
 from vm_runner.cli import make_parser
+from vm_runner.cmdline import qga_socket_beside
 
 VMS = [
     d
@@ -164,11 +165,19 @@ def test_hypervisor_annotation_names_the_socket_the_runner_creates(sts, tmp_path
     )
 
     url = pod["annotations"]["vm-autoscaling.io/hypervisor"]
-    assert url == f"qmp://{host_socket}"
-    # ...and the agent, with its real socket root and mount, resolves it to a path it sees.
-    scheme, resolved = socket_path_from_url(url, root=tmp_path)
-    assert scheme == "qmp"
+    # The runner's default vCPU mode (online, through qemu-guest-agent): the shipped examples
+    # must use the mode that survives repeated grow/shrink cycles.
+    assert "--vcpu-mode=hotplug" not in vm["args"]
+    assert url == f"qmp+qga://{host_socket}"
+    # ...and the agent, with its real socket root and mount, resolves it to paths it sees: the
+    # QMP socket, and the QGA socket where the runner creates it (same name rule, same dir).
+    scheme, resolved, qga = socket_paths_from_url(url, root=tmp_path)
+    assert scheme == "qmp+qga"
     assert resolved == tmp_path / str(host_socket).lstrip("/")
+    qga_in_container = PurePosixPath(qga_socket_beside(str(qmp_in_container)))
+    assert qga == tmp_path / str(
+        host_dir / _expand(m["subPathExpr"], env) / qga_in_container.relative_to(m["mountPath"])
+    ).lstrip("/")
     agent_mount = mount(container(AGENT_DS, "agent"), "vm-sockets")["mountPath"]
     agent_view = PurePosixPath(AGENT_CFG.hypervisor.socket_root) / str(host_socket).lstrip("/")
     assert agent_view.is_relative_to(agent_mount)

@@ -24,7 +24,8 @@ def guest_image() -> GuestImage:
 
 @pytest.fixture(scope="module")
 def guest(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
-    """The minimal guest, 1 vCPU at boot and room for 4, node_exporter on a loopback port."""
+    """The minimal guest, 4 vCPUs of which 1 is online at boot (the runner's default vCPU mode,
+    online through QGA), node_exporter on a loopback port."""
     workdir = tmp_path_factory.mktemp("guest")
     guest = start_runner(guest_image, workdir, min_vcpus=1, max_vcpus=4)
     try:

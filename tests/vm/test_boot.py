@@ -125,7 +125,7 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             sys.executable, "-m", "vm_runner",
             "--kernel", str(minimal_image.kernel), "--initrd", str(minimal_image.initrd),
             "--min-vcpus", "1", "--max-vcpus", "4", "--memory", "512Mi",
-            "--accel", "tcg", "--qmp-socket", str(qmp_socket),
+            "--accel", "tcg", "--qmp-socket", str(qmp_socket), "--vcpu-mode", "hotplug",
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
             "--grace-seconds", "40",
             cwd=REPO, stdout=stdout, stderr=stderr,

@@ -8,10 +8,12 @@ from vm_runner import cli
 from vm_runner.cmdline import (
     Accel,
     Forward,
+    VcpuMode,
     VmSpec,
     build_qemu_command,
     parse_forward,
     parse_memory,
+    qga_socket_beside,
     resolve_accel,
 )
 
@@ -28,6 +30,8 @@ def make_spec(**overrides: object) -> VmSpec:
         "accel": Accel.TCG,
         "qmp_socket": "/run/vm/qmp.sock",
         "control_socket": "/tmp/private/control.sock",
+        # Most tests pin the flags both modes share; the online mode has its own tests below.
+        "vcpu_mode": VcpuMode.HOTPLUG,
     }
     fields.update(overrides)
     return VmSpec(**fields)  # type: ignore[arg-type]
@@ -318,3 +322,94 @@ def test_max_memory_and_block_size_flags():
     spec = cli.spec_from_args(args, is_kvm_usable=False, control_socket="/c")
     assert (spec.memory_bytes, spec.max_memory_bytes) == (1024 * MIB, 4096 * MIB)
     assert spec.memory_block_bytes == 128 * MIB
+
+
+def test_online_mode_differs_from_hotplug_only_in_vcpus_and_the_qga_port():
+    """All max vCPUs exist from boot (no free hot-plug slot), the kernel brings up min of them,
+    and qemu-guest-agent's port is wired to the QGA socket; everything else is the same."""
+    hotplug = build_qemu_command(make_spec())
+    online = build_qemu_command(
+        make_spec(vcpu_mode=VcpuMode.ONLINE, qga_socket="/run/vm/qmp.qga.sock")
+    )
+    expected = list(hotplug)
+    expected[expected.index("1,maxcpus=4")] = "4,maxcpus=4"
+    expected[expected.index("console=ttyS0 panic=-1 quiet")] = (
+        "console=ttyS0 panic=-1 quiet maxcpus=1"
+    )
+    serial = expected.index("stdio,id=serial0,signal=off") - 1  # its -chardev
+    expected[serial:serial] = [
+        "-device",
+        "virtio-serial-pci,id=vser0",
+        "-chardev",
+        "socket,id=qga0,path=/run/vm/qmp.qga.sock,server=on,wait=off",
+        "-device",
+        "virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0",
+    ]
+    assert online == expected
+
+
+def test_online_mode_user_kernel_args_come_after_maxcpus():
+    spec = make_spec(
+        vcpu_mode=VcpuMode.ONLINE, qga_socket="/q.sock", min_vcpus=2, kernel_args=("loglevel=7",)
+    )
+    assert option(build_qemu_command(spec), "-append") == [
+        "console=ttyS0 panic=-1 quiet maxcpus=2 loglevel=7"
+    ]
+
+
+def test_online_mode_without_a_qga_socket_is_refused():
+    with pytest.raises(ValueError, match="needs a QGA socket"):
+        make_spec(vcpu_mode=VcpuMode.ONLINE)
+
+
+@pytest.mark.parametrize(
+    ("qmp", "qga"),
+    [
+        ("/run/vm/qmp.sock", "/run/vm/qmp.qga.sock"),
+        (
+            "/var/run/vm-autoscaling/qmp/1234-abcd.sock",
+            "/var/run/vm-autoscaling/qmp/1234-abcd.qga.sock",
+        ),
+        ("/run/vm/monitor", "/run/vm/monitor.qga.sock"),
+    ],
+    ids=["qmp.sock", "pod-uid", "no-suffix"],
+)
+def test_qga_socket_sits_beside_the_qmp_socket(qmp, qga):
+    assert qga_socket_beside(qmp) == qga
+
+
+def test_vcpu_mode_defaults_to_online_with_the_qga_socket_beside_qmp():
+    spec = cli.spec_from_args(parse_args(), is_kvm_usable=False, control_socket="/c")
+    assert spec.vcpu_mode is VcpuMode.ONLINE
+    assert spec.qga_socket == "/q.qga.sock"
+    spec = cli.spec_from_args(
+        parse_args("--qga-socket", "/elsewhere/ga.sock"), is_kvm_usable=False, control_socket="/c"
+    )
+    assert spec.qga_socket == "/elsewhere/ga.sock"
+
+
+def test_hotplug_mode_has_no_qga_socket():
+    spec = cli.spec_from_args(
+        parse_args("--vcpu-mode", "hotplug"), is_kvm_usable=False, control_socket="/c"
+    )
+    assert (spec.vcpu_mode, spec.qga_socket) == (VcpuMode.HOTPLUG, None)
+    assert "maxcpus=" not in option(build_qemu_command(spec), "-append")[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--vcpu-mode", "hotplug", "--qga-socket", "/g.sock"),
+            "only used with --vcpu-mode online",
+        ),
+        (("--qga-socket", "/q"), "must differ from --qmp-socket"),
+    ],
+    ids=["qga-socket-in-hotplug-mode", "qga-socket-is-the-qmp-socket"],
+)
+def test_bad_qga_flags_exit_with_status_2(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--kernel", "k", "--min-vcpus", "1", "--max-vcpus", "2", "--qmp-socket", "/q",
+                  *flags])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

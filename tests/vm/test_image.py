@@ -104,8 +104,24 @@ def test_minimal_image_contents(minimal_image: MinimalImage):
     by_name = {e["name"]: e for e in entries}
     for needed in ("init", "bin/busybox", "usr/bin/node_exporter", "usr/sbin/cpu-onliner",
                    "lib/x86_64-linux-gnu/libc.so.6", "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
-                   "etc/inittab", "etc/acpi/PWRF/00000080"):  # fmt: skip
+                   "etc/inittab", "etc/acpi/PWRF/00000080", "usr/sbin/qemu-ga",
+                   "usr/sbin/qga-start"):  # fmt: skip
         assert needed in by_name
+    # qemu-ga starts only if every library the loader looks for is in the image.
+    pending, seen = ["usr/sbin/qemu-ga"], set()
+    while pending:
+        for lib in read_dynamic_info(by_name[pending.pop()]["data"]).needed:
+            path = next(p for d in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")
+                        if (p := f"{d}/{lib}") in by_name)  # fmt: skip
+            if path not in seen:
+                seen.add(path)
+                target = by_name[path]
+                while stat.S_ISLNK(target["mode"]):
+                    path = f"{path.rsplit('/', 1)[0]}/{target['data'].decode()}"
+                    target = by_name[path]
+                pending.append(path)
+    assert "usr/lib/x86_64-linux-gnu/libglib-2.0.so.0" in seen
+    assert b"/usr/sbin/qga-start" in by_name["etc/inittab"]["data"]
     assert by_name["lib64/ld-linux-x86-64.so.2"]["data"] == (
         b"/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
     )
@@ -113,7 +129,13 @@ def test_minimal_image_contents(minimal_image: MinimalImage):
     assert [line.split("/", 1)[1] for line in order] == list(MODULES)
     assert all(line in by_name for line in (f"lib/modules/{m}" for m in order))
     text = minimal_image.manifest.read_text()
-    for package in ("busybox-static=", "libc6=", "prometheus-node-exporter=", "linux-image-"):
+    for package in (
+        "busybox-static=",
+        "libc6=",
+        "prometheus-node-exporter=",
+        "linux-image-",
+        "qemu-guest-agent=",
+    ):
         assert f"package {package}" in text
 
 

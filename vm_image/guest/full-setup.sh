@@ -8,10 +8,11 @@ printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
 chmod 755 /usr/sbin/policy-rc.d
 
 # dbus is for systemd-logind, which turns the ACPI power button (QMP system_powerdown) into a
-# clean poweroff; minbase lacks it.
+# clean poweroff; minbase lacks it. qemu-guest-agent: Debian's unit starts it (via udev) when
+# the VM has the org.qemu.guest_agent.0 port (vm_runner --vcpu-mode online).
 apt-get install -y --no-install-recommends \
     linux-image-cloud-amd64 initramfs-tools systemd-sysv udev dbus iproute2 procps \
-    postgresql postgresql-contrib prometheus-node-exporter
+    postgresql postgresql-contrib prometheus-node-exporter qemu-guest-agent
 apt-get clean
 
 echo vm > /etc/hostname
