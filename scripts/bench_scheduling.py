@@ -9,7 +9,9 @@ hits them alike:
 
 * ``alone``: kube-scheduler with no extender (its own profile), the baseline;
 * ``cache``: with the extender, ``nodeCacheCapable: true`` (the deployed config);
-* ``nocache``: with the extender, ``nodeCacheCapable: false`` (full Node objects per call).
+* ``nocache``: with the extender, ``nodeCacheCapable: false`` (full Node objects per call);
+* ``cache-noprio``, ``nocache-noprio``: the same without the prioritize verb (kube-scheduler's
+  own scoring only): what one round trip per pod less buys.
 
 Per run the pods are created first, then the scheduler (and extender) started; throughput is
 pods bound per second between the first and the last bind seen on a pod watch (start-up not
@@ -74,7 +76,7 @@ from tests.controlplane.harness import (  # noqa: E402
 from tests.deploy.render import MANIFESTS, render  # noqa: E402
 
 ALONE_SCHEDULER: Final = "bench-alone"
-MODES: Final = ("alone", "cache", "nocache", "cache-noprio")
+MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
 
 
 def find_binaries() -> Path:
@@ -354,8 +356,8 @@ class Bench:
             config["profiles"] = [{"schedulerName": ALONE_SCHEDULER}]
         else:
             for ext in config["extenders"]:
-                ext["nodeCacheCapable"] = mode != "nocache"
-                if mode == "cache-noprio":
+                ext["nodeCacheCapable"] = not mode.startswith("nocache")
+                if mode.endswith("-noprio"):
                     # What one round trip per pod less buys: kube-scheduler's own scoring only.
                     del ext["prioritizeVerb"]
         self.runs += 1
@@ -542,8 +544,8 @@ def main() -> int:
     parser.add_argument(
         "--modes",
         default=",".join(MODES[:3]),
-        help=f"comma-separated, of {', '.join(MODES)} (default: the first three; cache-noprio"
-        " is cache mode without the prioritize verb)",
+        help=f"comma-separated, of {', '.join(MODES)} (default: the first three; -noprio is"
+        " that mode without the prioritize verb)",
     )
     parser.add_argument(
         "--latency-samples", type=int, default=20, help="deletions timed (default 20; 0: skip)"
@@ -609,7 +611,7 @@ def main() -> int:
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
                 entry["apiPerPod"] = results[-1]["apiPerPod"]
                 entry["cpuMsPerPod"] = {
-                    k: statistics.median(r["cpuMsPerPod"][k] for r in results)
+                    k: round(statistics.median(r["cpuMsPerPod"][k] for r in results), 3)
                     for k in results[-1]["cpuMsPerPod"]
                 }
                 if not mode.startswith("alone"):
