@@ -9,7 +9,9 @@ hits them alike:
 
 * ``alone``: kube-scheduler with no extender (its own profile), the baseline;
 * ``cache``: with the extender, ``nodeCacheCapable: true`` (the deployed config);
-* ``nocache``: with the extender, ``nodeCacheCapable: false`` (full Node objects per call).
+* ``nocache``: with the extender, ``nodeCacheCapable: false`` (full Node objects per call);
+* ``cache-noprio``, ``nocache-noprio``: the same without the prioritize verb (kube-scheduler's
+  own scoring only): what one round trip per pod less buys.
 
 Per run the pods are created first, then the scheduler (and extender) started; throughput is
 pods bound per second between the first and the last bind seen on a pod watch (start-up not
@@ -74,7 +76,7 @@ from tests.controlplane.harness import (  # noqa: E402
 from tests.deploy.render import MANIFESTS, render  # noqa: E402
 
 ALONE_SCHEDULER: Final = "bench-alone"
-MODES: Final = ("alone", "cache", "nocache", "cache-noprio")
+MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
 
 
 def find_binaries() -> Path:
@@ -342,7 +344,7 @@ class Bench:
             self.work, self.kubeconfig, config, log_level="info", source=source or REPO
         )
         if profile is not None:
-            extender.python_args = ["-m", "cProfile", "-o", str(profile)]
+            extender.python_args = [str(REPO / "scripts" / "cpu_profile.py"), "-o", str(profile)]
         return extender
 
     def scheduler(self, mode: str, verbs_port: int | None) -> Scheduler:
@@ -354,8 +356,8 @@ class Bench:
             config["profiles"] = [{"schedulerName": ALONE_SCHEDULER}]
         else:
             for ext in config["extenders"]:
-                ext["nodeCacheCapable"] = mode != "nocache"
-                if mode == "cache-noprio":
+                ext["nodeCacheCapable"] = not mode.startswith("nocache")
+                if mode.endswith("-noprio"):
                     # What one round trip per pod less buys: kube-scheduler's own scoring only.
                     del ext["prioritizeVerb"]
         self.runs += 1
@@ -382,6 +384,7 @@ class Bench:
                 cpu_before = cpu_seconds(extender.process.popen.pid)
                 verbs_before = verb_seconds(extender)
             api_before = api_counts(self.api)
+            plane_before = {p.name: cpu_seconds(p.popen.pid) for p in self.cp.processes}
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
             scheduler.start()
             try:
@@ -393,6 +396,13 @@ class Bench:
                 )
                 time.sleep(1)  # the last binds' Events, watch events and writes
                 result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
+                # Every process's CPU over the run (kube-scheduler's start-up included): what a
+                # scheduled pod costs the machine, and who pays.
+                assert scheduler.process is not None
+                cpu_ms = {"kube-scheduler": cpu_seconds(scheduler.process.popen.pid)}
+                for p in self.cp.processes:
+                    cpu_ms[p.name] = cpu_seconds(p.popen.pid) - plane_before[p.name]
+                result["cpuMsPerPod"] = {k: round(v * 1000 / pods, 3) for k, v in cpu_ms.items()}
             finally:
                 scheduler.stop()
             if watch.restarts:
@@ -489,30 +499,40 @@ class Bench:
         }
 
 
+# Own CPU time by where it was spent, first match wins (``file:function`` of each profiled
+# function): the work behind a scheduled pod, from the verbs down to the syscalls.
+PROFILE_BUCKETS: Final = {
+    "decode": ("msgspec.json.Decoder", "msgspec._core", ":decode"),
+    "encode": ("msgspec.json.Encoder", ":encode"),
+    "ledger+placement": ("scheduler_extender/core/", "scheduler_extender/admission/"),
+    "verb handlers": ("scheduler_extender/http/",),
+    "service (bind, watch apply)": ("scheduler_extender/service.py", "scheduler_extender/sync"),
+    "watch stream": ("kube_io/watch.py",),
+    "kube client": ("kube_io/client.py", "kubernetes_asyncio/", "scheduler_extender/kube/"),
+    "aiohttp server": ("aiohttp/web", "aiohttp/http_parser", "aiohttp/base_protocol"),
+    "aiohttp client": ("aiohttp/",),
+    "tls": ("ssl.py", "sslproto.py", "_ssl._SSL"),
+    "socket syscalls": ("_socket.socket",),
+    "event loop": ("asyncio/", "selectors.py", "select.epoll", "_contextvars", "_asyncio"),
+    "logging": ("structlog", "observability/", "logging/"),
+}
+
+
 def profile_split(path: Path, pods: int) -> dict[str, float]:
-    """CPU ms per pod by the work behind it, from the extender's cProfile (own time)."""
+    """CPU ms per pod by the work behind it, from the extender's profile (own time)."""
     stats = pstats.Stats(str(path))
-    buckets = {
-        "decode": ("msgspec", "decode"),
-        "encode": ("encode",),
-        "ledger+placement": ("scheduler_extender/core/",),
-        "kube client (Binding POST, patches, Events)": ("kube_io/client.py", "kubernetes_asyncio"),
-        "watch events": ("kube_io/watch.py", "scheduler_extender/sync.py"),
-        "durable writes": ("scheduler_extender/kube/durability.py",),
-        "aiohttp": ("aiohttp/",),
-        "logging": ("structlog", "observability/"),
-    }
-    split = dict.fromkeys(buckets, 0.0)
+    split = dict.fromkeys(PROFILE_BUCKETS, 0.0)
     split["other"] = 0.0
     for (filename, _line, function), row in stats.stats.items():  # type: ignore[attr-defined]
         own = row[2]
         where = f"{filename}:{function}"
-        for bucket, marks in buckets.items():
+        for bucket, marks in PROFILE_BUCKETS.items():
             if any(mark in where for mark in marks):
                 split[bucket] += own
                 break
         else:
             split["other"] += own
+    split["total"] = sum(split.values())
     return {k: round(v * 1000 / pods, 3) for k, v in split.items()}
 
 
@@ -524,8 +544,8 @@ def main() -> int:
     parser.add_argument(
         "--modes",
         default=",".join(MODES[:3]),
-        help=f"comma-separated, of {', '.join(MODES)} (default: the first three; cache-noprio"
-        " is cache mode without the prioritize verb)",
+        help=f"comma-separated, of {', '.join(MODES)} (default: the first three; -noprio is"
+        " that mode without the prioritize verb)",
     )
     parser.add_argument(
         "--latency-samples", type=int, default=20, help="deletions timed (default 20; 0: skip)"
@@ -590,6 +610,10 @@ def main() -> int:
                 medians[mode] = statistics.median(rates)
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
                 entry["apiPerPod"] = results[-1]["apiPerPod"]
+                entry["cpuMsPerPod"] = {
+                    k: round(statistics.median(r["cpuMsPerPod"][k] for r in results), 3)
+                    for k in results[-1]["cpuMsPerPod"]
+                }
                 if not mode.startswith("alone"):
                     entry["extenderCpuMsPerPod"] = statistics.median(
                         r["extenderCpuMsPerPod"] for r in results

@@ -39,6 +39,7 @@ from scheduler_extender.config import (
 from scheduler_extender.http import ops, permit_port, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
+from scheduler_extender.http.fast import FastVerbs
 from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, METRICS_GUARD, TASKS
 from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.sequences import SequenceBook
@@ -325,7 +326,13 @@ async def start_listeners(
                 **server_options(listen),
             )
             await runner.setup()
-            site = GuardedSite(runner, listen)
+            site = GuardedSite(
+                runner,
+                listen,
+                # kube-scheduler's per-pod calls skip aiohttp (see ``fast``).
+                fast=FastVerbs(app) if app is verbs_app else None,
+                shutdown_timeout=config.shutdown_timeout_seconds,
+            )
             started.append((runner, site))
             await site.start()
             log.info("listening", host=listen.host, port=site.bound_port)

@@ -49,6 +49,16 @@ class Bodies:
         self.limits = limits
         self.in_flight = 0
 
+    def try_take(self, size: int) -> bool:
+        """A share of the budget for a body held elsewhere (``fast``); ``release`` it after."""
+        if self.in_flight + size > self.limits.bodies_in_flight_bytes:
+            return False
+        self.in_flight += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.in_flight -= size
+
     def _take(self, size: int) -> None:
         if self.in_flight + size > self.limits.bodies_in_flight_bytes:
             raise Unavailable(

@@ -25,13 +25,20 @@ connection evicts the one that has been quiet longest among those with no reques
 every connection is busy. So a flood of idle or slowloris connections costs the flooder its
 own connections, while kube-scheduler's and the kubelet's next connections get in; and each
 listener has its own cap, so one cannot take the other's file descriptors.
+
+On the verbs listener (``GuardedSite(fast=FastVerbs(app))``) a connection reads request heads
+itself until one is not a plain filter, prioritize or bind call (``fast``), and only then
+makes aiohttp's handler and hands it every byte not answered yet; the guards above hold on
+both sides of that hand-over (see ``_Guarded``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import structlog
@@ -39,6 +46,14 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from scheduler_extender.config import Listen
+from scheduler_extender.http.fast import (
+    BODY_WINDOW_SECONDS,
+    MAX_BODY,
+    MAX_HEAD,
+    FastVerbs,
+    Handover,
+    Head,
+)
 from scheduler_extender.kube.auth import TokenBucket
 
 log = structlog.get_logger(__name__)
@@ -64,15 +79,37 @@ class _Guarded(asyncio.Protocol):
     """One connection: forwards everything to aiohttp's handler, notes when it last spoke.
 
     The handler is made only once the connection is admitted: a refused one costs an accept
-    and a close, nothing of aiohttp's."""
+    and a close, nothing of aiohttp's. On a listener with a ``fast`` path (the verbs), it is
+    made only when a request is not a plain verb call (``fast.parse_head``): until then the
+    connection reads heads itself, and guards them as aiohttp would (the header timeout, the
+    idle timeout, the in-flight budget for a body still arriving; a body later than
+    ``fast.BODY_WINDOW_SECONDS`` goes to aiohttp with its head, and aiohttp's body timeout
+    applies from there). Answers go out in order, one request at a time; bytes that arrive
+    meanwhile wait, and reading pauses while they exceed one request's worth or while the
+    peer does not read its answers.
+    """
 
-    def __init__(self, site: GuardedSite, make: Callable[[], RequestHandler]) -> None:
+    def __init__(
+        self, site: GuardedSite, make: Callable[[], RequestHandler], fast: FastVerbs | None
+    ) -> None:
         self._site = site
         self._make = make
+        self._fast = fast
         self._inner: RequestHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
         self._head_timer: asyncio.TimerHandle | None = None
+        # The fast path's state (unused once aiohttp has the connection).
+        self._buffer = bytearray()
+        self._head: Head | None = None  # parsed; its body is still arriving
+        self._taken = 0  # of the in-flight budget, for that body
+        self._serving = False  # an answer is being computed (bind)
+        self._write_paused = False
+        self._read_paused = False
+        self._heads = 0
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def is_busy(self) -> bool:
@@ -80,39 +117,190 @@ class _Guarded(asyncio.Protocol):
         # offers nothing public that says so. tests/extender/test_hostile_clients.py checks
         # that a busy connection survives eviction, so an aiohttp change cannot go unnoticed.
         inner = self._inner
-        return inner is not None and inner._current_request is not None
+        if inner is None:
+            return self._serving or self._head is not None
+        return inner._current_request is not None
+
+    @property
+    def is_fast(self) -> bool:
+        """Admitted, and its requests are still read here rather than by aiohttp."""
+        return self._fast is not None and self._inner is None
+
+    def _heads_seen(self) -> int:
+        # aiohttp counts the heads it has parsed; nothing public says so.
+        return self._heads + (self._inner._request_count if self._inner is not None else 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.last_active = asyncio.get_running_loop().time()
         if not self._site.admit(self):
+            self._fast = None
             transport.write(_REFUSED)
             transport.close()
             return
-        self._inner = self._make()
-        self._inner.connection_made(transport)
+        if self._fast is None:
+            self._inner = self._make()
+            self._inner.connection_made(transport)
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # as aiohttp's handler does: dead peers are noticed
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        self.last_active = loop.time()
+        self.last_active = asyncio.get_running_loop().time()
+        if self._inner is not None:
+            self._to_inner(data)
+        elif self._fast is not None:
+            self._buffer += data
+            self._advance()
+
+    def _to_inner(self, data: bytes) -> None:
         inner = self._inner
-        if inner is None:
-            return
+        assert inner is not None
         if self._head_timer is None and not self.is_busy:
             # The first bytes of a request head: all of it must follow within the timeout.
-            # (aiohttp counts the heads it has parsed; nothing public says so.)
-            self._head_timer = loop.call_later(
-                self._site.header_timeout, self._head_due, inner._request_count
-            )
+            self._start_head_timer()
         inner.data_received(data)
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self._site.header_timeout, self._head_due, self._heads_seen()
+        )
 
     def _head_due(self, heads_before: int) -> None:
         self._head_timer = None
-        inner = self._inner
-        if inner is not None and inner._request_count == heads_before and not self.is_busy:
+        if self._heads_seen() == heads_before and not self.is_busy:
             self._site.heads_timed_out += 1
             self.close()
+
+    # -- the fast path -----------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Answer every complete plain call in the buffer, in order, one at a time."""
+        fast = self._fast
+        assert fast is not None
+        while not self._serving and self._inner is None and self.transport is not None:
+            if self._write_paused or self.transport.is_closing():
+                break
+            head = self._head
+            if head is None:
+                if not self._buffer:
+                    break
+                parsed = fast.parse(self._buffer)
+                if parsed is None:  # part of a head
+                    if self._head_timer is None:
+                        self._start_head_timer()
+                    break
+                if isinstance(parsed, Handover):
+                    self._hand_over()
+                    return
+                head = self._head = parsed
+                self._heads += 1
+                self._cancel_timers(head=True, idle=True)
+            end = head.size + head.length
+            if len(self._buffer) < end:  # the body is still arriving
+                if not self._taken and head.length:
+                    if not fast.bodies.try_take(head.length):
+                        self._hand_over()  # aiohttp answers the spent budget (503)
+                        return
+                    self._taken = head.length
+                    self._body_timer = asyncio.get_running_loop().call_later(
+                        BODY_WINDOW_SECONDS, self._hand_over
+                    )
+                break
+            with memoryview(self._buffer) as view:
+                body = bytes(view[head.size : end])
+            del self._buffer[:end]
+            self._release()
+            self._head = None
+            answer = fast.answer(head, body)
+            if isinstance(answer, bytes):
+                self._answered(answer)
+            else:
+                self._serving = True
+                self._task = asyncio.get_running_loop().create_task(self._await(answer))
+        self._pace_reading()
+
+    async def _await(self, answer: Awaitable[bytes]) -> None:
+        try:
+            data = await answer
+        finally:
+            self._serving = False
+            self._task = None
+        self._answered(data)
+        self._advance()
+
+    def _answered(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        self._arm_idle()
+
+    def _pace_reading(self) -> None:
+        """Pause reading while answers wait for the peer, or unanswered bytes pile up."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        piled = self._serving and len(self._buffer) > MAX_HEAD + MAX_BODY
+        if (self._write_paused or piled) and not self._read_paused:
+            transport.pause_reading()
+            self._read_paused = True
+        elif self._read_paused and not (self._write_paused or piled):
+            transport.resume_reading()
+            self._read_paused = False
+
+    def _hand_over(self) -> None:
+        """aiohttp takes the connection, with every byte not answered yet."""
+        if self._inner is not None or self.transport is None or self.transport.is_closing():
+            return
+        self._cancel_timers(idle=True)
+        self._release()
+        self._head = None
+        self._inner = self._make()
+        self._inner.connection_made(self.transport)
+        if self._read_paused:
+            self.transport.resume_reading()
+            self._read_paused = False
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        if data:
+            self._to_inner(data)
+
+    def _release(self) -> None:
+        if self._taken:
+            assert self._fast is not None
+            self._fast.bodies.release(self._taken)
+            self._taken = 0
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _arm_idle(self) -> None:
+        """aiohttp's keep-alive timeout, for a connection it has not seen yet."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = asyncio.get_running_loop().call_later(
+            self._site.idle_timeout, self._idle_due
+        )
+
+    def _idle_due(self) -> None:
+        self._idle_timer = None
+        if self.is_fast and not self.is_busy:
+            self.close()
+
+    def _cancel_timers(self, *, head: bool = False, idle: bool = False) -> None:
+        if head and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if idle and self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    # -- the rest of asyncio.Protocol ---------------------------------------------------------
 
     def eof_received(self) -> None:
         if self._inner is not None:
@@ -121,19 +309,28 @@ class _Guarded(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self._inner is not None:
             self._inner.pause_writing()
+        else:
+            self._write_paused = True
+            self._pace_reading()
 
     def resume_writing(self) -> None:
         if self._inner is not None:
             self._inner.resume_writing()
+        elif self._write_paused:
+            self._write_paused = False
+            self._pace_reading()
+            if self._fast is not None:
+                self._advance()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._site.forget(self)
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._cancel_timers(head=True, idle=True)
+        self._release()
         if self._inner is not None:
             self._inner.connection_lost(exc)
             self._inner = None
+            self._fast = None
+        self.transport = None
 
     def close(self) -> None:
         if self.transport is not None:
@@ -143,13 +340,24 @@ class _Guarded(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """A TCP listener with at most ``listen.max_connections`` open connections."""
 
-    def __init__(self, runner: web.BaseRunner, listen: Listen, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        listen: Listen,
+        *,
+        fast: FastVerbs | None = None,
+        shutdown_timeout: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("backlog", listen.accept_backlog)
         super().__init__(runner, **kwargs)
         self._listen = listen
+        self._fast = fast
+        self._shutdown_timeout = shutdown_timeout
         self._open: set[_Guarded] = set()
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
+        self.idle_timeout = listen.idle_timeout_seconds
         self.evicted = 0
         self.refused = 0
         self.heads_timed_out = 0
@@ -158,6 +366,10 @@ class GuardedSite(web.BaseSite):
     @property
     def name(self) -> str:
         return f"http://{self._listen.host}:{self.bound_port}"
+
+    @property
+    def fast(self) -> FastVerbs | None:
+        return self._fast
 
     @property
     def open_connections(self) -> int:
@@ -209,10 +421,27 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Guarded(self, server),
+            lambda: _Guarded(self, server, self._fast),
             self._listen.host,
             self._listen.port,
             backlog=self._backlog,
         )
         if self._server.sockets:
             self.bound_port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening; then, as aiohttp does for its own connections, close the idle
+        connections of the fast path and give the busy ones ``shutdown_timeout`` to answer."""
+        await super().stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._shutdown_timeout
+        while True:
+            fast = [c for c in self._open if c.is_fast]
+            for conn in fast:
+                if not conn.is_busy:
+                    conn.close()
+            if not any(c.is_busy for c in fast) or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        for conn in [c for c in self._open if c.is_fast]:
+            conn.close()

@@ -211,8 +211,8 @@ class PodInfos:
 POD_INFOS = web.AppKey("pod_infos", PodInfos)
 
 
-def _pod(request: web.Request, pod: Pod) -> PodInfo:
-    info = request.app[POD_INFOS].get(pod)
+def _pod(app: web.Application, pod: Pod) -> PodInfo:
+    info = app[POD_INFOS].get(pod)
     structlog.contextvars.bind_contextvars(pod=info.key)
     return info
 
@@ -275,11 +275,18 @@ def _waiting_answer(*, is_cache: bool, listed: msgspec.Raw, reason: str) -> byte
 
 
 async def filter_nodes(request: web.Request) -> web.Response:
-    extender = request.app[EXTENDER]
+    request.app[EXTENDER].require_synced()  # before the body is read: a 503 costs no body
+    return web.Response(
+        body=filter_answer(request.app, await read_body(request)), content_type=JSON
+    )
+
+
+def filter_answer(app: web.Application, body: bytes) -> bytes:
+    """filter, from the request body to the encoded answer (both listeners' paths call it)."""
+    extender = app[EXTENDER]
     extender.require_synced()
-    body = await read_body(request)
     args = decode(FilterArgs, body)
-    info = _pod(request, args.pod)
+    info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
     decision = extender.admit(info) if info.vm_error is None else None
     if decision is not None and not decision.is_admitted:
@@ -293,7 +300,7 @@ async def filter_nodes(request: web.Request) -> web.Response:
         size = info.initial_demand()
         version = extender.index.version(size)
         key = (size, is_cache, len(listed))
-        answers = request.app[FILTER_ANSWERS]
+        answers = app[FILTER_ANSWERS]
         found = answers.get(key, listed, version)
         if found is not None:
             encoded, reason, has_room = found.body, found.reason, found.has_room
@@ -319,16 +326,22 @@ async def filter_nodes(request: web.Request) -> web.Response:
                 nodes=_listed_names(is_cache, listed),
             )
     structlog.contextvars.bind_contextvars(reason=reason)
-    return web.Response(body=encoded, content_type=JSON)
+    return encoded
 
 
 async def prioritize(request: web.Request) -> web.Response:
-    extender = request.app[EXTENDER]
+    request.app[EXTENDER].require_synced()
+    body = await read_body(request)
+    return web.Response(body=prioritize_answer(request.app, body), content_type=JSON)
+
+
+def prioritize_answer(app: web.Application, body: bytes) -> bytes:
+    extender = app[EXTENDER]
     extender.require_synced()
     # The same lean decode as filter: in non-cache mode the body carries every passing Node
     # object, and turning them all into structs cost more than the scoring (only names count).
-    args = decode(FilterArgs, await read_body(request))
-    info = _pod(request, args.pod)
+    args = decode(FilterArgs, body)
+    info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
     names = _listed_names(is_cache, listed)
     if info.vm_error is not None:
@@ -340,13 +353,19 @@ async def prioritize(request: web.Request) -> web.Response:
             names, size, growth_millis=growth, strategy=extender.config.scoring.strategy
         )
     structlog.contextvars.bind_contextvars(reason=f"scored {len(scores)} nodes")
-    return json_response([HostPriority(host=name, score=score) for name, score in scores])
+    return codec.encode([HostPriority(host=name, score=score) for name, score in scores])
 
 
 async def bind(request: web.Request) -> web.Response:
-    extender = request.app[EXTENDER]
+    request.app[EXTENDER].require_synced()
+    body = await read_body(request)
+    return web.Response(body=await bind_answer(request.app, body), content_type=JSON)
+
+
+async def bind_answer(app: web.Application, body: bytes) -> bytes:
+    extender = app[EXTENDER]
     extender.require_synced()
-    args = decode(ExtenderBindingArgs, await read_body(request))
+    args = decode(ExtenderBindingArgs, body)
     structlog.contextvars.bind_contextvars(
         pod=f"{args.pod_namespace}/{args.pod_name}", node=args.node
     )
@@ -355,17 +374,17 @@ async def bind(request: web.Request) -> web.Response:
         name=args.pod_name,
         uid=args.pod_uid,
         node=args.node,
-        filtered=request.app[POD_INFOS].latest(args.pod_uid),
+        filtered=app[POD_INFOS].latest(args.pod_uid),
     )
     structlog.contextvars.bind_contextvars(reason=error or "bound")
-    return json_response(ExtenderBindingResult(error=error))
+    return codec.encode(ExtenderBindingResult(error=error))
 
 
 async def preempt(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     extender.require_synced()
     args = decode(ExtenderPreemptionArgs, await read_body(request))
-    info = _pod(request, args.pod)
+    info = _pod(request.app, args.pod)
     proposed: dict[str, tuple[list[str], int]] = {}
     if args.node_name_to_meta_victims is not None:
         for node, meta in args.node_name_to_meta_victims.items():

@@ -7,11 +7,13 @@ the extender's own kube client against ``tests.fakes.kube_api.FakeKubeApi``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -19,11 +21,17 @@ from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
 from scheduler_extender.config import Config, Listen, parse_config
-from scheduler_extender.http.app import Deps, make_app, make_permits_app
-from scheduler_extender.http.connections import server_options
+from scheduler_extender.http.app import (
+    Deps,
+    make_app,
+    make_permits_app,
+    start_listeners,
+    stop_listeners,
+)
+from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.keys import EXTENDER
 from scheduler_extender.service import Extender
-from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes.kube_api import FakeKubeApi, node_object
 
 STATIC_TOKEN = "local-test-token"
 # A round wall-clock instant, so that /state (which shows allocation times) is reproducible.
@@ -108,3 +116,73 @@ def start_extender(kube_api: FakeKubeApi, aiohttp_client: Any) -> StartExtender:
         return Running(verbs=verbs, permits=permits, extender=extender)
 
     return start
+
+
+class Start:
+    """The listeners exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite``, the
+    server options and the verbs' fast path), on loopback ports the OS picks; ``await
+    start(**listen)`` gives the (verbs, permits) sites, ``await start.stop()`` stops them as
+    ``serve`` does (the fixture stops whatever is still running)."""
+
+    def __init__(self, kube_api: FakeKubeApi) -> None:
+        self._kube_api = kube_api
+        self._running: list[Any] = []
+
+    async def __call__(
+        self, *, limits: dict[str, Any] | None = None, **listen: Any
+    ) -> tuple[GuardedSite, GuardedSite]:
+        config = make_config(listen=listen, limits=limits or {})
+        # Ports the OS picks (0 is not a valid port in a config file).
+        config = msgspec.structs.replace(
+            config,
+            listen=msgspec.structs.replace(
+                config.listen,
+                verbs=msgspec.structs.replace(config.listen.verbs, port=0),
+                permits=msgspec.structs.replace(config.listen.permits, port=0),
+            ),
+        )
+        kube_api = self._kube_api
+
+        async def connect() -> KubeClient:
+            return KubeClient.for_url(kube_api.url)
+
+        verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
+        started = await start_listeners(config, verbs_app, make_permits_app(config, verbs_app))
+        self._running.append(started)
+        extender = verbs_app[EXTENDER]
+        await wait_until(lambda: extender.is_synced)
+        return started[0][1], started[1][1]
+
+    async def stop(self) -> None:
+        while self._running:
+            await stop_listeners(self._running.pop())
+
+
+@pytest.fixture
+async def listeners(kube_api: FakeKubeApi) -> AsyncIterator[Start]:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    start = Start(kube_api)
+    yield start
+    await start.stop()
+
+
+@contextlib.asynccontextmanager
+async def open_connections(
+    port: int, count: int, first_bytes: bytes = b"", *, source: str = "127.0.0.1"
+) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    opened = []
+    try:
+        for _ in range(count):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0)
+            )
+            if first_bytes:
+                writer.write(first_bytes)
+                await writer.drain()
+            opened.append((reader, writer))
+        yield opened
+    finally:
+        for _, writer in opened:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()

@@ -8,83 +8,16 @@ the server options), on loopback ports the OS picks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-import msgspec
-import pytest
 from aiohttp import ClientSession
-from prometheus_client import CollectorRegistry
 
-from kube_io.client import KubeClient
 from scheduler_extender.config import Config, parse_config
-from scheduler_extender.http.app import Deps, make_app, make_permits_app, start_listeners
-from scheduler_extender.http.app import stop_listeners as stop
-from scheduler_extender.http.connections import GuardedSite
-from scheduler_extender.http.keys import EXTENDER
-from tests.extender.conftest import STATIC_TOKEN, make_config, wait_until
-from tests.fakes.kube_api import FakeKubeApi, node_object
+from tests.extender.conftest import STATIC_TOKEN, Start, wait_until
+from tests.extender.conftest import open_connections as _connections
 
 # Generous: what is awaited takes milliseconds (or the idle timeout the test sets, 0.3 s);
 # today's code kept these connections for an hour.
 WITHIN = 5.0
-
-Start = Callable[..., Awaitable[tuple[GuardedSite, GuardedSite]]]
-
-
-@pytest.fixture
-async def listeners(kube_api: FakeKubeApi) -> AsyncIterator[Start]:
-    kube_api.add_node(node_object("node-a", cpu="8"))
-    running: list[Any] = []
-
-    async def start(**listen: Any) -> tuple[GuardedSite, GuardedSite]:
-        config = make_config(listen=listen)
-        # Ports the OS picks (0 is not a valid port in a config file).
-        config = msgspec.structs.replace(
-            config,
-            listen=msgspec.structs.replace(
-                config.listen,
-                verbs=msgspec.structs.replace(config.listen.verbs, port=0),
-                permits=msgspec.structs.replace(config.listen.permits, port=0),
-            ),
-        )
-
-        async def connect() -> KubeClient:
-            return KubeClient.for_url(kube_api.url)
-
-        verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
-        started = await start_listeners(config, verbs_app, make_permits_app(config, verbs_app))
-        running.append(started)
-        extender = verbs_app[EXTENDER]
-        await wait_until(lambda: extender.is_synced)
-        return started[0][1], started[1][1]
-
-    yield start
-    for started in running:
-        await stop(started)
-
-
-@contextlib.asynccontextmanager
-async def _connections(
-    port: int, count: int, first_bytes: bytes = b"", *, source: str = "127.0.0.1"
-) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
-    opened = []
-    try:
-        for _ in range(count):
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", port, local_addr=(source, 0)
-            )
-            if first_bytes:
-                writer.write(first_bytes)
-                await writer.drain()
-            opened.append((reader, writer))
-        yield opened
-    finally:
-        for _, writer in opened:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
 
 
 async def _closed_by_server(reader: asyncio.StreamReader) -> bool:

@@ -432,6 +432,7 @@ class FakeKubeApi:
         self._streams: list[_Stream] = []
         self._stream_opened = asyncio.Event()
         self._injected: list[_Injected] = []
+        self._holds: dict[str, asyncio.Event] = {}
         # Paginated lists answer later pages from the snapshot of their first page, as etcd does.
         # Keyed by everything that shapes a list, not by resourceVersion alone: a node list
         # and a pod list started at the same version must not overwrite each other's pages.
@@ -565,6 +566,12 @@ class FakeKubeApi:
             _Injected(status=status, method=method, path=path, times=times, message=message)
         )
 
+    def hold(self, path: str) -> asyncio.Event:
+        """Requests to ``path`` are recorded, then wait until the returned Event is set: a
+        slow answer, for as long as the test says."""
+        gate = self._holds[path] = asyncio.Event()
+        return gate
+
     # --- state machinery ------------------------------------------------------------------
 
     def _next_rv(self) -> str:
@@ -691,6 +698,9 @@ class FakeKubeApi:
             f"Bearer {self.token}"
         ):
             return status_response(401, "Unauthorized", "Unauthorized")
+        gate = self._holds.get(request.path)
+        if gate is not None:
+            await gate.wait()
         for injected in self._injected:
             if (injected.method in (None, request.method)) and (
                 injected.path in (None, request.path)
