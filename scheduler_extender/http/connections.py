@@ -30,6 +30,7 @@ listener has its own cap, so one cannot take the other's file descriptors.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
@@ -143,10 +144,19 @@ class _Guarded(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """A TCP listener with at most ``listen.max_connections`` open connections."""
 
-    def __init__(self, runner: web.BaseRunner, listen: Listen, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        listen: Listen,
+        *,
+        sock: socket.socket | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("backlog", listen.accept_backlog)
         super().__init__(runner, **kwargs)
         self._listen = listen
+        # A listening socket bound elsewhere (the permit front inherits its own).
+        self._sock = sock
         self._open: set[_Guarded] = set()
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
@@ -208,11 +218,16 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Guarded(self, server),
-            self._listen.host,
-            self._listen.port,
-            backlog=self._backlog,
-        )
+        if self._sock is not None:
+            self._server = await loop.create_server(
+                lambda: _Guarded(self, server), sock=self._sock, backlog=self._backlog
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _Guarded(self, server),
+                self._listen.host,
+                self._listen.port,
+                backlog=self._backlog,
+            )
         if self._server.sockets:
             self.bound_port = self._server.sockets[0].getsockname()[1]

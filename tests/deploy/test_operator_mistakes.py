@@ -168,6 +168,21 @@ def test_extender_port_in_use(tmp_path, held_port):
     _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", "listen.verbs", str(config))
 
 
+def test_extender_permit_port_in_use(tmp_path, held_port):
+    # The main process binds the permit port before it starts the permit front: one line.
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        "auth: {mode: static, static_token: t}\n"
+        f"listen: {{verbs: {{host: 127.0.0.1, port: {free_port()}}},"
+        f" permits: {{host: 127.0.0.1, port: {held_port}}}}}\n"
+    )
+    cluster = ROOT / "examples" / "standalone-cluster.yaml"
+    result = _run(
+        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
+    )
+    _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", "listen.permits", str(config))
+
+
 def test_agent_port_in_use(tmp_path, held_port):
     config = tmp_path / "agent.yaml"
     config.write_text(f"http: {{host: 127.0.0.1, port: {held_port}}}\nlog: {{level: error}}\n")
