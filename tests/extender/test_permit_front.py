@@ -25,7 +25,7 @@ import pytest
 
 from scheduler_extender.http.front import ChannelDesk
 from scheduler_extender.http.permit_port import DESK
-from tests.extender.conftest import STATIC_TOKEN, StartExtender, wait_until
+from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, wait_until
 from tests.extender.helpers import filter_body, permit_batch, vm_pod
 from tests.fakes.kube_api import FakeKubeApi, node_object
 from tests.support import free_port
@@ -41,13 +41,20 @@ def front_via() -> str:
     return "channel"
 
 
+async def _one_vm(kube_api: FakeKubeApi, start_extender: StartExtender) -> Running:
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
+    return await start_extender()
+
+
+GROW = permit_batch("node-a", uid="u-1", current=1, requested=2)
+
+
 async def test_metrics_merge_the_fronts_families_into_one_exposition(
     kube_api: FakeKubeApi, start_extender: StartExtender
 ) -> None:
-    kube_api.add_node(node_object("node-a", cpu="8"))
-    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
-    running = await start_extender()
-    body = permit_batch("node-a", uid="u-1", current=1, requested=2)
+    running = await _one_vm(kube_api, start_extender)
+    body = GROW
     assert (await running.permits.post("/v1/permits", json=body, headers=AUTH)).status == 200
     assert (await running.permits.post("/v1/permits", json=body)).status == 401
     assert (await running.verbs.post("/filter", data=b"{")).status == 400
@@ -68,15 +75,12 @@ async def test_metrics_merge_the_fronts_families_into_one_exposition(
 async def test_a_front_whose_main_process_is_gone_answers_503(
     kube_api: FakeKubeApi, start_extender: StartExtender
 ) -> None:
-    kube_api.add_node(node_object("node-a", cpu="8"))
-    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
-    running = await start_extender()
+    running = await _one_vm(kube_api, start_extender)
     # The main side is reached only through the channel: its end, as a dead process's would.
     desk = running.permits.server.app[DESK]  # type: ignore[union-attr]
     assert isinstance(desk, ChannelDesk)
     await desk.channel.close()
-    body = permit_batch("node-a", uid="u-1", current=1, requested=2)
-    response = await running.permits.post("/v1/permits", json=body, headers=AUTH)
+    response = await running.permits.post("/v1/permits", json=GROW, headers=AUTH)
     assert response.status == 503
     assert (await response.json())["reason"] == "FrontOrphaned"
     assert (await running.permits.get("/readyz")).status == 503
