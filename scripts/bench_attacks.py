@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from tests.fakes.kube_api import fake_jwt  # noqa: E402
+from tests.fakes.kube_api import fake_jwt, kubeconfig_for  # noqa: E402
 
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
@@ -169,14 +169,7 @@ def write_files(workdir: Path, api_url: str, verbs: int, permits: int) -> tuple[
         "kube": {"post_events": False},
         "recommender": {"auto_publish": False},
     }
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
-        "users": [{"name": "bench", "user": {"token": "bench"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "bench"}}],
-        "current-context": "fake",
-    }
+    kubeconfig = kubeconfig_for(api_url, user="bench")
     config_path, kube_path = workdir / "extender.yaml", workdir / "kubeconfig"
     config_path.write_text(json.dumps(config))  # JSON is YAML
     kube_path.write_text(json.dumps(kubeconfig))

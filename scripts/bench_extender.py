@@ -372,6 +372,7 @@ async def run_server(args: argparse.Namespace) -> None:
     from scheduler_extender.http.front import PermitFront
     from scheduler_extender.http.keys import EXTENDER, TASKS
     from scheduler_extender.http.permit_port import LocalDesk
+    from tests.fakes.kube_api import kubeconfig_for
 
     configure_logging(level=args.log_level, is_json=True)
     config_data: Obj = {
@@ -398,7 +399,7 @@ async def run_server(args: argparse.Namespace) -> None:
         # As ``serve`` runs it: the permit port in a child process, which reviews tokens with
         # its own client (a kubeconfig for the fake API) and asks this process to decide.
         kubeconfig = Path(tempfile.mkdtemp(prefix="bench-front-")) / "kubeconfig"
-        kubeconfig.write_text(json.dumps(_kubeconfig(api_url)))
+        kubeconfig.write_text(json.dumps(kubeconfig_for(api_url)))
         front = PermitFront(
             parse_config(
                 {**config_data, "listen": {"permits": {"host": "127.0.0.1", "port": _free_port()}}}
@@ -434,17 +435,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _kubeconfig(api_url: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
-        "users": [{"name": "fake", "user": {"token": "fake"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        "current-context": "fake",
-    }
 
 
 def _announce(value: Obj) -> None:
