@@ -9,7 +9,11 @@ Pure packages decide; the shell around them does the I/O and holds no policy:
 
 The shell, top to bottom (``pyproject.toml``'s import contracts hold these layers):
 
-* ``http``: the two listeners (kube-scheduler's verbs, the agents' permit port);
+* ``http``: the listeners (kube-scheduler's verbs, Prometheus's metrics port, the agents' permit
+  port). ``serve`` runs the permit port in a child process, the permit front (``http.front``):
+  connections, bodies, token checks and TokenReviews, per-agent budgets and decoding happen
+  there, and only an authenticated, decoded batch reaches the main process over a socketpair,
+  where the replay checks and the decisions run on the ``Extender``;
 * ``sync``, ``quota_source``: what keeps the ``Extender`` up to date (the API server's watches,
   the quota file);
 * ``service``: the ``Extender``, the ledger and everything that feeds it or acts on it;

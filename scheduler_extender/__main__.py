@@ -28,6 +28,8 @@ from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
 from scheduler_extender.config import Config, ConfigError, Listen, load_config
 from scheduler_extender.http.app import Deps, serve
+from scheduler_extender.http.front import COMMAND as FRONT_COMMAND
+from scheduler_extender.http.front import run_front
 from scheduler_extender.kube.standalone import load_cluster
 from scheduler_extender.recommender import (
     DiagnosticsLevel,
@@ -52,7 +54,8 @@ Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs l
 
 Commands:
   serve   (default) answer kube-scheduler's filter/prioritize/bind/preempt on the verbs
-          listener, the agents' permit requests on the permit listener and, when
+          listener, the agents' permit requests on the permit listener (served by a child
+          process, the permit front, unless permit_front.mode is inline) and, when
           listen.metrics is set, Prometheus's scrapes of /metrics on the metrics listener
           (behind a TokenReview and SubjectAccessReview unless listen.metrics.auth is none).
   recommend SNAPSHOT.yaml [--config FILE] [--diagnostics full|summary] [--scale-down]
@@ -64,6 +67,9 @@ Commands:
           time (no cluster); without a file, the built-in scenario. Prints a summary, writes
           a JSON report and a PNG plot; exit 1 if an invariant broke, 3 for a bad scenario.
           `scheduler-extender simulate --help` lists its flags.
+  permit-front
+          internal: the permit port's process, which `serve` starts itself (see
+          docs/DEPLOY.md); never run it by hand.
 """
 
 
@@ -207,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["simulate"]:
         return simulate_command(argv[1:])
+    if argv[:1] == [FRONT_COMMAND]:
+        return run_front(argv[1:])
     args = parse_args(argv)
     if args.command == "recommend":
         return recommend_command(args)
@@ -225,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         connect_kube=None if cluster is not None else connect,
         standalone=cluster,
         freeze_gc=True,
+        kubeconfig=kubeconfig,
+        log_level=args.log_level,
     )
 
     async def start() -> None:

@@ -285,6 +285,25 @@ class KubeConfig(_Section, frozen=True):
     post_events: bool = True
 
 
+class FrontMode(enum.StrEnum):
+    """Where the permit port is served (``http/front.py``)."""
+
+    # A child process (the default): floods of the permit port cost kube-scheduler's event
+    # loop nothing but the permits that got through.
+    PROCESS = "process"
+    # On the main process's event loop, next to kube-scheduler's verbs. For debugging.
+    INLINE = "inline"
+
+
+class PermitFrontConfig(_Section, frozen=True):
+    """The permit front: the process that serves the permit port (see docs/DEPLOY.md)."""
+
+    mode: FrontMode = FrontMode.PROCESS
+    # How much lower its CPU priority is than the main process's (``nice``): on a shared core
+    # kube-scheduler's calls win; an idle main process leaves the front the whole core.
+    niceness: Annotated[int, msgspec.Meta(ge=0, le=19)] = 10
+
+
 class RecommendWorkerMode(enum.StrEnum):
     """Where recommendations run (``http/recommend_worker.py``)."""
 
@@ -390,6 +409,7 @@ class Config(_Section, frozen=True):
     kube: KubeConfig = KubeConfig()
     recommender: RecommenderSection = RecommenderSection()
     quota: QuotaSection | None = None
+    permit_front: PermitFrontConfig = PermitFrontConfig()
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
     # finish before the kubelet kills the process.
     shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0

@@ -14,10 +14,12 @@ series.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from scheduler_extender.admission.view import NamespaceNumbers
 from scheduler_extender.core.ledger import Ledger
@@ -221,3 +223,42 @@ class Metrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(name)
         self._namespaces = seen
+
+
+class _Merged(Collector):
+    def __init__(self, registry: CollectorRegistry, extra: list[Metric]) -> None:
+        self._registry = registry
+        self._extra = extra
+
+    def collect(self) -> Iterable[Metric]:
+        extra = {family.name: family for family in self._extra}
+        for family in self._registry.collect():
+            more = extra.pop(family.name, None)
+            yield family if more is None else _merge(family, more)
+        yield from extra.values()
+
+
+def _merge(ours: Metric, theirs: Metric) -> Metric:
+    """One family from two processes' samples: a series both have is summed (counters and
+    histograms: each counted its own calls), except ``_created``, which keeps ours."""
+    merged = Metric(ours.name, ours.documentation, ours.type, ours.unit)
+    index: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    samples = list(ours.samples)
+    for i, sample in enumerate(samples):
+        index[(sample.name, tuple(sorted(sample.labels.items())))] = i
+    for sample in theirs.samples:
+        found = index.get((sample.name, tuple(sorted(sample.labels.items()))))
+        if found is None:
+            samples.append(sample)
+        elif not sample.name.endswith("_created"):
+            samples[found] = samples[found]._replace(value=samples[found].value + sample.value)
+    merged.samples = samples
+    return merged
+
+
+def exposition(registry: CollectorRegistry, extra: list[Metric]) -> bytes:
+    """``registry``'s exposition with ``extra``'s families merged in (same-named families
+    become one: the text format allows each name once)."""
+    merged = CollectorRegistry(auto_describe=False)
+    merged.register(_Merged(registry, extra))
+    return generate_latest(merged)

@@ -9,7 +9,10 @@ port, one at a time, paced at ``--rate`` a second. For each attack: the prober's
 as a ratio of an idle phase of the same length just before it (the machine's load drifts),
 the statuses the attack got, the extender's RSS and its CPU use (idle phase, attack phase);
 at the end its peak RSS (VmHWM) against the manifest's memory limit. The extender and the
-prober share one core, the attacker (this process) has the other when there are two.
+prober share one core, the attacker (this process) has the other when there are two. The
+permit front (the extender's child process that serves the permit port) inherits the
+extender's core unless ``--front-cpus all``; its CPU and RSS are reported apart
+(``front_*``), and the container's peak RSS is both processes' together.
 
 Attacks: unauthenticated gzip bombs to /v1/permits; gzip bodies to /filter; declared-huge
 bodies; JSON nested 1,000 deep and bodies labelled gzip that are not; idle connections and
@@ -52,7 +55,7 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from tests.fakes.kube_api import fake_jwt  # noqa: E402
+from tests.fakes.kube_api import fake_jwt, kubeconfig_for  # noqa: E402
 
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
@@ -166,14 +169,7 @@ def write_files(workdir: Path, api_url: str, verbs: int, permits: int) -> tuple[
         "kube": {"post_events": False},
         "recommender": {"auto_publish": False},
     }
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
-        "users": [{"name": "bench", "user": {"token": "bench"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "bench"}}],
-        "current-context": "fake",
-    }
+    kubeconfig = kubeconfig_for(api_url, user="bench")
     config_path, kube_path = workdir / "extender.yaml", workdir / "kubeconfig"
     config_path.write_text(json.dumps(config))  # JSON is YAML
     kube_path.write_text(json.dumps(kubeconfig))
@@ -234,6 +230,27 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 (1-based) of the whole line.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fronts(pid: int) -> list[int]:
+    """The extender's children (its permit front; none when it serves the port inline)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def front_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for child in fronts(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += cpu_seconds(child)
+    return total
+
+
+def front_rss_mib(pid: int, field: str) -> float | None:
+    found = fronts(pid)
+    return round(sum(rss_mib(c, field) for c in found), 1) if found else None
 
 
 def rss_mib(pid: int, field: str) -> float:
@@ -545,6 +562,9 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                     await asyncio.sleep(0.1)
                 else:
                     raise SystemExit("the extender did not become ready; see its log")
+            if args.front_cpus == "all":
+                for child in fronts(extender.pid):
+                    os.sched_setaffinity(child, extender_cpus | attacker_cpus)
             await probe_during(bench, body_file, 1.0, None)  # warm-up: caches, connections
             idles: list[float] = []
             phases: Obj = {}
@@ -557,11 +577,14 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                     # An idle phase right before each attack phase: the machine's load drifts
                     # (other processes share it), and the ratio compares like with like.
                     cpu_before = cpu_seconds(extender.pid)
+                    front_before = front_cpu_seconds(extender.pid)
                     idle, _ = await probe_during(bench, body_file, args.seconds, None)
                     idles.append(idle.get("p99_ms", 0.0))
                     cpu_idle = cpu_seconds(extender.pid)
+                    front_idle = front_cpu_seconds(extender.pid)
                     probed, detail = await probe_during(bench, body_file, args.seconds, attack)
                     cpu_attack = cpu_seconds(extender.pid)
+                    front_attack = front_cpu_seconds(extender.pid)
                     ratio = probed.get("p99_ms", 0) / idle["p99_ms"] if idle.get("p99_ms") else None
                     rounds.append(
                         {
@@ -573,6 +596,12 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                             "extender_cpu_busy": [
                                 round((cpu_idle - cpu_before) / args.seconds, 2),
                                 round((cpu_attack - cpu_idle) / args.seconds, 2),
+                            ],
+                            # The same for its permit front (absent: served inline).
+                            "front_rss_mib": front_rss_mib(extender.pid, "VmRSS"),
+                            "front_cpu_busy": [
+                                round((front_idle - front_before) / args.seconds, 2),
+                                round((front_attack - front_idle) / args.seconds, 2),
                             ],
                             "attack": detail,
                         }
@@ -588,6 +617,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                 }
             alive = extender.poll() is None
             peak = rss_mib(extender.pid, "VmHWM") if alive else None
+            front_peak = front_rss_mib(extender.pid, "VmHWM") if alive else None
         finally:
             extender.terminate()
             try:
@@ -608,7 +638,11 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         "worst_p99_ratio_to_idle": worst,
         "extender_alive_after": alive,
         "extender_peak_rss_mib": peak,
+        # The permit front's, and both together (one container, one memory limit).
+        "front_peak_rss_mib": front_peak,
+        "container_peak_rss_mib": round((peak or 0) + (front_peak or 0), 1),
         "manifest_memory_limit_mib": MANIFEST_LIMIT_MIB,
+        "front_cpus": args.front_cpus,
     }
 
 
@@ -636,6 +670,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--only", action="append", choices=sorted(ATTACKS), help="run only these attacks"
+    )
+    parser.add_argument(
+        "--front-cpus",
+        choices=["same", "all"],
+        default="same",
+        help="same (default): the permit front shares the extender's one core (it inherits the"
+        " affinity; its lower priority is what protects filter there); all: it may run on every"
+        " core, the attacker's included, as on a node with cores to spare",
     )
     args = parser.parse_args()
     if args.role == "prober":

@@ -5,8 +5,10 @@ Three processes, so that the extender has a core of its own:
 * ``--role fake-api``: ``tests.fakes.kube_api.FakeKubeApi`` holding the generated cluster
   (nodes, pods, one agent token per permit node). It answers the extender's lists and watches,
   the Bindings of ``/bind`` and the TokenReviews of the permit port.
-* ``--role server``: the extender exactly as ``__main__`` builds it (``make_app`` +
-  ``make_permits_app``, structlog configured at ``--log-level`` as JSON into a log file), plus a
+* ``--role server``: the extender exactly as ``__main__`` builds it (``make_app`` and, with
+  ``--permit-front process`` (the default), the permit port in a child process, the permit front,
+  as ``serve`` runs it, or with ``inline`` ``make_permits_app`` on the server's own loop;
+  structlog configured at ``--log-level`` as JSON into a log file), plus a
   *bare* aiohttp app in the same process and loop. The bare app decodes the same body with the
   same msgspec types as the extender's handler and answers a constant empty body: it is the
   floor that aiohttp + decoding set, so ``extender p99 / bare p99`` is what the extender adds.
@@ -27,7 +29,8 @@ blocks so that drift hits both alike):
   pod bound);
 * permits: batches of ``--batch`` VMs per node with token-review auth (the first batch of each
   token is reviewed by the fake API, the rest hit the identity cache), several agents at once,
-  for ``--permit-seconds``; VM permits per second, and per second of the server's CPU time.
+  for ``--permit-seconds``; VM permits per second, and per second of the server's CPU time
+  (its permit front's included; ``main_process_cpu_seconds`` is the main process's alone).
 
 Durable permit writes and NODE_ALLOC Events are off: they run off the request path and would
 only add background load to the server's core.
@@ -45,6 +48,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -365,18 +369,21 @@ async def run_server(args: argparse.Namespace) -> None:
     from observability.log import configure_logging
     from scheduler_extender.config import parse_config
     from scheduler_extender.http.app import Deps, make_app, make_permits_app
+    from scheduler_extender.http.front import PermitFront
+    from scheduler_extender.http.keys import EXTENDER, TASKS
+    from scheduler_extender.http.permit_port import LocalDesk
+    from tests.fakes.kube_api import kubeconfig_for
 
     configure_logging(level=args.log_level, is_json=True)
-    config = parse_config(
-        {
-            "auth": {"mode": "tokenreview", "audience": AUDIENCE},
-            "durability": {"write_annotations": False, "resize_pods": False},
-            "kube": {"post_events": False},
-            # Each simulated agent sends batches back to back to measure capacity; a real one
-            # sends about one a second, within the per-agent budget this lifts.
-            "limits": {"permit_requests_per_second": 1e9, "permit_requests_burst": 10**9},
-        }
-    )
+    config_data: Obj = {
+        "auth": {"mode": "tokenreview", "audience": AUDIENCE},
+        "durability": {"write_annotations": False, "resize_pods": False},
+        "kube": {"post_events": False},
+        # Each simulated agent sends batches back to back to measure capacity; a real one
+        # sends about one a second, within the per-agent budget this lifts.
+        "limits": {"permit_requests_per_second": 1e9, "permit_requests_burst": 10**9},
+    }
+    config = parse_config(config_data)
     api_url = args.api_url
 
     async def connect() -> KubeClient:
@@ -385,20 +392,49 @@ async def run_server(args: argparse.Namespace) -> None:
     # As __main__ builds it, gc.freeze() included (--no-freeze-gc measures without it).
     deps = Deps(registry=CollectorRegistry(), connect_kube=connect, freeze_gc=args.freeze_gc)
     verbs_app = make_app(config, deps)
-    permits_app = make_permits_app(config, verbs_app)
     ports: dict[str, int] = {}
+    apps = [("verbs", verbs_app), ("bare", make_bare_app())]
+    front: PermitFront | None = None
+    if args.permit_front == "process":
+        # As ``serve`` runs it: the permit port in a child process, which reviews tokens with
+        # its own client (a kubeconfig for the fake API) and asks this process to decide.
+        kubeconfig = Path(tempfile.mkdtemp(prefix="bench-front-")) / "kubeconfig"
+        kubeconfig.write_text(json.dumps(kubeconfig_for(api_url)))
+        front = PermitFront(
+            parse_config(
+                {**config_data, "listen": {"permits": {"host": "127.0.0.1", "port": _free_port()}}}
+            ),
+            LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS]),
+            kubeconfig=str(kubeconfig),
+            log_level=args.log_level,
+        )
+        front.bind()
+        ports["permits"] = front.bound_port
+    else:
+        apps.insert(1, ("permits", make_permits_app(config, verbs_app)))
     runners: list[web.AppRunner] = []
-    for name, app in (("verbs", verbs_app), ("permits", permits_app), ("bare", make_bare_app())):
+    for name, app in apps:
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         runners.append(runner)
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         ports[name] = runner.addresses[0][1]
+    running = asyncio.create_task(front.run()) if front is not None else None
     _announce({"ports": ports, "affinity": sorted(os.sched_getaffinity(0)), "pid": os.getpid()})
     await _until_stdin_closes()
+    if front is not None and running is not None:
+        await front.stop()
+        await asyncio.gather(running, return_exceptions=True)
     for runner in reversed(runners):
         await runner.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _announce(value: Obj) -> None:
@@ -439,6 +475,7 @@ def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = 
         *(f"--nodes={args.nodes}", f"--pods={args.pods}", f"--batch={args.batch}"),
         *(f"--binds={args.binds}", f"--seed={args.seed}", f"--log-level={args.log_level}"),
         *(() if args.freeze_gc else ("--no-freeze-gc",)),
+        f"--permit-front={args.permit_front}",
         *(
             ()
             if role != "server" or args.profile_server is None
@@ -461,6 +498,12 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 (1-based) of the whole line.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def front_cpu_seconds(pid: int) -> float:
+    """The server's children's (its permit front's, with ``--permit-front process``)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return sum(cpu_seconds(int(c)) for c in children)
 
 
 def progress(message: str) -> None:
@@ -688,15 +731,20 @@ async def permit_load(
     start = time.perf_counter()
     deadline = start + seconds
     cpu_before = cpu_seconds(server_pid)
+    front_before = front_cpu_seconds(server_pid)
     await asyncio.gather(*(agent(s) for s in shares if s))
     elapsed = time.perf_counter() - start
-    cpu = cpu_seconds(server_pid) - cpu_before
+    main_cpu = cpu_seconds(server_pid) - cpu_before
+    front_cpu = front_cpu_seconds(server_pid) - front_before
+    # Both processes' (the permit front's too): what the permits cost the pod.
+    cpu = main_cpu + front_cpu
     return {
         "seconds": round(elapsed, 3),
         "batches": counts["batches"],
         "vm_permits": counts["vms"],
         "vm_permits_per_second": round(counts["vms"] / elapsed),
         "server_cpu_seconds": round(cpu, 3),
+        "main_process_cpu_seconds": round(main_cpu, 3),
         "vm_permits_per_server_cpu_second": round(counts["vms"] / cpu) if cpu else None,
         "batch_latency": summary(latencies),
     }
@@ -853,6 +901,13 @@ def main() -> None:
         "--permit-seconds", type=float, default=5.0, help="seconds of permit traffic measured"
     )
     parser.add_argument("--concurrency", type=int, default=8, help="agents sending permits")
+    parser.add_argument(
+        "--permit-front",
+        choices=["process", "inline"],
+        default="process",
+        help="process (default, as `serve` runs it): the permit port in the server's child"
+        " process, which inherits its CPU; inline: on the server's own event loop",
+    )
     parser.add_argument("--seed", type=int, default=42, help="seed of the generated cluster")
     parser.add_argument("--log-level", default="info", help="the extender's (default: info)")
     parser.add_argument("--write", type=Path, help="also write the JSON here")

@@ -1,10 +1,12 @@
-"""The extender's two HTTP listeners (shell).
+"""The extender's HTTP listeners (shell).
 
 ``app``         ``make_app`` (kube-scheduler's verbs + operability, owns the lifecycle),
-                ``make_permits_app`` (the agents' permit port), ``serve``.
+                ``make_permits_app`` (the agents' permit port in this process), ``serve``.
+``front``       the permit front: the permit port in a child process, its channel to the
+                main process, and that process's side of it.
 ``middleware``  request context (request id, canonical log line, latency) and error mapping.
 ``verbs``       filter, prioritize, bind, preempt: decode, call the core, encode.
-``permit_port`` ``POST /v1/permits``.
+``permit_port`` ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the decisions).
 ``recommend``   ``/v1/recommend`` and the auto-publish task.
 ``ops``         healthz, readyz, metrics, state, queue.
 

@@ -28,27 +28,29 @@ from prometheus_client import CollectorRegistry
 
 from kube_io.client import KubeClient
 from scheduler_extender.config import (
-    AuthMode,
     Config,
     ConfigError,
+    FrontMode,
     Listen,
     MetricsAuth,
     MetricsListen,
     QuotaSection,
 )
-from scheduler_extender.http import ops, permit_port, recommend, verbs
+from scheduler_extender.http import ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.fast import FastVerbs
-from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER, METRICS_GUARD, TASKS
-from scheduler_extender.http.middleware import METRICS, request_middleware
-from scheduler_extender.http.sequences import SequenceBook
-from scheduler_extender.kube.auth import (
-    Authenticator,
-    StaticTokenAuth,
-    TokenBucket,
-    TokenReviewAuth,
+from scheduler_extender.http.front import PermitFront, authenticator, make_front_app
+from scheduler_extender.http.keys import (
+    AUTHENTICATOR,
+    EXTENDER,
+    EXTRA_METRICS,
+    METRICS_GUARD,
+    TASKS,
 )
+from scheduler_extender.http.middleware import METRICS, request_middleware
+from scheduler_extender.http.permit_port import LocalDesk
+from scheduler_extender.kube.auth import TokenBucket
 from scheduler_extender.kube.durability import PermitRecorder
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.metrics_auth import DelegatedMetricsAuth, MetricsGuard, OpenMetrics
@@ -79,31 +81,10 @@ class Deps:
     wall_clock: Callable[[], float] = time.time
     # gc.freeze() once the first lists are in (process-wide: the server sets it, tests don't).
     freeze_gc: bool = False
-
-
-def _authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> Authenticator:
-    auth = config.auth
-    if auth.mode is AuthMode.STATIC:
-        assert auth.static_token is not None  # Config.__post_init__ checked it
-        return StaticTokenAuth(auth.static_token)
-    if link is None:
-        raise ConfigError(
-            "standalone mode has no API server for TokenReviews: set auth.mode static"
-        )
-    audiences = [auth.audience]
-    return TokenReviewAuth(
-        lambda token: link.review_token(token, audiences=audiences),
-        link.get_pod,
-        agent_service_account=auth.agent_service_account,
-        ttl_seconds=auth.identity_cache_ttl_seconds,
-        negative_ttl_seconds=auth.negative_cache_ttl_seconds,
-        max_entries=auth.identity_cache_max_entries,
-        negative_max_entries=auth.negative_cache_max_entries,
-        budget=TokenBucket(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
-        pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
-        metrics=metrics,
-        audience=auth.audience,
-    )
+    # For the permit front's own API client (``serve``, mode process): the kubeconfig
+    # ``connect_kube`` uses, None for in-cluster credentials; and its log level.
+    kubeconfig: str | None = None
+    log_level: str = "info"
 
 
 def _metrics_guard(listen: MetricsListen, link: KubeLink | None) -> MetricsGuard:
@@ -155,7 +136,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
         client_max_size=config.limits.verbs_max_body_bytes,
     )
     app[EXTENDER] = extender
-    app[AUTHENTICATOR] = _authenticator(config, link, metrics)
+    app[AUTHENTICATOR] = authenticator(config, link, metrics)
     if config.listen.metrics is not None:
         app[METRICS_GUARD] = _metrics_guard(config.listen.metrics, link)
     app[METRICS] = metrics
@@ -220,27 +201,16 @@ def make_app(config: Config, deps: Deps) -> web.Application:
 
 
 def make_permits_app(config: Config, verbs_app: web.Application) -> web.Application:
-    """The agents' listener, sharing ``verbs_app``'s Extender (start it after that one)."""
-    app = web.Application(
-        middlewares=[request_middleware],
-        client_max_size=config.limits.permits_max_body_bytes,
+    """The agents' listener in this process, sharing ``verbs_app``'s Extender (start it after
+    that one): the permit front's app joined to a ``LocalDesk`` (``front``)."""
+    desk = LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS])
+    return make_front_app(
+        config,
+        desk=desk,
+        auth=verbs_app[AUTHENTICATOR],
+        metrics=verbs_app[METRICS],
+        bodies=verbs_app[BODIES],
     )
-    app[EXTENDER] = verbs_app[EXTENDER]
-    app[AUTHENTICATOR] = verbs_app[AUTHENTICATOR]
-    app[METRICS] = verbs_app[METRICS]
-    app[TASKS] = verbs_app[TASKS]
-    app[BODIES] = verbs_app[BODIES]
-    app[permit_port.SEQUENCES] = SequenceBook()
-    app[permit_port.BUDGETS] = permit_port.CallerBudgets(
-        rate_per_second=config.limits.permit_requests_per_second,
-        burst=config.limits.permit_requests_burst,
-    )
-    app.router.add_post("/v1/permits", permit_port.permits, name="permits")
-    # Probes only: /state names every VM pod and its size, /metrics every namespace's numbers,
-    # and this port is open to every pod in the cluster. Both stay on the verbs listener
-    # (loopback in the manifests: read them with a port-forward).
-    _add_ops(app)
-    return app
 
 
 def make_metrics_app(config: Config, verbs_app: web.Application) -> web.Application:
@@ -305,12 +275,14 @@ def _start(coro: Awaitable[None], name: str) -> asyncio.Task[None]:
 async def start_listeners(
     config: Config,
     verbs_app: web.Application,
-    permits_app: web.Application,
+    permits_app: web.Application | PermitFront,
     metrics_app: web.Application | None = None,
 ) -> list[tuple[web.AppRunner, GuardedSite]]:
-    """Start the listeners, verbs first (it owns the lifecycle); each with its guards."""
+    """Start the listeners, verbs first (it owns the lifecycle); each with its guards. A
+    ``PermitFront`` only binds its socket here (in the listeners' order, so a port in use
+    fails the start the same way); ``serve`` starts its process."""
     started: list[tuple[web.AppRunner, GuardedSite]] = []
-    apps: list[tuple[web.Application, Listen]] = [
+    apps: list[tuple[web.Application | PermitFront, Listen]] = [
         (verbs_app, config.listen.verbs),
         (permits_app, config.listen.permits),
     ]
@@ -319,6 +291,10 @@ async def start_listeners(
         apps.append((metrics_app, config.listen.metrics))
     try:
         for app, listen in apps:
+            if isinstance(app, PermitFront):
+                app.bind()
+                log.info("listening", host=listen.host, port=app.bound_port, front=True)
+                continue
             runner = web.AppRunner(
                 app,
                 handle_signals=False,
@@ -338,6 +314,8 @@ async def start_listeners(
             log.info("listening", host=listen.host, port=site.bound_port)
     except BaseException:
         await stop_listeners(started)
+        if isinstance(permits_app, PermitFront):
+            await permits_app.stop()
         raise
     return started
 
@@ -349,20 +327,37 @@ async def stop_listeners(started: list[tuple[web.AppRunner, GuardedSite]]) -> No
 
 
 async def serve(config: Config, deps: Deps) -> None:
-    """Run the listeners until SIGTERM/SIGINT, then shut down in order (see module doc)."""
+    """Run the listeners until SIGTERM/SIGINT, then shut down in order (see module doc): the
+    permit front first, then the metrics and verbs listeners."""
     verbs_app = make_app(config, deps)
-    permits_app = make_permits_app(config, verbs_app)
+    permits: web.Application | PermitFront
+    front: PermitFront | None = None
+    if config.permit_front.mode is FrontMode.INLINE:
+        permits = make_permits_app(config, verbs_app)
+    else:
+        front = permits = PermitFront(
+            config,
+            LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS]),
+            kubeconfig=deps.kubeconfig,
+            log_level=deps.log_level,
+        )
+        verbs_app[EXTRA_METRICS] = front.families
     metrics_app = make_metrics_app(config, verbs_app) if config.listen.metrics else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        started = await start_listeners(config, verbs_app, permits_app, metrics_app)
+        started = await start_listeners(config, verbs_app, permits, metrics_app)
         try:
+            if front is not None:
+                # Its death makes /healthz fail, like any background task's.
+                verbs_app[TASKS].append(_start(front.run(), "permit-front"))
             await stop.wait()
             log.info("shutting_down")
         finally:
+            if front is not None:
+                await front.stop()
             await stop_listeners(started)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -347,6 +347,7 @@ class GuardedSite(web.BaseSite):
         *,
         fast: FastVerbs | None = None,
         shutdown_timeout: float = 60.0,
+        sock: socket.socket | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("backlog", listen.accept_backlog)
@@ -354,6 +355,8 @@ class GuardedSite(web.BaseSite):
         self._listen = listen
         self._fast = fast
         self._shutdown_timeout = shutdown_timeout
+        # A listening socket bound elsewhere (the permit front inherits its own).
+        self._sock = sock
         self._open: set[_Guarded] = set()
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
@@ -420,12 +423,17 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Guarded(self, server, self._fast),
-            self._listen.host,
-            self._listen.port,
-            backlog=self._backlog,
-        )
+        if self._sock is not None:
+            self._server = await loop.create_server(
+                lambda: _Guarded(self, server, self._fast), sock=self._sock, backlog=self._backlog
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _Guarded(self, server, self._fast),
+                self._listen.host,
+                self._listen.port,
+                backlog=self._backlog,
+            )
         if self._server.sockets:
             self.bound_port = self._server.sockets[0].getsockname()[1]
 

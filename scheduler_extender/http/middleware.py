@@ -44,9 +44,14 @@ def json_response(value: object, *, status: int = 200) -> web.Response:
     return web.Response(body=codec.encode(value), status=status, content_type=JSON)
 
 
+def error_body(error: ExtenderError) -> bytes:
+    return codec.encode(
+        ErrorBody(error=type(error).__name__, reason=error.reason, message=error.message)
+    )
+
+
 def error_response(error: ExtenderError) -> web.Response:
-    body = ErrorBody(error=type(error).__name__, reason=error.reason, message=error.message)
-    response = json_response(body, status=error.status)
+    response = web.Response(body=error_body(error), status=error.status, content_type=JSON)
     response.headers.update(error.headers)
     return response
 

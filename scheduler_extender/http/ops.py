@@ -15,22 +15,35 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_extender.admission.view import queue_numbers, queue_view
-from scheduler_extender.http.keys import EXTENDER, METRICS_GUARD, TASKS
+from scheduler_extender.http.keys import EXTENDER, EXTRA_METRICS, METRICS_GUARD, TASKS
 from scheduler_extender.http.middleware import METRICS, json_response
+from scheduler_extender.metrics import exposition
+from scheduler_extender.service import Extender
 from scheduler_extender.state import dump_namespaces, dump_state
 
 
+def health_problem(tasks: list[asyncio.Task[None]]) -> str | None:
+    """Why ``/healthz`` fails (a background task ended), or None."""
+    dead = [t.get_name() for t in tasks if t.done()]
+    return f"background task(s) ended: {', '.join(dead)}\n" if dead else None
+
+
+def ready_problem(extender: Extender) -> str | None:
+    """Why ``/readyz`` fails (not synced yet), or None."""
+    return None if extender.is_synced else "waiting for the first node and pod lists\n"
+
+
 async def healthz(request: web.Request) -> web.Response:
-    dead = [t.get_name() for t in request.app.get(TASKS, []) if t.done()]
-    if dead:
-        return web.Response(status=503, text=f"background task(s) ended: {', '.join(dead)}\n")
+    problem = health_problem(request.app.get(TASKS, []))
+    if problem is not None:
+        return web.Response(status=503, text=problem)
     return web.Response(text="ok\n")
 
 
 async def readyz(request: web.Request) -> web.Response:
-    extender = request.app[EXTENDER]
-    if not extender.is_synced:
-        return web.Response(status=503, text="waiting for the first node and pod lists\n")
+    problem = ready_problem(request.app[EXTENDER])
+    if problem is not None:
+        return web.Response(status=503, text=problem)
     return web.Response(text="ok\n")
 
 
@@ -39,9 +52,13 @@ async def metrics(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
     found.refresh(extender.ledger)
     found.refresh_namespaces(queue_numbers(extender.admission))
-    return web.Response(
-        body=generate_latest(found.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    extra = request.app.get(EXTRA_METRICS)
+    body = (
+        generate_latest(found.registry)
+        if extra is None
+        else exposition(found.registry, await extra())
     )
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def guarded_metrics(request: web.Request) -> web.Response:

@@ -1,30 +1,40 @@
 """``POST /v1/permits``: the agents' batched ResourceRequests, answered with Permits.
 
-Shell, thin. The order of checks is the order of the statuses a caller can get: 401 (who are
-you), 403 (not the agent, or not its pod), 429 (this caller's request budget is spent,
-``CallerBudgets``), 413/415/400 (what did you send; the body is read
-only now), 403 (the batch is for another node than your token's), 400 (no protocol version in
-common), 503 (not synced), then per VM: 409/400 for a replayed, reordered or seq-less request
-(``sequences``), then the pure ``decide_batch``. Every refusal happens before the ledger is
-touched, and ``decide_batch`` itself applies all or nothing.
+Shell, thin, in two halves. The handler (the permit front's: ``front``) authenticates, spends
+the caller's budget, reads and decodes the batch; only then does it hand the identity and the
+batch to a ``PermitDesk``, the ``Extender``'s side (``LocalDesk``), which does the replay checks
+and the decisions and answers the status and body. In ``serve`` the two halves run in two
+processes (``front``); ``make_permits_app`` joins them in one for tests and tools.
+
+The order of checks is the order of the statuses a caller can get: 401 (who are you), 403 (not the
+agent, or not its pod), 429 (this caller's request budget is spent, ``CallerBudgets``), 413/415/400
+(what did you send; the body is read only now); then at the desk: 403 (the batch is for another
+node than your token's), 400 (no protocol version in common), 503 (not synced), then per VM:
+409/400 for a replayed, reordered or seq-less request (``sequences``), then the pure
+``decide_batch``. Every refusal happens before the ledger is touched, and ``decide_batch`` itself
+applies all or nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from typing import Literal, Protocol
 
 import msgspec
 import structlog
 from aiohttp import web
 
-from protocol.permits import ResourceRequestBatch
+from protocol import codec
+from protocol.permits import PermitBatch, ResourceRequestBatch
 from protocol.versions import SUPPORTED
-from scheduler_extender.errors import TooManyRequests
-from scheduler_extender.http.keys import AUTHENTICATOR, EXTENDER
-from scheduler_extender.http.middleware import decode, json_response, read_body
+from scheduler_extender.errors import ExtenderError, TooManyRequests
+from scheduler_extender.http import ops
+from scheduler_extender.http.keys import AUTHENTICATOR
+from scheduler_extender.http.middleware import JSON, decode, error_body, read_body
 from scheduler_extender.http.sequences import SequenceBook, merge
 from scheduler_extender.kube.auth import Identity, TokenBucket
+from scheduler_extender.service import Extender
 
 
 class CallerBudgets:
@@ -54,7 +64,86 @@ class CallerBudgets:
         return len(self._buckets)
 
 
-SEQUENCES = web.AppKey("sequences", SequenceBook)
+class DeskAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """What the desk answers: the HTTP status, body and headers, and what the one ``request``
+    log line of the call says as its ``reason`` (the statuses counted, or the error)."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = {}
+    reason: dict[str, int] | str | None = None
+
+
+class PermitDesk(Protocol):
+    """Where an authenticated, budgeted, decoded batch is decided, and where the permit port's
+    probes get their answer: the ``Extender``'s process. ``LocalDesk`` is that process's own
+    side; ``front.ChannelDesk`` reaches it from the permit front's process."""
+
+    async def permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer: ...
+
+    async def probe(self, name: Probe) -> DeskAnswer: ...
+
+
+Probe = Literal["healthz", "readyz"]
+
+
+class LocalDesk:
+    """The ``Extender``'s side: the replay checks, the decisions, the probes' answers. Every
+    method is synchronous (no await between the seq checks and their records), so it answers
+    the same whether called in process or from the front's channel."""
+
+    def __init__(self, extender: Extender, tasks: list[asyncio.Task[None]]) -> None:
+        self.extender = extender
+        self.tasks = tasks
+        self.sequences = SequenceBook()
+
+    def answer_permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer:
+        try:
+            answer, statuses = self._decide(identity, batch)
+        except ExtenderError as e:
+            return DeskAnswer(
+                status=e.status, body=error_body(e), headers=e.headers, reason=e.message
+            )
+        return DeskAnswer(status=200, body=codec.encode(answer), reason=statuses)
+
+    def _decide(
+        self, identity: Identity, batch: ResourceRequestBatch
+    ) -> tuple[PermitBatch, dict[str, int]]:
+        extender = self.extender
+        book = self.sequences
+        version = SUPPORTED.latest_shared(batch.protocol)
+        split = book.split(
+            batch.requests, uses_seq=version is not None and version.has_sequence_numbers()
+        )
+        if split.refused:
+            batch = msgspec.structs.replace(batch, requests=split.apply)
+        answer, statuses = extender.permits(batch, identity)
+        if split.refused or any(r.seq is not None for r in split.apply):
+            permits = merge(book.applied(answer.permits, split.apply), split.refused)
+            answer = msgspec.structs.replace(answer, permits=permits)
+            if split.refused:
+                statuses = {**statuses, "stale": len(split.refused)}
+            book.forget_gone(extender.ledger.pods, len(extender.ledger.pods))
+        return answer, statuses
+
+    def answer_probe(self, name: Probe) -> DeskAnswer:
+        problem = (
+            ops.health_problem(self.tasks)
+            if name == "healthz"
+            else ops.ready_problem(self.extender)
+        )
+        if problem is not None:
+            return DeskAnswer(status=503, body=problem.encode(), reason=problem.strip())
+        return DeskAnswer(status=200, body=b"ok\n")
+
+    async def permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer:
+        return self.answer_permits(identity, batch)
+
+    async def probe(self, name: Probe) -> DeskAnswer:
+        return self.answer_probe(name)
+
+
+DESK = web.AppKey("desk", PermitDesk)
 BUDGETS = web.AppKey("budgets", CallerBudgets)
 
 
@@ -66,25 +155,24 @@ async def permits(request: web.Request) -> web.Response:
         await _spend_budget(request, identity)
     batch = decode(ResourceRequestBatch, await read_body(request))
     structlog.contextvars.bind_contextvars(node=batch.node, vms=len(batch.requests))
-    extender = request.app[EXTENDER]
-    book = request.app[SEQUENCES]
-    version = SUPPORTED.latest_shared(batch.protocol)
-    # No await from here on: the seq checks, the decisions and the seq records are atomic.
-    split = book.split(
-        batch.requests, uses_seq=version is not None and version.has_sequence_numbers()
-    )
-    if split.refused:
-        batch = msgspec.structs.replace(batch, requests=split.apply)
-    answer, statuses = extender.permits(batch, identity)
-    if split.refused or any(r.seq is not None for r in split.apply):
-        permits = merge(book.applied(answer.permits, split.apply), split.refused)
-        answer = msgspec.structs.replace(answer, permits=permits)
-        if split.refused:
-            statuses = {**statuses, "stale": len(split.refused)}
-        book.forget_gone(extender.ledger.pods, len(extender.ledger.pods))
+    answer = await request.app[DESK].permits(identity, batch)
     # One canonical line per batch (the middleware writes it), never one per VM.
-    structlog.contextvars.bind_contextvars(reason=statuses)
-    return json_response(answer)
+    structlog.contextvars.bind_contextvars(reason=answer.reason)
+    return _response(answer, content_type=JSON)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _response(await request.app[DESK].probe("healthz"), content_type="text/plain")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    return _response(await request.app[DESK].probe("readyz"), content_type="text/plain")
+
+
+def _response(answer: DeskAnswer, *, content_type: str) -> web.Response:
+    response = web.Response(body=answer.body, status=answer.status, content_type=content_type)
+    response.headers.update(answer.headers)
+    return response
 
 
 async def _spend_budget(request: web.Request, identity: Identity) -> None:

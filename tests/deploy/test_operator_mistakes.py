@@ -154,18 +154,21 @@ def test_credentials_refused(service, tmp_path, agent_config, refusing_api_serve
     _one_line(result, ExitCode.KUBECONFIG, "refused the credentials", str(kubeconfig))
 
 
-def test_extender_port_in_use(tmp_path, held_port):
+@pytest.mark.parametrize("held", ["verbs", "permits"])
+def test_extender_port_in_use(tmp_path, held_port, held):
+    # The main process binds the permit port too, before it starts the permit front.
+    ports = {"verbs": free_port(), "permits": free_port(), held: held_port}
     config = tmp_path / "extender.yaml"
     config.write_text(
         "auth: {mode: static, static_token: t}\n"
-        f"listen: {{verbs: {{host: 127.0.0.1, port: {held_port}}},"
-        f" permits: {{host: 127.0.0.1, port: {free_port()}}}}}\n"
+        f"listen: {{verbs: {{host: 127.0.0.1, port: {ports['verbs']}}},"
+        f" permits: {{host: 127.0.0.1, port: {ports['permits']}}}}}\n"
     )
     cluster = ROOT / "examples" / "standalone-cluster.yaml"
     result = _run(
         "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
     )
-    _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", "listen.verbs", str(config))
+    _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", f"listen.{held}", str(config))
 
 
 def test_agent_port_in_use(tmp_path, held_port):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,19 @@ from scheduler_extender.http.app import (
     start_listeners,
     stop_listeners,
 )
+from scheduler_extender.http.bodies import Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
-from scheduler_extender.http.keys import EXTENDER
+from scheduler_extender.http.front import (
+    Channel,
+    ChannelDesk,
+    MainSide,
+    authenticator,
+    make_front_app,
+)
+from scheduler_extender.http.keys import EXTENDER, EXTRA_METRICS, TASKS
+from scheduler_extender.http.permit_port import LocalDesk
+from scheduler_extender.kube.link import KubeLink
+from scheduler_extender.metrics import Metrics
 from scheduler_extender.service import Extender
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
@@ -94,7 +106,20 @@ async def kube_api() -> AsyncIterator[FakeKubeApi]:
 
 
 @pytest.fixture
-def start_extender(kube_api: FakeKubeApi, aiohttp_client: Any) -> StartExtender:
+def front_via() -> str:
+    """How the permit port reaches the Extender: "local" (``make_permits_app``, one process)
+    or "channel" (the permit front's app and its ``ChannelDesk``, across a socketpair to the
+    main side, as ``serve`` runs them, only both in this process). A module that overrides
+    this fixture with params runs its tests both ways."""
+    return "local"
+
+
+@pytest.fixture
+async def start_extender(
+    kube_api: FakeKubeApi, aiohttp_client: Any, front_via: str
+) -> AsyncIterator[StartExtender]:
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
     async def start(config: Config | None = None, *, wait_synced: bool = True) -> Running:
         config = config or make_config()
 
@@ -105,17 +130,58 @@ def start_extender(kube_api: FakeKubeApi, aiohttp_client: Any) -> StartExtender:
             registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK
         )
         verbs_app = make_app(config, deps)
+        if front_via == "channel":
+            permits_app = await _front_over_channel(config, verbs_app, connect, cleanups)
+        else:
+            permits_app = make_permits_app(config, verbs_app)
         verbs = await aiohttp_client(await serving(verbs_app, config.listen.verbs))
-        permits = await aiohttp_client(
-            await serving(make_permits_app(config, verbs_app), config.listen.permits)
-        )
+        permits = await aiohttp_client(await serving(permits_app, config.listen.permits))
         extender = verbs_app[EXTENDER]
         if wait_synced:
             await wait_until(lambda: extender.is_synced)
             await kube_api.wait_for_watches(2)
         return Running(verbs=verbs, permits=permits, extender=extender)
 
-    return start
+    yield start
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+async def _front_over_channel(
+    config: Config,
+    verbs_app: web.Application,
+    connect: Callable[[], Awaitable[KubeClient]],
+    cleanups: list[Callable[[], Awaitable[None]]],
+) -> web.Application:
+    """The permit front's app as its process builds it (own metrics, own API client, own
+    bodies budget), its desk across a socketpair to the main side's ``LocalDesk``."""
+    ours, theirs = socket.socketpair()
+    main_side = MainSide(await Channel.open(ours), LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS]))
+    verbs_app[EXTRA_METRICS] = main_side.families
+    front_metrics = Metrics(CollectorRegistry())
+    front_channel = await Channel.open(theirs)
+    desk = ChannelDesk(front_channel, front_metrics)
+    link = KubeLink()
+    link.client = await connect()
+    tasks = [asyncio.create_task(main_side.serve()), asyncio.create_task(desk.serve())]
+
+    async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await main_side.channel.close()
+        await front_channel.close()
+        assert link.client is not None
+        await link.client.close()
+
+    cleanups.append(stop)
+    return make_front_app(
+        config,
+        desk=desk,
+        auth=authenticator(config, link, front_metrics),
+        metrics=front_metrics,
+        bodies=Bodies(config.limits),
+    )
 
 
 class Start:

@@ -20,7 +20,11 @@ from protocol.codec import decode
 from protocol.permits import Permit, PodRef, ResourceRequest, Resources
 from scheduler_extender.http.sequences import SequenceBook
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender
-from tests.extender.helpers import permit_batch, vm_pod
+from tests.extender.helpers import (
+    both_fronts,  # noqa: F401  (the front_via fixture)
+    permit_batch,
+    vm_pod,
+)
 from tests.fakes.kube_api import FakeKubeApi, node_object
 
 

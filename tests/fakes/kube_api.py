@@ -1090,6 +1090,18 @@ class FakeKubeApi:
         )
 
 
+def kubeconfig_for(url: str, *, user: str = "fake") -> dict[str, Any]:
+    """A kubeconfig (as a dict: write it as JSON, which is YAML) for the fake API at ``url``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": user, "user": {"token": user}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": user}}],
+        "current-context": "fake",
+    }
+
+
 def fake_jwt(
     name: str, *, audiences: Iterable[str] = ("vm-autoscaling-extender",), exp: int | None = None
 ) -> str:
