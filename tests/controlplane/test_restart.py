@@ -52,13 +52,20 @@ def test_a_killed_extender_rebuilds_the_same_state(lagging: Cluster, names: Name
     statuses = []
 
     def ready() -> bool:
-        status = lagging.extender.get("/readyz")[0]
+        # The main process's own answer (the verbs port): the permit port's /readyz relays it
+        # through the permit front, which starts a moment after the lists may be in.
+        status = lagging.extender.get("/readyz", port=lagging.extender.verbs_port)[0]
         statuses.append(status)
         return status == 200
 
     wait_for(ready, timeout_seconds=60, what="the restarted extender ready")
     # Not ready while it lists: an answer from a half-built ledger would over-commit.
     assert 503 in statuses, statuses
+    wait_for(
+        lambda: lagging.extender.get("/readyz")[0] == 200,
+        timeout_seconds=60,
+        what="the permit port ready too",
+    )
     after = ours(lagging.extender.state(), names.group)
     # Every hold is back, at the recorded permit.
     assert holds(after) == holds(before)
