@@ -53,6 +53,7 @@ from scheduler_extender.http.fast import (
     FastVerbs,
     Handover,
     Head,
+    Refusal,
 )
 from scheduler_extender.kube.auth import TokenBucket
 
@@ -196,6 +197,13 @@ class _Guarded(asyncio.Protocol):
                     break
                 if isinstance(parsed, Handover):
                     self._hand_over()
+                    return
+                if isinstance(parsed, Refusal):
+                    self._heads += 1
+                    self._cancel_timers(head=True, idle=True)
+                    self._buffer.clear()
+                    self.transport.write(fast.refuse(parsed))
+                    self.transport.close()  # after the answer is written; the body is unread
                     return
                 head = self._head = parsed
                 self._heads += 1

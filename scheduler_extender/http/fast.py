@@ -11,14 +11,22 @@ exactly such a call (see ``parse_head``), the body is answered here, synchronous
 and prioritize (in the event-loop turn the last bytes arrived in), with the same functions,
 errors, metrics and log line as the aiohttp path (``verbs``, ``middleware``).
 
+Two refusals are answered here too, from the head alone, because a flood of them is the
+cheapest way to make the event loop that filter runs on busy: a compressed body (415,
+kube-scheduler never compresses) and a declared length over the endpoint's limit (413). The
+answer is the one ``bodies`` gives (status, error body, request id, log line and metric), its
+body is never read, and the connection is closed after it, as aiohttp closes one whose body it
+did not read. Through aiohttp such a refusal cost the loop about four times as much (its
+request handler, request, middleware and handler task for one answer).
+
 Everything else on the listener, and every request that is not plainly one of these three
-(another method or path, HTTP/1.0, a query string, ``Transfer-Encoding``, any
-``Content-Encoding``, ``Connection`` other than keep-alive, ``Expect``, ``Upgrade``, no or a
-doubtful ``Content-Length``, a length over the endpoint's limit or ``MAX_BODY``, control
+(another method or path, HTTP/1.0, a query string, ``Transfer-Encoding``, ``Content-Encoding:
+identity``, ``Connection`` other than keep-alive, ``Expect``, ``Upgrade``, no or a doubtful
+``Content-Length``, a length over ``MAX_BODY`` but within the endpoint's limit, control
 characters, a head over ``MAX_HEAD``), is handed to aiohttp with every byte received so far,
 and the connection stays with aiohttp: it answers exactly as if it had read them itself
-(413, 415, 400, the body timeout...). So this path adds no parser anyone hostile can reach
-beyond recognising a plain head, and every #16 guard still applies (``connections``).
+(400, the body timeout...). So this path adds no parser anyone hostile can reach beyond
+recognising a plain head, and every #16 guard still applies (``connections``).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from aiohttp import web
 
 from protocol import codec
 from protocol.permits import ErrorBody
-from scheduler_extender.errors import ExtenderError
+from scheduler_extender.errors import BodyTooLarge, ExtenderError, UnsupportedEncoding
 from scheduler_extender.http import verbs
 from scheduler_extender.http.bodies import BODIES
 from scheduler_extender.http.middleware import METRICS, begin_call, end_call, unexpected
@@ -51,9 +59,8 @@ BODY_WINDOW_SECONDS: Final = 0.5
 _ROUTES: Final = {b"/filter": "filter", b"/prioritize": "prioritize", b"/bind": "bind"}
 # Bytes no plain head carries (CR and LF only as the line ends, checked separately).
 _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f-\xff]")
-_HANDED: Final = frozenset(
-    {b"transfer-encoding", b"content-encoding", b"expect", b"upgrade", b"te", b"trailer"}
-)
+_HANDED: Final = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer"})
+_IDENTITY: Final = frozenset({b"", b"identity"})
 
 
 class Head(NamedTuple):
@@ -64,6 +71,15 @@ class Head(NamedTuple):
     request_id: str | None
 
 
+class Refusal(NamedTuple):
+    """A verb call refused from its head alone; its body is not read, its connection closed."""
+
+    route: str
+    path: str
+    request_id: str | None
+    error: ExtenderError
+
+
 class Handover(NamedTuple):
     """Not a plain verb call: aiohttp takes the connection."""
 
@@ -71,8 +87,11 @@ class Handover(NamedTuple):
 HANDOVER: Final = Handover()
 
 
-def parse_head(buffer: bytes | bytearray, limits: Callable[[str], int]) -> Head | Handover | None:
-    """The head at the start of ``buffer`` if it is a plain verb call; ``None``: not all here."""
+def parse_head(
+    buffer: bytes | bytearray, limits: Callable[[str], int]
+) -> Head | Refusal | Handover | None:
+    """The head at the start of ``buffer`` if it is a plain verb call, or its refusal if it is
+    one ``bodies`` would refuse unread; ``None``: not all here."""
     end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD)
     if end < 0:
         return HANDOVER if len(buffer) >= MAX_HEAD else None
@@ -85,6 +104,7 @@ def parse_head(buffer: bytes | bytearray, limits: Callable[[str], int]) -> Head 
         return HANDOVER
     length: int | None = None
     request_id: str | None = None
+    encoding: bytes | None = None
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not name or _CONTROL.search(line) or b" " in name or b"\t" in name:
@@ -95,6 +115,9 @@ def parse_head(buffer: bytes | bytearray, limits: Callable[[str], int]) -> Head 
             if length is not None or not value.isdigit() or len(value) > 12:
                 return HANDOVER
             length = int(value)
+        elif key == b"content-encoding":
+            if encoding is None:  # the first, as aiohttp's ``headers.get``
+                encoding = value.lower()
         elif key in _HANDED:
             return HANDOVER
         elif key == b"connection":
@@ -102,9 +125,23 @@ def parse_head(buffer: bytes | bytearray, limits: Callable[[str], int]) -> Head 
                 return HANDOVER
         elif key == b"x-request-id" and request_id is None:  # the first, as aiohttp's
             request_id = value.decode("ascii") or None
-    if length is None or length > min(limits(route), MAX_BODY):
+    path = parts[1].decode("ascii")
+    # In the order ``Bodies.read`` checks them, with its messages.
+    if encoding is not None:
+        if encoding in _IDENTITY:
+            return HANDOVER
+        text = encoding.decode("ascii")
+        message = f"Content-Encoding {text!r} is not accepted here (identity only)"
+        return Refusal(route, path, request_id, UnsupportedEncoding(message))
+    if length is None:
         return HANDOVER
-    return Head(route, parts[1].decode("ascii"), length, end + 4, request_id)
+    limit = limits(route)
+    if length > limit:
+        message = f"the body is {length} bytes; this endpoint takes {limit}"
+        return Refusal(route, path, request_id, BodyTooLarge(message))
+    if length > MAX_BODY:
+        return HANDOVER
+    return Head(route, path, length, end + 4, request_id)
 
 
 class FastVerbs:
@@ -115,13 +152,22 @@ class FastVerbs:
         self.bodies = app[BODIES]
         self._metrics = app[METRICS]
         self.answered = 0  # calls answered here (the rest went to aiohttp)
+        self.refused = 0  # heads refused here (``Refusal``)
 
     def limit(self, route: str) -> int:
         limits = self.bodies.limits
         return limits.bind_max_body_bytes if route == "bind" else limits.verbs_max_body_bytes
 
-    def parse(self, buffer: bytes | bytearray) -> Head | Handover | None:
+    def parse(self, buffer: bytes | bytearray) -> Head | Refusal | Handover | None:
         return parse_head(buffer, self.limit)
+
+    def refuse(self, refusal: Refusal) -> bytes:
+        """The whole response to a refused head (``Connection: close``: its body is unread)."""
+        self.refused += 1
+        head = Head(refusal.route, refusal.path, 0, 0, refusal.request_id)
+        request_id = begin_call(refusal.request_id)
+        start = asyncio.get_running_loop().time()
+        return self._error(head, refusal.error, request_id, start, close=True)
 
     def answer(self, head: Head, body: bytes) -> bytes | Awaitable[bytes]:
         """The whole response: bytes now (filter, prioritize), or later (bind)."""
@@ -151,13 +197,22 @@ class FastVerbs:
             return self._error(head, unexpected(), request_id, start)
         return self._done(head, 200, encoded, request_id, start)
 
-    def _error(self, head: Head, error: ExtenderError, request_id: str, start: float) -> bytes:
+    def _error(
+        self,
+        head: Head,
+        error: ExtenderError,
+        request_id: str,
+        start: float,
+        *,
+        close: bool = False,
+    ) -> bytes:
         """``middleware.error_response``'s answer, as bytes."""
         structlog.contextvars.bind_contextvars(reason=error.message)
         body = codec.encode(
             ErrorBody(error=type(error).__name__, reason=error.reason, message=error.message)
         )
-        return self._done(head, error.status, body, request_id, start, headers=error.headers)
+        headers = {**error.headers, "Connection": "close"} if close else error.headers
+        return self._done(head, error.status, body, request_id, start, headers=headers)
 
     def _done(
         self,

@@ -178,6 +178,44 @@ async def test_what_is_not_a_plain_call_gets_aiohttps_answer(
     assert fast_of(verbs).bodies.in_flight == 0
 
 
+async def test_refusals_from_the_head_are_answered_unread_and_as_aiohttp_answers_them(
+    listeners: Start, kube_api: FakeKubeApi
+) -> None:
+    verbs, _ = await listeners(limits={"verbs_max_body_bytes": 8192, "bind_max_body_bytes": 2048})
+    pods = await _cluster(kube_api, 1)
+    body = json.dumps(filter_body(pods[0], ["node-a"])).encode()
+    # (path, headers, declared length): only the head and a few bytes of the body are sent.
+    refused = [
+        ("/filter", "Content-Encoding: gzip\r\n", len(body), 415),
+        ("/prioritize", "Content-Encoding: Deflate \r\n", len(body), 415),
+        ("/bind", "Content-Encoding: br\r\nContent-Encoding: gzip\r\n", 2**36, 415),
+        ("/filter", "", 2**30, 413),
+        ("/bind", "X-Request-Id: mine\r\n", 2049, 413),
+    ]
+    for path, headers, length, status in refused:
+        data = request(path, body[:10], headers=headers, length=length)
+        async with open_connections(verbs.bound_port, 2) as (fast, handed):
+            # aiohttp's answer to the same bytes, on a connection a first call handed to it.
+            first = request("/filter", body, headers="Content-Encoding: identity\r\n")
+            assert (await exchange(handed, first))[0] == 200
+            ours, theirs = await exchange(fast, data), await exchange(handed, data)
+            assert ours[0] == theirs[0] == status, (path, ours, theirs)
+            assert ours[2] == theirs[2], (path, ours, theirs)
+            assert ours[1]["connection"] == "close"
+            if "mine" in headers:
+                assert ours[1]["x-request-id"] == "mine"
+            # The rest of the body is never waited for: the connection is closed after it.
+            async with asyncio.timeout(WITHIN):
+                assert await fast[0].read() == b""
+    assert fast_of(verbs).refused == len(refused)
+    assert fast_of(verbs).answered == 0
+    assert fast_of(verbs).bodies.in_flight == 0
+    # Identity is not compressed: a plain call, here or by aiohttp, both fine.
+    async with open_connections(verbs.bound_port, 1) as (conn,):
+        plain = request("/filter", body, headers="Content-Encoding: identity\r\n")
+        assert (await exchange(conn, plain))[0] == 200
+
+
 async def test_the_fast_path_keeps_the_connection_guards(
     listeners: Start, kube_api: FakeKubeApi
 ) -> None:
