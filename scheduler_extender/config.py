@@ -295,12 +295,24 @@ class FrontMode(enum.StrEnum):
     INLINE = "inline"
 
 
+class FrontScheduling(enum.StrEnum):
+    """How the permit front's CPU time is ranked against the main process's."""
+
+    # SCHED_IDLE (the default): it runs only when nothing else in the container wants the
+    # core, and a woken main process takes the core from it at once. With ``nice`` a woken
+    # main process may wait out the front's time slice (about a millisecond), which is what
+    # kube-scheduler's filter calls saw under floods of the permit port.
+    IDLE = "idle"
+    # The normal policy at ``niceness``: a smaller share, but no immediate preemption.
+    NICE = "nice"
+
+
 class PermitFrontConfig(_Section, frozen=True):
     """The permit front: the process that serves the permit port (see docs/DEPLOY.md)."""
 
     mode: FrontMode = FrontMode.PROCESS
-    # How much lower its CPU priority is than the main process's (``nice``): on a shared core
-    # kube-scheduler's calls win; an idle main process leaves the front the whole core.
+    scheduling: FrontScheduling = FrontScheduling.IDLE
+    # With ``scheduling: nice``, how much lower its CPU priority is than the main process's.
     niceness: Annotated[int, msgspec.Meta(ge=0, le=19)] = 10
 
 

@@ -60,7 +60,14 @@ from prometheus_client.samples import Sample
 from kube_io.client import KubeClient
 from observability.log import configure_logging
 from protocol.permits import ResourceRequestBatch
-from scheduler_extender.config import AuthMode, Config, ConfigError, FrontMode
+from scheduler_extender.config import (
+    AuthMode,
+    Config,
+    ConfigError,
+    FrontMode,
+    FrontScheduling,
+    PermitFrontConfig,
+)
 from scheduler_extender.errors import ExtenderError, Unavailable
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
@@ -586,6 +593,17 @@ def run_front(argv: Sequence[str]) -> int:
     return 0
 
 
+def _lower_priority(config: PermitFrontConfig) -> None:
+    """Below the main process's, so that on a shared core kube-scheduler's calls win."""
+    try:
+        if config.scheduling is FrontScheduling.IDLE:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.nice(config.niceness)
+    except OSError as e:  # a seccomp profile may refuse it: run on, and say so
+        log.warning("permit_front_priority_unchanged", scheduling=config.scheduling, error=str(e))
+
+
 async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> None:
     channel = await Channel.open(channel_sock)
     start = await channel.receive()
@@ -593,8 +611,7 @@ async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> Non
         raise ChannelClosed(f"expected the start frame, got {type(start).__name__}")
     config = start.config
     configure_logging(level=start.log_level)
-    with contextlib.suppress(OSError):
-        os.nice(config.permit_front.niceness)
+    _lower_priority(config.permit_front)
     metrics = Metrics(CollectorRegistry())
     client: KubeClient | None = None
     link: KubeLink | None = None

@@ -208,10 +208,9 @@ async def test_a_permit_is_granted_through_the_front_process(served: Served) -> 
             text = await response.text()
     assert 'vmautoscale_extender_verb_duration_seconds_count{verb="permits"} 2.0' in text
     assert 'vmautoscale_extender_permits_total{status="granted"} 1.0' in text
-    # The front runs at a lower CPU priority than the main process.
-    assert os.getpriority(os.PRIO_PROCESS, front) > os.getpriority(
-        os.PRIO_PROCESS, served.process.pid
-    )
+    # The front runs only when the main process does not want the core.
+    assert os.sched_getscheduler(front) == os.SCHED_IDLE
+    assert os.sched_getscheduler(served.process.pid) == os.SCHED_OTHER
 
 
 async def test_a_killed_front_is_restarted_and_the_port_serves_again(served: Served) -> None:
