@@ -73,10 +73,10 @@ class Listen(_Section, frozen=True):
     # the agents) open few.
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
-    # The kernel's queue of connections not yet accepted, and so (asyncio accepts up to this
-    # many per turn of the event loop, each then handled before anything queued after it) how
-    # many new connections one turn may take on. A flood of connects to one listener delays
-    # every other listener's requests by up to this many connections' handling per turn.
+    # The kernel's queue of connections not yet accepted. Each turn of the event loop takes at
+    # most this many of them, and never more than 16 (``connections._ACCEPTS_PER_TURN``): a
+    # flood of connects to one listener delays every other listener's requests by up to that
+    # many connections' handling per turn.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
 
 
@@ -100,7 +100,7 @@ class PermitsListen(Listen, frozen=True):
     new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 20.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
     # Agents keep their connections: a few new ones a turn is plenty, and a connect flood
-    # here then costs kube-scheduler's filter calls a few connections' handling, not 128.
+    # here then costs kube-scheduler's filter calls a few connections' handling, not 16.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
 
 

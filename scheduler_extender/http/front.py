@@ -70,7 +70,7 @@ from scheduler_extender.config import (
 )
 from scheduler_extender.errors import ExtenderError, Unavailable
 from scheduler_extender.http.bodies import BODIES, Bodies
-from scheduler_extender.http.connections import GuardedSite, server_options
+from scheduler_extender.http.connections import GuardedSite, listening_socket, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR
 from scheduler_extender.http.middleware import METRICS, error_body, request_middleware
 from scheduler_extender.http.permit_port import (
@@ -441,10 +441,7 @@ def bind_permit_socket(config: Config) -> socket.socket:
     """The permit port's listening socket, bound by the main process (``OSError`` when the
     address is taken: ``__main__`` names ``listen.permits`` in one line)."""
     listen = config.listen.permits
-    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
-    sock = socket.create_server(
-        (listen.host, listen.port), family=family, backlog=listen.accept_backlog
-    )
+    sock = listening_socket(listen.host, listen.port, listen.accept_backlog)
     sock.setblocking(False)
     return sock
 

@@ -8,6 +8,7 @@ the server options), on loopback ports the OS picks.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from aiohttp import ClientSession
 
@@ -134,4 +135,40 @@ async def test_new_connections_over_the_rate_are_closed_before_aiohttp_sees_them
         for _ in range(5):
             async with keeps_alive.get(url) as again:
                 assert again.status == 200
+    assert await _get(verbs.bound_port, "/healthz") == 200
+
+
+async def test_a_connect_flood_is_accepted_sixteen_a_turn_and_refused_without_a_transport(
+    listeners: Start,
+) -> None:
+    verbs, _ = await listeners(
+        verbs={"port": 1, "new_connections_per_second": 0.001, "new_connections_burst": 1}
+    )
+    loop = asyncio.get_running_loop()
+    assert verbs._listening is not None  # white-box: the test turns the loop's crank itself
+    sock, factory = verbs._listening
+    loop.remove_reader(sock.fileno())
+    flood = []
+    try:
+        for _ in range(40):  # the handshakes complete in the kernel's queue (backlog 128)
+            client = socket.socket()
+            client.bind(("127.0.0.2", 0))
+            client.connect(("127.0.0.1", verbs.bound_port))
+            flood.append(client)
+        # One turn: sixteen taken, the first within the allowance, fifteen refused at once.
+        verbs._accept(sock, factory)
+        assert verbs.refused == 15
+        assert not verbs._connecting or len(verbs._connecting) == 1
+        verbs._accept(sock, factory)
+        assert verbs.refused == 31
+        verbs._accept(sock, factory)  # the last eight, then the queue is empty
+        assert verbs.refused == 39
+        await wait_until(lambda: verbs.open_connections == 1)  # only the admitted one
+        for client in flood[1:]:
+            client.settimeout(WITHIN)
+            assert client.recv(100).startswith(b"HTTP/1.1 503 ")
+    finally:
+        for client in flood:
+            client.close()
+        loop.add_reader(sock.fileno(), verbs._accept, sock, factory)
     assert await _get(verbs.bound_port, "/healthz") == 200
