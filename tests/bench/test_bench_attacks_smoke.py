@@ -40,6 +40,9 @@ def test_bench_attacks_tiny_run_reports_every_attack() -> None:
     attacks = {name: phase["rounds"][0] for name, phase in result["attacks"].items()}
     assert all(len(phase["rounds"]) == 1 for phase in result["attacks"].values())
     assert set(attacks) == {
+        "busy_neighbour_control",
+        "connection_churn_control",
+        "dribbled_bodies_control",
         "gzip_bombs_unauthenticated_permits",
         "gzip_bodies_to_filter",
         "declared_huge_bodies",
@@ -51,6 +54,14 @@ def test_bench_attacks_tiny_run_reports_every_attack() -> None:
     }
     for phase in attacks.values():
         assert phase["filter"]["calls"] > 0 and phase["filter"]["filter_errors"] == {}
+    # The controls reached no extender: their answers are the attacker's own listener's.
+    for control in ("connection_churn_control", "dribbled_bodies_control"):
+        assert set(attacks[control]["attack"]["statuses"]) == {"400"}
+    assert result["worst_p99_ratio_to_idle"] == max(
+        phase["p99_ratio_to_idle"] or 0
+        for name, phase in result["attacks"].items()
+        if not name.endswith("_control")
+    )
     # What the extender answered is its own rules, whatever the machine's speed.
     answered = attacks["gzip_bombs_unauthenticated_permits"]["attack"]["statuses"]
     assert set(answered) <= {"401", "503", "ConnectionResetError", "BrokenPipeError"}
