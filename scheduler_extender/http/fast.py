@@ -11,13 +11,15 @@ exactly such a call (see ``parse_head``), the body is answered here, synchronous
 and prioritize (in the event-loop turn the last bytes arrived in), with the same functions,
 errors, metrics and log line as the aiohttp path (``verbs``, ``middleware``).
 
-Two refusals are answered here too, from the head alone, because a flood of them is the
-cheapest way to make the event loop that filter runs on busy: a compressed body (415,
-kube-scheduler never compresses) and a declared length over the endpoint's limit (413). The
-answer is the one ``bodies`` gives (status, error body, request id, log line and metric), its
-body is never read, and the connection is closed after it, as aiohttp closes one whose body it
-did not read. Through aiohttp such a refusal cost the loop about four times as much (its
-request handler, request, middleware and handler task for one answer).
+Refusals that need only the head are answered here too, because a flood of them is the
+cheapest way to make the event loop that filter runs on busy: not synced yet (503, as the
+handlers answer before they read a body), a compressed body (415, kube-scheduler never
+compresses) and a declared length over the endpoint's limit (413). The answer is the one the
+aiohttp path gives (status, error body, request id, log line and metric), the body is never
+read, and the connection is closed after it, as aiohttp closes one whose body it did not read
+(aiohttp sends no ``Connection: close`` first; this path does). Through aiohttp such a
+refusal cost the loop about four times as much (its request handler, request, middleware and
+handler task for one answer).
 
 Everything else on the listener, and every request that is not plainly one of these three
 (another method or path, HTTP/1.0, a query string, ``Transfer-Encoding``, ``Content-Encoding:
@@ -45,6 +47,7 @@ from protocol.permits import ErrorBody
 from scheduler_extender.errors import BodyTooLarge, ExtenderError, UnsupportedEncoding
 from scheduler_extender.http import verbs
 from scheduler_extender.http.bodies import BODIES
+from scheduler_extender.http.keys import EXTENDER
 from scheduler_extender.http.middleware import METRICS, begin_call, end_call, unexpected
 
 # A head longer than this goes to aiohttp (whose own limits then apply).
@@ -149,6 +152,7 @@ class FastVerbs:
 
     def __init__(self, app: web.Application) -> None:
         self._app = app
+        self._extender = app[EXTENDER]
         self.bodies = app[BODIES]
         self._metrics = app[METRICS]
         self.answered = 0  # calls answered here (the rest went to aiohttp)
@@ -159,7 +163,15 @@ class FastVerbs:
         return limits.bind_max_body_bytes if route == "bind" else limits.verbs_max_body_bytes
 
     def parse(self, buffer: bytes | bytearray) -> Head | Refusal | Handover | None:
-        return parse_head(buffer, self.limit)
+        parsed = parse_head(buffer, self.limit)
+        if isinstance(parsed, Head | Refusal):
+            # As the handlers do, before the body is read: not synced is a 503 that costs no
+            # body (and closes the connection, the body unread, as aiohttp does).
+            try:
+                self._extender.require_synced()
+            except ExtenderError as e:
+                return Refusal(parsed.route, parsed.path, parsed.request_id, e)
+        return parsed
 
     def refuse(self, refusal: Refusal) -> bytes:
         """The whole response to a refused head (``Connection: close``: its body is unread)."""

@@ -216,6 +216,34 @@ async def test_refusals_from_the_head_are_answered_unread_and_as_aiohttp_answers
         assert (await exchange(conn, plain))[0] == 200
 
 
+async def test_before_the_lists_are_in_every_call_gets_the_same_503_unread(
+    listeners: Start, kube_api: FakeKubeApi
+) -> None:
+    kube_api.fail_next(503, path="/api/v1/pods", times=10_000)  # the pods list never comes
+    verbs, _ = await listeners(wait_synced=False)
+    body = json.dumps(filter_body(vm_pod("vm-0", uid="uid-0"), ["node-a"])).encode()
+    calls = [
+        ("/filter", "", len(body)),
+        ("/bind", "", len(body)),
+        ("/filter", "Content-Encoding: gzip\r\n", len(body)),  # 503 first, as aiohttp
+        ("/prioritize", "", 2**30),
+    ]
+    for path, headers, length in calls:
+        data = request(path, body[:10], headers=headers, length=length)
+        async with open_connections(verbs.bound_port, 2) as (fast, handed):
+            first = request("/filter", body[:10], headers="Content-Encoding: identity\r\n")
+            # aiohttp's answer, on a connection a first call hands to it (the same for any verb).
+            theirs = await exchange(handed, first)
+            ours = await exchange(fast, data)
+            assert ours[0] == theirs[0] == 503, (path, ours, theirs)
+            assert ours[2] == theirs[2] and json.loads(ours[2])["reason"] == "NotSynced"
+            assert ours[1]["retry-after"] == theirs[1]["retry-after"]
+            assert ours[1]["connection"] == "close"
+            async with asyncio.timeout(WITHIN):  # the body is not waited for
+                assert await fast[0].read() == b""
+    assert fast_of(verbs).answered == 0 and fast_of(verbs).refused == len(calls)
+
+
 async def test_the_fast_path_keeps_the_connection_guards(
     listeners: Start, kube_api: FakeKubeApi
 ) -> None:
