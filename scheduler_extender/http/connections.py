@@ -360,10 +360,77 @@ class _Guarded(asyncio.Protocol):
             self.transport.close()
 
 
-def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
-    """A listening TCP socket on ``host`` (an address; IPv6 when it has a colon)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=backlog)
+def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening, non-blocking TCP sockets on every address ``host`` resolves to, as asyncio's
+    ``create_server`` binds them (IPv6 ones IPv6-only). ``OSError`` names the address when
+    one cannot be resolved or bound (``__main__`` turns that into one line)."""
+    try:
+        found = socket.getaddrinfo(
+            host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        )
+    except socket.gaierror as e:
+        raise OSError(
+            errno.EADDRNOTAVAIL,
+            f"cannot resolve {host!r}: {e.strerror} (while attempting to bind on address"
+            f" {(host, port)!r})",
+        ) from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror} (while attempting to bind on address"
+                    f" {(address[0], address[1])!r})",
+                ) from None
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class _Listening(asyncio.AbstractServer):
+    """A site's listening sockets, which ``GuardedSite._accept`` reads: what aiohttp's
+    ``BaseSite.stop`` closes (it stops reading them and closes them)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket]) -> None:
+        self._loop = loop
+        self._sockets = sockets
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._sockets)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            if sock.fileno() >= 0:
+                self._loop.remove_reader(sock.fileno())
+                sock.close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return any(sock.fileno() >= 0 for sock in self._sockets)
+
+    async def start_serving(self) -> None:
+        return None  # serving from the start
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError("a site's listener is stopped with the site")
+
+    async def wait_closed(self) -> None:
+        return None
 
 
 class GuardedSite(web.BaseSite):
@@ -388,6 +455,7 @@ class GuardedSite(web.BaseSite):
         self._sock = sock
         self._open: set[_Guarded] = set()
         self._connecting: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._listening: tuple[socket.socket, Callable[[], _Guarded]] | None = None
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
@@ -432,7 +500,10 @@ class GuardedSite(web.BaseSite):
         return False
 
     def admit(self, conn: _Guarded) -> bool:
-        """Whether a connection within its rate gets in under ``max_connections``."""
+        """Whether a connection within its rate gets in under ``max_connections`` (none once
+        the site is stopping: one accepted just before is refused, not served after)."""
+        if self._stopping:
+            return False
         if len(self._open) >= self._listen.max_connections:
             idle = [c for c in self._open if not c.is_busy]
             if not idle:
@@ -457,22 +528,20 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
-        sock = self._sock
-        if sock is None:
-            sock = listening_socket(self._listen.host, self._listen.port, self._backlog)
-        sock.setblocking(False)
+        if self._sock is not None:
+            self._sock.setblocking(False)
+            sockets = [self._sock]
+        else:
+            sockets = listening_sockets(self._listen.host, self._listen.port, self._backlog)
 
         def factory() -> _Guarded:
             return _Guarded(self, server, self._fast)
 
-        # asyncio's server object, for closing: it stops reading the socket (our reader) and
-        # closes it. It never serves: the site accepts (``_accept``).
-        self._server = await loop.create_server(
-            factory, sock=sock, backlog=self._backlog, start_serving=False
-        )
-        self.bound_port = sock.getsockname()[1]
-        self._listening = (sock, factory)
-        loop.add_reader(sock.fileno(), self._accept, sock, factory)
+        self._server = _Listening(loop, sockets)
+        self.bound_port = sockets[0].getsockname()[1]
+        self._listening = (sockets[0], factory)
+        for sock in sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock, factory)
 
     def _accept(self, sock: socket.socket, factory: Callable[[], _Guarded]) -> None:
         loop = asyncio.get_running_loop()
@@ -511,10 +580,14 @@ class GuardedSite(web.BaseSite):
             await asyncio.get_running_loop().connect_accepted_socket(factory, conn)
         except OSError:  # the peer is gone already
             conn.close()
+        except BaseException:
+            conn.close()
+            raise
 
     async def stop(self) -> None:
         """Stop listening; then, as aiohttp does for its own connections, close the idle
         connections of the fast path and give the busy ones ``shutdown_timeout`` to answer."""
+        self._stopping = True
         await super().stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._shutdown_timeout

@@ -4,8 +4,9 @@ Shell. Every pod in the cluster can reach the permit port, so it takes floods (c
 gzip bombs, garbage tokens) that kube-scheduler's calls must not feel. In one Python process
 all of it runs on the one event loop that also answers filter, prioritize and bind: each
 refusal is cheap, but a thousand a second is a third of a core taken from kube-scheduler. So
-``serve`` runs the permit port in a second process (``PermitFront``), at a lower CPU priority
-(``permit_front.niceness``), and the extender's own process sees only what got through.
+``serve`` runs the permit port in a second process (``PermitFront``), at the lowest CPU
+priority (``permit_front.scheduling``, ``SCHED_IDLE`` by default), and the extender's own
+process sees only what got through.
 
 What runs where:
 
@@ -70,7 +71,7 @@ from scheduler_extender.config import (
 )
 from scheduler_extender.errors import ExtenderError, Unavailable
 from scheduler_extender.http.bodies import BODIES, Bodies
-from scheduler_extender.http.connections import GuardedSite, listening_socket, server_options
+from scheduler_extender.http.connections import GuardedSite, listening_sockets, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR
 from scheduler_extender.http.middleware import METRICS, error_body, request_middleware
 from scheduler_extender.http.permit_port import (
@@ -441,9 +442,11 @@ def bind_permit_socket(config: Config) -> socket.socket:
     """The permit port's listening socket, bound by the main process (``OSError`` when the
     address is taken: ``__main__`` names ``listen.permits`` in one line)."""
     listen = config.listen.permits
-    sock = listening_socket(listen.host, listen.port, listen.accept_backlog)
-    sock.setblocking(False)
-    return sock
+    # One socket, passed to the front: the first address the host resolves to.
+    first, *others = listening_sockets(listen.host, listen.port, listen.accept_backlog)
+    for sock in others:
+        sock.close()
+    return first
 
 
 class PermitFront:

@@ -171,6 +171,20 @@ def test_extender_port_in_use(tmp_path, held_port, held):
     _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", f"listen.{held}", str(config))
 
 
+def test_extender_host_that_does_not_resolve(tmp_path):
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        "auth: {mode: static, static_token: t}\n"
+        f"listen: {{verbs: {{host: no-such-host.invalid, port: {free_port()}}},"
+        f" permits: {{host: 127.0.0.1, port: {free_port()}}}}}\n"
+    )
+    cluster = ROOT / "examples" / "standalone-cluster.yaml"
+    result = _run(
+        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
+    )
+    _one_line(result, ExitCode.PORT_IN_USE, "no-such-host.invalid", "listen.verbs", str(config))
+
+
 def test_agent_port_in_use(tmp_path, held_port):
     config = tmp_path / "agent.yaml"
     config.write_text(f"http: {{host: 127.0.0.1, port: {held_port}}}\nlog: {{level: error}}\n")

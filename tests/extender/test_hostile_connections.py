@@ -13,6 +13,7 @@ import socket
 from aiohttp import ClientSession
 
 from scheduler_extender.config import Config, parse_config
+from scheduler_extender.http.connections import listening_sockets
 from tests.extender.conftest import STATIC_TOKEN, Start, wait_until
 from tests.extender.conftest import open_connections as _connections
 
@@ -172,3 +173,16 @@ async def test_a_connect_flood_is_accepted_sixteen_a_turn_and_refused_without_a_
             client.close()
         loop.add_reader(sock.fileno(), verbs._accept, sock, factory)
     assert await _get(verbs.bound_port, "/healthz") == 200
+
+
+def test_a_listener_binds_every_address_its_host_resolves_to() -> None:
+    resolved = {info[4][0] for info in socket.getaddrinfo("localhost", 0, type=socket.SOCK_STREAM)}
+    sockets = listening_sockets("localhost", 0, 8)
+    try:
+        assert {sock.getsockname()[0] for sock in sockets} == resolved
+        for sock in sockets:  # listening: a client gets in
+            with socket.create_connection(sock.getsockname()[:2], timeout=WITHIN):
+                pass
+    finally:
+        for sock in sockets:
+            sock.close()
