@@ -76,6 +76,10 @@ _ACCEPTS_PER_TURN: Final = 16
 # own server does, rather than spin on a listening socket that stays readable.
 _OUT_OF_RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _ACCEPT_RETRY_SECONDS: Final = 1.0
+# A refused first request's bytes already received are read (not more than this) before the
+# answer and the close.
+_DRAIN_READS: Final = 4
+_DRAIN_CHUNK: Final = 2**16
 _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 34\r\n\r\ntoo many connections; retry later\n"
@@ -566,9 +570,39 @@ class GuardedSite(web.BaseSite):
                 conn.close()
                 continue
             conn.setblocking(False)
+            if self._fast is not None and self._refused_from_peek(conn):
+                continue
             task = loop.create_task(self._connect(conn, factory))
             self._connecting.add(task)  # held until done: the loop keeps only weak references
             task.add_done_callback(self._connecting.discard)
+
+    def _refused_from_peek(self, conn: socket.socket) -> bool:
+        """Whether the first request already waiting on a new verbs connection is one the fast
+        path refuses from its head (``fast.Refusal``): then it is answered and the connection
+        closed here, before it costs a transport, a protocol and a task. The bytes are only
+        peeked: anything else reaches the connection's protocol untouched."""
+        fast = self._fast
+        assert fast is not None
+        try:
+            peeked = conn.recv(MAX_HEAD, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing yet: the protocol will read it
+        except OSError:
+            conn.close()  # reset already
+            return True
+        parsed = fast.parse(peeked) if peeked else None
+        if not isinstance(parsed, Refusal):
+            return False
+        with contextlib.suppress(OSError):
+            # What has arrived is read first, as a transport would have read it: closing on
+            # unread bytes sends a reset, which can cost the client the answer.
+            for _ in range(_DRAIN_READS):
+                if not conn.recv(_DRAIN_CHUNK):
+                    break
+        with contextlib.suppress(OSError):
+            conn.send(fast.refuse(parsed))
+        conn.close()
+        return True
 
     def _resume_accepting(self, sock: socket.socket, factory: Callable[[], _Guarded]) -> None:
         if sock.fileno() >= 0:  # not closed meanwhile

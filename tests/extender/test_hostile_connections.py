@@ -186,3 +186,41 @@ def test_a_listener_binds_every_address_its_host_resolves_to() -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+async def test_a_refused_first_request_already_waiting_is_answered_at_accept(
+    listeners: Start,
+) -> None:
+    verbs, _ = await listeners()
+    loop = asyncio.get_running_loop()
+    assert verbs._listening is not None and verbs.fast is not None
+    sock, factory = verbs._listening
+    loop.remove_reader(sock.fileno())  # white-box: the requests arrive before the accept
+    heads = [
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: 70000\r\n\r\n" + bytes(60_000),  # refused: answered at accept
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{}",  # incomplete
+    ]
+    clients = []
+    try:
+        for head in heads:
+            client = socket.create_connection(("127.0.0.1", verbs.bound_port), timeout=WITHIN)
+            client.sendall(head)
+            clients.append(client)
+        await asyncio.sleep(0.05)  # on loopback the bytes are there at once
+        verbs._accept(sock, factory)
+        # The refused one: answered and closed without a protocol (its bytes read first, so
+        # the close is not a reset that could cost the client the answer).
+        assert verbs.fast.refused == 1
+        answer = clients[0].recv(4096)
+        assert answer.startswith(b"HTTP/1.1 415 ") and b"Connection: close" in answer
+        assert clients[0].recv(4096) == b""
+        # The other reached its protocol with every byte: completing it gets it answered.
+        await wait_until(lambda: verbs.open_connections == 1)
+        clients[1].sendall(b"}")
+        answer = await loop.run_in_executor(None, clients[1].recv, 4096)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer  # {}} is not a filter call
+    finally:
+        for client in clients:
+            client.close()
+        loop.add_reader(sock.fileno(), verbs._accept, sock, factory)
