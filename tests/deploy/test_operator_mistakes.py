@@ -154,34 +154,31 @@ def test_credentials_refused(service, tmp_path, agent_config, refusing_api_serve
     _one_line(result, ExitCode.KUBECONFIG, "refused the credentials", str(kubeconfig))
 
 
+def _serve_extender(tmp_path, verbs_host, verbs_port, permits_port):
+    """``serve --standalone`` with the listeners given; its result and config file."""
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        "auth: {mode: static, static_token: t}\n"
+        f"listen: {{verbs: {{host: {verbs_host}, port: {verbs_port}}},"
+        f" permits: {{host: 127.0.0.1, port: {permits_port}}}}}\n"
+    )
+    cluster = ROOT / "examples" / "standalone-cluster.yaml"
+    result = _run(
+        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
+    )
+    return result, config
+
+
 @pytest.mark.parametrize("held", ["verbs", "permits"])
 def test_extender_port_in_use(tmp_path, held_port, held):
     # The main process binds the permit port too, before it starts the permit front.
     ports = {"verbs": free_port(), "permits": free_port(), held: held_port}
-    config = tmp_path / "extender.yaml"
-    config.write_text(
-        "auth: {mode: static, static_token: t}\n"
-        f"listen: {{verbs: {{host: 127.0.0.1, port: {ports['verbs']}}},"
-        f" permits: {{host: 127.0.0.1, port: {ports['permits']}}}}}\n"
-    )
-    cluster = ROOT / "examples" / "standalone-cluster.yaml"
-    result = _run(
-        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
-    )
+    result, config = _serve_extender(tmp_path, "127.0.0.1", ports["verbs"], ports["permits"])
     _one_line(result, ExitCode.PORT_IN_USE, f"127.0.0.1:{held_port}", f"listen.{held}", str(config))
 
 
 def test_extender_host_that_does_not_resolve(tmp_path):
-    config = tmp_path / "extender.yaml"
-    config.write_text(
-        "auth: {mode: static, static_token: t}\n"
-        f"listen: {{verbs: {{host: no-such-host.invalid, port: {free_port()}}},"
-        f" permits: {{host: 127.0.0.1, port: {free_port()}}}}}\n"
-    )
-    cluster = ROOT / "examples" / "standalone-cluster.yaml"
-    result = _run(
-        "extender", "--config", str(config), "--standalone", str(cluster), "--log-level", "error"
-    )
+    result, config = _serve_extender(tmp_path, "no-such-host.invalid", free_port(), free_port())
     _one_line(result, ExitCode.PORT_IN_USE, "no-such-host.invalid", "listen.verbs", str(config))
 
 
