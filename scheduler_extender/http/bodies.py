@@ -30,6 +30,7 @@ from scheduler_extender.config import LimitsConfig
 from scheduler_extender.errors import (
     BodyTimeout,
     BodyTooLarge,
+    ExtenderError,
     ProtocolError,
     Unavailable,
     UnsupportedEncoding,
@@ -40,6 +41,20 @@ _IDENTITY: Final = frozenset({"", "identity"})
 _INFLATABLE: Final = frozenset({"gzip", "x-gzip", "deflate"})
 _AUTO_HEADER_WBITS: Final = 32 + zlib.MAX_WBITS
 _CHUNK: Final = 2**16
+
+
+def refused_unread(
+    encoding: str, declared: int | None, limit: int, *, inflate: bool = False
+) -> ExtenderError | None:
+    """Steps 1 and 2 of ``Bodies.read``: what a body is refused for before a byte of it is
+    read (``encoding`` stripped and lower-case, ``declared`` its Content-Length); the fast
+    path answers the same from a head."""
+    if encoding not in _IDENTITY and not (inflate and encoding in _INFLATABLE):
+        takes = "gzip, deflate or identity" if inflate else "identity only"
+        return UnsupportedEncoding(f"Content-Encoding {encoding!r} is not accepted here ({takes})")
+    if declared is not None and declared > limit:
+        return BodyTooLarge(f"the body is {declared} bytes; this endpoint takes {limit}")
+    return None
 
 
 class Bodies:
@@ -69,15 +84,11 @@ class Bodies:
 
     async def read(self, request: web.Request, *, limit: int, inflate: bool = False) -> bytes:
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        compressed = encoding not in _IDENTITY
-        if compressed and not (inflate and encoding in _INFLATABLE):
-            takes = "gzip, deflate or identity" if inflate else "identity only"
-            raise UnsupportedEncoding(
-                f"Content-Encoding {encoding!r} is not accepted here ({takes})"
-            )
         declared = request.content_length
-        if declared is not None and declared > limit:
-            raise BodyTooLarge(f"the body is {declared} bytes; this endpoint takes {limit}")
+        refusal = refused_unread(encoding, declared, limit, inflate=inflate)
+        if refusal is not None:
+            raise refusal
+        compressed = encoding not in _IDENTITY
         taken = 0
         try:
             if declared is not None and not compressed:

@@ -44,9 +44,9 @@ from aiohttp import web
 
 from protocol import codec
 from protocol.permits import ErrorBody
-from scheduler_extender.errors import BodyTooLarge, ExtenderError, UnsupportedEncoding
+from scheduler_extender.errors import ExtenderError
 from scheduler_extender.http import verbs
-from scheduler_extender.http.bodies import BODIES
+from scheduler_extender.http.bodies import BODIES, refused_unread
 from scheduler_extender.http.keys import EXTENDER
 from scheduler_extender.http.middleware import METRICS, begin_call, end_call, unexpected
 
@@ -129,20 +129,14 @@ def parse_head(
         elif key == b"x-request-id" and request_id is None:  # the first, as aiohttp's
             request_id = value.decode("ascii") or None
     path = parts[1].decode("ascii")
-    # In the order ``Bodies.read`` checks them, with its messages.
-    if encoding is not None:
-        if encoding in _IDENTITY:
-            return HANDOVER
-        text = encoding.decode("ascii")
-        message = f"Content-Encoding {text!r} is not accepted here (identity only)"
-        return Refusal(route, path, request_id, UnsupportedEncoding(message))
-    if length is None:
-        return HANDOVER
-    limit = limits(route)
-    if length > limit:
-        message = f"the body is {length} bytes; this endpoint takes {limit}"
-        return Refusal(route, path, request_id, BodyTooLarge(message))
-    if length > MAX_BODY:
+    if encoding in _IDENTITY:
+        return HANDOVER  # aiohttp reads it (kube-scheduler sends no Content-Encoding at all)
+    refusal = refused_unread(
+        "" if encoding is None else encoding.decode("ascii"), length, limits(route)
+    )
+    if refusal is not None:
+        return Refusal(route, path, request_id, refusal)
+    if length is None or length > MAX_BODY:
         return HANDOVER
     return Head(route, path, length, end + 4, request_id)
 
