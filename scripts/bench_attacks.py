@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -185,17 +186,31 @@ def write_files(workdir: Path, api_url: str, verbs: int, permits: int) -> tuple[
     return config_path, kube_path
 
 
-def cpus() -> tuple[set[int], set[int]]:
+@functools.cache
+def cpus() -> tuple[frozenset[int], frozenset[int]]:
     """(the extender's and the prober's CPU, the attacker's): apart when there are two.
 
     The prober is mostly waiting; sharing the extender's core costs it what it cost in the idle
     phase too. The attacker (this process, also the fake API server) must not take the
     extender's core: a flood from another machine would not.
+
+    Read once, from the CPUs this process was started with, before it narrows itself to the
+    attacker's: the children's ``preexec_fn`` run after that, in a fork that inherits this
+    answer. (Read again there, it was the attacker's core alone, and until this was found the
+    extender, the prober and the attacker all shared that one core: see ``cpus_in_force``.)
     """
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
-        return set(mine), set(mine)
-    return {mine[0]}, set(mine[1:])
+        return frozenset(mine), frozenset(mine)
+    return frozenset(mine[:1]), frozenset(mine[1:])
+
+
+def cpus_in_force(pid: int) -> list[int]:
+    """The CPUs a process may run on now, as the kernel has them (reported, not assumed)."""
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:  # gone
+        return []
 
 
 def _extender_child() -> None:
@@ -347,6 +362,7 @@ class Bench:
         # Built before any phase: compressing a GiB of zeros takes seconds of this process.
         self.permit_bomb = gzip_of_zeros(args.bomb_mib * 2**20)
         self.filter_bomb = gzip_of_zeros(63 * 2**20)
+        self.prober_cpus: list[int] = []
 
     async def repeat(
         self, deadline: float, concurrency: int, one: Callable[[], Awaitable[str]]
@@ -611,6 +627,7 @@ async def probe_during(
     )
     assert prober.stdin is not None and prober.stdout is not None
     assert (await prober.stdout.readline()).strip() == b"ready"
+    bench.prober_cpus = cpus_in_force(prober.pid)
     prober.stdin.write(b"go\n")
     await prober.stdin.drain()
     deadline = time.monotonic() + seconds
@@ -708,6 +725,12 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                     "rounds": rounds,
                 }
             alive = extender.poll() is None
+            in_force = {
+                "extender": cpus_in_force(extender.pid),
+                "front": sorted({c for f in fronts(extender.pid) for c in cpus_in_force(f)}),
+                "prober": bench.prober_cpus,
+                "attacker": cpus_in_force(0),
+            }
             peak = rss_mib(extender.pid, "VmHWM") if alive else None
             front_peak = front_rss_mib(extender.pid, "VmHWM") if alive else None
         finally:
@@ -728,6 +751,8 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         "filter_calls_per_second": args.rate,
         "extender_fd_limit": FD_LIMIT,
         "cpus": {"extender_and_prober": sorted(extender_cpus), "attacker": sorted(attacker_cpus)},
+        # As the kernel had them at the end (the prober's: at its last phase).
+        "cpus_in_force": in_force,
         "idle_p99_ms_median": round(statistics.median(idles), 2),
         "attacks": phases,
         "worst_p99_ratio_to_idle": worst,

@@ -8,6 +8,7 @@ for garbage tokens with the reviews bounded, a refused replay), and that it surv
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,14 @@ def test_bench_attacks_tiny_run_reports_every_attack() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     attacks = {name: phase["rounds"][0] for name, phase in result["attacks"].items()}
+    if len(os.sched_getaffinity(0)) >= 2:
+        # The extender, its front and the prober on one core, the attacker on the others, as
+        # the kernel has them (the children once took the attacker's core too: all on one).
+        in_force = result["cpus_in_force"]
+        ours = result["cpus"]["extender_and_prober"]
+        assert in_force["extender"] == in_force["front"] == in_force["prober"] == ours
+        assert in_force["attacker"] == result["cpus"]["attacker"]
+        assert not set(ours) & set(in_force["attacker"])
     assert all(len(phase["rounds"]) == 1 for phase in result["attacks"].values())
     assert set(attacks) == {
         "busy_neighbour_control",
