@@ -78,6 +78,16 @@ class Listen(_Section, frozen=True):
     # flood of connects to one listener delays every other listener's requests by up to that
     # many connections' handling per turn.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
+    # Offences, per client address: what no well-behaved client does (a verb body refused as
+    # malformed, compressed or oversized: 400, 413, 415; a connection over the rate above; a
+    # head that times out). Beyond this allowance (a token bucket, as the rate above) the
+    # address is penalized: for ``penalty_seconds`` the kernel drops its new connections at
+    # the listener (a socket filter: its SYNs never become connections, so its flood costs
+    # the event loop nothing), while its connections already open go on (``penalties``).
+    # ``penalty_seconds: 0`` turns penalties off.
+    offences_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
+    offence_burst: Annotated[int, msgspec.Meta(ge=1)] = 20
+    penalty_seconds: Annotated[float, msgspec.Meta(ge=0.0, le=86_400.0)] = 10.0
 
 
 class VerbsListen(Listen, frozen=True):

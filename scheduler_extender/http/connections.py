@@ -63,7 +63,9 @@ from scheduler_extender.http.fast import (
     Handover,
     Head,
     Refusal,
+    offends,
 )
+from scheduler_extender.http.penalties import Offences, PenaltyBox
 from scheduler_extender.kube.auth import TokenBucket
 
 log = structlog.get_logger(__name__)
@@ -118,6 +120,7 @@ class _Guarded(asyncio.Protocol):
         self._inner: RequestHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.last_active = 0.0
+        self.address = ""  # the client's
         self._head_timer: asyncio.TimerHandle | None = None
         # The fast path's state (unused once aiohttp has the connection).
         self._buffer = bytearray()
@@ -154,6 +157,8 @@ class _Guarded(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.last_active = asyncio.get_running_loop().time()
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self._site.admit(self):
             self._fast = None
             transport.write(_REFUSED)
@@ -194,6 +199,7 @@ class _Guarded(asyncio.Protocol):
         self._head_timer = None
         if self._heads_seen() == heads_before and not self.is_busy:
             self._site.heads_timed_out += 1
+            self._site.penalties.offence(self.address)
             self.close()
 
     # -- the fast path -----------------------------------------------------------------------
@@ -221,8 +227,11 @@ class _Guarded(asyncio.Protocol):
                     self._heads += 1
                     self._cancel_timers(head=True, idle=True)
                     self._buffer.clear()
-                    self.transport.write(fast.refuse(parsed))
+                    refusal = fast.refuse(parsed)
+                    self.transport.write(refusal)
                     self.transport.close()  # after the answer is written; the body is unread
+                    if offends(refusal):  # not a 503 while not synced: that one is ours
+                        self._site.penalties.offence(self.address)
                     return
                 head = self._head = parsed
                 self._heads += 1
@@ -261,6 +270,8 @@ class _Guarded(asyncio.Protocol):
         self._advance()
 
     def _answered(self, data: bytes) -> None:
+        if offends(data):
+            self._site.penalties.offence(self.address)
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -461,6 +472,7 @@ class GuardedSite(web.BaseSite):
         self._connecting: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._listening: tuple[socket.socket, Callable[[], _Guarded]] | None = None
+        self._sockets: tuple[socket.socket, ...] = ()
         self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
         self.header_timeout = listen.header_timeout_seconds
         self.idle_timeout = listen.idle_timeout_seconds
@@ -468,6 +480,12 @@ class GuardedSite(web.BaseSite):
         self.refused = 0
         self.heads_timed_out = 0
         self.bound_port = listen.port
+        self.penalties = PenaltyBox(
+            listener=lambda: self.name,
+            seconds=listen.penalty_seconds,
+            offences=Offences(per_second=listen.offences_per_second, burst=listen.offence_burst),
+            sockets=lambda: self._sockets,
+        )
 
     @property
     def name(self) -> str:
@@ -542,6 +560,7 @@ class GuardedSite(web.BaseSite):
             return _Guarded(self, server, self._fast)
 
         self._server = _Listening(loop, sockets)
+        self._sockets = tuple(sockets)
         self.bound_port = sockets[0].getsockname()[1]
         self._listening = (sockets[0], factory)
         for sock in sockets:
@@ -562,21 +581,25 @@ class GuardedSite(web.BaseSite):
                 loop.call_later(_ACCEPT_RETRY_SECONDS, self._resume_accepting, sock, factory)
                 return
             address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-            if not self.within_rate(address, loop.time()):
-                # Refused before it costs more than this: no transport, protocol or task.
+            # Refused before it costs more than this: no transport, protocol or task. (A
+            # penalized address's: in the kernel's queue before its filter was attached.)
+            penalized = self.penalties.holds(address)
+            if penalized or not self.within_rate(address, loop.time()):
                 with contextlib.suppress(OSError):
                     conn.setblocking(False)
                     conn.send(_REFUSED)
                 conn.close()
+                if not penalized:
+                    self.penalties.offence(address)
                 continue
             conn.setblocking(False)
-            if self._fast is not None and self._refused_from_peek(conn):
+            if self._fast is not None and self._refused_from_peek(conn, address):
                 continue
             task = loop.create_task(self._connect(conn, factory))
             self._connecting.add(task)  # held until done: the loop keeps only weak references
             task.add_done_callback(self._connecting.discard)
 
-    def _refused_from_peek(self, conn: socket.socket) -> bool:
+    def _refused_from_peek(self, conn: socket.socket, address: str) -> bool:
         """Whether the first request already waiting on a new verbs connection is one the fast
         path refuses from its head (``fast.Refusal``): then it is answered and the connection
         closed here, before it costs a transport, a protocol and a task. The bytes are only
@@ -599,9 +622,12 @@ class GuardedSite(web.BaseSite):
             for _ in range(_DRAIN_READS):
                 if not conn.recv(_DRAIN_CHUNK):
                     break
+        refusal = fast.refuse(parsed)
         with contextlib.suppress(OSError):
-            conn.send(fast.refuse(parsed))
+            conn.send(refusal)
         conn.close()
+        if offends(refusal):
+            self.penalties.offence(address)
         return True
 
     def _resume_accepting(self, sock: socket.socket, factory: Callable[[], _Guarded]) -> None:
@@ -622,6 +648,7 @@ class GuardedSite(web.BaseSite):
         """Stop listening; then, as aiohttp does for its own connections, close the idle
         connections of the fast path and give the busy ones ``shutdown_timeout`` to answer."""
         self._stopping = True
+        self.penalties.close()
         await super().stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._shutdown_timeout

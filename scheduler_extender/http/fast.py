@@ -241,6 +241,16 @@ class FastVerbs:
         return response_bytes(status, body, request_id, headers)
 
 
+# Answers no well-behaved client earns (``penalties``): its body was malformed (400), too large
+# (413) or compressed (415). Not 404 or 409: kube-scheduler gets those in races.
+_OFFENDING: Final = frozenset({b"400", b"413", b"415"})
+
+
+def offends(response: bytes) -> bool:
+    """Whether a response made here (``response_bytes``) counts against its client."""
+    return response[9:12] in _OFFENDING
+
+
 def response_bytes(
     status: int, body: bytes, request_id: str, headers: dict[str, str] | None = None
 ) -> bytes:

@@ -143,7 +143,12 @@ async def test_a_connect_flood_is_accepted_sixteen_a_turn_and_refused_without_a_
     listeners: Start,
 ) -> None:
     verbs, _ = await listeners(
-        verbs={"port": 1, "new_connections_per_second": 0.001, "new_connections_burst": 1}
+        verbs={
+            "port": 1,
+            "new_connections_per_second": 0.001,
+            "new_connections_burst": 1,
+            "penalty_seconds": 0,  # every refusal counted (penalties: the test after)
+        }
     )
     loop = asyncio.get_running_loop()
     assert verbs._listening is not None  # white-box: the test turns the loop's crank itself

@@ -1,0 +1,154 @@
+"""Penalties (issue 16): an address that keeps offending has its new connections dropped by the
+kernel for a while (a socket filter on the listening socket), so its flood costs the event loop
+nothing; its connections already open, and every other address, go on.
+
+Real sockets on loopback (Linux routes all of 127/8 to it: several client addresses, one
+machine). A connect whose SYN the filter drops waits for the kernel's retry (1 s); one that is
+let through completes inside ``connect`` on loopback, so a short timeout tells the two apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from scheduler_extender.http.penalties import attach, drop_program
+from tests.extender.conftest import Start, wait_until
+
+DROPPED = 0.5  # a dropped SYN's connect is still waiting after this; a kept one took ~0
+WITHIN = 5.0
+
+COMPRESSED = (
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Encoding: gzip\r\nContent-Length: 10\r\n\r\n" + bytes(10)
+)
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _connect(port: int, source: str, *, family: int = socket.AF_INET) -> socket.socket | None:
+    """A connection from ``source``, or None when its SYN was dropped."""
+    client = socket.socket(family, socket.SOCK_STREAM)
+    client.settimeout(DROPPED)
+    try:
+        client.bind((source, 0))
+        client.connect(("::1" if family == socket.AF_INET6 else "127.0.0.1", port))
+    except TimeoutError:
+        client.close()
+        return None
+    client.settimeout(WITHIN)
+    return client
+
+
+def _ask(client: socket.socket, request: bytes) -> bytes:
+    client.sendall(request)
+    return client.recv(4096)
+
+
+async def test_an_offender_is_dropped_by_the_kernel_and_its_open_connections_go_on(
+    listeners: Start,
+) -> None:
+    verbs, _ = await listeners(
+        verbs={
+            "port": 1,
+            "offence_burst": 3,
+            "offences_per_second": 0.001,
+            "penalty_seconds": 1.0,
+        }
+    )
+    port = verbs.bound_port
+    # A connection 127.0.0.2 opened while still in good standing.
+    kept = await asyncio.to_thread(_connect, port, "127.0.0.2")
+    assert kept is not None
+    try:
+        assert (await asyncio.to_thread(_ask, kept, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+        # Four compressed filter calls (kube-scheduler never compresses): 415 each; the fourth
+        # is beyond the allowance of three.
+        for _ in range(4):
+            client = await asyncio.to_thread(_connect, port, "127.0.0.2")
+            assert client is not None and verbs.penalties.penalized == 0
+            with client:
+                answer = await asyncio.to_thread(_ask, client, COMPRESSED)
+            assert answer.startswith(b"HTTP/1.1 415 "), answer
+        await wait_until(lambda: verbs.penalties.penalized == 1)
+        assert verbs.penalties.addresses == {"127.0.0.2"}
+        # Its new connections never get past the kernel now...
+        assert await asyncio.to_thread(_connect, port, "127.0.0.2") is None
+        # ...while the one it had goes on, and every other address gets in.
+        assert (await asyncio.to_thread(_ask, kept, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+        other = await asyncio.to_thread(_connect, port, "127.0.0.1")
+        assert other is not None
+        with other:
+            assert (await asyncio.to_thread(_ask, other, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        kept.close()
+    # The penalty ends, the filter goes, and 127.0.0.2 gets in again.
+    await wait_until(lambda: not verbs.penalties.addresses, timeout_seconds=WITHIN)
+    again = await asyncio.to_thread(_connect, port, "127.0.0.2")
+    assert again is not None
+    with again:
+        assert (await asyncio.to_thread(_ask, again, HEALTHZ)).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_connections_over_the_rate_are_offences_on_the_permit_listener(
+    listeners: Start,
+) -> None:
+    _, permits = await listeners(
+        permits={
+            "port": 1,
+            "new_connections_per_second": 0.001,
+            "new_connections_burst": 1,
+            "offence_burst": 2,
+            "offences_per_second": 0.001,
+        }
+    )
+    port = permits.bound_port
+    answers = []
+    for _ in range(4):  # one within the rate, three refused (503): the third is one too many
+        client = await asyncio.to_thread(_connect, port, "127.0.0.3")
+        assert client is not None
+        with client:
+            answers.append(await asyncio.to_thread(_ask, client, HEALTHZ))
+    assert [a[:13] for a in answers] == [b"HTTP/1.1 200 "] + [b"HTTP/1.1 503 "] * 3
+    await wait_until(lambda: permits.penalties.addresses == {"127.0.0.3"})
+    assert await asyncio.to_thread(_connect, port, "127.0.0.3") is None
+    assert permits.penalties.penalized == 1
+
+
+@pytest.mark.parametrize(
+    ("family", "listen", "blocked", "dropped", "kept"),
+    [
+        # The middle one of three: every block's jumps land where they should.
+        (socket.AF_INET, "127.0.0.1",
+         ["127.0.0.3", "127.0.0.2", "127.0.0.4"], "127.0.0.2", "127.0.0.5"),
+        (socket.AF_INET6, "::1", ["fe80::1", "::1", "2001:db8::7"], "::1", None),
+        (socket.AF_INET6, "::1", ["fe80::1", "::2", "127.0.0.1"], None, "::1"),
+    ],
+)  # fmt: skip
+def test_the_drop_filter_drops_exactly_the_addresses_given(
+    family: int, listen: str, blocked: list[str], dropped: str | None, kept: str | None
+) -> None:
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((listen, 0))
+    except OSError:
+        listener.close()
+        pytest.skip(f"no {listen} on this machine")
+    with listener:
+        listener.listen(8)
+        attach(listener, drop_program(family, blocked))
+        port = listener.getsockname()[1]
+        if dropped is not None:
+            assert _connect(port, dropped, family=family) is None
+        if kept is not None:
+            client = _connect(port, kept, family=family)
+            assert client is not None
+            client.close()
+        attach(listener, b"")  # detached: everyone gets in
+        client = _connect(port, dropped or kept or listen, family=family)
+        assert client is not None
+        client.close()
+    # Addresses of the other family make no filter at all.
+    assert drop_program(socket.AF_INET6, ["127.0.0.1"]) == b""
+    assert drop_program(socket.AF_INET, ["::1"]) == b""
