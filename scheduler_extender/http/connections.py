@@ -561,6 +561,7 @@ class GuardedSite(web.BaseSite):
 
         self._server = _Listening(loop, sockets)
         self._sockets = tuple(sockets)
+        self.penalties.reset()
         self.bound_port = sockets[0].getsockname()[1]
         self._listening = (sockets[0], factory)
         for sock in sockets:

@@ -203,8 +203,13 @@ class PenaltyBox:
                 log.warning("penalty_filter_refused", listener=self._listener(), error=str(e))
                 return
 
-    def close(self) -> None:
+    def reset(self) -> None:
+        """No address penalized, and no filter on the sockets: also one a previous server left
+        on a socket it handed on (the permit front's, when a new front takes over)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._until.clear()
+        self._apply()
+
+    close = reset

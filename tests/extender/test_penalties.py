@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from scheduler_extender.http.penalties import attach, drop_program
+from scheduler_extender.http.penalties import Offences, PenaltyBox, attach, drop_program
 from tests.extender.conftest import Start, wait_until
 
 DROPPED = 0.5  # a dropped SYN's connect is still waiting after this; a kept one took ~0
@@ -152,3 +152,24 @@ def test_the_drop_filter_drops_exactly_the_addresses_given(
     # Addresses of the other family make no filter at all.
     assert drop_program(socket.AF_INET6, ["127.0.0.1"]) == b""
     assert drop_program(socket.AF_INET, ["::1"]) == b""
+
+
+def test_a_filter_left_on_a_handed_on_socket_is_cleared_when_a_server_takes_it() -> None:
+    # The permit front's socket outlives a front that dies while an address is penalized;
+    # the next front's site resets its penalties when it starts (GuardedSite.start).
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        attach(listener, drop_program(socket.AF_INET, ["127.0.0.2"]))
+        assert _connect(port, "127.0.0.2") is None
+        box = PenaltyBox(
+            listener=lambda: "test",
+            seconds=10.0,
+            offences=Offences(per_second=1.0, burst=1),
+            sockets=lambda: [listener],
+        )
+        box.reset()
+        client = _connect(port, "127.0.0.2")
+        assert client is not None
+        client.close()
