@@ -16,7 +16,7 @@ before the idle timeout).
 
 ``GuardedSite`` is a ``TCPSite`` whose connections are counted, and whose new connections are
 rate-limited per client address (``new_connections_per_second``, a token bucket per address,
-the ``_MAX_ADDRESSES`` most recent kept; over it a connection is closed at once with a canned
+``penalties.AddressBuckets``; over it a connection is closed at once with a canned
 503, before aiohttp sees it): a flood of short hostile connections then costs the event loop
 that kube-scheduler's calls share an accept, a send and a close each, not a request, and it
 spends the flooder's allowance, never the kubelet's or another node's agent's. The site
@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import errno
 import socket
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -65,13 +64,10 @@ from scheduler_extender.http.fast import (
     Refusal,
     offends,
 )
-from scheduler_extender.http.penalties import Offences, PenaltyBox
-from scheduler_extender.kube.auth import TokenBucket
+from scheduler_extender.http.penalties import AddressBuckets, PenaltyBox
 
 log = structlog.get_logger(__name__)
 
-# Client addresses whose connection rate is tracked (the least recently seen is forgotten).
-_MAX_ADDRESSES: Final = 16_384
 # New connections taken from the kernel's queue in one turn of the event loop, at most.
 _ACCEPTS_PER_TURN: Final = 16
 # accept() failing for want of descriptors or memory: stop accepting for a while, as asyncio's
@@ -86,6 +82,11 @@ _REFUSED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 34\r\n\r\ntoo many connections; retry later\n"
 )
+
+
+def _address(peer: object) -> str:
+    """A peer's address, as its rate and its offences are counted under."""
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 def server_options(listen: Listen) -> dict[str, Any]:
@@ -157,8 +158,7 @@ class _Guarded(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.last_active = asyncio.get_running_loop().time()
-        peer = transport.get_extra_info("peername")
-        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.address = _address(transport.get_extra_info("peername"))
         if not self._site.admit(self):
             self._fast = None
             transport.write(_REFUSED)
@@ -473,7 +473,9 @@ class GuardedSite(web.BaseSite):
         self._stopping = False
         self._listening: tuple[socket.socket, Callable[[], _Guarded]] | None = None
         self._sockets: tuple[socket.socket, ...] = ()
-        self._rates: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._rates = AddressBuckets(
+            per_second=listen.new_connections_per_second, burst=listen.new_connections_burst
+        )
         self.header_timeout = listen.header_timeout_seconds
         self.idle_timeout = listen.idle_timeout_seconds
         self.evicted = 0
@@ -483,7 +485,9 @@ class GuardedSite(web.BaseSite):
         self.penalties = PenaltyBox(
             listener=lambda: self.name,
             seconds=listen.penalty_seconds,
-            offences=Offences(per_second=listen.offences_per_second, burst=listen.offence_burst),
+            offences=AddressBuckets(
+                per_second=listen.offences_per_second, burst=listen.offence_burst
+            ),
             sockets=lambda: self._sockets,
         )
 
@@ -499,22 +503,9 @@ class GuardedSite(web.BaseSite):
     def open_connections(self) -> int:
         return len(self._open)
 
-    def _rate(self, address: str) -> TokenBucket:
-        rate = self._rates.get(address)
-        if rate is None:
-            rate = self._rates[address] = TokenBucket(
-                rate_per_second=self._listen.new_connections_per_second,
-                burst=self._listen.new_connections_burst,
-            )
-            if len(self._rates) > _MAX_ADDRESSES:
-                self._rates.popitem(last=False)
-        else:
-            self._rates.move_to_end(address)
-        return rate
-
     def within_rate(self, address: str, now: float) -> bool:
         """Whether a new connection from ``address`` is within its allowance (spending it)."""
-        if self._rate(address).take(now) <= 0.0:
+        if self._rates.take(address, now):
             return True
         self.refused += 1
         if self.refused & (self.refused - 1) == 0:  # 1, 2, 4, 8...: a flood logs little
@@ -581,7 +572,7 @@ class GuardedSite(web.BaseSite):
                 loop.remove_reader(sock.fileno())
                 loop.call_later(_ACCEPT_RETRY_SECONDS, self._resume_accepting, sock, factory)
                 return
-            address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            address = _address(peer)
             # Refused before it costs more than this: no transport, protocol or task. (A
             # penalized address's: in the kernel's queue before its filter was attached.)
             penalized = self.penalties.holds(address)

@@ -4,7 +4,7 @@ A connection the extender accepts costs its event loop (the one kube-scheduler's
 an accept, a read, an answer and a close even when it is refused at once: about 60 us here, most
 of it in the kernel. A client with a core to spare opens thousands a second, and no refusal made
 after the accept makes that cheaper. So an address that keeps sending what no well-behaved client
-sends (``Offences``: malformed, compressed or oversized verb bodies, connections over its rate,
+sends (offences: malformed, compressed or oversized verb bodies, connections over its rate,
 heads that time out) is penalized: for ``penalty_seconds`` a classic BPF socket filter on the
 listening sockets drops its packets, so its SYNs never become connections (its connect waits
 for the kernel's SYN retries, and the flood with it) and the event loop never hears of them.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import ipaddress
 import socket
 import struct
@@ -44,8 +45,8 @@ SO_DETACH_FILTER: Final = 27
 # Addresses penalized at once, at most (an IPv6 one costs the filter nine instructions: far
 # under the kernel's 4,096).
 MAX_PENALIZED: Final = 256
-# Client addresses whose offences are counted (the least recently seen is forgotten).
-_MAX_COUNTED: Final = 16_384
+# Client addresses with a bucket (the least recently seen is forgotten).
+_MAX_ADDRESSES: Final = 16_384
 
 # Classic BPF: load a word at an absolute offset, jump if equal, return.
 _LD_W_ABS: Final = 0x20
@@ -96,7 +97,7 @@ def attach(sock: socket.socket, program: bytes) -> None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
         except OSError as e:
-            if e.errno != 2:  # ENOENT: none attached
+            if e.errno != errno.ENOENT:  # none attached
                 raise
         return
     code = ctypes.create_string_buffer(program, len(program))
@@ -106,26 +107,27 @@ def attach(sock: socket.socket, program: bytes) -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-class Offences:
-    """Per client address, an allowance of offences (a token bucket); ``charge`` answers
-    whether the address has just spent it."""
+class AddressBuckets:
+    """A token bucket per client address (the ``_MAX_ADDRESSES`` most recently seen kept): a
+    listener's new connections, and its offences (``PenaltyBox``)."""
 
     def __init__(self, *, per_second: float, burst: int) -> None:
         self._per_second = per_second
         self._burst = burst
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
-    def charge(self, address: str, now: float) -> bool:
+    def take(self, address: str, now: float) -> bool:
+        """Whether ``address`` had a token left (spending it)."""
         bucket = self._buckets.get(address)
         if bucket is None:
             bucket = self._buckets[address] = TokenBucket(
                 rate_per_second=self._per_second, burst=self._burst
             )
-            if len(self._buckets) > _MAX_COUNTED:
+            if len(self._buckets) > _MAX_ADDRESSES:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(address)
-        return bucket.take(now) > 0.0
+        return bucket.take(now) <= 0.0
 
 
 class PenaltyBox:
@@ -136,7 +138,7 @@ class PenaltyBox:
         *,
         listener: Callable[[], str],
         seconds: float,
-        offences: Offences,
+        offences: AddressBuckets,
         sockets: Callable[[], Iterable[socket.socket]],
     ) -> None:
         self._listener = listener
@@ -161,8 +163,8 @@ class PenaltyBox:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if not self._offences.charge(address, now):
-            return
+        if self._offences.take(address, now):
+            return  # within its allowance
         if len(self._until) >= MAX_PENALIZED:
             del self._until[min(self._until, key=self._until.__getitem__)]
         self._until[address] = now + self._seconds

@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from scheduler_extender.http.penalties import Offences, PenaltyBox, attach, drop_program
+from scheduler_extender.http.penalties import AddressBuckets, PenaltyBox, attach, drop_program
 from tests.extender.conftest import Start, wait_until
 
 DROPPED = 0.5  # a dropped SYN's connect is still waiting after this; a kept one took ~0
@@ -166,7 +166,7 @@ def test_a_filter_left_on_a_handed_on_socket_is_cleared_when_a_server_takes_it()
         box = PenaltyBox(
             listener=lambda: "test",
             seconds=10.0,
-            offences=Offences(per_second=1.0, burst=1),
+            offences=AddressBuckets(per_second=1.0, burst=1),
             sockets=lambda: [listener],
         )
         box.reset()
