@@ -159,6 +159,14 @@ async def test_a_memory_permit_is_limited_by_the_namespace_memory_quota(
     assert (permit["status"], permit["permit"]["memoryBytes"]) == ("granted", 3 * GI)
 
 
+def _replace(path: Path, text: str) -> None:
+    """An edit as a ConfigMap update makes it: the new file swapped in whole. (Written in place,
+    the reloader, every 10 ms here, could read it empty: no quotas, vm-2 admitted on those.)"""
+    new = path.with_suffix(".new")
+    new.write_text(text)
+    new.replace(path)
+
+
 async def test_quota_file_reload_admits_waiting_pods_and_a_bad_edit_keeps_the_old_quotas(
     kube_api: FakeKubeApi, start_extender: StartExtender, tmp_path: Path
 ) -> None:
@@ -173,14 +181,14 @@ async def test_quota_file_reload_admits_waiting_pods_and_a_bad_edit_keeps_the_ol
     assert answer["FailedNodes"]["node-a"].startswith("waiting for quota in namespace vms")
 
     with structlog.testing.capture_logs() as logs:
-        path.write_text("namespaces:\n  vms: {vcpus: two}\n")
+        _replace(path, "namespaces:\n  vms: {vcpus: two}\n")
         await wait_until(lambda: any(e["event"] == "quota_reload_failed" for e in logs))
     (failed,) = [e for e in logs if e["event"] == "quota_reload_failed"]
     assert "$.namespaces.vms.vcpus" in failed["error"]
     queue = await (await running.verbs.get("/v1/queue")).json()
     assert queue["namespaces"]["vms"]["quota"] == {"cpuMillis": 1000, "memoryBytes": 64 * GI}
 
-    path.write_text("namespaces:\n  vms: {vcpus: 2, memory_bytes: 68719476736}\n")
+    _replace(path, "namespaces:\n  vms: {vcpus: 2, memory_bytes: 68719476736}\n")
     await wait_until(lambda: _admitted_at(kube_api, "vm-2") is not None)
     queue = await (await running.verbs.get("/v1/queue")).json()
     assert queue["namespaces"]["vms"]["quota"] == {"cpuMillis": 2000, "memoryBytes": 64 * GI}
