@@ -1,8 +1,9 @@
 """The agent's decisions for one VM: a state machine driven by events and an explicit ``now``.
 
 Pure: no I/O, no awaits, no clock, no randomness (backoff jitter arrives as an argument), no
-logging. The runner (``runner.py``) asks ``VmState.next_actions(now)`` what to do, marks each
-action as started, does the I/O, and feeds the outcome back through a past-tense event method.
+logging. The runner (``runner.py``) and the simulator (``simulator.engine``) ask
+``VmState.next_actions(now)`` what to do, mark each action as started, do the I/O, and feed
+the outcome back through a past-tense event method.
 
 Why this shape (after neondatabase/autoscaling's ``pkg/agent/core/state.go``): every source of
 truth here is eventually consistent. Metrics are a second old, the extender may have restarted
@@ -11,7 +12,17 @@ one worked, the state records what is *known* and ``next_actions`` works out, fr
 time, which single step brings the VM closer to its goal. A lost answer or a failure therefore
 never wedges the VM: the next call simply proposes the step again (after a backoff).
 
-The rules the actions obey:
+The state, as in Neon's, is one generic value per resource and a small record per peer:
+
+* ``Scaled`` (``vm.vcpus``, ``vm.memory``): one resource in its own unit (vCPUs, bytes): its
+  bounds, the size the hypervisor says it has (``current``), the size the extender permits
+  (``permitted``), the resize in flight, and the retry bookkeeping of each peer for it. Every
+  rule below is written once over ``Scaled``; only the goals (``policy``, ``memory_policy``)
+  and the words of the reasons differ per resource.
+* ``_Scrapes`` (the guest's node_exporter), ``_HypervisorPeer`` (reads), ``_ExtenderPeer``
+  (the call in flight, failures, the report owed after a restart).
+
+The rules the actions obey, per resource:
 
 * **Grow:** ask the extender first; resize only up to the permit held, never above it; if the
   permit covers part of the goal, use that part now and ask for the rest later
@@ -25,16 +36,18 @@ The rules the actions obey:
   it calls ``extender_restarted`` and every VM reports its size and permit (a ``REPORT``) as
   soon as nothing else is in flight. A rebuilt ledger holds VMs it has not heard from at their
   maximum, so the report is what gives their unused room back to the node.
-* **Memory** (when the hypervisor reports a memory hot-plug device): decided by
-  ``memory_policy.goal_memory`` beside the vCPUs, by the same rules: grow only within the
-  permit, shrink first and tell the extender after. Both resources go in *one* request per VM
-  (each read on its own on the wire: a request, a notice or steady). A shrink the guest cannot
-  complete (memory in use) ends where the guest stopped: the VM's memory is then that size,
-  and the notice that follows gives the extender back only what was really unplugged. A
-  memory resize that lands while a scrape is in flight makes that scrape's numbers stale for
-  memory (MemAvailable from before, the size from after): that scrape holds the memory goal.
-* **Bounds:** never resize above ``max_vcpus`` (nor the hypervisor's own maximum) or the permit,
-  never below ``min_vcpus``; sizes are always ``min + k * scaling_unit``.
+* **Both resources in one call:** a VM asks once for both (each read on its own on the wire: a
+  request, a notice or steady; ``wire.resource_request``). Memory is managed once a read
+  reports a hot-plug device (``memory.current`` is then known).
+* **Memory's own facts:** a shrink the guest cannot complete (memory in use) ends where the
+  guest stopped: the VM's memory is then that size, and the notice that follows gives the
+  extender back only what was really unplugged. A permit *below* the memory the VM has is an
+  order to give the rest back (``Scaled.ceiling``). Growth stays within the room the pod's
+  applied container limit leaves (``Scaled.room``). A memory resize that lands while a scrape
+  is in flight makes that scrape's numbers stale for memory (MemAvailable from before, the
+  size from after): that scrape holds the memory goal.
+* **Bounds:** never resize above the maximum (nor the hypervisor's own) or the permit, never
+  below the minimum; sizes are always ``min + k * unit``.
 * **Hypervisor failure:** the agent's view becomes unknown and is re-read from the hypervisor
   before anything else; retryable errors back off, the others hold that target for a while.
 
@@ -46,6 +59,7 @@ protocol needs, and costs nothing in the common path, where the steps are sequen
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import msgspec
 
@@ -86,6 +100,11 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     memory: MemoryPolicyConfig = msgspec.field(default_factory=MemoryPolicyConfig)
 
 
+class Resource(enum.StrEnum):
+    VCPUS = "vcpus"
+    MEMORY = "memory"  # in bytes
+
+
 class CallKind(enum.StrEnum):
     REQUEST = "request"  # requested > current: asking for more
     NOTICE = "notice"  # requested < current: already shrunk, giving back
@@ -94,37 +113,39 @@ class CallKind(enum.StrEnum):
     REPORT = "report"
 
 
-# gc=False on PermitCall, Resize and Actions, as on the policy's values: frozen, made of scalars
-# and each other, never part of a reference cycle; next_actions makes one per step of every VM.
+# gc=False on the values below, as on the policy's: frozen, made of scalars and each other,
+# never part of a reference cycle; next_actions makes some per step of every VM.
+class Ask(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One resource of a permit call, read as on the wire (``current``/``requested``/
+    ``lastPermit``) plus what the VM has (``usage``): a valid answer lies in
+    ``[usage, requested]`` (for memory, in ``[min, requested]``: below usage it is an order
+    to give memory back)."""
+
+    current: int
+    requested: int
+    last_permit: int
+    usage: int
+
+
 class PermitCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One ResourceRequest the runner should send (the wire form is built by the client)."""
+    """One ResourceRequest the runner should send (``wire.resource_request`` builds it).
+    ``memory`` None: memory is not managed (no hot-plug device known), and the wire carries
+    the VM's minimum as steady."""
 
     kind: CallKind
-    current_vcpus: int  # ``current`` on the wire
-    requested_vcpus: int
-    last_permit_vcpus: int | None
-    # The vCPUs the VM has when asking: a valid answer lies in [usage, requested].
-    usage_vcpus: int
+    vcpus: Ask
+    memory: Ask | None = None
     load1: float | None = None
     cpu_busy_fraction: float | None = None
     memory_used_fraction: float | None = None
     reason: str
-    # Memory, read like the vCPUs: ``current``/``requested``/``lastPermit`` on the wire, and
-    # what the VM has (a valid answer lies in [usage, requested]). None: memory is not managed
-    # (no hot-plug device known), and the wire carries the VM's minimum as steady.
-    current_memory_bytes: int | None = None
-    requested_memory_bytes: int | None = None
-    last_permit_memory_bytes: int | None = None
-    usage_memory_bytes: int | None = None
 
 
 class Resize(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    vcpus: int
-    reason: str
+    """Resize one resource to ``target`` (vCPUs or bytes)."""
 
-
-class MemoryResize(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    memory_bytes: int
+    resource: Resource
+    target: int
     reason: str
 
 
@@ -133,12 +154,11 @@ class Actions(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     an event can change anything)."""
 
     scrape: bool = False
-    read_vcpus: bool = False
+    read_vcpus: bool = False  # read the hypervisor: vCPUs and memory
     request_permit: PermitCall | None = None
     resize: Resize | None = None
     notify_extender: PermitCall | None = None
     wait_seconds: float | None = None
-    resize_memory: MemoryResize | None = None
 
 
 class PermitOutcome(enum.StrEnum):
@@ -151,74 +171,226 @@ class PermitOutcome(enum.StrEnum):
     REJECTED = "rejected"
 
 
-_NOTHING: tuple[None, None, None] = (None, None, None)
-_Decision = tuple[Resize | MemoryResize | None, PermitCall | None, PermitCall | None]
+class Bounds(msgspec.Struct, frozen=True, gc=False):
+    """A resource's allowed sizes: ``low + k * unit``, at most ``high`` (the VM's spec)."""
+
+    low: int
+    high: int
+    unit: int
+
+    def round_down(self, value: int) -> int:
+        """The largest allowed size <= ``value`` (never below ``low``)."""
+        if value <= self.low:
+            return self.low
+        return self.low + (min(value, self.high) - self.low) // self.unit * self.unit
+
+
+class _Words(NamedTuple):
+    """How a reason names a resource: "grow" + ``verb_suffix``, "give back N ``unused``"."""
+
+    verb_suffix: str
+    unused: str
+    report: str  # format(current, permitted)
+
+
+_WORDS = {
+    Resource.VCPUS: _Words("", "unused vCPUs", "{} vCPUs, permit {}"),
+    Resource.MEMORY: _Words(" memory", "bytes of memory", "memory {}, permit {}"),
+}
+
+
+class Scaled:
+    """One resource of one VM, in its own unit: what each peer says of it and the rules over it.
+
+    Invariants (each may be briefly false only where noted):
+
+    * ``permitted >= current`` whenever both are known, except (a) right after a read that
+      shows the VM larger than any permit we knew of: the read then adopts the VM's size as
+      the permit (the VM already runs with it, and the extender learns it from lastPermit);
+      (b) memory under a ``ceiling``: the extender permitted less than the VM has, and the VM
+      must shrink to it.
+    * ``current`` is None while the hypervisor must be (re-)read (vCPUs: at start and after a
+      failed resize, which may have half happened), or, for memory, while it is not managed.
+    * ``in_flight`` is set exactly while a resize of this resource is under way.
+    """
+
+    # Two per VM on the node (20,000 VMs in the simulator's fleet): slots keep each small.
+    __slots__ = (
+        "ask_again_at",
+        "asked",
+        "bounds",
+        "ceiling",
+        "changed_at",
+        "current",
+        "failed_target",
+        "in_flight",
+        "permitted",
+        "resize_failures",
+        "resource",
+        "retry_at",
+        "room",
+        "top",
+    )
+
+    def __init__(
+        self,
+        resource: Resource,
+        bounds: Bounds,
+        *,
+        now: float,
+        permitted: int | None,
+        room: int | None = None,
+    ) -> None:
+        self.resource = resource
+        self.bounds = bounds
+        # The largest allowed size: the bounds' top, lowered to the hypervisor's maximum.
+        self.top = bounds.round_down(bounds.high)
+        # The hypervisor's side.
+        self.current: int | None = None
+        self.changed_at: float | None = None  # when ``current`` last changed
+        self.in_flight: int | None = None  # the target of the resize under way
+        self.resize_failures = 0  # consecutive
+        self.retry_at = now  # a failed target is not retried before this
+        self.failed_target: int | None = None
+        # The extender's side.
+        self.permitted: int | None = permitted
+        # A permit below what the VM has: the extender counts no more than this (it did not
+        # hold the rest, and the node has no room for it), so the VM must shrink to it.
+        self.ceiling: int | None = None
+        self.asked: int | None = None  # the last request that was not fully granted
+        self.ask_again_at = now
+        # The container's side (memory only): the guest memory the VM container's memory
+        # limit, as the kubelet has applied it, leaves room for (None: no limit known). A grant
+        # raises the limit through the pod's in-place resize, which the kubelet applies a
+        # moment later: plugging memory the guest then touches before that would run QEMU into
+        # the old limit and the OOM killer. Growth waits for it; the permit is not asked again.
+        self.room: int | None = room
+
+    def hypervisor_max_is(self, value: int | None) -> None:
+        top = self.bounds.round_down(self.bounds.high)
+        self.top = top if value is None else min(top, self.bounds.round_down(value))
+
+    def seen(self, now: float, current: int) -> None:
+        """The hypervisor says the resource has ``current``."""
+        if current != self.current:
+            self.changed_at = now
+        self.current = current
+        if self.ceiling is not None and current <= self.ceiling:
+            self.ceiling = None  # given back: the permit covers the VM again
+        if self.ceiling is None and (self.permitted is None or self.permitted < current):
+            self.permitted = current
+
+    def resize_to(self, wanted: int, permitted: int) -> tuple[int, str] | None:
+        """The resize due now, if any, and its verb: a shrink needs no permit; a grow goes
+        as far as the permit (and the container's room) allows."""
+        current = self.current
+        assert current is not None
+        suffix = _WORDS[self.resource].verb_suffix
+        if wanted < current:
+            return wanted, "shrink" + suffix
+        if wanted > current:
+            room = self.room
+            within = permitted if room is None or room >= permitted else room
+            allowed = min(wanted, self.bounds.round_down(within), self.top)
+            if allowed > current:
+                if allowed == wanted:
+                    return allowed, "grow" + suffix
+                if within < permitted:
+                    return allowed, f"grow{suffix} within the container's applied limit ({within})"
+                return allowed, f"grow{suffix} within permit {permitted}"
+        return None
+
+    def ask(self, kind: CallKind, wanted: int, permitted: int) -> Ask:
+        """This resource on the wire: a request (current -> wanted), a notice (permit ->
+        current, already shrunk), or what the VM has and holds (current -> permit)."""
+        current = self.current
+        assert current is not None
+        if kind is CallKind.REPORT:
+            wire = (current, permitted)
+        elif wanted > permitted:
+            wire = (current, wanted)
+        elif permitted > current and wanted <= current:
+            wire = (permitted, current)
+        else:
+            wire = (current, permitted)
+        return Ask(current=wire[0], requested=wire[1], last_permit=permitted, usage=current)
+
+    def granted(self, now: float, ask: Ask, amount: int, *, retry_seconds: float) -> str:
+        """The extender answered ``amount`` for ``ask``: "full", "part", "none", or "" when
+        this resource asked for nothing more."""
+        self.permitted = amount
+        self.ceiling = amount if amount < ask.usage else None
+        if amount >= ask.requested:
+            self.asked = None
+            return "full" if ask.requested > ask.usage else ""
+        self.asked = ask.requested
+        self.ask_again_at = now + retry_seconds
+        return "none" if amount <= ask.usage else "part"
 
 
 class _Busy(enum.Enum):
     READ = "read"
     RESIZE = "resize"
-    RESIZE_MEMORY = "resize_memory"
     PERMIT = "permit"
+
+
+class _Scrapes:
+    """The guest's node_exporter, as a peer."""
+
+    __slots__ = ("failures", "in_flight", "next_at", "started_at")
+
+    def __init__(self, now: float) -> None:
+        self.in_flight = False
+        self.next_at = now
+        self.started_at = now
+        self.failures = 0  # consecutive
+
+
+class _HypervisorPeer:
+    __slots__ = ("read_failures", "read_retry_at")
+
+    def __init__(self, now: float) -> None:
+        self.read_failures = 0
+        self.read_retry_at = now
+
+
+class _ExtenderPeer:
+    __slots__ = ("call", "failures", "report_due", "retry_at")
+
+    def __init__(self, now: float) -> None:
+        self.call: PermitCall | None = None  # in flight
+        self.failures = 0  # consecutive; > 0 means degraded
+        self.retry_at = now
+        self.report_due = False  # the extender restarted and has not heard from this VM
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None or a <= b else b
 
 
 class VmState:
     """Everything the agent knows about one VM, and the rules for what to do next.
 
-    Invariants (each may be briefly false only where noted):
-
-    * ``permit_vcpus >= current_vcpus`` whenever both are known, except right after a read that
-      shows the VM larger than any permit we knew of; the first read then adopts the VM's size
-      as the permit (the VM already runs with it, and the extender learns it from lastPermit).
-    * ``current_vcpus`` is None exactly when the hypervisor must be (re-)read: at start and
-      after a failed resize, because a failed resize may have half happened.
-    * At most one of read / resize / permit call is in flight (``_busy``).
+    At most one of read / resize / permit call is in flight (``_busy``).
     """
 
     # One per VM on the node (20,000 in the simulator's fleet): slots keep each small.
     __slots__ = (
-        "_ask_again_at",
-        "_ask_again_memory_at",
-        "_asked_memory",
-        "_asked_vcpus",
         "_busy",
-        "_call",
         "_cpu_busy",
         "_explain",
-        "_extender_retry_at",
-        "_failed_memory_target",
-        "_failed_resize_target",
-        "_hypervisor_max_vcpus",
-        "_memory_ceiling",
-        "_memory_changed_at",
+        "_extender",
+        "_hypervisor",
         "_memory_policy_state",
-        "_memory_resize_failures",
-        "_memory_retry_at",
-        "_memory_target",
-        "_next_scrape_at",
         "_policy_state",
-        "_read_failures",
-        "_read_retry_at",
-        "_report_due",
-        "_resize_failures",
-        "_resize_retry_at",
-        "_resize_target",
-        "_scrape_in_flight",
-        "_scrape_started_at",
-        "_top_memory",
-        "_top_vcpus",
+        "_scrapes",
         "config",
-        "current_memory",
-        "current_vcpus",
-        "extender_failures",
         "goal",
+        "memory",
         "memory_goal",
-        "memory_room",
-        "permit_memory",
-        "permit_vcpus",
         "samples",
-        "scrape_failures",
         "spec",
+        "vcpus",
     )
 
     def __init__(
@@ -238,105 +410,61 @@ class VmState:
         # False: goals carry no reason sentence (nor do the resizes and calls that quote it).
         # For the simulator, which decides exactly the same but never reads the sentences.
         self._explain = explain
-        self.current_vcpus: int | None = None
-        self._hypervisor_max_vcpus: int | None = None
-        # top_vcpus, kept up to date by the hypervisor_max_vcpus setter: it is read several
-        # times per scrape of every VM, and only changes when the hypervisor says so.
-        self._top_vcpus = spec.top_vcpus
-        self.permit_vcpus: int | None = permit_vcpus
+        self.vcpus = Scaled(
+            Resource.VCPUS,
+            Bounds(spec.min_vcpus, spec.max_vcpus, spec.scaling_unit),
+            now=now,
+            permitted=permit_vcpus,
+        )
+        self.memory = Scaled(
+            Resource.MEMORY,
+            Bounds(spec.min_memory_bytes, spec.max_memory_bytes, spec.memory_unit_bytes),
+            now=now,
+            permitted=permit_memory,
+            room=memory_room,
+        )
         self.goal: Goal | None = None
+        self.memory_goal: MemoryGoal | None = None
         self.samples: Samples | None = None
         self._policy_state = PolicyState()
-        self._cpu_busy: float | None = None
-
-        self._next_scrape_at = now
-        self._scrape_in_flight = False
-        self._scrape_started_at = now
-        self.scrape_failures = 0
-
-        # Memory: None until a read reports a hot-plug device (then the agent manages it).
-        self.current_memory: int | None = None
-        self._top_memory = spec.top_memory_bytes
-        self.permit_memory: int | None = permit_memory
-        # The guest memory the VM container's memory limit, as the kubelet has applied it,
-        # leaves room for (None: no limit known). A grant raises the limit through the pod's
-        # in-place resize, which the kubelet applies a moment later: plugging memory the guest
-        # then touches before that would run QEMU into the old limit and the OOM killer.
-        # Growth waits for it (``memory_room_seen``); the permit is not asked for again.
-        self.memory_room: int | None = memory_room
-        self.memory_goal: MemoryGoal | None = None
         self._memory_policy_state = MemoryPolicyState()
-        self._memory_changed_at: float | None = None
-        self._memory_target: int | None = None
-        self._memory_resize_failures = 0
-        self._memory_retry_at = now
-        self._failed_memory_target: int | None = None
-        self._asked_memory: int | None = None
-        self._ask_again_memory_at = now
-        # A permit below the memory the VM has: the extender counts no more than this (it did
-        # not hold the rest, and the node has no room for it), so the VM must shrink to it.
-        self._memory_ceiling: int | None = None
-
+        self._cpu_busy: float | None = None
+        self._scrapes = _Scrapes(now)
+        self._hypervisor = _HypervisorPeer(now)
+        self._extender = _ExtenderPeer(now)
         self._busy: _Busy | None = None
-        self._call: PermitCall | None = None
-        self._resize_target: int | None = None
-
-        self._read_failures = 0
-        self._read_retry_at = now
-
-        self.extender_failures = 0  # consecutive; > 0 means degraded
-        self._extender_retry_at = now
-        self._asked_vcpus: int | None = None  # last request that was not fully granted
-        self._ask_again_at = now
-
-        self._resize_failures = 0
-        self._resize_retry_at = now
-        self._failed_resize_target: int | None = None
-
-        self._report_due = False  # the extender restarted and has not heard from this VM
 
     # -- derived values ------------------------------------------------------------------
 
-    @property
-    def hypervisor_max_vcpus(self) -> int | None:
-        """The hypervisor's own maximum for this VM, once it has said (None until then)."""
-        return self._hypervisor_max_vcpus
+    def resource(self, resource: Resource) -> Scaled:
+        return self.vcpus if resource is Resource.VCPUS else self.memory
 
-    @hypervisor_max_vcpus.setter
-    def hypervisor_max_vcpus(self, value: int | None) -> None:
-        self._hypervisor_max_vcpus = value
-        top = self.spec.top_vcpus
-        if value is not None:
-            top = min(top, self.spec.round_vcpus_down(value))
-        self._top_vcpus = top
-
-    @property
-    def top_vcpus(self) -> int:
-        """Largest allowed size: max_vcpus, lowered to the hypervisor's maximum if known."""
-        return self._top_vcpus
-
-    @property
-    def is_resizing_vcpus(self) -> bool:
-        """A vCPU resize is in flight: the size is about to change."""
-        return self._busy is _Busy.RESIZE
+    def is_resizing(self, resource: Resource) -> bool:
+        """A resize of ``resource`` is in flight: its size is about to change."""
+        return self.resource(resource).in_flight is not None
 
     @property
     def desired_vcpus(self) -> int | None:
         """The goal clamped to the bounds, or the current size when there is no fresh goal."""
-        current = self.current_vcpus
-        if current is None:
-            return None
-        return self._desired(current)
+        current = self.vcpus.current
+        return None if current is None else self._wanted_vcpus(current)
 
-    def _desired(self, current: int, *, coupled: bool = True) -> int:
+    @property
+    def desired_memory(self) -> int | None:
+        """The memory goal clamped to the bounds (coupled to the vCPUs if configured), or the
+        current size when there is no fresh goal; None while memory is not managed."""
+        current = self.memory.current
+        return None if current is None else self._wanted_memory(current)
+
+    def _wanted_vcpus(self, current: int, *, coupled: bool = True) -> int:
         goal = self.goal
         # "hold" means keep whatever the VM has now, even if that changed since the sample.
         target = current if goal is None or goal.vcpus == goal.current_vcpus else goal.vcpus
         # max(min_vcpus, min(target, top)), spelled out: this runs at every step of every VM.
-        top, low = self._top_vcpus, self.spec.min_vcpus
+        top, low = self.vcpus.top, self.spec.min_vcpus
         target = top if target > top else target
         target = target if target > low else low
-        mem = self.current_memory
+        mem = self.memory.current
         if coupled and mem is not None and self.config.memory.memory_per_vcpu_bytes > 0:
             mem_goal = self.memory_goal
             target, _ = couple(
@@ -344,45 +472,39 @@ class VmState:
                 mem if mem_goal is None else mem_goal.memory_bytes,
                 self.spec,
                 top_vcpus=top,
-                top_memory_bytes=self._top_memory,
+                top_memory_bytes=self.memory.top,
                 memory_per_vcpu_bytes=self.config.memory.memory_per_vcpu_bytes,
             )
         return target
 
-    @property
-    def top_memory(self) -> int:
-        """Largest allowed memory: max-memory, lowered to the hypervisor's maximum if known."""
-        return self._top_memory
-
-    @property
-    def desired_memory(self) -> int | None:
-        """The memory goal clamped to the bounds (coupled to the vCPUs if configured), or the
-        current size when there is no fresh goal; None while memory is not managed."""
-        current = self.current_memory
-        if current is None:
-            return None
-        return self._desired_memory(current)
-
-    def _desired_memory(self, current: int) -> int:
+    def _wanted_memory(self, current: int) -> int:
         goal = self.memory_goal
         target = current if goal is None else goal.memory_bytes
         ratio = self.config.memory.memory_per_vcpu_bytes
-        if ratio > 0 and self.current_vcpus is not None:
+        if ratio > 0 and self.vcpus.current is not None:
             _, target = couple(
-                self._desired(self.current_vcpus, coupled=False),
+                self._wanted_vcpus(self.vcpus.current, coupled=False),
                 target,
                 self.spec,
-                top_vcpus=self._top_vcpus,
-                top_memory_bytes=self._top_memory,
+                top_vcpus=self.vcpus.top,
+                top_memory_bytes=self.memory.top,
                 memory_per_vcpu_bytes=ratio,
             )
-        if self._memory_ceiling is not None:
-            target = min(target, self._memory_ceiling)
-        return max(self.spec.min_memory_bytes, min(target, self._top_memory))
+        if self.memory.ceiling is not None:
+            target = min(target, self.memory.ceiling)
+        return max(self.spec.min_memory_bytes, min(target, self.memory.top))
+
+    @property
+    def extender_failures(self) -> int:
+        return self._extender.failures
 
     @property
     def is_extender_degraded(self) -> bool:
-        return self.extender_failures > 0
+        return self._extender.failures > 0
+
+    @property
+    def scrape_failures(self) -> int:
+        return self._scrapes.failures
 
     def _backoff(self, failures: int, jitter: float) -> float:
         c = self.config
@@ -392,214 +514,142 @@ class VmState:
     # -- the decision --------------------------------------------------------------------
 
     def next_actions(self, now: float) -> Actions:
-        deadlines: list[float] = []
-        scrape = False
-        if not self._scrape_in_flight:
-            if now >= self._next_scrape_at:
-                scrape = True
-                deadlines.append(now + self.config.scrape_interval_seconds)
-            else:
-                deadlines.append(self._next_scrape_at)
-
-        read = False
-        resize: Resize | MemoryResize | None = None
-        request: PermitCall | None = None
-        notice: PermitCall | None = None
+        s = self._scrapes
+        scrape, wake = False, None
+        if not s.in_flight:
+            scrape = now >= s.next_at
+            wake = now + self.config.scrape_interval_seconds if scrape else s.next_at
+        read, resize, call = False, None, None
         if self._busy is None:
-            current = self.current_vcpus
-            if current is None:
-                if now >= self._read_retry_at:
-                    read = True
-                else:
-                    deadlines.append(self._read_retry_at)
+            if self.vcpus.current is None:
+                read = now >= self._hypervisor.read_retry_at
+                if not read:
+                    wake = _earliest(wake, self._hypervisor.read_retry_at)
             else:
-                resize, request, notice = self._decide(now, current, deadlines)
-
-        wait = None
-        if deadlines:
-            wait = min(deadlines) - now
-            if not wait > 0.0:
-                wait = 0.0
+                resize, call, wake_at = self._decide(now)
+                wake = _earliest(wake, wake_at)
+        is_notice = call is not None and call.kind is CallKind.NOTICE
         return Actions(
             scrape=scrape,
             read_vcpus=read,
-            request_permit=request,
-            resize=resize if isinstance(resize, Resize) else None,
-            resize_memory=resize if isinstance(resize, MemoryResize) else None,
-            notify_extender=notice,
-            wait_seconds=wait,
+            request_permit=None if is_notice else call,
+            resize=resize,
+            notify_extender=call if is_notice else None,
+            wait_seconds=None if wake is None else max(0.0, wake - now),
         )
 
-    def _decide(self, now: float, current: int, deadlines: list[float]) -> _Decision:
-        desired = self._desired(current)
-        permit = self.permit_vcpus if self.permit_vcpus is not None else current
-        mem = self.current_memory
-        if mem is None:
-            mem_desired = mem_permit = 0
-        else:
-            mem_desired = self._desired_memory(mem)
-            mem_permit = self.permit_memory if self.permit_memory is not None else mem
+    def _decide(self, now: float) -> tuple[Resize | None, PermitCall | None, float | None]:
+        """One resize if one is due, else at most one call to the extender; and when to
+        look again. Each managed resource as (its state, wanted, permitted, why)."""
+        cpu, mem = self.vcpus, self.memory
+        current = cpu.current
+        assert current is not None
+        wanted = self._wanted_vcpus(current)
         if (
-            desired == current
-            and permit == current
-            and mem_desired == mem_permit == (mem or 0)
-            and not self._report_due
+            wanted == current
+            and (cpu.permitted is None or cpu.permitted == current)
+            and mem.current is None
+            and not self._extender.report_due
         ):
-            return _NOTHING  # the common case, settled: none of the branches below applies
-        why = self.goal.reason if self.goal is not None else "no fresh metrics: hold"
-
-        # 1. A resize, if one is due: a shrink needs no permit; a grow goes as far as the permit.
-        target: int | None = None
-        if desired < current:
-            target, verb = desired, "shrink"
-        elif desired > current:
-            allowed = min(desired, self.spec.round_vcpus_down(permit), self._top_vcpus)
-            if allowed > current:
-                target = allowed
-                verb = "grow" if allowed == desired else f"grow within permit {permit}"
-        if target is not None:
-            if now >= self._resize_retry_at or target != self._failed_resize_target:
-                return Resize(vcpus=target, reason=f"{verb}: {why}"), None, None
-            deadlines.append(self._resize_retry_at)
-        mem_why = ""
-        if mem is not None:
-            mem_goal = self.memory_goal
-            mem_why = mem_goal.reason if mem_goal is not None else "no fresh metrics: hold"
-            mem_target: int | None = None
-            if mem_desired < mem:
-                mem_target, verb = mem_desired, "shrink memory"
-            elif mem_desired > mem:
-                room = self.memory_room
-                within = mem_permit if room is None else min(mem_permit, room)
-                allowed = min(mem_desired, self.spec.round_memory_down(within), self._top_memory)
-                if allowed > mem:
-                    mem_target = allowed
-                    if allowed == mem_desired:
-                        verb = "grow memory"
-                    elif within < mem_permit:
-                        verb = f"grow memory within the container's applied limit ({within})"
-                    else:
-                        verb = f"grow memory within permit {mem_permit}"
-            if mem_target is not None:
-                if now >= self._memory_retry_at or mem_target != self._failed_memory_target:
-                    return (
-                        MemoryResize(memory_bytes=mem_target, reason=f"{verb}: {mem_why}"),
-                        None,
-                        None,
-                    )
-                deadlines.append(self._memory_retry_at)
-
-        # 2. Talk to the extender, unless it is backing off. One call carries both resources.
-        extender_ready = now >= self._extender_retry_at
-        cpu_wants = desired > permit
-        if cpu_wants:
-            asked = self._asked_vcpus
-            if asked is not None and desired <= asked and now < self._ask_again_at:
-                deadlines.append(self._ask_again_at)
-                cpu_wants = False
-        mem_wants = mem is not None and mem_desired > mem_permit
-        if mem_wants:
-            asked_mem = self._asked_memory
-            if (
-                asked_mem is not None
-                and mem_desired <= asked_mem
-                and now < self._ask_again_memory_at
+            return None, None, None  # the common case, settled: nothing below applies
+        managed = [self._terms(cpu, wanted, self.goal)]
+        if mem.current is not None:
+            managed.append(self._terms(mem, self._wanted_memory(mem.current), self.memory_goal))
+            if not self._extender.report_due and all(
+                w == permitted == r.current for r, w, permitted, _ in managed
             ):
-                deadlines.append(self._ask_again_memory_at)
-                mem_wants = False
-        cpu_gives = permit > current and desired <= current
-        mem_gives = mem is not None and mem_permit > mem and mem_desired <= mem
-        kind: CallKind | None = None
-        if cpu_wants or mem_wants:
-            kind = CallKind.REQUEST
-            reason = why if cpu_wants else mem_why
-        elif cpu_gives or mem_gives:
-            kind = CallKind.NOTICE
-            parts = []
-            if cpu_gives:
-                parts.append(f"give back {permit - current} unused vCPUs: {why}")
-            if mem_gives:
-                parts.append(f"give back {mem_permit - (mem or 0)} bytes of memory: {mem_why}")
-            reason = "; ".join(parts)
-        elif self._report_due:
-            kind = CallKind.REPORT
-            reason = f"extender restarted: report {current} vCPUs, permit {permit}"
-            if mem is not None:
-                reason += f"; memory {mem}, permit {mem_permit}"
-        if kind is None:
-            return _NOTHING
-        if not extender_ready:
-            deadlines.append(self._extender_retry_at)
-            return _NOTHING
-        # Each resource on the wire: a request (current -> desired), a notice (permit ->
-        # current, already shrunk), or what the VM has and holds (current -> permit).
-        if kind is CallKind.REPORT:
-            wire = (current, permit)
-        elif desired > permit:
-            wire = (current, desired)
-        elif cpu_gives:
-            wire = (permit, current)
-        else:
-            wire = (current, permit)
-        call = self._call_for(kind, wire[0], wire[1], permit, reason)
-        if mem is None:
-            return (None, call, None) if kind is not CallKind.NOTICE else (None, None, call)
-        if kind is CallKind.REPORT:
-            mem_wire = (mem, mem_permit)
-        elif mem_desired > mem_permit:
-            mem_wire = (mem, mem_desired)
-        elif mem_gives:
-            mem_wire = (mem_permit, mem)
-        else:
-            mem_wire = (mem, mem_permit)
-        call = msgspec.structs.replace(
-            call,
-            current_memory_bytes=mem_wire[0],
-            requested_memory_bytes=mem_wire[1],
-            last_permit_memory_bytes=mem_permit,
-            usage_memory_bytes=mem,
-        )
-        return (None, call, None) if kind is not CallKind.NOTICE else (None, None, call)
+                return None, None, None  # settled, both resources
+        wake = None
+        for r, wanted, permitted, why in managed:
+            step = r.resize_to(wanted, permitted)
+            if step is not None:
+                target, verb = step
+                if now >= r.retry_at or target != r.failed_target:
+                    return (
+                        Resize(resource=r.resource, target=target, reason=f"{verb}: {why}"),
+                        None,
+                        wake,
+                    )
+                wake = _earliest(wake, r.retry_at)
+        call, wake_at = self._call(now, managed)
+        return None, call, _earliest(wake, wake_at)
 
-    def _call_for(
-        self, kind: CallKind, wire_current: int, requested: int, permit: int, reason: str
-    ) -> PermitCall:
+    def _terms(self, r: Scaled, wanted: int, goal: Goal | MemoryGoal | None) -> _Terms:
+        assert r.current is not None
+        permitted = r.permitted if r.permitted is not None else r.current
+        return _Terms(
+            r, wanted, permitted, goal.reason if goal is not None else "no fresh metrics: hold"
+        )
+
+    def _call(self, now: float, managed: list[_Terms]) -> tuple[PermitCall | None, float | None]:
+        """The call the extender should hear now: a request for more, a notice of what was
+        given back, or the report a restarted extender is owed; one call carries both."""
+        ext = self._extender
+        wake = None
+        wants: list[str] = []
+        gives: list[str] = []
+        for r, wanted, permitted, why in managed:
+            current = r.current
+            assert current is not None
+            if wanted > permitted:
+                if r.asked is not None and wanted <= r.asked and now < r.ask_again_at:
+                    wake = _earliest(wake, r.ask_again_at)  # denied too recently
+                else:
+                    wants.append(why)
+            elif permitted > current and wanted <= current:
+                gives.append(f"give back {permitted - current} {_WORDS[r.resource].unused}: {why}")
+        if wants:
+            kind, reason = CallKind.REQUEST, wants[0]
+        elif gives:
+            kind, reason = CallKind.NOTICE, "; ".join(gives)
+        elif ext.report_due:
+            kind = CallKind.REPORT
+            reason = "extender restarted: report " + "; ".join(
+                _WORDS[r.resource].report.format(r.current, permitted)
+                for r, _, permitted, _ in managed
+            )
+        else:
+            return None, wake
+        if now < ext.retry_at:
+            return None, _earliest(wake, ext.retry_at)
+        asks = [r.ask(kind, wanted, permitted) for r, wanted, permitted, _ in managed]
         samples = self.samples
         return PermitCall(
             kind=kind,
-            current_vcpus=wire_current,
-            requested_vcpus=requested,
-            last_permit_vcpus=permit,
-            usage_vcpus=self.current_vcpus if self.current_vcpus is not None else wire_current,
+            vcpus=asks[0],
+            memory=asks[1] if len(asks) > 1 else None,
             load1=samples.load1 if samples is not None else None,
             cpu_busy_fraction=self._cpu_busy,
             memory_used_fraction=memory_used_fraction(samples) if samples is not None else None,
             reason=reason,
-        )
+        ), wake
 
     # -- events: scraping ----------------------------------------------------------------
 
     def scrape_started(self, now: float) -> None:
-        self._scrape_in_flight = True
-        self._scrape_started_at = now
+        s = self._scrapes
+        s.in_flight = True
+        s.started_at = now
         # Scheduled from the start, so the interval does not drift by the scrape's duration.
-        self._next_scrape_at = now + self.config.scrape_interval_seconds
+        s.next_at = now + self.config.scrape_interval_seconds
 
     def metrics_scraped(self, now: float, samples: Samples) -> Goal | None:
-        """New samples: recompute the goal. Returns it (None while the size is unknown)."""
-        self._scrape_in_flight = False
-        self.scrape_failures = 0
+        """New samples: recompute the goals. Returns the vCPU goal (None while the size is
+        unknown)."""
+        self._scrapes.in_flight = False
+        self._scrapes.failures = 0
         self._cpu_busy = cpu_busy_fraction(self.samples, samples)
         self.samples = samples
-        if self.current_vcpus is None:
+        current = self.vcpus.current
+        if current is None:
             self.goal = None
             return None
         self.goal = goal_vcpus(
             samples,
             self.spec,
             self._policy_state,
-            current_vcpus=self.current_vcpus,
-            top_vcpus=self.top_vcpus,
+            current_vcpus=current,
+            top_vcpus=self.vcpus.top,
             config=self.config.policy,
             now=now,
             explain=self._explain,
@@ -609,12 +659,11 @@ class VmState:
         return self.goal
 
     def _memory_scraped(self, now: float, samples: Samples) -> None:
-        mem = self.current_memory
-        if mem is None:
+        mem = self.memory
+        if mem.current is None:
             self.memory_goal = None
             return
-        changed = self._memory_changed_at
-        if changed is not None and changed >= self._scrape_started_at:
+        if mem.changed_at is not None and mem.changed_at >= self._scrapes.started_at:
             # The size changed while this scrape was in flight: its MemAvailable may be from
             # before, the size is from after. Hold for one scrape, windows untouched.
             self.memory_goal = None
@@ -624,8 +673,8 @@ class VmState:
             samples.memory_available_bytes,
             self.spec,
             self._memory_policy_state,
-            current_bytes=mem,
-            top_bytes=self._top_memory,
+            current_bytes=mem.current,
+            top_bytes=mem.top,
             config=self.config.memory,
             now=now,
         )
@@ -633,8 +682,8 @@ class VmState:
 
     def scrape_failed(self, now: float, error: str) -> None:
         """No metrics: hold the current size (never act on stale data) and restart hysteresis."""
-        self._scrape_in_flight = False
-        self.scrape_failures += 1
+        self._scrapes.in_flight = False
+        self._scrapes.failures += 1
         self.goal = None
         self._policy_state = PolicyState()
         self.memory_goal = None
@@ -646,7 +695,7 @@ class VmState:
         """The pod's VM container now has a memory limit (as applied) with room for ``room``
         bytes of guest memory; None when no limit is known. A later ``next_actions`` grows
         into it when a permit already covers more."""
-        self.memory_room = room
+        self.memory.room = room
 
     def vcpus_read_started(self, now: float) -> None:
         self._busy = _Busy.READ
@@ -663,154 +712,104 @@ class VmState:
         """The hypervisor's view. ``current_memory``/``max_memory``: given only when the VM has
         a memory hot-plug device (max above its boot memory); memory is managed from then on."""
         self._busy = None
-        self._read_failures = 0
-        self.current_vcpus = current_vcpus
-        self.hypervisor_max_vcpus = max_vcpus
-        if self.permit_vcpus is None or self.permit_vcpus < current_vcpus:
-            self.permit_vcpus = current_vcpus
+        self._hypervisor.read_failures = 0
+        self.vcpus.seen(now, current_vcpus)
+        self.vcpus.hypervisor_max_is(max_vcpus)
         if current_memory is not None:
-            self._memory_is(now, current_memory)
+            self.memory.seen(now, current_memory)
             if max_memory is not None:
-                self._top_memory = min(
-                    self.spec.top_memory_bytes, self.spec.round_memory_down(max_memory)
-                )
-
-    def _memory_is(self, now: float, current_memory: int) -> None:
-        if current_memory != self.current_memory:
-            self._memory_changed_at = now
-        self.current_memory = current_memory
-        if self._memory_ceiling is not None and current_memory <= self._memory_ceiling:
-            self._memory_ceiling = None  # given back: the permit covers the VM again
-        if self._memory_ceiling is None and (
-            self.permit_memory is None or self.permit_memory < current_memory
-        ):
-            self.permit_memory = current_memory
+                self.memory.hypervisor_max_is(max_memory)
 
     def vcpus_read_failed(self, now: float, error: str, *, jitter: float) -> None:
         self._busy = None
-        self._read_failures += 1
-        self._read_retry_at = now + self._backoff(self._read_failures, jitter)
+        h = self._hypervisor
+        h.read_failures += 1
+        h.read_retry_at = now + self._backoff(h.read_failures, jitter)
 
-    def resize_started(self, now: float, vcpus: int) -> None:
+    def resize_started(self, now: float, resource: Resource, target: int) -> None:
         self._busy = _Busy.RESIZE
-        self._resize_target = vcpus
+        self.resource(resource).in_flight = target
 
-    def resize_succeeded(self, now: float, *, current_vcpus: int, max_vcpus: int | None) -> None:
+    def resized(self, now: float, resource: Resource, *, current: int, maximum: int | None) -> None:
+        """The resize finished: ``current`` is what the VM has now (``maximum``: the
+        hypervisor's own, when it said)."""
         self._busy = None
-        self._resize_failures = 0
-        self._failed_resize_target = None
-        self.current_vcpus = current_vcpus
-        if max_vcpus is not None:
-            self.hypervisor_max_vcpus = max_vcpus
+        r = self.resource(resource)
+        r.in_flight = None
+        r.resize_failures = 0
+        r.failed_target = None
+        r.seen(now, current)
+        if maximum is not None:
+            r.hypervisor_max_is(maximum)
 
-    def resize_failed(self, now: float, error: str, *, is_retryable: bool, jitter: float) -> None:
-        self._busy = None
-        self._resize_failures += 1
-        self._failed_resize_target = self._resize_target
-        hold = (
-            self._backoff(self._resize_failures, jitter)
-            if is_retryable
-            else self.config.resize_failure_hold_seconds
-        )
-        self._resize_retry_at = now + hold
-        # The resize may have half happened: only the hypervisor knows the size now.
-        self.current_vcpus = None
-
-    def memory_resize_started(self, now: float, memory_bytes: int) -> None:
-        self._busy = _Busy.RESIZE_MEMORY
-        self._memory_target = memory_bytes
-
-    def memory_resized(self, now: float, *, current_memory: int) -> None:
-        self._busy = None
-        self._memory_resize_failures = 0
-        self._failed_memory_target = None
-        self._memory_is(now, current_memory)
-
-    def memory_resize_failed(
+    def resize_failed(
         self,
         now: float,
+        resource: Resource,
         error: str,
         *,
         is_retryable: bool,
         jitter: float,
-        current_memory: int | None = None,
+        current: int | None = None,
     ) -> None:
-        """The resize failed. ``current_memory``: the size in effect, when the hypervisor said
-        (a shrink the guest could not complete); otherwise the size is unknown and re-read."""
+        """The resize failed. ``current``: the size in effect, when the hypervisor said (a
+        memory shrink the guest could not complete); otherwise the resize may have half
+        happened, and only a read (of both resources) tells the size now."""
         self._busy = None
-        self._memory_resize_failures += 1
-        self._failed_memory_target = self._memory_target
+        r = self.resource(resource)
+        r.resize_failures += 1
+        r.failed_target = r.in_flight
+        r.in_flight = None
         hold = (
-            self._backoff(self._memory_resize_failures, jitter)
+            self._backoff(r.resize_failures, jitter)
             if is_retryable
             else self.config.resize_failure_hold_seconds
         )
-        self._memory_retry_at = now + hold
-        if current_memory is not None:
-            self._memory_is(now, current_memory)
+        r.retry_at = now + hold
+        if current is not None:
+            r.seen(now, current)
         else:
-            # Only a read tells the size now; it reads the vCPUs too.
-            self.current_memory = None
-            self.current_vcpus = None
+            r.current = None
+            self.vcpus.current = None  # what makes the next step a read
 
     # -- events: extender ----------------------------------------------------------------
 
     def permit_requested(self, now: float, call: PermitCall) -> None:
         self._busy = _Busy.PERMIT
-        self._call = call
+        self._extender.call = call
 
     def permit_granted(
         self, now: float, vcpus: int, *, memory_bytes: int | None = None, jitter: float = 0.0
     ) -> PermitOutcome:
         """The extender answered ``vcpus`` (and ``memory_bytes``) for the call in flight.
         Validates it first."""
-        call = self._call
+        ext = self._extender
+        call = ext.call
         self._busy = None
-        self._call = None
+        ext.call = None
         assert call is not None, "permit_granted without permit_requested"
-        has_memory = call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
-        is_valid = call.usage_vcpus <= vcpus <= call.requested_vcpus
-        if has_memory:
-            assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
-            # Memory may come back below what the VM has: the extender believes memory it did
-            # not hold only where it fits, and the VM must give the rest back (docs/API.md).
+        # Above the request is a grant we never asked for; vCPUs below usage would take away
+        # vCPUs the VM is running on; memory below usage is an order to give it back (the
+        # extender believes memory it did not hold only where it fits, docs/API.md), but
+        # never below the VM's minimum. Either way the extender is confused: keep the old
+        # permit and back off as for any other failure.
+        is_valid = call.vcpus.usage <= vcpus <= call.vcpus.requested
+        mem = call.memory
+        if mem is not None:
             is_valid = is_valid and (
-                memory_bytes is not None
-                and self.spec.min_memory_bytes <= memory_bytes <= call.requested_memory_bytes
+                memory_bytes is not None and self.memory.bounds.low <= memory_bytes <= mem.requested
             )
         if not is_valid:
-            # Above the request is a grant we never asked for; vCPUs below usage would take away
-            # vCPUs the VM is running on (memory below it is an order to give it back, but never
-            # below the VM's minimum). Either way the extender is confused: keep the old permit
-            # and back off as for any other failure.
             self._extender_failed(now, jitter)
             return PermitOutcome.REJECTED
-        self.extender_failures = 0
-        self.permit_vcpus = vcpus
+        ext.failures = 0
         # Any answered call told the extender this VM's size and permit.
-        self._report_due = False
-        # Per resource asked for more: fully, partly or not at all.
-        results: list[str] = []
-        if vcpus >= call.requested_vcpus:
-            self._asked_vcpus = None
-            if call.requested_vcpus > call.usage_vcpus:
-                results.append("full")
-        else:
-            self._asked_vcpus = call.requested_vcpus
-            self._ask_again_at = now + self.config.permit_retry_seconds
-            results.append("none" if vcpus <= call.usage_vcpus else "part")
-        if has_memory and memory_bytes is not None:
-            assert call.requested_memory_bytes is not None and call.usage_memory_bytes is not None
-            self.permit_memory = memory_bytes
-            self._memory_ceiling = memory_bytes if memory_bytes < call.usage_memory_bytes else None
-            if memory_bytes >= call.requested_memory_bytes:
-                self._asked_memory = None
-                if call.requested_memory_bytes > call.usage_memory_bytes:
-                    results.append("full")
-            else:
-                self._asked_memory = call.requested_memory_bytes
-                self._ask_again_memory_at = now + self.config.permit_retry_seconds
-                results.append("none" if memory_bytes <= call.usage_memory_bytes else "part")
+        ext.report_due = False
+        retry = self.config.permit_retry_seconds
+        results = [self.vcpus.granted(now, call.vcpus, vcpus, retry_seconds=retry)]
+        if mem is not None and memory_bytes is not None:
+            results.append(self.memory.granted(now, mem, memory_bytes, retry_seconds=retry))
+        results = [r for r in results if r]
         if call.kind is CallKind.NOTICE:
             return PermitOutcome.RELEASED
         if all(r == "full" for r in results):
@@ -822,32 +821,42 @@ class VmState:
     def extender_restarted(self, now: float) -> None:
         """The extender's epoch changed: report this VM as soon as nothing else is in flight
         (a request or notice that goes first carries the same facts and also clears it)."""
-        self._report_due = True
+        self._extender.report_due = True
 
     def permit_failed(self, now: float, error: str, *, jitter: float) -> None:
         """The call failed (unreachable, timeout, 5xx, 4xx, or an error item for this VM)."""
         self._busy = None
-        self._call = None
+        self._extender.call = None
         self._extender_failed(now, jitter)
 
     def _extender_failed(self, now: float, jitter: float) -> None:
-        self.extender_failures += 1
-        self._extender_retry_at = now + self._backoff(self.extender_failures, jitter)
+        ext = self._extender
+        ext.failures += 1
+        ext.retry_at = now + self._backoff(ext.failures, jitter)
 
     # -- introspection -------------------------------------------------------------------
 
     def dump(self) -> dict[str, object]:
         """A plain snapshot for logs and debugging."""
         return {
-            "current_vcpus": self.current_vcpus,
+            "current_vcpus": self.vcpus.current,
             "desired_vcpus": self.desired_vcpus,
-            "current_memory": self.current_memory,
+            "current_memory": self.memory.current,
             "desired_memory": self.desired_memory,
-            "permit_memory": self.permit_memory,
-            "permit_vcpus": self.permit_vcpus,
-            "top_vcpus": self.top_vcpus,
+            "permit_memory": self.memory.permitted,
+            "permit_vcpus": self.vcpus.permitted,
+            "top_vcpus": self.vcpus.top,
             "busy": self._busy.value if self._busy else None,
-            "extender_failures": self.extender_failures,
+            "extender_failures": self._extender.failures,
             "goal": self.goal.reason if self.goal else None,
             "memory_goal": self.memory_goal.reason if self.memory_goal else None,
         }
+
+
+class _Terms(NamedTuple):
+    """One managed resource as the decision sees it."""
+
+    r: Scaled
+    wanted: int
+    permitted: int
+    why: str

@@ -33,10 +33,10 @@ import structlog
 from autoscaler_agent.core import (
     Actions,
     CoreConfig,
-    MemoryResize,
     PermitCall,
     PermitOutcome,
     Resize,
+    Resource,
     VmState,
 )
 from autoscaler_agent.discovery import Snapshot, VmSource, VmTarget
@@ -47,10 +47,12 @@ from autoscaler_agent.extender_client import (
     permit_vcpus,
 )
 from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResizeIncomplete
+from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
 from autoscaler_agent.scrape import ScrapeError, fetch_samples
-from protocol.permits import LoadReport, Permit, ResourceRequest, Resources
+from autoscaler_agent.wire import resource_request
+from protocol.permits import Permit, ResourceRequest
 
 log = structlog.get_logger(__name__)
 MIB = 2**20
@@ -141,7 +143,7 @@ class VmRunner:
         """The same VM, newer facts from its pod (``VmTarget.same_loop``): the memory room
         its container's applied limit leaves."""
         self.target = target
-        if target.memory_room_bytes != self.state.memory_room:
+        if target.memory_room_bytes != self.state.memory.room:
             self.state.memory_room_seen(self._now(), target.memory_room_bytes)
             self._changed.set()
 
@@ -201,11 +203,9 @@ class VmRunner:
             state.vcpus_read_started(now)
             tasks.create_task(self._read(hypervisor))
         if actions.resize is not None:
-            state.resize_started(now, actions.resize.vcpus)
-            tasks.create_task(self._resize(hypervisor, actions.resize))
-        if actions.resize_memory is not None:
-            state.memory_resize_started(now, actions.resize_memory.memory_bytes)
-            tasks.create_task(self._resize_memory(hypervisor, actions.resize_memory))
+            resize = actions.resize
+            state.resize_started(now, resize.resource, resize.target)
+            tasks.create_task(self._resize(hypervisor, resize))
         for call in (actions.request_permit, actions.notify_extender):
             if call is not None:
                 state.permit_requested(now, call)
@@ -215,14 +215,14 @@ class VmRunner:
         s = self.state
         m = self._deps.metrics
         now = self._now()
-        current, desired = s.current_vcpus, s.desired_vcpus
+        current, desired = s.vcpus.current, s.desired_vcpus
         online = s.samples.cpu_count if s.samples is not None else None
         # Without a fresh goal (a failed scrape) the core holds the current size, and after one
         # its hysteresis restarts with a "hold": neither is "the load went away", so while a
         # resize is in flight, or with no goal, the wish is unknown and cannot end a grow as
         # abandoned. (Onlining vCPUs stalls a TCG guest's node_exporter for a
         # scrape or two just as the grow lands; taken as a wish, such grows went untimed.)
-        wish = desired if s.goal is not None and not s.is_resizing_vcpus else None
+        wish = desired if s.goal is not None and not s.is_resizing(Resource.VCPUS) else None
         progress = self.progress.observe(now, current=current, desired=wish, online=online)
         if progress.grow_latency_seconds is not None:
             m.grow_to_online.observe(progress.grow_latency_seconds)
@@ -247,17 +247,17 @@ class VmRunner:
             self.target.key,
             current=current,
             desired=desired,
-            permitted=s.permit_vcpus,
+            permitted=s.vcpus.permitted,
             online=online,
             is_stuck=progress.is_stuck,
         )
-        if s.current_memory is not None:
+        if s.memory.current is not None:
             self._observe_memory(now)
 
     def _observe_memory(self, now: float) -> None:
         s = self.state
         m = self._deps.metrics
-        current, desired = s.current_memory, s.desired_memory
+        current, desired = s.memory.current, s.desired_memory
         total = s.samples.memory_total_bytes if s.samples is not None else None
         overhead = self._memory_overhead
         online = int(total) + overhead if total is not None and overhead is not None else None
@@ -288,7 +288,7 @@ class VmRunner:
             self.target.key,
             current=current,
             desired=desired,
-            permitted=s.permit_memory,
+            permitted=s.memory.permitted,
             online=online,
             is_stuck=progress.is_stuck,
         )
@@ -315,7 +315,7 @@ class VmRunner:
                 reason="holding the current size",
             )
         else:
-            mem = self.state.current_memory
+            mem = self.state.memory.current
             total = samples.memory_total_bytes
             if (
                 mem is not None
@@ -368,125 +368,87 @@ class VmRunner:
             self._changed.set()
 
     async def _resize(self, hypervisor: Hypervisor, resize: Resize) -> None:
+        """One path for both resources: the hypervisor call, the metric, the log line and the
+        event differ only by the resource's name (``memory_`` on the memory ones)."""
         m = self._deps.metrics
-        before = self.state.current_vcpus or 0
-        direction = "grow" if resize.vcpus > before else "shrink"
-        log.info("resize_started", from_vcpus=before, to_vcpus=resize.vcpus, reason=resize.reason)
-        started = self._now()
-        try:
-            result = await hypervisor.resize(resize.vcpus)
-        except HypervisorError as e:
-            m.resize_duration.labels(direction=direction).observe(self._now() - started)
-            m.resizes.labels(direction=direction, result="error").inc()
-            m.hypervisor_errors.labels(error=type(e).__name__).inc()
-            self.state.resize_failed(
-                self._now(), str(e), is_retryable=e.is_retryable, jitter=self._jitter()
-            )
-            log.warning(
-                "resize_failed",
-                to_vcpus=resize.vcpus,
-                error=str(e),
-                error_class=type(e).__name__,
-                is_retryable=e.is_retryable,
-                reason="re-reading the size from the hypervisor",
-            )
-        else:
-            m.resize_duration.labels(direction=direction).observe(self._now() - started)
-            m.resizes.labels(direction=direction, result="ok").inc()
-            self.state.resize_succeeded(
-                self._now(), current_vcpus=result.current, max_vcpus=result.max
-            )
-            log.info("resize_succeeded", current_vcpus=result.current, to_vcpus=resize.vcpus)
-        finally:
-            self._changed.set()
-
-    async def _resize_memory(self, hypervisor: Hypervisor, resize: MemoryResize) -> None:
-        m = self._deps.metrics
-        before = self.state.current_memory or 0
-        direction = "grow" if resize.memory_bytes > before else "shrink"
+        is_memory = resize.resource is Resource.MEMORY
+        prefix, unit, size_field = _LOGGED[resize.resource]
+        count, duration = (
+            (m.memory_resizes, m.memory_resize_duration)
+            if is_memory
+            else (m.resizes, m.resize_duration)
+        )
+        before = self.state.resource(resize.resource).current or 0
+        direction = "grow" if resize.target > before else "shrink"
         log.info(
-            "memory_resize_started",
-            from_bytes=before,
-            to_bytes=resize.memory_bytes,
+            prefix + "resize_started",
+            **{f"from_{unit}": before, f"to_{unit}": resize.target},
             reason=resize.reason,
         )
         started = self._now()
+        result: VcpuState | MemoryState
         try:
-            result = await hypervisor.resize_memory(resize.memory_bytes)
+            if is_memory:
+                result = await hypervisor.resize_memory(resize.target)
+            else:
+                result = await hypervisor.resize(resize.target)
         except MemoryResizeIncomplete as e:
-            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
-            m.memory_resizes.labels(direction=direction, result="incomplete").inc()
-            self.state.memory_resize_failed(
+            duration.labels(direction=direction).observe(self._now() - started)
+            count.labels(direction=direction, result="incomplete").inc()
+            self.state.resize_failed(
                 self._now(),
+                resize.resource,
                 str(e),
                 is_retryable=e.is_retryable,
                 jitter=self._jitter(),
-                current_memory=e.state.current,
+                current=e.state.current,
             )
             log.warning(
                 "memory_resize_incomplete",
-                to_bytes=resize.memory_bytes,
+                to_bytes=resize.target,
                 current_memory_bytes=e.state.current,
                 error=str(e),
                 reason="the VM keeps the memory the guest did not give back; the extender is"
                 " told the real size",
             )
         except HypervisorError as e:
-            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
-            m.memory_resizes.labels(direction=direction, result="error").inc()
+            duration.labels(direction=direction).observe(self._now() - started)
+            count.labels(direction=direction, result="error").inc()
             m.hypervisor_errors.labels(error=type(e).__name__).inc()
-            self.state.memory_resize_failed(
-                self._now(), str(e), is_retryable=e.is_retryable, jitter=self._jitter()
+            self.state.resize_failed(
+                self._now(),
+                resize.resource,
+                str(e),
+                is_retryable=e.is_retryable,
+                jitter=self._jitter(),
             )
             log.warning(
-                "memory_resize_failed",
-                to_bytes=resize.memory_bytes,
+                prefix + "resize_failed",
+                **{f"to_{unit}": resize.target},
                 error=str(e),
                 error_class=type(e).__name__,
                 is_retryable=e.is_retryable,
                 reason="re-reading the size from the hypervisor",
             )
         else:
-            m.memory_resize_duration.labels(direction=direction).observe(self._now() - started)
-            m.memory_resizes.labels(direction=direction, result="ok").inc()
-            self.state.memory_resized(self._now(), current_memory=result.current)
+            duration.labels(direction=direction).observe(self._now() - started)
+            count.labels(direction=direction, result="ok").inc()
+            self.state.resized(
+                self._now(), resize.resource, current=result.current, maximum=result.max
+            )
             log.info(
-                "memory_resize_succeeded",
-                current_memory_bytes=result.current,
-                to_bytes=resize.memory_bytes,
+                prefix + "resize_succeeded",
+                **{size_field: result.current},
+                **{f"to_{unit}": resize.target},
             )
         finally:
-            self._memory_changes += 1
+            if is_memory:
+                self._memory_changes += 1
             self._changed.set()
 
     def _wire_request(self, call: PermitCall) -> ResourceRequest:
-        # Without a memory hot-plug device the VM's memory is its minimum, reported as steady.
-        memory = self.target.spec.min_memory_bytes
-        cur_mem = call.current_memory_bytes if call.current_memory_bytes is not None else memory
-        req_mem = call.requested_memory_bytes if call.requested_memory_bytes is not None else memory
-        last_mem = (
-            call.last_permit_memory_bytes if call.last_permit_memory_bytes is not None else memory
-        )
-        load = (
-            LoadReport(
-                load1=call.load1,
-                cpu_busy_fraction=call.cpu_busy_fraction,
-                memory_used_fraction=call.memory_used_fraction,
-            )
-            if call.load1 is not None and call.load1 >= 0
-            else None
-        )
-        return ResourceRequest(
-            pod=self.target.pod,
-            node=self._deps.node,
-            current=Resources(vcpus=call.current_vcpus, memory_bytes=cur_mem),
-            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=req_mem),
-            last_permit=(
-                Resources(vcpus=call.last_permit_vcpus, memory_bytes=last_mem)
-                if call.last_permit_vcpus is not None
-                else None
-            ),
-            load=load,
+        return resource_request(
+            call, pod=self.target.pod, node=self._deps.node, spec=self.target.spec
         )
 
     async def _permit(self, call: PermitCall) -> None:
@@ -495,10 +457,10 @@ class VmRunner:
         log.info(
             "permit_requested",
             kind=call.kind.value,
-            current_vcpus=call.current_vcpus,
-            requested_vcpus=call.requested_vcpus,
-            current_memory_bytes=call.current_memory_bytes,
-            requested_memory_bytes=call.requested_memory_bytes,
+            current_vcpus=call.vcpus.current,
+            requested_vcpus=call.vcpus.requested,
+            current_memory_bytes=call.memory.current if call.memory is not None else None,
+            requested_memory_bytes=call.memory.requested if call.memory is not None else None,
             reason=call.reason,
         )
         try:
@@ -527,8 +489,8 @@ class VmRunner:
                     "permit_rejected",
                     permit_vcpus=vcpus,
                     permit_memory_bytes=memory,
-                    usage_vcpus=call.usage_vcpus,
-                    requested_vcpus=call.requested_vcpus,
+                    usage_vcpus=call.vcpus.usage,
+                    requested_vcpus=call.vcpus.requested,
                     extender_reason=answer.reason,
                     reason="permit outside [usage, requested] breaks the protocol; ignored",
                 )
@@ -542,12 +504,19 @@ class VmRunner:
                     outcome=outcome.value,
                     permit_vcpus=vcpus,
                     permit_memory_bytes=memory,
-                    requested_vcpus=call.requested_vcpus,
+                    requested_vcpus=call.vcpus.requested,
                     extender_reason=answer.reason,
                 )
         finally:
             self._changed.set()
 
+
+# Per resource, for the resize's log lines: the event's prefix, the unit in the field names,
+# and the name of the size field.
+_LOGGED = {
+    Resource.VCPUS: ("", "vcpus", "current_vcpus"),
+    Resource.MEMORY: ("memory_", "bytes", "current_memory_bytes"),
+}
 
 RunVm = Callable[[VmTarget], Awaitable[None]]
 UpdateVm = Callable[[VmTarget], None]

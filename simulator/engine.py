@@ -57,17 +57,20 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final
 
+import msgspec
+
 from autoscaler_agent.core import (
     Actions,
-    CallKind,
     CoreConfig,
     PermitCall,
     PermitOutcome,
+    Resource,
     VmState,
 )
 from autoscaler_agent.policy import PolicyConfig, PolicyState
+from autoscaler_agent.wire import resource_request
 from protocol.annotations import VmSpec
-from protocol.permits import LoadReport, ResourceRequest, Resources
+from protocol.permits import ResourceRequest, Resources
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.ledger import LedgerError
@@ -686,8 +689,8 @@ class Simulation:
             self._op(vm, "read", 0, t + self.timing.read_seconds)
             return True
         if actions.resize is not None:
-            target = actions.resize.vcpus
-            st.resize_started(t, target)
+            target = actions.resize.target
+            st.resize_started(t, Resource.VCPUS, target)
             if target > vm.granted:
                 raise InvariantViolation(
                     "permit exceeded",
@@ -749,12 +752,16 @@ class Simulation:
             if failing:
                 vm.resize_errors += 1
                 st.resize_failed(
-                    t, "simulated hypervisor failure", is_retryable=vm.hv_retryable, jitter=jitter
+                    t,
+                    Resource.VCPUS,
+                    "simulated hypervisor failure",
+                    is_retryable=vm.hv_retryable,
+                    jitter=jitter,
                 )
                 self.trace("resize_failed", vm.spec.name, "to {} vCPUs", target)
             else:
                 self._resized(vm, target)
-                st.resize_succeeded(t, current_vcpus=target, max_vcpus=vm.spec.max_vcpus)
+                st.resized(t, Resource.VCPUS, current=target, maximum=vm.spec.max_vcpus)
         self._step(vm)
 
     def _jitter(self, vm: VmRecord) -> float:
@@ -848,7 +855,7 @@ class Simulation:
                     raise InvariantViolation(
                         "permit protocol",
                         f"{vm.spec.name}: permit {vcpus} outside"
-                        f" [{call.usage_vcpus}, {call.requested_vcpus}]",
+                        f" [{call.vcpus.usage}, {call.vcpus.requested}]",
                     )
                 if outcome in (PermitOutcome.DENIED, PermitOutcome.PARTIAL):
                     vm.denials += 1
@@ -856,8 +863,8 @@ class Simulation:
                     "permit_" + outcome.value,
                     vm.spec.name,
                     "asked {} (has {}): {}",
-                    call.requested_vcpus,
-                    call.usage_vcpus,
+                    call.vcpus.requested,
+                    call.vcpus.usage,
                     permit.reason,
                 )
                 if self.annotations.get(vm.uid) != vcpus:
@@ -869,22 +876,17 @@ class Simulation:
             self._step(vm)
 
     def _request(self, vm: VmRecord, call: PermitCall, node: str) -> ResourceRequest:
-        # The VM's memory as it is (steady): the memory loop asks for memory on its own.
+        request = resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
         m = vm.mem
-        mem = vm.memory if m is None else m.size
-        last_mem = vm.memory if m is None else m.granted
-        return ResourceRequest(
-            pod=vm.ref,
-            node=node,
-            current=Resources(vcpus=call.current_vcpus, memory_bytes=mem),
-            requested=Resources(vcpus=call.requested_vcpus, memory_bytes=mem),
-            last_permit=(
-                Resources(vcpus=call.last_permit_vcpus, memory_bytes=last_mem)
-                if call.last_permit_vcpus is not None
-                else None
-            ),
-            load=LoadReport(load1=call.load1 or 0.0, cpu_busy_fraction=call.cpu_busy_fraction)
-            if call.kind is CallKind.REQUEST
+        if m is None:
+            return request
+        # The VM's memory as it is (steady): the memory loop asks for memory on its own.
+        return msgspec.structs.replace(
+            request,
+            current=Resources(vcpus=request.current.vcpus, memory_bytes=m.size),
+            requested=Resources(vcpus=request.requested.vcpus, memory_bytes=m.size),
+            last_permit=Resources(vcpus=request.last_permit.vcpus, memory_bytes=m.granted)
+            if request.last_permit is not None
             else None,
         )
 
@@ -916,7 +918,7 @@ class Simulation:
         if vm.is_deleted or guest is None:
             return
         st = vm.agent
-        if not vm.is_settled or st is None or st.goal is None or st.current_vcpus is None:
+        if not vm.is_settled or st is None or st.goal is None or st.vcpus.current is None:
             guest.advance_segment(self.t)
             track_step(vm, self.core.policy, self.t)
             self._next_breakpoint(vm, guest)
@@ -946,7 +948,7 @@ class Simulation:
                     cpu_count=catch_up.cpu_count,
                 )
             until = self.settling.holds_until(
-                vm, st, guest, current=st.current_vcpus, start=before_at, before=before
+                vm, st, guest, current=st.vcpus.current, start=before_at, before=before
             )
         if until is not None and until > wake_at:
             if until < math.inf:

@@ -72,7 +72,7 @@ class Settling:
             vm.vm_spec,
             before,
             current_vcpus=current,
-            top_vcpus=st.top_vcpus,
+            top_vcpus=st.vcpus.top,
             config=self.core.policy,
             now=at,
             explain=False,
@@ -94,7 +94,7 @@ class Settling:
         such a VM is not skipped.
         """
         goal = st.goal
-        current = st.current_vcpus
+        current = st.vcpus.current
         if (
             actions.read_vcpus
             or actions.resize is not None
@@ -104,7 +104,7 @@ class Settling:
             or current is None
             or goal.vcpus != current
             or not goal.state.is_quiet
-            or st.permit_vcpus != current
+            or st.vcpus.permitted != current
             or st.is_extender_degraded
         ):
             return None
@@ -126,7 +126,7 @@ class Settling:
         scrape time at which the policy would not hold quietly: None if that is the first one,
         inf if there is none. ``before`` is the state after a scrape at ``start``."""
         if (
-            current < st.top_vcpus
+            current < st.vcpus.top
             and min(guest.demand, current) / current >= self.core.policy.saturated_busy_fraction
         ):
             return None

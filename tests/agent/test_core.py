@@ -7,12 +7,13 @@ import pytest
 
 from autoscaler_agent.core import (
     Actions,
+    Ask,
     CallKind,
     CoreConfig,
-    MemoryResize,
     PermitCall,
     PermitOutcome,
     Resize,
+    Resource,
     VmState,
 )
 from autoscaler_agent.memory_policy import MemoryPolicyConfig
@@ -66,10 +67,12 @@ def request(vm, *, current, requested, permit, usage=None, kind=CallKind.REQUEST
     load1 = vm.samples.load1 if vm.samples else None
     return PermitCall(
         kind=kind,
-        current_vcpus=current,
-        requested_vcpus=requested,
-        last_permit_vcpus=permit,
-        usage_vcpus=current if usage is None else usage,
+        vcpus=Ask(
+            current=current,
+            requested=requested,
+            last_permit=permit,
+            usage=current if usage is None else usage,
+        ),
         load1=load1,
         reason=reason if reason is not None else vm.goal.reason,
     )
@@ -85,14 +88,14 @@ def test_grow_asks_first_then_resizes_to_the_permit(clock):
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)  # nothing twice
     clock.advance(0.01)
     assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
-    resize = Resize(vcpus=6, reason="grow: " + vm.goal.reason)
+    resize = Resize(resource=Resource.VCPUS, target=6, reason="grow: " + vm.goal.reason)
     assert vm.next_actions(clock.now) == Actions(resize=resize, wait_seconds=pytest.approx(0.99))
 
-    vm.resize_started(clock.now, 6)
+    vm.resize_started(clock.now, Resource.VCPUS, 6)
     clock.advance(0.05)
-    vm.resize_succeeded(clock.now, current_vcpus=6, max_vcpus=8)
+    vm.resized(clock.now, Resource.VCPUS, current=6, maximum=8)
     assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.94))
-    assert (vm.current_vcpus, vm.permit_vcpus, vm.desired_vcpus) == (6, 6, 6)
+    assert (vm.vcpus.current, vm.vcpus.permitted, vm.desired_vcpus) == (6, 6, 6)
     # Steady afterwards: 5.0 / 6 = 0.83 per vCPU, no more calls.
     scrape(vm, clock, 5.0)
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
@@ -104,10 +107,10 @@ def test_partial_permit_uses_what_it_got_and_asks_again_later(clock):
     assert vm.permit_granted(clock.now, 4) is PermitOutcome.PARTIAL
     reason = "grow within permit 4: " + vm.goal.reason
     assert vm.next_actions(clock.now) == Actions(
-        resize=Resize(vcpus=4, reason=reason), wait_seconds=1.0
+        resize=Resize(resource=Resource.VCPUS, target=4, reason=reason), wait_seconds=1.0
     )
-    vm.resize_started(clock.now, 4)
-    vm.resize_succeeded(clock.now, current_vcpus=4, max_vcpus=8)
+    vm.resize_started(clock.now, Resource.VCPUS, 4)
+    vm.resized(clock.now, Resource.VCPUS, current=4, maximum=8)
     # The rest is asked for no sooner than permit_retry_seconds (5 s) after the answer.
     for _ in range(4):
         scrape(vm, clock, 5.0)
@@ -117,7 +120,9 @@ def test_partial_permit_uses_what_it_got_and_asks_again_later(clock):
     assert vm.next_actions(clock.now) == Actions(request_permit=call, wait_seconds=1.0)
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
-    assert vm.next_actions(clock.now).resize == Resize(vcpus=6, reason="grow: " + vm.goal.reason)
+    assert vm.next_actions(clock.now).resize == Resize(
+        resource=Resource.VCPUS, target=6, reason="grow: " + vm.goal.reason
+    )
 
 
 def test_partial_then_bigger_goal_asks_at_once(clock):
@@ -140,7 +145,7 @@ def test_denied_permit_keeps_size_and_retries_later(clock):
         assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
     scrape(vm, clock, 5.0)
     assert vm.next_actions(clock.now).request_permit is not None
-    assert vm.current_vcpus == 2
+    assert vm.vcpus.current == 2
 
 
 def shrink_to_two(vm, clock):
@@ -156,11 +161,11 @@ def shrink_to_two(vm, clock):
 def test_shrink_resizes_first_then_notifies(clock):
     vm = started(clock, current=8, permit=8, load1=1.0)
     shrink_to_two(vm, clock)
-    resize = Resize(vcpus=2, reason="shrink: " + vm.goal.reason)
+    resize = Resize(resource=Resource.VCPUS, target=2, reason="shrink: " + vm.goal.reason)
     assert vm.next_actions(clock.now) == Actions(resize=resize, wait_seconds=1.0)
-    vm.resize_started(clock.now, 2)
+    vm.resize_started(clock.now, Resource.VCPUS, 2)
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)  # no notice yet
-    vm.resize_succeeded(clock.now, current_vcpus=2, max_vcpus=8)
+    vm.resized(clock.now, Resource.VCPUS, current=2, maximum=8)
     notice = request(
         vm,
         kind=CallKind.NOTICE,
@@ -174,7 +179,7 @@ def test_shrink_resizes_first_then_notifies(clock):
     vm.permit_requested(clock.now, notice)
     assert vm.permit_granted(clock.now, 2) is PermitOutcome.RELEASED
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
-    assert vm.permit_vcpus == 2
+    assert vm.vcpus.permitted == 2
 
 
 def test_hysteresis_spike_inside_window_restarts_it(clock):
@@ -211,18 +216,20 @@ def test_extender_down_backs_off_never_exceeds_permit_and_still_shrinks(clock):
     clock.advance(0.7)
     fail_permit(vm, clock, jitter=1.0)  # 3rd: 2.0 s, jitter 1.0 takes half off: 1.0 s
     assert vm.next_actions(clock.now).wait_seconds == pytest.approx(0.2)  # next scrape
-    assert vm.current_vcpus == 4 and vm.permit_vcpus == 4  # never above the last permit
+    assert vm.vcpus.current == 4 and vm.vcpus.permitted == 4  # never above the last permit
 
     # The load drops: the VM still shrinks, without the extender...
     for _ in range(3):
         scrape(vm, clock, 0.5)
     scrape(vm, clock, 0.5)
     actions = vm.next_actions(clock.now)
-    assert actions.resize == Resize(vcpus=1, reason="shrink: " + vm.goal.reason)
-    vm.resize_started(clock.now, 1)
-    vm.resize_succeeded(clock.now, current_vcpus=1, max_vcpus=8)
+    assert actions.resize == Resize(
+        resource=Resource.VCPUS, target=1, reason="shrink: " + vm.goal.reason
+    )
+    vm.resize_started(clock.now, Resource.VCPUS, 1)
+    vm.resized(clock.now, Resource.VCPUS, current=1, maximum=8)
     # ... and tells it once it is back (the backoff has long passed by now).
-    assert vm.next_actions(clock.now).notify_extender.requested_vcpus == 1
+    assert vm.next_actions(clock.now).notify_extender.vcpus.requested == 1
 
 
 def test_growth_resumes_after_errors(clock):
@@ -236,7 +243,7 @@ def test_growth_resumes_after_errors(clock):
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
     assert not vm.is_extender_degraded
-    assert vm.next_actions(clock.now).resize.vcpus == 6
+    assert vm.next_actions(clock.now).resize.target == 6
 
 
 @pytest.mark.parametrize(
@@ -247,7 +254,7 @@ def test_protocol_error_permit_is_rejected(clock, granted, why):
     vm = started(clock, current=2, load1=5.0)
     vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
     assert vm.permit_granted(clock.now, granted) is PermitOutcome.REJECTED
-    assert vm.permit_vcpus == 2  # the old permit stands
+    assert vm.vcpus.permitted == 2  # the old permit stands
     assert vm.next_actions(clock.now) == Actions(wait_seconds=pytest.approx(0.5))  # backoff
     clock.advance(0.5)
     assert vm.next_actions(clock.now).request_permit is not None  # and then it asks again
@@ -256,10 +263,12 @@ def test_protocol_error_permit_is_rejected(clock, granted, why):
 def test_retryable_resize_error_rereads_and_retries_after_backoff(clock):
     vm = started(clock, current=2, permit=6, load1=5.0)
     resize = vm.next_actions(clock.now).resize
-    assert resize.vcpus == 6
-    vm.resize_started(clock.now, 6)
-    vm.resize_failed(clock.now, "429 removal pending", is_retryable=True, jitter=0.0)
-    assert vm.current_vcpus is None
+    assert resize.target == 6
+    vm.resize_started(clock.now, Resource.VCPUS, 6)
+    vm.resize_failed(
+        clock.now, Resource.VCPUS, "429 removal pending", is_retryable=True, jitter=0.0
+    )
+    assert vm.vcpus.current is None
     assert vm.next_actions(clock.now) == Actions(read_vcpus=True, wait_seconds=1.0)
     vm.vcpus_read_started(clock.now)
     vm.vcpus_read(clock.now, current_vcpus=3, max_vcpus=8)  # half happened
@@ -270,15 +279,15 @@ def test_retryable_resize_error_rereads_and_retries_after_backoff(clock):
 
 def test_fatal_resize_error_holds_that_target(clock):
     vm = started(clock, current=2, permit=6, load1=5.0)
-    vm.resize_started(clock.now, 6)
-    vm.resize_failed(clock.now, "rejected", is_retryable=False, jitter=0.0)
+    vm.resize_started(clock.now, Resource.VCPUS, 6)
+    vm.resize_failed(clock.now, Resource.VCPUS, "rejected", is_retryable=False, jitter=0.0)
     vm.vcpus_read_started(clock.now)
     vm.vcpus_read(clock.now, current_vcpus=2, max_vcpus=8)
     for _ in range(59):
         scrape(vm, clock, 5.0)
         assert vm.next_actions(clock.now).resize is None
     clock.advance(1.0)
-    assert vm.next_actions(clock.now).resize.vcpus == 6
+    assert vm.next_actions(clock.now).resize.target == 6
 
 
 def test_hypervisor_read_failure_backs_off(clock):
@@ -296,7 +305,7 @@ def test_never_above_max_nor_hypervisor_max(clock):
     vm.vcpus_read(clock.now, current_vcpus=2, max_vcpus=4)
     vm.scrape_started(clock.now)
     vm.metrics_scraped(clock.now, Samples(load1=100.0))
-    assert vm.next_actions(clock.now).request_permit.requested_vcpus == 4
+    assert vm.next_actions(clock.now).request_permit.vcpus.requested == 4
 
 
 def test_scrape_failure_holds_size(clock):
@@ -310,7 +319,7 @@ def test_scrape_failure_holds_size(clock):
 
 def test_first_read_adopts_a_larger_running_size_as_the_permit(clock):
     vm = started(clock, current=4, permit=2)
-    assert vm.permit_vcpus == 4
+    assert vm.vcpus.permitted == 4
 
 
 def test_after_an_extender_restart_an_idle_vm_reports_its_size_and_permit(clock):
@@ -322,7 +331,7 @@ def test_after_an_extender_restart_an_idle_vm_reports_its_size_and_permit(clock)
     vm.extender_restarted(clock.now)
     call = vm.next_actions(clock.now).request_permit
     assert call is not None and call.kind is CallKind.REPORT
-    assert (call.current_vcpus, call.requested_vcpus, call.last_permit_vcpus) == (2, 2, 2)
+    assert (call.vcpus.current, call.vcpus.requested, call.vcpus.last_permit) == (2, 2, 2)
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 2) is PermitOutcome.GRANTED
     after = vm.next_actions(clock.now)
@@ -360,9 +369,9 @@ def test_a_stopped_load_is_shrunk_and_given_back_within_a_minute(clock):
             vm.metrics_scraped(clock.now, guest.scrape(demand, load1=load1))
         if actions.resize is not None:
             assert clock.now >= stopped_at, "shrunk under load"
-            vm.resize_started(clock.now, actions.resize.vcpus)
-            guest.vcpus = actions.resize.vcpus
-            vm.resize_succeeded(clock.now, current_vcpus=guest.vcpus, max_vcpus=8)
+            vm.resize_started(clock.now, Resource.VCPUS, actions.resize.target)
+            guest.vcpus = actions.resize.target
+            vm.resized(clock.now, Resource.VCPUS, current=guest.vcpus, maximum=8)
             shrunk_at = clock.now
         if actions.notify_extender is not None:
             vm.permit_requested(clock.now, actions.notify_extender)
@@ -370,7 +379,7 @@ def test_a_stopped_load_is_shrunk_and_given_back_within_a_minute(clock):
             given_back_at = clock.now
         clock.advance(actions.wait_seconds or 0.0)
     assert shrunk_at is not None and given_back_at is not None
-    assert (vm.current_vcpus, vm.permit_vcpus) == (1, 1)
+    assert (vm.vcpus.current, vm.vcpus.permitted) == (1, 1)
     assert shrunk_at - stopped_at <= 32  # the first idle scrape, then the 30 s window
     assert vm.samples is not None and vm.samples.load1 is not None and vm.samples.load1 > 3.0
 
@@ -405,7 +414,7 @@ def mem_scrape(vm, clock, used):
     clock.advance(1.0)
     assert vm.next_actions(clock.now).scrape
     vm.scrape_started(clock.now)
-    vm.metrics_scraped(clock.now, mem_samples(vm.current_memory, used))
+    vm.metrics_scraped(clock.now, mem_samples(vm.memory.current, used))
 
 
 def test_memory_grow_asks_for_both_resources_in_one_request_then_resizes(clock):
@@ -414,18 +423,18 @@ def test_memory_grow_asks_for_both_resources_in_one_request_then_resizes(clock):
     assert vm.desired_memory == 768 * MiB
     actions = vm.next_actions(clock.now)
     call = actions.request_permit
-    assert call is not None and actions.resize_memory is None  # permit first
-    assert (call.current_vcpus, call.requested_vcpus) == (1, 1)  # vCPUs steady
-    assert (call.current_memory_bytes, call.requested_memory_bytes) == (512 * MiB, 768 * MiB)
-    assert (call.last_permit_memory_bytes, call.usage_memory_bytes) == (512 * MiB, 512 * MiB)
+    assert call is not None and actions.resize is None  # permit first
+    assert (call.vcpus.current, call.vcpus.requested) == (1, 1)  # vCPUs steady
+    assert (call.memory.current, call.memory.requested) == (512 * MiB, 768 * MiB)
+    assert (call.memory.last_permit, call.memory.usage) == (512 * MiB, 512 * MiB)
     assert call.kind is CallKind.REQUEST
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB) is PermitOutcome.GRANTED
-    assert vm.next_actions(clock.now).resize_memory == MemoryResize(
-        memory_bytes=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
+    assert vm.next_actions(clock.now).resize == Resize(
+        resource=Resource.MEMORY, target=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
     )
-    vm.memory_resize_started(clock.now, 768 * MiB)
-    vm.memory_resized(clock.now, current_memory=768 * MiB)
+    vm.resize_started(clock.now, Resource.MEMORY, 768 * MiB)
+    vm.resized(clock.now, Resource.MEMORY, current=768 * MiB, maximum=None)
     assert vm.next_actions(clock.now).wait_seconds is not None
     assert vm.next_actions(clock.now).request_permit is None
 
@@ -442,8 +451,8 @@ def mem_granted(vm, clock, memory_bytes):
 def test_memory_partial_permit_grows_within_it_and_asks_again_later(clock):
     vm = mem_started(clock)
     assert mem_granted(vm, clock, 640 * MiB) is PermitOutcome.PARTIAL
-    resize = vm.next_actions(clock.now).resize_memory
-    assert resize is not None and resize.memory_bytes == 640 * MiB
+    resize = vm.next_actions(clock.now).resize
+    assert resize is not None and resize.target == 640 * MiB
     assert resize.reason.startswith("grow memory within permit")
 
 
@@ -456,18 +465,18 @@ def test_memory_shrinks_first_then_gives_back_with_a_notice(clock):
     )
     for _ in range(3):
         mem_scrape(vm2, clock, used=100 * MiB)
-    resize = vm2.next_actions(clock.now).resize_memory
-    assert resize is not None and resize.memory_bytes == 512 * MiB
+    resize = vm2.next_actions(clock.now).resize
+    assert resize is not None and resize.target == 512 * MiB
     assert vm2.next_actions(clock.now).notify_extender is None  # shrink first
-    vm2.memory_resize_started(clock.now, 512 * MiB)
-    vm2.memory_resized(clock.now, current_memory=512 * MiB)
+    vm2.resize_started(clock.now, Resource.MEMORY, 512 * MiB)
+    vm2.resized(clock.now, Resource.MEMORY, current=512 * MiB, maximum=None)
     notice = vm2.next_actions(clock.now).notify_extender
     assert notice is not None and notice.kind is CallKind.NOTICE
-    assert (notice.current_memory_bytes, notice.requested_memory_bytes) == (2 * GiB, 512 * MiB)
-    assert (notice.current_vcpus, notice.requested_vcpus) == (1, 1)
+    assert (notice.memory.current, notice.memory.requested) == (2 * GiB, 512 * MiB)
+    assert (notice.vcpus.current, notice.vcpus.requested) == (1, 1)
     vm2.permit_requested(clock.now, notice)
     assert vm2.permit_granted(clock.now, 1, memory_bytes=512 * MiB) is PermitOutcome.RELEASED
-    assert vm2.permit_memory == 512 * MiB
+    assert vm2.memory.permitted == 512 * MiB
 
 
 def test_a_shrink_the_guest_cannot_finish_reports_the_real_size_and_holds(clock):
@@ -475,28 +484,33 @@ def test_a_shrink_the_guest_cannot_finish_reports_the_real_size_and_holds(clock)
     vm = mem_started(clock, memory=2 * GiB, permit_memory=2 * GiB, config=config)
     for _ in range(3):
         mem_scrape(vm, clock, used=100 * MiB)
-    resize = vm.next_actions(clock.now).resize_memory
-    vm.memory_resize_started(clock.now, resize.memory_bytes)
+    resize = vm.next_actions(clock.now).resize
+    vm.resize_started(clock.now, Resource.MEMORY, resize.target)
     # The guest gave back only 512 MiB of the 1.5 GiB asked.
-    vm.memory_resize_failed(
-        clock.now, "stopped short", is_retryable=False, jitter=0.0, current_memory=1536 * MiB
+    vm.resize_failed(
+        clock.now,
+        Resource.MEMORY,
+        "stopped short",
+        is_retryable=False,
+        jitter=0.0,
+        current=1536 * MiB,
     )
-    assert vm.current_memory == 1536 * MiB and vm.current_vcpus == 1
+    assert vm.memory.current == 1536 * MiB and vm.vcpus.current == 1
     notice = vm.next_actions(clock.now).notify_extender
     # The extender is told what was really unplugged, never the size that was asked for.
-    assert (notice.current_memory_bytes, notice.requested_memory_bytes) == (2 * GiB, 1536 * MiB)
+    assert (notice.memory.current, notice.memory.requested) == (2 * GiB, 1536 * MiB)
     vm.permit_requested(clock.now, notice)
     vm.permit_granted(clock.now, 1, memory_bytes=1536 * MiB)
     # The same shrink is not retried while the hold lasts, even once a new window says so...
     for _ in range(3):
         mem_scrape(vm, clock, used=100 * MiB)
     assert vm.desired_memory == 512 * MiB
-    assert vm.next_actions(clock.now).resize_memory is None
+    assert vm.next_actions(clock.now).resize is None
     # ...only after it.
     clock.advance(CONFIG.resize_failure_hold_seconds)
     for _ in range(3):
         mem_scrape(vm, clock, used=100 * MiB)
-    assert vm.next_actions(clock.now).resize_memory.memory_bytes == 512 * MiB
+    assert vm.next_actions(clock.now).resize.target == 512 * MiB
 
 
 def test_a_scrape_that_overlapped_a_memory_resize_holds_the_memory_goal(clock):
@@ -507,9 +521,9 @@ def test_a_scrape_that_overlapped_a_memory_resize_holds_the_memory_goal(clock):
     vm.permit_granted(clock.now, 1, memory_bytes=768 * MiB)
     clock.advance(1.0)
     vm.scrape_started(clock.now)  # in flight while the resize lands
-    vm.memory_resize_started(clock.now, 768 * MiB)
+    vm.resize_started(clock.now, Resource.MEMORY, 768 * MiB)
     clock.advance(0.2)
-    vm.memory_resized(clock.now, current_memory=768 * MiB)
+    vm.resized(clock.now, Resource.MEMORY, current=768 * MiB, maximum=None)
     # Numbers from before the plug (24 MiB available) with the size after: not acted on.
     vm.metrics_scraped(clock.now, mem_samples(512 * MiB, 400 * MiB))
     assert vm.memory_goal is None
@@ -522,7 +536,7 @@ def test_a_permit_below_the_memory_in_use_is_rejected(clock):
     call = vm.next_actions(clock.now).request_permit
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 1, memory_bytes=256 * MiB) is PermitOutcome.REJECTED
-    assert vm.permit_memory == 512 * MiB
+    assert vm.memory.permitted == 512 * MiB
 
 
 def test_coupled_memory_raises_the_vcpus_in_the_same_request(clock):
@@ -532,8 +546,8 @@ def test_coupled_memory_raises_the_vcpus_in_the_same_request(clock):
     vm = mem_started(clock, config=config)
     mem_scrape(vm, clock, used=400 * MiB)  # memory wants 768 MiB: 2 units of 512 MiB
     call = vm.next_actions(clock.now).request_permit
-    assert (call.current_vcpus, call.requested_vcpus) == (1, 2)
-    assert call.requested_memory_bytes == 1024 * MiB
+    assert (call.vcpus.current, call.vcpus.requested) == (1, 2)
+    assert call.memory.requested == 1024 * MiB
 
 
 def test_a_permit_below_the_memory_the_vm_has_is_obeyed_by_shrinking_to_it(clock):
@@ -545,19 +559,19 @@ def test_a_permit_below_the_memory_the_vm_has_is_obeyed_by_shrinking_to_it(clock
     vm.extender_restarted(clock.now)  # a new epoch: every VM reports its size
     actions = vm.next_actions(clock.now)
     call = actions.request_permit or actions.notify_extender
-    assert call is not None and call.usage_memory_bytes == 2 * GiB
+    assert call is not None and call.memory.usage == 2 * GiB
     vm.permit_requested(clock.now, call)
     assert vm.permit_granted(clock.now, 1, memory_bytes=1 * GiB) is not PermitOutcome.REJECTED
-    assert vm.permit_memory == 1 * GiB
-    resize = vm.next_actions(clock.now).resize_memory
-    assert resize is not None and resize.memory_bytes == 1 * GiB
-    vm.memory_resize_started(clock.now, 1 * GiB)
-    vm.memory_resized(clock.now, current_memory=1 * GiB)
+    assert vm.memory.permitted == 1 * GiB
+    resize = vm.next_actions(clock.now).resize
+    assert resize is not None and resize.target == 1 * GiB
+    vm.resize_started(clock.now, Resource.MEMORY, 1 * GiB)
+    vm.resized(clock.now, Resource.MEMORY, current=1 * GiB, maximum=None)
     # At the permit again: nothing more to give back, and later reads keep the permit.
-    assert (vm.current_memory, vm.permit_memory) == (1 * GiB, 1 * GiB)
+    assert (vm.memory.current, vm.memory.permitted) == (1 * GiB, 1 * GiB)
     assert vm.next_actions(clock.now).notify_extender is None
     mem_scrape(vm, clock, used=300 * MiB)
-    assert vm.permit_memory == 1 * GiB
+    assert vm.memory.permitted == 1 * GiB
 
 
 def test_memory_grows_only_into_the_room_the_applied_container_limit_leaves(clock):
@@ -567,16 +581,16 @@ def test_memory_grows_only_into_the_room_the_applied_container_limit_leaves(cloc
     vm = mem_started(clock)
     vm.memory_room_seen(clock.now, 640 * MiB)
     assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
-    resize = vm.next_actions(clock.now).resize_memory
-    assert resize is not None and resize.memory_bytes == 640 * MiB
+    resize = vm.next_actions(clock.now).resize
+    assert resize is not None and resize.target == 640 * MiB
     assert resize.reason.startswith("grow memory within the container's applied limit")
-    vm.memory_resize_started(clock.now, 640 * MiB)
-    vm.memory_resized(clock.now, current_memory=640 * MiB)
+    vm.resize_started(clock.now, Resource.MEMORY, 640 * MiB)
+    vm.resized(clock.now, Resource.MEMORY, current=640 * MiB, maximum=None)
     actions = vm.next_actions(clock.now)
-    assert actions.resize_memory is None and actions.request_permit is None
+    assert actions.resize is None and actions.request_permit is None
     vm.memory_room_seen(clock.now, 768 * MiB)  # the kubelet applied the resize
-    assert vm.next_actions(clock.now).resize_memory == MemoryResize(
-        memory_bytes=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
+    assert vm.next_actions(clock.now).resize == Resize(
+        resource=Resource.MEMORY, target=768 * MiB, reason=f"grow memory: {vm.memory_goal.reason}"
     )
 
 
@@ -584,4 +598,4 @@ def test_no_room_known_leaves_growth_to_the_permit_alone(clock):
     vm = mem_started(clock)
     vm.memory_room_seen(clock.now, None)
     assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
-    assert vm.next_actions(clock.now).resize_memory.memory_bytes == 768 * MiB
+    assert vm.next_actions(clock.now).resize.target == 768 * MiB
