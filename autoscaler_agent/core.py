@@ -479,7 +479,18 @@ class VmState:
 
     def _wanted_memory(self, current: int) -> int:
         goal = self.memory_goal
-        target = current if goal is None else goal.memory_bytes
+        # A goal is a judgement of the size it was computed at (``current_bytes``), and a
+        # plug takes seconds, during which scrapes go on: a grow goal is a floor (it never
+        # asks to shrink a VM that grew past it meanwhile), a shrink goal holds only at the
+        # size it judged, and "hold" keeps whatever the VM has now. (Taken as sizes, the
+        # goals of scrapes taken during a plug shrank every VM back as soon as its plug
+        # landed: the simulator, running this core, showed it flapping at every grow.)
+        if goal is None or goal.memory_bytes == goal.current_bytes:
+            target = current
+        elif goal.memory_bytes > goal.current_bytes:
+            target = max(goal.memory_bytes, current)
+        else:
+            target = goal.memory_bytes if current == goal.current_bytes else current
         ratio = self.config.memory.memory_per_vcpu_bytes
         if ratio > 0 and self.vcpus.current is not None:
             _, target = couple(

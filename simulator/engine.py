@@ -14,11 +14,12 @@ What is real and what is simulated:
   the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
   ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
   ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
+  The memory of VMs whose memory scales is decided by the same ``VmState``, with the agent's
+  ``memory_policy``: one loop and one permit call per VM carry both resources, as the agent's.
 * **Simulated:** the VMs (load, metrics, resize duration, a hypervisor that fails for a while),
-  the memory of VMs whose memory scales (``simulator.memory``: the guest's use, a small
-  agent-like memory policy and loop of its own, plugging that takes time, a shrink that ends
-  where the guest stops giving memory back; its requests go through the real
-  ``decide_batch``, and the CPU loop's requests carry the memory as it is),
+  the guests' memory use (``simulator.world``: MemTotal is the VM's size, MemAvailable what
+  its processes do not hold; plugging takes time, and a shrink ends where the guest stops
+  giving memory back, as QEMU's virtio-mem does),
   the API server (pods, nodes, and the durable ``permitted-*`` annotations written by a
   durability writer that lags and loses unwritten permits when the extender dies),
   kube-scheduler's retry loop, the default scheduler placing foreign pods, and new nodes
@@ -61,16 +62,17 @@ import msgspec
 
 from autoscaler_agent.core import (
     Actions,
+    CallKind,
     CoreConfig,
     PermitCall,
     PermitOutcome,
     Resource,
     VmState,
 )
-from autoscaler_agent.policy import PolicyConfig, PolicyState
+from autoscaler_agent.memory_policy import MemoryPolicyConfig
+from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples
 from autoscaler_agent.wire import resource_request
 from protocol.annotations import VmSpec
-from protocol.permits import ResourceRequest, Resources
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.ledger import LedgerError
@@ -88,6 +90,7 @@ from simulator.invariants import (
     InvariantViolation,
     check_all,
     check_decision,
+    check_memory_decision,
     check_reality,
     violation_of,
 )
@@ -98,14 +101,6 @@ from simulator.measurements import (
     check_step,
     close_step,
     track_step,
-)
-from simulator.memory import (
-    MemoryPolicyConfig,
-    MemoryPolicyState,
-    given_back_to,
-    memory_goal,
-    memory_segments,
-    used_at,
 )
 from simulator.provisioning import Provisioning
 from simulator.records import (
@@ -122,7 +117,7 @@ from simulator.report import (
     Violation,
 )
 from simulator.settling import Settling
-from simulator.world import SEED_MIX, GuestLoad, mix64
+from simulator.world import SEED_MIX, GuestLoad, given_back_to, memory_segments, mix64, used_at
 
 MAX_LOG: Final = 400
 RECENT: Final = 25
@@ -150,6 +145,7 @@ class Simulation:
         self.skip_settled = skip_settled
         self.after_step = after_step
         a = scenario.agent
+        mp = scenario.memory_policy
         self.core = CoreConfig(
             scrape_interval_seconds=a.scrape_interval_seconds,
             permit_retry_seconds=a.permit_retry_seconds,
@@ -157,6 +153,13 @@ class Simulation:
                 target_load_per_vcpu=a.target_load_per_vcpu,
                 shrink_load_per_vcpu=a.shrink_load_per_vcpu,
                 shrink_after_seconds=a.shrink_after_seconds,
+            ),
+            memory=MemoryPolicyConfig(
+                low_headroom_fraction=mp.low_headroom_fraction,
+                target_headroom_fraction=mp.target_headroom_fraction,
+                min_headroom_bytes=sc.bytes_of(mp.min_headroom),
+                lookahead_seconds=mp.lookahead_seconds,
+                shrink_after_seconds=mp.shrink_after_seconds,
             ),
         )
         self.timing = scenario.timing
@@ -223,13 +226,6 @@ class Simulation:
         self.annotations: dict[str, int] = {}
         # ... and uid -> permitted memory, for VMs whose memory scales.
         self.memory_annotations: dict[str, int] = {}
-        mp = scenario.memory_policy
-        self.memory_policy = MemoryPolicyConfig(
-            target_used_fraction=mp.target_used_fraction,
-            shrink_used_fraction=mp.shrink_used_fraction,
-            shrink_after_seconds=mp.shrink_after_seconds,
-            margin_bytes=sc.bytes_of(mp.margin),
-        )
         self.has_memory = any(
             v.vm_spec.max_memory_bytes > v.vm_spec.min_memory_bytes for v in self.vms
         )
@@ -536,7 +532,6 @@ class Simulation:
                 memory_segments(uses, vm.memory, step_seconds=self.core.scrape_interval_seconds),
                 size,
             )
-            self.at(self.t, self._mem_tick, vm.index)
         track_step(vm, self.core.policy, self.t)
         bp = vm.guest.next_breakpoint()
         if bp is not None:
@@ -665,14 +660,15 @@ class Simulation:
         for _ in range(3):
             if actions.scrape:
                 st.scrape_started(t)
-                st.metrics_scraped(t, guest.samples(t))
+                st.metrics_scraped(t, self._samples(vm, guest, t))
                 vm.last_scrape_at = t
                 self.counts["scrapes"] += 1
             started = self._start_op(vm, st, actions)
             if not actions.scrape or started:
                 break
             actions = st.next_actions(t)
-        if self.skip_settled and vm.op is None:
+        # A VM whose memory scales is never settled: its guest's use moves on its own.
+        if self.skip_settled and vm.op is None and vm.mem is None:
             until = self._settled_until(vm, st, guest, actions)
             if until is not None:
                 vm.is_settled = True
@@ -682,11 +678,38 @@ class Simulation:
         if actions.wait_seconds is not None:
             self._wake_at(vm, t + actions.wait_seconds)
 
+    def _samples(self, vm: VmRecord, guest: GuestLoad, t: float) -> Samples:
+        samples = guest.samples(t)
+        m = vm.mem
+        if m is None:
+            return samples
+        self._mem_account(vm, m)
+        # MemTotal: the VM's size (no kernel reserve is modelled); MemAvailable: what the
+        # guest's processes do not hold (the rest is free or page cache).
+        return msgspec.structs.replace(
+            samples,
+            memory_total_bytes=float(m.size),
+            memory_available_bytes=float(max(0, m.size - m.used)),
+        )
+
     def _start_op(self, vm: VmRecord, st: VmState, actions: Actions) -> bool:
         t = self.t
         if actions.read_vcpus:
             st.vcpus_read_started(t)
             self._op(vm, "read", 0, t + self.timing.read_seconds)
+            return True
+        if actions.resize is not None and actions.resize.resource is Resource.MEMORY:
+            target = actions.resize.target
+            st.resize_started(t, Resource.MEMORY, target)
+            m = vm.mem
+            assert m is not None
+            if target > m.granted and target > m.size:
+                raise InvariantViolation(
+                    "permit exceeded",
+                    f"{vm.spec.name}: the agent plugs {target} bytes,"
+                    f" but its memory permit is {m.granted}",
+                )
+            self._op(vm, "resize_memory", target, t + self.timing.memory_resize_seconds)
             return True
         if actions.resize is not None:
             target = actions.resize.target
@@ -743,10 +766,44 @@ class Simulation:
         failing = t < vm.hv_fail_until
         jitter = self._jitter(vm)
         if kind == "read":
+            m = vm.mem
             if failing:
                 st.vcpus_read_failed(t, "simulated hypervisor failure", jitter=jitter)
-            else:
+            elif m is None:
                 st.vcpus_read(t, current_vcpus=vm.vcpus, max_vcpus=vm.spec.max_vcpus)
+            else:
+                st.vcpus_read(
+                    t,
+                    current_vcpus=vm.vcpus,
+                    max_vcpus=vm.spec.max_vcpus,
+                    current_memory=m.size,
+                    max_memory=vm.vm_spec.max_memory_bytes,
+                )
+        elif kind == "resize_memory":
+            target = vm.op_value
+            if failing:
+                vm.resize_errors += 1
+                st.resize_failed(
+                    t,
+                    Resource.MEMORY,
+                    "simulated hypervisor failure",
+                    is_retryable=vm.hv_retryable,
+                    jitter=jitter,
+                )
+            else:
+                reached = self._mem_resized(vm, target)
+                if reached == target:
+                    st.resized(t, Resource.MEMORY, current=reached, maximum=None)
+                else:
+                    # QEMU's MemoryResizeIncomplete: the size the guest stopped at.
+                    st.resize_failed(
+                        t,
+                        Resource.MEMORY,
+                        "the guest holds the rest",
+                        is_retryable=False,
+                        jitter=jitter,
+                        current=reached,
+                    )
         elif kind == "resize":
             target = vm.op_value
             if failing:
@@ -826,8 +883,12 @@ class Simulation:
                 self.at(fail_at, self._permit_timeout, (vm.index << 32) | (token & 0xFFFFFFFF))
             return
         self.counts["permit_batches"] += 1
-        requests = [self._request(vm, call, node) for vm, call, _, _ in live]
+        requests = [
+            resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
+            for vm, call, _, _ in live
+        ]
         before = ext.ledger.nodes[node].free.cpu_millis
+        before_memory = ext.ledger.nodes[node].free.memory_bytes
         try:
             # Upscales are limited by namespace quotas as in the extender (a namespace
             # without one is unlimited, answered without a refresh).
@@ -837,6 +898,8 @@ class Simulation:
         except BatchRefused as e:
             raise InvariantViolation("permit batch refused", e.message) from e
         check_decision(ext.ledger, node, before, f"permit batch for {node}")
+        if self.has_memory:
+            check_memory_decision(ext.ledger, node, before_memory, f"permit batch for {node}")
         for (vm, call, _, _), decision in zip(live, decisions, strict=True):
             st = vm.agent
             assert st is not None
@@ -844,21 +907,29 @@ class Simulation:
             permit = decision.permit
             if permit.error is not None or permit.permit is None:
                 vm.permit_errors += 1
+                if vm.mem is not None:
+                    vm.mem.permit_errors += 1
                 error = permit.error.message if permit.error is not None else "no permit"
                 st.permit_failed(t, error, jitter=self._jitter(vm))
                 self.note("permit_error", vm.spec.name, error)
             else:
                 vcpus = permit.permit.vcpus
                 vm.granted = vcpus
-                outcome = st.permit_granted(t, vcpus, jitter=self._jitter(vm))
+                memory = permit.permit.memory_bytes if call.memory is not None else None
+                outcome = st.permit_granted(t, vcpus, memory_bytes=memory, jitter=self._jitter(vm))
                 if outcome is PermitOutcome.REJECTED:
                     raise InvariantViolation(
                         "permit protocol",
                         f"{vm.spec.name}: permit {vcpus} outside"
                         f" [{call.vcpus.usage}, {call.vcpus.requested}]",
                     )
-                if outcome in (PermitOutcome.DENIED, PermitOutcome.PARTIAL):
+                # Less than asked for (a notice is never short): per resource, so that the
+                # memory table counts the memory denials and the CPU table the vCPU ones.
+                is_ask = call.kind is not CallKind.NOTICE
+                if is_ask and vcpus < call.vcpus.requested:
                     vm.denials += 1
+                if memory is not None:
+                    self._memory_granted(vm, call, memory, is_ask=is_ask)
                 self.trace(
                     "permit_" + outcome.value,
                     vm.spec.name,
@@ -875,21 +946,6 @@ class Simulation:
                     )
             self._step(vm)
 
-    def _request(self, vm: VmRecord, call: PermitCall, node: str) -> ResourceRequest:
-        request = resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
-        m = vm.mem
-        if m is None:
-            return request
-        # The VM's memory as it is (steady): the memory loop asks for memory on its own.
-        return msgspec.structs.replace(
-            request,
-            current=Resources(vcpus=request.current.vcpus, memory_bytes=m.size),
-            requested=Resources(vcpus=request.requested.vcpus, memory_bytes=m.size),
-            last_permit=Resources(vcpus=request.last_permit.vcpus, memory_bytes=m.granted)
-            if request.last_permit is not None
-            else None,
-        )
-
     def _permit_timeout(self, token_and_index: int) -> None:
         index, token = divmod(token_and_index, 1 << 32)
         vm = self.vms[index]
@@ -898,6 +954,8 @@ class Simulation:
             return
         vm.op = None
         vm.permit_errors += 1
+        if vm.mem is not None:
+            vm.mem.permit_errors += 1
         st.permit_failed(self.t, "extender unreachable (timeout)", jitter=self._jitter(vm))
         self.trace("permit_failed", vm.spec.name, "extender unreachable")
         self._step(vm)
@@ -969,41 +1027,7 @@ class Simulation:
         vm.wake_token += 1
         self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
 
-    # -- memory (simulator.memory): one loop per VM whose memory scales -----------------------
-
-    def _mem_tick(self, index: int) -> None:
-        """The agent's memory loop, on its scrape grid: account, decide, ask or resize."""
-        vm = self.vms[index]
-        m = vm.mem
-        if m is None or vm.is_deleted or vm.node is None:
-            return
-        t = self.t
-        self.at(t + self.core.scrape_interval_seconds, self._mem_tick, index)
-        self._mem_account(vm, m)
-        if m.op is not None:
-            return
-        goal, m.policy = memory_goal(
-            vm.vm_spec, m.policy, used=m.used, current=m.size, config=self.memory_policy, now=t
-        )
-        if goal > m.size:
-            m.want = goal
-            if m.granted >= goal:
-                self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
-            elif t >= m.retry_at:
-                self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
-        elif goal < m.size:
-            m.want = goal
-            self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
-        elif m.granted > m.size:
-            # A notice not yet heard (the extender was down): give the rest back.
-            m.want = m.size
-            self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
-
-    def _mem_op(self, vm: VmRecord, m: MemoryRecord, kind: str, after: float) -> None:
-        m.op = kind
-        self.at(
-            self.t + after, self._mem_permit if kind == "permit" else self._mem_resized, vm.index
-        )
+    # -- memory: the simulated guest's use, and what plugging does ------------------------------
 
     def _mem_account(self, vm: VmRecord, m: MemoryRecord) -> None:
         """The guest's use now; the start and end of a stretch out of memory."""
@@ -1018,108 +1042,55 @@ class Simulation:
             m.oom_seconds += t - m.out_since
         m.is_out = out
 
-    def _mem_permit(self, index: int) -> None:
-        """The memory request (or notice) reaches the extender: one VM's batch."""
-        vm = self.vms[index]
+    def _memory_granted(self, vm: VmRecord, call: PermitCall, memory: int, *, is_ask: bool) -> None:
         m = vm.mem
-        if m is None or vm.is_deleted or m.op != "permit" or vm.node is None:
-            return
-        m.op = None
         ext = self.extender
-        retry_at = self.t + self.s.agent.permit_retry_seconds
-        if ext is None:
-            m.permit_errors += 1
-            m.retry_at = retry_at
-            return  # a later tick asks again
-        node = vm.node
-        is_notice = m.want < m.granted
-        request = ResourceRequest(
-            pod=vm.ref,
-            node=node,
-            current=Resources(vcpus=vm.vcpus, memory_bytes=m.granted if is_notice else m.size),
-            requested=Resources(vcpus=vm.vcpus, memory_bytes=m.want),
-            last_permit=Resources(vcpus=vm.granted, memory_bytes=m.granted),
-        )
-        self.counts["permit_batches"] += 1
-        self.counts["permit_requests"] += 1
-        before = ext.ledger.nodes[node].free
-        try:
-            decisions = decide_batch(
-                ext.ledger, node, [request], quota_room=partial(adm.quota_room, ext.admission)
-            )
-        except BatchRefused as e:
-            raise InvariantViolation("permit batch refused", e.message) from e
-        check_decision(ext.ledger, node, before.cpu_millis, f"memory permit for {vm.spec.name}")
-        free = ext.ledger.nodes[node].free.memory_bytes
-        if free < 0 and free < before.memory_bytes:
-            raise InvariantViolation(
-                "decided over-commit",
-                f"memory permit for {vm.spec.name} left node {node} {-free} bytes over its"
-                f" usable memory (was {before.memory_bytes} free)",
-            )
-        permit = decisions[0].permit
-        if permit.error is not None or permit.permit is None:
-            m.permit_errors += 1
-            m.retry_at = retry_at
-            self.note("permit_error", vm.spec.name, permit.error.message if permit.error else "")
-            return
-        granted = permit.permit.memory_bytes
-        m.granted = granted
-        if not is_notice and granted < m.want:
+        assert m is not None and call.memory is not None and ext is not None
+        m.granted = memory
+        if is_ask and memory < call.memory.requested:
             m.denials += 1
-            m.retry_at = retry_at
-            self.trace("memory_denied", vm.spec.name, "asked {}: {}", m.want, permit.reason)
-        if self.memory_annotations.get(vm.uid) != granted:
+        if self.memory_annotations.get(vm.uid) != memory:
             self.at(
                 self.t + self.timing.durability_delay_seconds,
                 self._mem_durable_write,
                 (vm.index << 16) | (ext.epoch & 0xFFFF),
             )
-        if granted > m.size:
-            m.want = granted
-            self._mem_op(vm, m, "resize", self.timing.memory_resize_seconds)
 
-    def _mem_resized(self, index: int) -> None:
+    def _mem_resized(self, vm: VmRecord, target: int) -> int:
         """Plugging or unplugging ended: a grow reaches its size, a shrink where the guest
-        stopped giving memory back (then the extender hears of it)."""
-        vm = self.vms[index]
+        stopped giving memory back. Returns the size the VM has now."""
         m = vm.mem
-        if m is None or vm.is_deleted or m.op != "resize" or vm.node is None:
-            return
-        m.op = None
+        assert m is not None and vm.node is not None
         self._mem_account(vm, m)
         previous = m.size
-        if m.want > previous:
-            if m.want > m.granted:
+        if target > previous:
+            if target > m.granted:
                 raise InvariantViolation(
                     "permit exceeded",
-                    f"{vm.spec.name} plugged {m.want} bytes, its memory permit is {m.granted}",
+                    f"{vm.spec.name} plugged {target} bytes, its memory permit is {m.granted}",
                 )
-            m.size = m.want
+            m.size = target
             m.grows += 1
             self.counts["resizes"] += 1
             m.peak = max(m.peak, m.size)
             self._check_memory_reality(vm.node, f"{vm.spec.name} grew to {m.size} bytes")
         else:
-            reached = given_back_to(vm.vm_spec, asked=m.want, used=m.used)
+            reached = given_back_to(vm.vm_spec, asked=target, used=m.used)
             if reached >= previous:
-                # Nothing could be given back: the policy waits its whole window again.
-                m.policy = MemoryPolicyState()
                 self.note("memory_shrink_refused", vm.spec.name, f"uses {m.used} bytes")
-                return
+                return previous
             m.size = reached
             m.shrinks += 1
             self.counts["resizes"] += 1
-            if reached > m.want:
+            if reached > target:
                 m.partial_shrinks += 1
                 self.note(
                     "memory_shrink_partial",
                     vm.spec.name,
-                    f"asked {m.want} bytes, the guest gave back down to {reached}",
+                    f"asked {target} bytes, the guest gave back down to {reached}",
                 )
-            m.want = reached
-            self._mem_op(vm, m, "permit", self.timing.extender_latency_seconds)
         self._mem_account(vm, m)
+        return m.size
 
     def _check_memory_reality(self, node: str, what: str) -> None:
         """What really runs on ``node`` after a grow we permitted fits in its usable memory."""

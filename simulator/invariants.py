@@ -66,6 +66,16 @@ def check_decision(ledger: Ledger, node: str, free_before: int, what: str) -> No
         )
 
 
+def check_memory_decision(ledger: Ledger, node: str, free_before: int, what: str) -> None:
+    free = ledger.nodes[node].free.memory_bytes
+    if free < 0 and free < free_before:
+        raise InvariantViolation(
+            "decided over-commit",
+            f"{what} left node {node} {-free} bytes over its usable memory"
+            f" (was {free_before} free)",
+        )
+
+
 def check_reality(node: NodeRecord, ext: ExtenderLife | None, what: str) -> None:
     """What we decided (a bind, a permitted grow) must fit in what really runs there, not
     only in what the ledger believes: a stale ledger is how real over-commit happens."""

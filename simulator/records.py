@@ -21,7 +21,6 @@ from scheduler_extender.core.placement import FitIndex
 from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL
 from simulator import scenario as sc
-from simulator.memory import MemoryPolicyState
 from simulator.report import StepResult
 from simulator.world import GuestLoad
 
@@ -129,8 +128,8 @@ class VmRecord:
 
 
 class MemoryRecord:
-    """A VM whose memory scales: its guest's use, its plugged size, its memory permit, and
-    the counters the report reads (``simulator.memory`` has the model)."""
+    """A VM whose memory scales: its guest's use (``simulator.world``), its plugged size, its
+    memory permit, and the counters the report reads. The decisions are the agent's core's."""
 
     __slots__ = (
         "denials",
@@ -139,20 +138,15 @@ class MemoryRecord:
         "is_out",
         "oom_seconds",
         "ooms",
-        "op",
         "out_since",
         "partial_shrinks",
         "peak",
         "permit_errors",
-        "policy",
-        "retry_at",
         "segment",
         "segments",
         "shrinks",
         "size",
-        "token",
         "used",
-        "want",
     )
 
     def __init__(self, segments: tuple[tuple[float, int], ...], size: int) -> None:
@@ -160,16 +154,8 @@ class MemoryRecord:
         self.segment = 0
         self.used = segments[0][1]
         self.size = size  # what the guest really has plugged
-        self.granted = size  # the memory permit it holds
+        self.granted = size  # the memory permit it holds, as the extender last answered
         self.peak = size
-        self.want = size  # what the pending permit request asks for
-        # None, "permit" (a request on its way) or "resize" (plugging or unplugging).
-        self.op: str | None = None
-        self.token = 0
-        self.policy = MemoryPolicyState()
-        # After a short grant or a failed call, no new request before this (the agent's
-        # permit_retry_seconds), as the CPU loop backs off.
-        self.retry_at = 0.0
         self.grows = self.shrinks = self.partial_shrinks = self.denials = 0
         self.permit_errors = self.ooms = 0
         self.oom_seconds = 0.0

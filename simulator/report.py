@@ -29,7 +29,7 @@ class StepResult(_Out, frozen=True):
 
 
 class VmMemory(_Out, frozen=True):
-    """A VM whose memory scales (``simulator.memory``), in bytes."""
+    """A VM whose memory scales (decided by the agent's core, ``simulator.engine``), in bytes."""
 
     min_bytes: int
     max_bytes: int

@@ -25,9 +25,10 @@ steps, so that every change of load is an explicit breakpoint (the engine does n
 VM between breakpoints while it is settled).
 ``csv: FILE`` (relative to the scenario) reads ``seconds,vcpus`` rows as steps.
 
-A VM with ``max_memory`` scales its memory too (``simulator.memory``): from ``memory`` in
-``memory_unit`` steps, following ``memory_used`` (what its guest's processes hold over time),
-under the scenario's ``memory_policy``.
+A VM with ``max_memory`` scales its memory too, decided by the agent's own core and memory
+policy (``autoscaler_agent.memory_policy``): from ``memory`` in ``memory_unit`` steps,
+following ``memory_used`` (what its guest's processes hold over time, ``simulator.world``),
+with the scenario's ``memory_policy`` knobs.
 """
 
 from __future__ import annotations
@@ -158,9 +159,9 @@ class Vm(_Strict, frozen=True, kw_only=True):
     scaling_unit: WholeVcpus = 1
     # The VM's memory: its least (``min-memory``), placed and booted with it.
     memory: Quantity = DEFAULT_MEMORY
-    # Memory scaling (simulator.memory): the most it may grow to (none: it does not scale), in
-    # steps of ``memory_unit``, following what its guest uses (``memory_used``, none: a
-    # quarter of ``memory`` throughout).
+    # Memory scaling (the agent's memory policy): the most it may grow to (none: it does not
+    # scale), in steps of ``memory_unit``, following what its guest uses (``memory_used``,
+    # none: a quarter of ``memory`` throughout).
     max_memory: Quantity | None = None
     memory_unit: Quantity = "128Mi"
     memory_used: list[MemoryUse] | None = None
@@ -230,12 +231,20 @@ class Agent(_Strict, frozen=True, kw_only=True):
 
 
 class MemoryPolicy(_Strict, frozen=True, kw_only=True):
-    """The simulated agent's memory policy (``simulator.memory``); defaults are its own."""
+    """The agent's memory policy knobs (``autoscaler_agent.memory_policy.MemoryPolicyConfig``,
+    which explains each); the defaults are the agent's."""
 
-    target_used_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
-    shrink_used_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
-    shrink_after_seconds: Seconds = 60.0
-    margin: Quantity = "256Mi"
+    low_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.2
+    target_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    min_headroom: Quantity = "128Mi"
+    lookahead_seconds: Seconds = 3.0
+    shrink_after_seconds: Seconds = 30.0
+
+    def __post_init__(self) -> None:
+        if self.target_headroom_fraction <= self.low_headroom_fraction:
+            raise ValueError(
+                "target_headroom_fraction must be above low_headroom_fraction (or sizes flap)"
+            )
 
 
 class Timing(_Strict, frozen=True, kw_only=True):
@@ -362,7 +371,7 @@ def check_scenario(s: Scenario) -> list[str]:
     for i, p in enumerate(s.node_pools):
         _quantity(p.cpu, "cpu", f"$.node_pools[{i}].cpu", errors)
         _quantity(p.memory, "memory", f"$.node_pools[{i}].memory", errors)
-    _quantity(s.memory_policy.margin, "memory", "$.memory_policy.margin", errors)
+    _quantity(s.memory_policy.min_headroom, "memory", "$.memory_policy.min_headroom", errors)
     for i, vm in enumerate(s.vms):
         _quantity(vm.memory, "memory", f"$.vms[{i}].memory", errors)
         _quantity(vm.memory_unit, "memory", f"$.vms[{i}].memory_unit", errors)

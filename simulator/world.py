@@ -17,6 +17,12 @@ What the agent scrapes is derived from it the way a Linux guest would show it:
   plus a spike of -1 or +1 task one scrape in ten, never below 1. The randomness is a hash of
   the guest's ``noise_seed`` and the scrape time, not a random stream: a scrape the simulator
   skips draws nothing, so skipping cannot change what a later scrape sees.
+
+Memory, for a VM whose memory scales, is the guest's *use* over time (``memory_segments``):
+memory its processes hold (anonymous, not reclaimable). Memory above it is free or page cache
+and can be given back; memory below it cannot, so a shrink ends where the guest stopped
+(``given_back_to``), as a virtio-mem unplug of memory in use does. A guest whose use exceeds
+its memory is out of memory: the report counts those stretches.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import math
 from typing import Final
 
 from autoscaler_agent.policy import Samples
+from protocol.annotations import VmSpec
 from simulator.scenario import Load1Model, Segments
 
 LOAD1_TAU_SECONDS: Final = 60.0
@@ -199,3 +206,48 @@ class GuestLoad:
             memory_available_bytes=MEMORY_TOTAL_BYTES / 2,
             memory_total_bytes=MEMORY_TOTAL_BYTES,
         )
+
+
+MemorySegments = tuple[tuple[float, int], ...]  # (from_seconds, used_bytes), sorted, from 0
+
+
+def round_up_memory(spec: VmSpec, value: int) -> int:
+    """The smallest allowed size >= ``value`` (``min + k * unit``), at most the top size."""
+    if value <= spec.min_memory_bytes:
+        return spec.min_memory_bytes
+    unit = spec.memory_unit_bytes
+    steps = -(-(value - spec.min_memory_bytes) // unit)
+    return min(spec.top_memory_bytes, spec.min_memory_bytes + steps * unit)
+
+
+def given_back_to(spec: VmSpec, *, asked: int, used: int) -> int:
+    """Where a shrink to ``asked`` ends: the guest cannot give back memory its processes hold."""
+    return max(asked, round_up_memory(spec, used))
+
+
+def used_at(segments: MemorySegments, index: int, t: float) -> tuple[int, int]:
+    """``(used bytes at t, the segment index)``, searching forward from ``index``."""
+    while index + 1 < len(segments) and segments[index + 1][0] <= t:
+        index += 1
+    return segments[index][1], index
+
+
+def memory_segments(
+    uses: list[tuple[float, int, float]] | None, memory: int, *, step_seconds: float = 1.0
+) -> MemorySegments:
+    """A VM's ``memory_used`` ``(at, used, over_seconds)`` as segments from 0, a ramp in steps
+    of ``step_seconds``; before its first (or without any), the guest uses a quarter of the
+    VM's least memory."""
+    level = memory // 4
+    out: list[tuple[float, int]] = [(0.0, level)]
+    for at, used, over in uses or ():
+        steps = max(1, math.ceil(over / step_seconds))
+        for k in range(1, steps + 1):
+            t = float(at) + (k - 1) * over / steps
+            value = level + (used - level) * k // steps
+            if out[-1][0] == t:
+                out[-1] = (t, value)
+            else:
+                out.append((t, value))
+        level = used
+    return tuple(out)

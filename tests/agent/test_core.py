@@ -599,3 +599,17 @@ def test_no_room_known_leaves_growth_to_the_permit_alone(clock):
     vm.memory_room_seen(clock.now, None)
     assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
     assert vm.next_actions(clock.now).resize.target == 768 * MiB
+
+
+def test_a_hold_from_a_scrape_during_a_plug_does_not_shrink_the_vm_back(clock):
+    """A plug takes seconds and scrapes go on meanwhile: their goals judge the size from
+    before it. A "hold" there is not a wish to shrink back once the plug lands (the
+    simulator, running this core, showed VMs shrinking after every grow)."""
+    vm = mem_started(clock)
+    assert mem_granted(vm, clock, 768 * MiB) is PermitOutcome.GRANTED
+    vm.resize_started(clock.now, Resource.MEMORY, 768 * MiB)
+    mem_scrape(vm, clock, used=200 * MiB)  # at 512 MiB, 224 MiB available: hold
+    assert vm.memory_goal.reason.startswith("hold")
+    vm.resized(clock.now, Resource.MEMORY, current=768 * MiB, maximum=None)
+    assert vm.desired_memory == 768 * MiB
+    assert vm.next_actions(clock.now).resize is None

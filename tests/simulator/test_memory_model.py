@@ -1,19 +1,13 @@
-"""The simulator's memory model (simulator.memory): a pure policy, tested on a fake clock."""
+"""The simulated guest's memory (simulator.world): what it uses over time and what a shrink
+can give back. The policy that sizes it is the agent's own (tests/agent)."""
 
 from __future__ import annotations
 
 import pytest
 
 from protocol.annotations import VmSpec
-from simulator.memory import (
-    MemoryPolicyConfig,
-    MemoryPolicyState,
-    given_back_to,
-    memory_goal,
-    memory_segments,
-    round_up_memory,
-)
 from simulator.scenario import ScenarioError, parse_scenario
+from simulator.world import given_back_to, memory_segments, round_up_memory
 
 GI, MI = 2**30, 2**20
 SPEC = VmSpec(
@@ -23,39 +17,6 @@ SPEC = VmSpec(
     max_memory_bytes=16 * GI,
     memory_unit_bytes=512 * MI,
 )
-CONFIG = MemoryPolicyConfig()  # grow above 75% used, shrink below 50% after 60 s, 256Mi margin
-
-
-@pytest.mark.parametrize(
-    ("used", "current", "goal"),
-    [
-        (1 * GI, 2 * GI, 2 * GI),  # 50%: steady
-        (int(1.6 * GI), 2 * GI, 2560 * MI),  # 80%: one step to where it is below 75%
-        (7 * GI, 2 * GI, 9728 * MI),  # far above: straight there, not unit by unit
-        (15 * GI, 16 * GI, 16 * GI),  # never above the maximum
-    ],
-    ids=["steady", "one-step", "straight-there", "at-max"],
-)
-def test_growth_goes_in_one_step_to_the_smallest_size_that_fits(used, current, goal):
-    got, _ = memory_goal(
-        SPEC, MemoryPolicyState(), used=used, current=current, config=CONFIG, now=0.0
-    )
-    assert got == goal
-
-
-def test_shrink_waits_out_its_window_and_keeps_a_margin_above_use():
-    state = MemoryPolicyState()
-    for now in (0.0, 30.0, 59.0):
-        goal, state = memory_goal(SPEC, state, used=GI, current=8 * GI, config=CONFIG, now=now)
-        assert goal == 8 * GI
-    goal, state = memory_goal(SPEC, state, used=GI, current=8 * GI, config=CONFIG, now=60.0)
-    # 1Gi / 0.75 = 1.33Gi and 1Gi + 256Mi: both below the minimum.
-    assert goal == 2 * GI
-    goal, _ = memory_goal(SPEC, state, used=3 * GI, current=8 * GI, config=CONFIG, now=61.0)
-    assert goal == 4 * GI  # 3Gi / 0.75 = 4Gi, above 3Gi + 256Mi
-    # Use coming back above half resets the window.
-    _, state = memory_goal(SPEC, state, used=5 * GI, current=8 * GI, config=CONFIG, now=62.0)
-    assert state.low_since is None
 
 
 def test_a_shrink_ends_where_the_guest_holds_its_memory():
