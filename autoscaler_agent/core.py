@@ -688,6 +688,8 @@ class VmState:
             top_bytes=mem.top,
             config=self.config.memory,
             now=now,
+            waiting_seconds_total=samples.memory_waiting_seconds_total,
+            stalled_seconds_total=samples.memory_stalled_seconds_total,
         )
         self._memory_policy_state = self.memory_goal.state
 

@@ -34,6 +34,19 @@ The rule (sizes are ``min + k * memory_unit``, clamped to ``[min, top]``):
   a shrink the guest has ``target`` headroom, above ``low``, so the same use cannot ask to grow
   back. The shrink never goes below ``used + low headroom`` even when the unit rounds down: the
   size is always rounded up.
+* **Grow on pressure, before a stall becomes an OOM.** MemAvailable counts memory the kernel
+  could reclaim, in any zone; it says nothing of *where*. Page cache and kernel memory (slab:
+  dentries, inodes) can fill the zones kernel allocations may use while hot-plugged memory
+  sits free in ZONE_MOVABLE, which they cannot use: the guest then reclaims and stalls, and
+  ends in the OOM killer, with MemAvailable looking fine throughout (neondatabase/autoscaling
+  #1204 is that OOM). The kernel's pressure stall information says so first: ``some`` is the
+  time in which some task waited for memory, ``full`` the time in which all of them did
+  (Documentation/accounting/psi.rst). When ``some`` took more than ``pressure_fraction`` of
+  the last scrape interval, the VM grows at once by ``pressure_grow_fraction`` of its size
+  (at least a unit), whatever MemAvailable says, and the shrink window closes. Growing only
+  helps if the new memory can hold what is stalling: that is why the guest onlines
+  hot-plugged memory with the kernel's auto-movable policy (vm_runner/cmdline.py), which
+  makes part of it normal. ``full`` is reported (``stalled_seconds``) for the metrics.
 * **No usable numbers** (no MemTotal/MemAvailable, or nonsense): hold, and close the windows.
 
 ``couple`` ties vCPUs and memory together when ``memory_per_vcpu_bytes`` is set (compute-unit
@@ -69,6 +82,11 @@ class MemoryPolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
     shrink_after_seconds: float = 30.0
     # Couple vCPUs and memory: this much memory per vCPU (0: not coupled).
     memory_per_vcpu_bytes: int = 0
+    # Grow when some task waited for memory (PSI ``some``) for more than this fraction of the
+    # last scrape interval: reclaim is already slowing the guest (0.1 = 100 ms per second).
+    pressure_fraction: float = 0.1
+    # ... by this fraction of the VM's size (at least one memory unit).
+    pressure_grow_fraction: float = 0.25
 
 
 class MemoryPolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -82,6 +100,9 @@ class MemoryPolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Since when the shrink size has been below the current size, and its largest value since.
     low_since: float | None = None
     low_peak_bytes: int | None = None
+    # The PSI counters (seconds since boot) at the previous scrape, for their rates.
+    waiting_seconds: float | None = None
+    stalled_seconds: float | None = None
 
 
 class MemoryGoal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -95,6 +116,11 @@ class MemoryGoal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     shrink_bytes: int | None  # the size a shrink would go to now, or None
     state: MemoryPolicyState
     reason: str
+    # Pressure over the last scrape interval: the fraction of it some task waited for memory,
+    # and the seconds in which all of them were stalled (PSI ``full``); None if unknown.
+    waiting_fraction: float | None = None
+    stalled_seconds: float | None = None
+    is_pressure_grow: bool = False  # this goal grows because of pressure (not MemAvailable)
 
 
 def headroom(used: float, fraction: float, config: MemoryPolicyConfig) -> float:
@@ -126,13 +152,72 @@ def goal_memory(
     top_bytes: int,
     config: MemoryPolicyConfig,
     now: float,
+    waiting_seconds_total: float | None = None,
+    stalled_seconds_total: float | None = None,
 ) -> MemoryGoal:
     """The memory this VM should have now, with the reason, and the next state.
 
     ``samples_total``/``samples_available``: the guest's MemTotal and MemAvailable in bytes.
     ``top_bytes``: the largest size allowed (``spec.top_memory_bytes``, possibly lowered by
-    the hypervisor's own maximum).
+    the hypervisor's own maximum). ``waiting_seconds_total``/``stalled_seconds_total``: the
+    guest's PSI memory ``some`` and ``full`` counters, when it exposes them.
     """
+    goal = _goal_from_available(
+        samples_total,
+        samples_available,
+        spec,
+        state,
+        current_bytes=current_bytes,
+        top_bytes=top_bytes,
+        config=config,
+        now=now,
+    )
+    waiting, stalled = _usable(waiting_seconds_total), _usable(stalled_seconds_total)
+    since = state.used_at
+    fraction = stalled_delta = None
+    if since is not None and now > since:
+        if waiting is not None and state.waiting_seconds is not None:
+            fraction = max(0.0, waiting - state.waiting_seconds) / (now - since)
+        if stalled is not None and state.stalled_seconds is not None:
+            stalled_delta = max(0.0, stalled - state.stalled_seconds)
+    new_state = msgspec.structs.replace(
+        goal.state, waiting_seconds=waiting, stalled_seconds=stalled
+    )
+    goal = msgspec.structs.replace(
+        goal, state=new_state, waiting_fraction=fraction, stalled_seconds=stalled_delta
+    )
+    c = current_bytes
+    if fraction is None or fraction <= config.pressure_fraction or c >= top_bytes:
+        return goal
+    step = max(spec.memory_unit_bytes, config.pressure_grow_fraction * c)
+    grow = round_memory_up(c + step, spec, top_bytes=top_bytes)
+    if grow <= goal.memory_bytes:
+        return goal  # MemAvailable already asks for as much
+    # The shrink window closes: a guest under pressure is no candidate for giving memory back.
+    closed = msgspec.structs.replace(new_state, low_since=None, low_peak_bytes=None)
+    mib = 2**20
+    return msgspec.structs.replace(
+        goal,
+        memory_bytes=grow,
+        state=closed,
+        is_pressure_grow=True,
+        reason=f"grow {c / mib:.0f} -> {grow / mib:.0f} MiB on memory pressure: waited"
+        f" {fraction:.0%} of the last interval (stalled {stalled_delta or 0.0:.2f}s); "
+        + goal.reason,
+    )
+
+
+def _goal_from_available(
+    samples_total: float | None,
+    samples_available: float | None,
+    spec: VmSpec,
+    state: MemoryPolicyState,
+    *,
+    current_bytes: int,
+    top_bytes: int,
+    config: MemoryPolicyConfig,
+    now: float,
+) -> MemoryGoal:
     total, avail = _usable(samples_total), _usable(samples_available)
     c = current_bytes
     if total is None or avail is None or avail > total or total <= 0:

@@ -182,6 +182,18 @@ class AgentMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
             registry=registry,
         )
+        self.memory_stalled_seconds = Counter(
+            p + "memory_stalled_seconds_total",
+            "Time in which all of a guest's non-idle tasks were stalled waiting for memory (PSI"
+            " full), summed over the VMs, as seen between scrapes",
+            registry=registry,
+        )
+        self.memory_pressure_grows = Counter(
+            p + "memory_pressure_grows_total",
+            "Memory grows decided because the guest waited for memory (PSI some above the"
+            " policy's pressure_fraction), not because MemAvailable ran low",
+            registry=registry,
+        )
         self.vm_loop_restarts = Counter(
             p + "vm_loop_restarts_total",
             "VM loops restarted after an unexpected error",

@@ -104,6 +104,10 @@ class Samples(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cpu_count: int | None = None
     memory_available_bytes: float | None = None
     memory_total_bytes: float | None = None
+    # PSI (node_exporter's pressure collector), seconds since boot: time in which some task
+    # waited for memory (``some``), and in which all non-idle tasks did (``full``).
+    memory_waiting_seconds_total: float | None = None
+    memory_stalled_seconds_total: float | None = None
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):

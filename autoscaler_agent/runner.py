@@ -334,8 +334,19 @@ class VmRunner:
             mem_goal = self.state.memory_goal
             if mem_goal is not None:
                 mem_after = self.state.desired_memory
-                level = log.info if mem_after != mem_before else log.debug
-                level("memory_goal", desired_memory_bytes=mem_after, reason=mem_goal.reason)
+                if mem_goal.stalled_seconds:
+                    m.memory_stalled_seconds.inc(mem_goal.stalled_seconds)
+                is_new = mem_after != mem_before
+                if is_new and mem_goal.is_pressure_grow:
+                    m.memory_pressure_grows.inc()
+                (log.info if is_new else log.debug)(
+                    "memory_goal",
+                    desired_memory_bytes=mem_after,
+                    waiting_fraction=mem_goal.waiting_fraction,
+                    stalled_seconds=mem_goal.stalled_seconds,
+                    is_pressure_grow=mem_goal.is_pressure_grow,
+                    reason=mem_goal.reason,
+                )
         finally:
             self._changed.set()
 

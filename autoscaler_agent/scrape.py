@@ -23,6 +23,14 @@ MAX_BODY_BYTES = 8 * 2**20
 # With a ``# TYPE ... counter`` line the parser names the family without "_total"; without one
 # (an untyped series) it keeps the full name.
 _CPU_FAMILIES = frozenset({"node_cpu_seconds", "node_cpu_seconds_total"})
+# Memory pressure (PSI) from the pressure collector: ``some`` is "waiting", ``full`` "stalled".
+# A counter's family is named without ``_total`` by the parser, as the CPU one is.
+_WAITING_FAMILIES = frozenset(
+    {"node_pressure_memory_waiting_seconds", "node_pressure_memory_waiting_seconds_total"}
+)
+_STALLED_FAMILIES = frozenset(
+    {"node_pressure_memory_stalled_seconds", "node_pressure_memory_stalled_seconds_total"}
+)
 # Time a CPU had nothing to run: iowait is idle time spent while some I/O was pending, and a
 # VM waiting on its disk does not need more vCPUs.
 _IDLE_MODES = frozenset({"idle", "iowait"})
@@ -49,6 +57,8 @@ def parse_samples(text: str) -> Samples:
     cpu_idle: float | None = None
     mem_avail: float | None = None
     mem_total: float | None = None
+    waiting: float | None = None
+    stalled: float | None = None
     try:
         for family in text_string_to_metric_families(text):
             name = family.name
@@ -72,6 +82,14 @@ def parse_samples(text: str) -> Samples:
             elif name == "node_memory_MemTotal_bytes":
                 for s in family.samples:
                     mem_total = s.value
+            elif name in _WAITING_FAMILIES:
+                for s in family.samples:
+                    if s.name == "node_pressure_memory_waiting_seconds_total":
+                        waiting = s.value
+            elif name in _STALLED_FAMILIES:
+                for s in family.samples:
+                    if s.name == "node_pressure_memory_stalled_seconds_total":
+                        stalled = s.value
     except (ValueError, TypeError, KeyError, IndexError) as e:
         # prometheus_client raises plain ValueError (and, on some garbage, IndexError or
         # KeyError) rather than one parse error type.
@@ -86,6 +104,8 @@ def parse_samples(text: str) -> Samples:
         cpu_count=len(cpus) if cpus else None,
         memory_available_bytes=mem_avail,
         memory_total_bytes=mem_total,
+        memory_waiting_seconds_total=waiting,
+        memory_stalled_seconds_total=stalled,
     )
 
 

@@ -232,3 +232,67 @@ def test_a_steady_allocation_is_always_ahead_of_the_guest(rate_mib, start_mib):
         used += rate_mib * MiB
         if used + OVERHEAD >= s.top_memory_bytes:
             break
+
+
+# -- pressure (PSI) -----------------------------------------------------------------------------
+
+
+def pressured(waited_per_second, *, used=200 * MiB, current=1 * GiB, stalled_per_second=0.0):
+    """Two scrapes 1 s apart of a guest with plenty of MemAvailable, whose tasks waited for
+    memory ``waited_per_second`` of that second (PSI some)."""
+    s = spec()
+    total = current - OVERHEAD
+    first = goal_memory(
+        total,
+        total - used,
+        s,
+        MemoryPolicyState(),
+        current_bytes=current,
+        top_bytes=s.top_memory_bytes,
+        config=CFG,
+        now=100.0,
+        waiting_seconds_total=50.0,
+        stalled_seconds_total=5.0,
+    )
+    return goal_memory(
+        total,
+        total - used,
+        s,
+        first.state,
+        current_bytes=current,
+        top_bytes=s.top_memory_bytes,
+        config=CFG,
+        now=101.0,
+        waiting_seconds_total=50.0 + waited_per_second,
+        stalled_seconds_total=5.0 + stalled_per_second,
+    )
+
+
+@pytest.mark.parametrize(
+    ("waited", "memory_mib", "is_pressure_grow"),
+    [
+        (0.0, 1024, False),  # no pressure, plenty available: hold
+        (0.09, 1024, False),  # below the threshold (0.1)
+        (0.3, 1280, True),  # 30% waiting: +25% of 1 GiB, rounded up to the unit
+    ],
+    ids=["none", "below-threshold", "pressure"],
+)
+def test_pressure_grows_a_vm_whose_memavailable_looks_fine(waited, memory_mib, is_pressure_grow):
+    g = pressured(waited, stalled_per_second=0.05)
+    assert g.memory_bytes == memory_mib * MiB
+    assert g.is_pressure_grow is is_pressure_grow
+    assert g.waiting_fraction == pytest.approx(waited)
+    assert g.stalled_seconds == pytest.approx(0.05)
+    if is_pressure_grow:
+        assert g.reason.startswith("grow 1024 -> 1280 MiB on memory pressure: waited 30%")
+
+
+def test_pressure_closes_the_shrink_window():
+    """200 MiB used of 1 GiB would shrink after the window; a guest waiting for memory does
+    not give any back."""
+    g = pressured(0.5)
+    assert g.state.low_since is None and g.state.low_peak_bytes is None
+
+
+def test_without_psi_counters_there_is_no_pressure():
+    assert goal(200 * MiB, 1 * GiB).waiting_fraction is None

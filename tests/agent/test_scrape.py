@@ -64,6 +64,21 @@ def test_parse_a_real_node_exporter_page():
     assert s.cpu_seconds_total == pytest.approx(5157.39)
     assert s.cpu_idle_seconds_total == pytest.approx(1421.62)
     assert (s.memory_total_bytes, s.memory_available_bytes) == (25274793984.0, 23659872256.0)
+    # The pressure collector's PSI counters (memory some/full): present, and zero on that host.
+    assert (s.memory_waiting_seconds_total, s.memory_stalled_seconds_total) == (0.0, 0.0)
+
+
+def test_parse_memory_pressure_typed_and_untyped():
+    typed = (
+        "# TYPE node_pressure_memory_waiting_seconds_total counter\n"
+        "node_pressure_memory_waiting_seconds_total 12.5\n"
+        "# TYPE node_pressure_memory_stalled_seconds_total counter\n"
+        "node_pressure_memory_stalled_seconds_total 3.25\n"
+    )
+    untyped = "".join(line + "\n" for line in typed.splitlines() if not line.startswith("#"))
+    for text in (typed, untyped):
+        s = parse_samples(text)
+        assert (s.memory_waiting_seconds_total, s.memory_stalled_seconds_total) == (12.5, 3.25)
 
 
 @pytest.mark.parametrize(
