@@ -393,8 +393,12 @@ def start_runner(
     grace_seconds: float = 10,
     postgres: bool = False,
     vcpu_mode: str = "online",
+    kernel_args: str = "",
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
+
+    ``kernel_args``: the runner's ``--kernel-args``, after its own (the last of a repeated
+    argument wins: e.g. another ``memhp_default_state``).
 
     ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
     ``vcpu_mode``: the runner's ``--vcpu-mode``; in ``online`` the agent's QGA socket is
@@ -415,6 +419,7 @@ def start_runner(
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
             "--grace-seconds", str(grace_seconds), "--vcpu-mode", vcpu_mode, *pg_forward,
             *(["--max-memory", max_memory] if max_memory is not None else []),
+            *(["--kernel-args", kernel_args] if kernel_args else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip
