@@ -43,7 +43,8 @@ The rule (sizes are ``min + k * memory_unit``, clamped to ``[min, top]``):
   time in which some task waited for memory, ``full`` the time in which all of them did
   (Documentation/accounting/psi.rst). When ``some`` took more than ``pressure_fraction`` of
   the last scrape interval, the VM grows at once by ``pressure_grow_fraction`` of its size
-  (at least a unit), whatever MemAvailable says, and the shrink window closes. Growing only
+  (at least a unit), whatever MemAvailable says; and it does not shrink: the shrink window
+  closes, and a shrink due becomes a hold. Growing only
   helps if the new memory can hold what is stalling: that is why the guest onlines
   hot-plugged memory with the kernel's auto-movable policy (vm_runner/cmdline.py), which
   makes part of it normal. ``full`` is reported (``stalled_seconds``) for the metrics.
@@ -187,24 +188,33 @@ def goal_memory(
         goal, state=new_state, waiting_fraction=fraction, stalled_seconds=stalled_delta
     )
     c = current_bytes
-    if fraction is None or fraction <= config.pressure_fraction or c >= top_bytes:
+    if fraction is None or fraction <= config.pressure_fraction:
         return goal
-    step = max(spec.memory_unit_bytes, config.pressure_grow_fraction * c)
-    grow = round_memory_up(c + step, spec, top_bytes=top_bytes)
-    if grow <= goal.memory_bytes:
-        return goal  # MemAvailable already asks for as much
-    # The shrink window closes: a guest under pressure is no candidate for giving memory back.
+    # Under pressure the shrink window closes, and a shrink due now becomes a hold: a guest
+    # waiting for memory gives none back. (Without this, a guest streaming a disk larger than
+    # any size grew to its maximum on pressure, shrank once the window passed, and grew again.)
     closed = msgspec.structs.replace(new_state, low_since=None, low_peak_bytes=None)
     mib = 2**20
-    return msgspec.structs.replace(
-        goal,
-        memory_bytes=grow,
-        state=closed,
-        is_pressure_grow=True,
-        reason=f"grow {c / mib:.0f} -> {grow / mib:.0f} MiB on memory pressure: waited"
-        f" {fraction:.0%} of the last interval (stalled {stalled_delta or 0.0:.2f}s); "
-        + goal.reason,
-    )
+    words = f"waited {fraction:.0%} of the last interval (stalled {stalled_delta or 0.0:.2f}s)"
+    step = max(spec.memory_unit_bytes, config.pressure_grow_fraction * c)
+    grow = round_memory_up(c + step, spec, top_bytes=top_bytes)
+    if grow > c and grow > goal.memory_bytes:
+        return msgspec.structs.replace(
+            goal,
+            memory_bytes=grow,
+            state=closed,
+            is_pressure_grow=True,
+            reason=f"grow {c / mib:.0f} -> {grow / mib:.0f} MiB on memory pressure: {words}; "
+            + goal.reason,
+        )
+    if goal.memory_bytes < c:
+        return msgspec.structs.replace(
+            goal,
+            memory_bytes=c,
+            state=closed,
+            reason=f"hold on memory pressure: {words}; " + goal.reason,
+        )
+    return msgspec.structs.replace(goal, state=closed)
 
 
 def _goal_from_available(

@@ -1,34 +1,36 @@
 """Benchmark: how hot-plugged memory is onlined, under workloads that stall a guest's kernel.
 
 For each onlining policy (``--policies``) boots the minimal guest under TCG with a virtio-mem
-device, the extender (standalone) and the agent, as ``scripts/bench_memory.py`` does, with
-the policy's kernel arguments after the runner's own (the last ``memhp_default_state`` wins):
+device and a data disk, the extender (standalone) and the agent, as ``scripts/bench_memory.py``
+does, with the policy's kernel arguments after the runner's own (the last
+``memhp_default_state`` wins):
 
-* ``movable``: ``memhp_default_state=online_movable`` (the runner's default): every plugged
-  block in ZONE_MOVABLE, which kernel allocations cannot use, and which can all be unplugged;
+* ``movable``: ``memhp_default_state=online_movable``: every plugged block in ZONE_MOVABLE,
+  which kernel allocations cannot use, and which can all be unplugged again;
 * ``normal``: ``memhp_default_state=online_kernel``: every block usable by the kernel, and
-  then pinned by what the kernel puts there;
+  then pinned by whatever the kernel puts there;
 * ``auto-movable``: ``memhp_default_state=online memory_hotplug.online_policy=auto-movable
   memory_hotplug.auto_movable_ratio=R``: movable as long as movable memory stays within R% of
   the kernel's, normal beyond (Documentation/admin-guide/mm/memory-hotplug.rst).
 
-Workloads, in order, on one guest per policy:
+Workloads, in order, on one guest per policy (``WORKLOADS``):
 
-* ``kernel``: kernel memory: ``--files`` empty files in a tmpfs (inodes and dentries: slab);
-* ``grown``: the VM first grows to its maximum (``--fill-mib`` written into a tmpfs) and
-  shrinks back once that is deleted, then the same kernel workload again.
+* ``page_cache``: the disk (larger than the VM's maximum) read over and over, filling the page
+  cache, beside a process whose anonymous memory grows to ``--anon-mib``;
+* ``kernel``: kernel memory: ``--files`` empty files in a tmpfs (inodes and dentries: slab,
+  which only the kernel's zones can hold; MemAvailable counts part of it as reclaimable);
+* ``grown``: the VM grows to its maximum (``--fill-mib`` written into a tmpfs) and shrinks back
+  once that is deleted; then the kernel workload again.
 
-(A page-cache workload needs a disk; the minimal guest has none, so it is left out here.)
-
-For each: whether the guest OOM-killed anything (dmesg), PSI memory ``full`` stall seconds
-(node_exporter), time from the first poll showing pressure (PSI ``some`` rising) to MemTotal
-growing, the memory plugged at the end of the workload, and what was still plugged after the
-files were deleted and the agent's shrink window passed: what a later shrink could not give
-back.
+For each: the guest's OOM kills (dmesg, cumulative), PSI memory ``full`` stall seconds, time
+from the first poll showing pressure (PSI ``some`` rising, or MemAvailable below the agent's
+low headroom) to MemTotal growing, the memory plugged at the end, and what was still plugged
+after the workload's memory was freed and the agent's shrink window passed: what a later
+shrink could not give back.
 
     .venv/bin/python scripts/bench_memory_online.py [--policies movable,auto-movable]
 
-Prints one JSON object. Several minutes on a 2-core machine.
+Prints one JSON object. Several minutes per policy on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.local_stack import (
+    Agent,
     Guest,
+    Service,
     VmPod,
     build_minimal_image,
     start_extender_and_agent,
@@ -61,126 +67,207 @@ POLICIES = {
     "auto-movable": "memhp_default_state=online memory_hotplug.online_policy=auto-movable"
     " memory_hotplug.auto_movable_ratio={ratio}",
 }
+DONE = "/tmp/workload.done"
 
 
-def poll(guest: Guest) -> tuple[float, float, float]:
-    """(MemTotal, PSI some seconds, PSI full seconds); zeros on a missed poll."""
+@dataclass(frozen=True)
+class Sizes:
+    memory: str = "512Mi"
+    max_memory: str = "2048Mi"
+    disk_mib: int = 3072  # above the maximum: the page cache can never hold it all
+    anon_mib: int = 600
+    files: int = 600_000
+    fill_mib: int = 1200
+    shrink_after_seconds: float = 4.0
+    release_seconds: float = 15.0
+    timeout_seconds: float = 300.0
+
+
+def boot(
+    workdir: Path, sizes: Sizes, kernel_args: str, services: list[Service]
+) -> tuple[Guest, Agent]:
+    """The guest with a sparse data disk, the extender and the agent; services are appended
+    to ``services`` as they start, so the caller stops them whatever happens."""
+    disk = workdir / "data.img"
+    with disk.open("wb") as f:
+        f.truncate(sizes.disk_mib * MiB)  # sparse: costs nothing on the host
+    guest = start_runner(
+        build_minimal_image(),
+        workdir,
+        min_vcpus=1,
+        max_vcpus=2,
+        memory=sizes.memory,
+        max_memory=sizes.max_memory,
+        kernel_args=kernel_args,
+        disk=disk,
+    )
+    services.append(guest.runner)
+    wait_booted(guest)
+    vm = VmPod(min_vcpus=1, max_vcpus=2, memory=sizes.memory, max_memory=sizes.max_memory)
+    _, agent = start_extender_and_agent(
+        workdir,
+        guest,
+        vm,
+        node_cpu="4",
+        agent_config={
+            "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
+            "memory": {"shrink_after_seconds": sizes.shrink_after_seconds},
+            "extender": {"permit_retry_seconds": 1.0},
+            "log": {"level": "info"},
+        },
+        started=services,
+    )
+    guest.type("mkdir -p /mnt/k /mnt/hog && mount -t tmpfs -o size=8g,nr_inodes=0 tmpfs /mnt/k")
+    guest.type("mount -t tmpfs -o size=8g tmpfs /mnt/hog")
+    return guest, agent
+
+
+def poll(guest: Guest) -> tuple[float, float, float, float] | None:
+    """(MemTotal, MemAvailable, PSI some seconds, PSI full seconds); None on a missed poll."""
     try:
         s = guest.scrape(timeout_seconds=2.0)
     except (OSError, ValueError):  # a stalled TCG guest's exporter may miss a poll
-        return 0.0, 0.0, 0.0
+        return None
     return (
         value(s, "node_memory_MemTotal_bytes") or 0.0,
+        value(s, "node_memory_MemAvailable_bytes") or 0.0,
         value(s, "node_pressure_memory_waiting_seconds_total") or 0.0,
         value(s, "node_pressure_memory_stalled_seconds_total") or 0.0,
     )
 
 
-def ooms(guest: Guest) -> int:
+def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, Any]:
+    """Run ``command`` in the guest's background and watch it until it finishes."""
+    first = None
+    while first is None:
+        first = poll(guest)
+    total0, _, some0, full0 = first
+    guest.type(f"rm -f {DONE}; ({command}; echo finished > {DONE}) >/dev/null 2>&1 &")
+    start = time.monotonic()
+    pressure_at = online_at = None
+    last_some, full = some0, full0
+    plugged_peak = 0
+    while True:
+        sample = poll(guest)
+        now = time.monotonic()
+        if sample is not None:
+            total, avail, some, full = sample
+            low = avail < max(128 * MiB, 0.2 * (total - avail))
+            if pressure_at is None and (some > last_some + 0.05 or low):
+                pressure_at = now
+            if online_at is None and total > total0:
+                online_at = now
+            last_some = some
+        plugged_peak = max(plugged_peak, guest.query_plugged_memory())
+        if "finished" in guest.type(f"cat {DONE} 2>/dev/null", timeout_seconds=120):
+            break
+        if not guest.runner.is_running():
+            raise AssertionError(f"the guest exited; its log ends:\n{guest.runner.log_tail()}")
+        if now - start > timeout_seconds:
+            raise AssertionError(f"{command!r} did not finish within {timeout_seconds}s")
+        time.sleep(0.2)
+    return {
+        "seconds": round(time.monotonic() - start, 1),
+        "full_stall_seconds": round(full - full0, 3),
+        "pressure_to_online_seconds": (
+            round(max(0.0, online_at - pressure_at), 2)
+            if pressure_at is not None and online_at is not None
+            else None
+        ),
+        "plugged_peak_mib": plugged_peak // MiB,
+    }
+
+
+def release(guest: Guest, command: str, *, wait_seconds: float) -> int:
+    """Free the workload's memory (``command``); MiB still plugged ``wait_seconds`` later."""
+    guest.type(command, timeout_seconds=300)
+    time.sleep(wait_seconds)
+    return guest.query_plugged_memory() // MiB
+
+
+def oom_kills(guest: Guest) -> int:
     out = guest.type('echo "oom=$(dmesg | grep -ci -e "out of memory" -e oom-kill)"')
     found = re.search(r"oom=(\d+)", out)
     return int(found.group(1)) if found else -1
 
 
-def kernel_workload(guest: Guest, files: int, *, timeout_seconds: float) -> dict[str, object]:
-    """``files`` empty files in a tmpfs, watched every 0.2 s until the command returns."""
-    total0, some0, full0 = poll(guest)
-    guest.type("mkdir -p /mnt/k && mount -t tmpfs -o size=4g,nr_inodes=0 tmpfs /mnt/k")
-    start = time.monotonic()
-    guest.type(f"(cd /mnt/k && seq 1 {files} | xargs touch; echo finished > /tmp/k.done) &")
-    pressure_at = online_at = None
-    last_some = some0
-    full = full0
-    while time.monotonic() - start < timeout_seconds:
-        total, some, full_now = poll(guest)
-        now = time.monotonic()
-        if total and pressure_at is None and some > last_some + 0.05:
-            pressure_at = now
-        if total and online_at is None and total > total0:
-            online_at = now
-        last_some = some or last_some
-        full = full_now or full
-        if "finished" in guest.type("cat /tmp/k.done 2>/dev/null", timeout_seconds=60):
-            break
-        if not guest.runner.is_running():
-            raise AssertionError(f"the guest exited; its log ends:\n{guest.runner.log_tail()}")
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"{files} files not created within {timeout_seconds}s")
-    to_online = (
-        round(max(0.0, online_at - pressure_at), 2)
-        if pressure_at is not None and online_at is not None
-        else None
+def grow_anon(mib: int) -> str:
+    """A shell command: a process whose anonymous memory grows by 1 MiB strings to ``mib``
+    (32 MiB a second), held for 2 s."""
+    return (
+        'awk \'BEGIN { s = sprintf("%1048576s", "");'
+        f' for (i = 0; i < {mib}; i++) {{ a[i] = s i; if (i % 32 == 31) system("sleep 1") }}'
+        ' system("sleep 2") }\''
     )
-    return {
-        "seconds": round(time.monotonic() - start, 1),
-        "full_stall_seconds": round(full - full0, 3),
-        "pressure_to_online_seconds": to_online,
-        "plugged_mib": guest.query_plugged_memory() // MiB,
-    }
 
 
-def release(guest: Guest, *, wait_seconds: float) -> int:
-    """Delete the files; MiB still plugged after ``wait_seconds`` (the agent's shrink)."""
-    guest.type("rm -rf /mnt/k/* /mnt/hog/* /tmp/k.done; umount /mnt/k", timeout_seconds=120)
-    time.sleep(wait_seconds)
-    return guest.query_plugged_memory() // MiB
+def page_cache(guest: Guest, sizes: Sizes) -> dict[str, Any]:
+    guest.type(
+        "(while true; do dd if=/dev/vda of=/dev/null bs=1M 2>/dev/null; done) &"
+        " echo $! > /tmp/reader.pid"
+    )
+    result = watch(guest, grow_anon(sizes.anon_mib), timeout_seconds=sizes.timeout_seconds)
+    result["plugged_after_release_mib"] = release(
+        guest,
+        "kill $(cat /tmp/reader.pid); killall dd; echo 1 > /proc/sys/vm/drop_caches",
+        wait_seconds=sizes.release_seconds,
+    )
+    return result
 
 
-def run_policy(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
-    kernel_args = POLICIES[name].format(ratio=args.ratio)
+def kernel(guest: Guest, sizes: Sizes) -> dict[str, Any]:
+    result = watch(
+        guest,
+        f"cd /mnt/k && seq 1 {sizes.files} | xargs touch",
+        timeout_seconds=sizes.timeout_seconds,
+    )
+    result["plugged_after_release_mib"] = release(
+        guest, "rm -rf /mnt/k; mkdir -p /mnt/k", wait_seconds=sizes.release_seconds
+    )
+    return result
+
+
+def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
+    fill = watch(
+        guest,
+        f"dd if=/dev/zero of=/mnt/hog/fill bs=1M count={sizes.fill_mib}",
+        timeout_seconds=sizes.timeout_seconds,
+    )
+    after_fill = release(guest, "rm -f /mnt/hog/fill", wait_seconds=sizes.release_seconds)
+    result = kernel(guest, sizes)
+    result["fill_plugged_peak_mib"] = fill["plugged_peak_mib"]
+    result["fill_plugged_after_release_mib"] = after_fill
+    return result
+
+
+WORKLOADS = {"page_cache": page_cache, "kernel": kernel, "grown": grown}
+
+
+def run_policy(name: str, sizes: Sizes, ratio: int, workdir: Path) -> dict[str, Any]:
+    kernel_args = POLICIES[name].format(ratio=ratio)
     with stopping([]) as services:
-        guest = start_runner(
-            build_minimal_image(),
-            workdir,
-            min_vcpus=1,
-            max_vcpus=2,
-            memory=args.memory,
-            max_memory=args.max_memory,
-            kernel_args=kernel_args,
-        )
-        services.append(guest.runner)
-        wait_booted(guest)
-        vm = VmPod(min_vcpus=1, max_vcpus=2, memory=args.memory, max_memory=args.max_memory)
-        _, agent = start_extender_and_agent(
-            workdir,
-            guest,
-            vm,
-            node_cpu="4",
-            agent_config={
-                "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
-                "memory": {"shrink_after_seconds": args.shrink_after_seconds},
-                "extender": {"permit_retry_seconds": 1.0},
-                "log": {"level": "info"},
-            },
-            started=services,
-        )
-        out: dict[str, object] = {"kernel_args": kernel_args}
-        kernel = kernel_workload(guest, args.files, timeout_seconds=args.timeout_seconds)
-        kernel["plugged_after_release_mib"] = release(guest, wait_seconds=args.release_seconds)
-        kernel["oom_kills"] = ooms(guest)
-        out["kernel"] = kernel
-        guest.type("mkdir -p /mnt/hog && mount -t tmpfs -o size=4g tmpfs /mnt/hog")
-        guest.type(f"dd if=/dev/zero of=/mnt/hog/fill bs=1M count={args.fill_mib} 2>/dev/null")
-        peak = guest.query_plugged_memory() // MiB
-        after_fill = release(guest, wait_seconds=args.release_seconds)
-        grown = kernel_workload(guest, args.files, timeout_seconds=args.timeout_seconds)
-        grown["fill_peak_plugged_mib"] = peak
-        grown["fill_plugged_after_release_mib"] = after_fill
-        grown["plugged_after_release_mib"] = release(guest, wait_seconds=args.release_seconds)
-        grown["oom_kills"] = ooms(guest)  # cumulative since boot
-        out["grown"] = grown
+        guest, agent = boot(workdir, sizes, kernel_args, services)
+        out: dict[str, Any] = {"kernel_args": kernel_args}
+        for workload, run in WORKLOADS.items():
+            result = run(guest, sizes)
+            result["oom_kills_since_boot"] = oom_kills(guest)
+            out[workload] = result
+            print(json.dumps({name: {workload: result}}), file=sys.stderr, flush=True)
         samples = agent.metrics()
+        out["agent_memory_grows"] = value(
+            samples, "vmautoscale_agent_memory_resizes_total", direction="grow", result="ok"
+        )
         out["agent_pressure_grows"] = value(
             samples, "vmautoscale_agent_memory_pressure_grows_total"
         )
-        out["agent_memory_grows"] = value(
-            samples, "vmautoscale_agent_memory_resizes_total", direction="grow", result="ok"
+        out["agent_stalled_seconds"] = value(
+            samples, "vmautoscale_agent_memory_stalled_seconds_total"
         )
         return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    defaults = Sizes()
     parser = argparse.ArgumentParser(
         prog="scripts/bench_memory_online.py",
         description="OOMs, PSI stalls and give-back of hot-plugged memory under each onlining "
@@ -188,21 +275,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--policies", default="movable,auto-movable,normal")
     parser.add_argument("--ratio", type=int, default=301, help="auto_movable_ratio, percent")
-    parser.add_argument("--files", type=int, default=300_000, help="files per kernel workload")
-    parser.add_argument("--fill-mib", type=int, default=1200, help="MiB written to grow to max")
-    parser.add_argument("--memory", default="512Mi")
-    parser.add_argument("--max-memory", default="2048Mi")
-    parser.add_argument("--shrink-after-seconds", type=float, default=4.0)
-    parser.add_argument("--release-seconds", type=float, default=15.0)
-    parser.add_argument("--timeout-seconds", type=float, default=300.0)
+    parser.add_argument("--memory", default=defaults.memory)
+    parser.add_argument("--max-memory", default=defaults.max_memory)
+    parser.add_argument("--anon-mib", type=int, default=defaults.anon_mib)
+    parser.add_argument("--files", type=int, default=defaults.files)
+    parser.add_argument("--fill-mib", type=int, default=defaults.fill_mib)
+    parser.add_argument("--release-seconds", type=float, default=defaults.release_seconds)
     args = parser.parse_args(argv)
-    result: dict[str, object] = {
-        "config": {k: v for k, v in vars(args).items() if k != "policies"} | {"accel": "tcg"}
-    }
+    sizes = Sizes(
+        memory=args.memory,
+        max_memory=args.max_memory,
+        anon_mib=args.anon_mib,
+        files=args.files,
+        fill_mib=args.fill_mib,
+        release_seconds=args.release_seconds,
+    )
+    result: dict[str, Any] = {"config": vars(args) | {"accel": "tcg"}}
     for name in args.policies.split(","):
         with tempfile.TemporaryDirectory(prefix=f"bench-online-{name}-") as tmp:
-            result[name] = run_policy(name, args, Path(tmp))
-        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+            result[name] = run_policy(name, sizes, args.ratio, Path(tmp))
     print(json.dumps(result, indent=2))
     return 0
 

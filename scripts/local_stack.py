@@ -394,11 +394,13 @@ def start_runner(
     postgres: bool = False,
     vcpu_mode: str = "online",
     kernel_args: str = "",
+    disk: Path | None = None,
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 
     ``kernel_args``: the runner's ``--kernel-args``, after its own (the last of a repeated
-    argument wins: e.g. another ``memhp_default_state``).
+    argument wins: e.g. another ``memhp_default_state``). ``disk``: a raw image attached as
+    the guest's /dev/vda (the minimal guest keeps its initramfs as root and only reads it).
 
     ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
     ``vcpu_mode``: the runner's ``--vcpu-mode``; in ``online`` the agent's QGA socket is
@@ -420,6 +422,7 @@ def start_runner(
             "--grace-seconds", str(grace_seconds), "--vcpu-mode", vcpu_mode, *pg_forward,
             *(["--max-memory", max_memory] if max_memory is not None else []),
             *(["--kernel-args", kernel_args] if kernel_args else []),
+            *(["--disk", str(disk)] if disk is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip

@@ -45,6 +45,10 @@ MODULES = (
     "kernel/net/core/failover.ko",
     "kernel/drivers/net/net_failover.ko",
     "kernel/drivers/net/virtio_net.ko",
+    # virtio-blk (depends on virtio and virtio_ring only): an optional data disk (vm_runner
+    # --disk), whose reads fill the guest's page cache: the memory benchmark's page-cache
+    # workload (scripts/bench_memory_online.py). The minimal guest's root stays the initramfs.
+    "kernel/drivers/block/virtio_blk.ko",
     "kernel/drivers/acpi/button.ko",
     "kernel/drivers/input/evdev.ko",
 )

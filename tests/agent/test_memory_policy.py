@@ -296,3 +296,52 @@ def test_pressure_closes_the_shrink_window():
 
 def test_without_psi_counters_there_is_no_pressure():
     assert goal(200 * MiB, 1 * GiB).waiting_fraction is None
+
+
+def test_no_shrink_under_pressure_even_at_the_top():
+    """A guest streaming a disk larger than any size waits for memory at every size: at its
+    maximum it must hold, not shrink after the window and grow back on the next stall."""
+    s = spec(max_mem=1 * GiB)
+    total = 1 * GiB - OVERHEAD
+    cfg = MemoryPolicyConfig(shrink_after_seconds=2.0)
+    state = MemoryPolicyState()
+    for now in (100.0, 101.0, 102.0, 103.0):
+        g = goal_memory(
+            total,
+            total - 100 * MiB,
+            s,
+            state,
+            current_bytes=1 * GiB,
+            top_bytes=1 * GiB,
+            config=cfg,
+            now=now,
+            waiting_seconds_total=now * 0.5,
+            stalled_seconds_total=0.0,
+        )
+        state = g.state
+        assert g.memory_bytes == 1 * GiB
+        # The first scrape has no rate yet and opens the window; each later one closes it.
+        assert (state.low_since is None) is (now > 100.0)
+    # A shrink already due when the pressure comes (the window passed): held.
+    due = MemoryPolicyState(
+        used_bytes=100 * MiB,
+        used_at=103.0,
+        low_since=50.0,
+        low_peak_bytes=512 * MiB,
+        waiting_seconds=0.0,
+        stalled_seconds=0.0,
+    )
+    g = goal_memory(
+        total,
+        total - 100 * MiB,
+        s,
+        due,
+        current_bytes=1 * GiB,
+        top_bytes=1 * GiB,
+        config=cfg,
+        now=104.0,
+        waiting_seconds_total=0.5,
+        stalled_seconds_total=0.0,
+    )
+    assert g.memory_bytes == 1 * GiB
+    assert g.reason.startswith("hold on memory pressure: waited 50%"), g.reason
