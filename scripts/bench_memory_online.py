@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -142,11 +143,13 @@ def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, An
     while first is None:
         first = poll(guest)
     total0, _, some0, full0 = first
-    guest.type(f"rm -f {DONE}; ({command}; echo finished > {DONE}) >/dev/null 2>&1 &")
+    plugged_start = guest.query_plugged_memory()
+    type_in(guest, f"rm -f {DONE}; ({command}; echo finished > {DONE}) >/dev/null 2>&1 &")
     start = time.monotonic()
     pressure_at = online_at = None
     last_some, full = some0, full0
-    plugged_peak = 0
+    plugged_peak = plugged_start
+    is_oom = is_stuck = False
     while True:
         sample = poll(guest)
         now = time.monotonic()
@@ -159,7 +162,20 @@ def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, An
                 online_at = now
             last_some = some
         plugged_peak = max(plugged_peak, guest.query_plugged_memory())
-        if "finished" in guest.type(f"cat {DONE} 2>/dev/null", timeout_seconds=120):
+        try:
+            if "finished" in guest.type(f"cat {DONE} 2>/dev/null", timeout_seconds=60):
+                break
+        except TimeoutError:
+            # The guest's shell did not answer for a minute: the guest is stuck in reclaim.
+            is_stuck = True
+            break
+        except OSError as e:
+            # The OOM killer took the guest's shell (busybox init starts another): the
+            # workload is dead too; its kills are counted from dmesg afterwards.
+            if "Out of memory" not in str(e):
+                raise
+            is_oom = True
+            time.sleep(2)
             break
         if not guest.runner.is_running():
             raise AssertionError(f"the guest exited; its log ends:\n{guest.runner.log_tail()}")
@@ -174,19 +190,34 @@ def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, An
             if pressure_at is not None and online_at is not None
             else None
         ),
+        "was_killed": is_oom,
+        "was_stuck": is_stuck,
+        "plugged_start_mib": plugged_start // MiB,
         "plugged_peak_mib": plugged_peak // MiB,
     }
 
 
 def release(guest: Guest, command: str, *, wait_seconds: float) -> int:
     """Free the workload's memory (``command``); MiB still plugged ``wait_seconds`` later."""
-    guest.type(command, timeout_seconds=300)
+    type_in(guest, command, timeout_seconds=300)
     time.sleep(wait_seconds)
     return guest.query_plugged_memory() // MiB
 
 
+def type_in(guest: Guest, command: str, *, timeout_seconds: float = 60.0) -> str:
+    """``guest.type``, again after an OOM kill took the shell (busybox init restarts it)."""
+    for _ in range(5):
+        try:
+            return guest.type(command, timeout_seconds=timeout_seconds)
+        except OSError as e:
+            if "closed" not in str(e) and "Out of memory" not in str(e):
+                raise
+            time.sleep(2)
+    return guest.type(command, timeout_seconds=timeout_seconds)
+
+
 def oom_kills(guest: Guest) -> int:
-    out = guest.type('echo "oom=$(dmesg | grep -ci -e "out of memory" -e oom-kill)"')
+    out = type_in(guest, 'echo "oom=$(dmesg | grep -ci -e "out of memory" -e oom-kill)"')
     found = re.search(r"oom=(\d+)", out)
     return int(found.group(1)) if found else -1
 
@@ -234,6 +265,10 @@ def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         timeout_seconds=sizes.timeout_seconds,
     )
     after_fill = release(guest, "rm -f /mnt/hog/fill", wait_seconds=sizes.release_seconds)
+    # Shrunk back all the way before the kernel workload starts (bounded).
+    start = time.monotonic()
+    while guest.query_plugged_memory() and time.monotonic() - start < sizes.timeout_seconds:
+        time.sleep(0.5)
     result = kernel(guest, sizes)
     result["fill_plugged_peak_mib"] = fill["plugged_peak_mib"]
     result["fill_plugged_after_release_mib"] = after_fill
@@ -243,8 +278,16 @@ def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
 WORKLOADS = {"page_cache": page_cache, "kernel": kernel, "grown": grown}
 
 
+def kernel_args_of(name: str, ratio: int) -> str:
+    """A policy's kernel arguments; ``auto-movable-N`` is auto-movable with ratio N%."""
+    base, _, own = name.partition("-movable-")
+    if base == "auto" and own:
+        return POLICIES["auto-movable"].format(ratio=int(own))
+    return POLICIES[name].format(ratio=ratio)
+
+
 def run_policy(name: str, sizes: Sizes, ratio: int, workdir: Path) -> dict[str, Any]:
-    kernel_args = POLICIES[name].format(ratio=ratio)
+    kernel_args = kernel_args_of(name, ratio)
     with stopping([]) as services:
         guest, agent = boot(workdir, sizes, kernel_args, services)
         out: dict[str, Any] = {"kernel_args": kernel_args}
@@ -273,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         description="OOMs, PSI stalls and give-back of hot-plugged memory under each onlining "
         "policy, on a real TCG guest with the real agent and extender; prints JSON.",
     )
-    parser.add_argument("--policies", default="movable,auto-movable,normal")
+    parser.add_argument(
+        "--policies",
+        default="movable,auto-movable,normal",
+        help="comma-separated: movable, normal, auto-movable (--ratio), auto-movable-N",
+    )
     parser.add_argument("--ratio", type=int, default=301, help="auto_movable_ratio, percent")
     parser.add_argument("--memory", default=defaults.memory)
     parser.add_argument("--max-memory", default=defaults.max_memory)
@@ -281,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=defaults.files)
     parser.add_argument("--fill-mib", type=int, default=defaults.fill_mib)
     parser.add_argument("--release-seconds", type=float, default=defaults.release_seconds)
+    parser.add_argument("--log-dir", help="copy each policy's runner, extender and agent logs here")
     args = parser.parse_args(argv)
     sizes = Sizes(
         memory=args.memory,
@@ -293,7 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"config": vars(args) | {"accel": "tcg"}}
     for name in args.policies.split(","):
         with tempfile.TemporaryDirectory(prefix=f"bench-online-{name}-") as tmp:
-            result[name] = run_policy(name, sizes, args.ratio, Path(tmp))
+            try:
+                result[name] = run_policy(name, sizes, args.ratio, Path(tmp))
+            except (OSError, AssertionError) as e:
+                # A guest wedged in reclaim stops answering: that is this policy's result.
+                result[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+                print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+            if args.log_dir:
+                keep = Path(args.log_dir) / name
+                keep.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, keep / log.name)
     print(json.dumps(result, indent=2))
     return 0
 

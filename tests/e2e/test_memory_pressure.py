@@ -1,0 +1,44 @@
+"""Memory pressure on a real guest: the three workloads of ``scripts/bench_memory_online.py``
+under the runner's own memory onlining policy, with the real agent and extender.
+
+One TCG guest (small, so that small workloads press it) runs, in order: a page-cache-heavy
+workload (a data disk larger than the VM's maximum read in a loop, beside a process whose
+anonymous memory grows), a kernel-memory-heavy one (empty files in a tmpfs: inodes and
+dentries, which only the kernel's zones can hold), and the same kernel workload after the VM
+grew to its maximum and shrank back. Each must end without an OOM kill, and the agent must
+have grown the VM during it. Nothing asserts on time; the benchmark measures that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.bench_memory_online import WORKLOADS, Sizes, boot, oom_kills
+from scripts.local_stack import GuestImage, stopping
+
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
+
+SIZES = Sizes(
+    memory="256Mi",
+    max_memory="768Mi",
+    disk_mib=1024,
+    anon_mib=256,
+    files=100_000,
+    fill_mib=480,
+    shrink_after_seconds=2.0,
+    release_seconds=4.0,
+    timeout_seconds=120.0,
+)
+
+
+def test_each_workload_grows_the_vm_without_an_oom(guest_image: GuestImage, tmp_path: Path):
+    with stopping([]) as services:
+        # No kernel arguments of our own: the runner's onlining policy is what is tested.
+        guest, _ = boot(tmp_path, SIZES, "", services)
+        for name, run in WORKLOADS.items():
+            result = run(guest, SIZES)
+            assert not result["was_killed"] and not result["was_stuck"], (name, result)
+            assert oom_kills(guest) == 0, (name, result)
+            assert result["plugged_peak_mib"] > result["plugged_start_mib"], (name, result)
