@@ -293,9 +293,13 @@ def _goal_from_available(
         target, new_state, verdict = c, carried, "hold"
     else:
         low_since = state.low_since if state.low_since is not None else now
-        peak = max(shrink, state.low_peak_bytes or shrink)
+        # Never above the size now: a peak seen at a larger size (a scrape taken while a
+        # shrink was landing) would otherwise make the "shrink" a grow (seen on a real guest).
+        peak = min(c, max(shrink, state.low_peak_bytes or shrink))
         low_for = now - low_since
-        if low_for >= config.shrink_after_seconds:
+        if peak >= c:
+            target, new_state, verdict = c, carried, "hold"
+        elif low_for >= config.shrink_after_seconds:
             target, new_state = peak, carried
             verdict = f"shrink {c / mib:.0f} -> {peak / mib:.0f} MiB after {low_for:.0f}s"
         else:

@@ -25,8 +25,8 @@ Workloads, in order, on one guest per policy (``WORKLOADS``):
 For each: the guest's OOM kills (dmesg, cumulative), PSI memory ``full`` stall seconds, time
 from the first poll showing pressure (PSI ``some`` rising, or MemAvailable below the agent's
 low headroom) to MemTotal growing, the memory plugged at the end, and what was still plugged
-after the workload's memory was freed and the agent's shrink window passed: what a later
-shrink could not give back.
+after the workload's memory was freed and the agent's shrinks settled (``release``): what a
+later shrink could not give back.
 
     .venv/bin/python scripts/bench_memory_online.py [--policies movable,auto-movable]
 
@@ -80,7 +80,7 @@ class Sizes:
     files: int = 600_000
     fill_mib: int = 1200
     shrink_after_seconds: float = 4.0
-    release_seconds: float = 15.0
+    release_seconds: float = 8.0  # the plugged size settled: unchanged this long
     timeout_seconds: float = 300.0
 
 
@@ -198,10 +198,20 @@ def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, An
 
 
 def release(guest: Guest, command: str, *, wait_seconds: float) -> int:
-    """Free the workload's memory (``command``); MiB still plugged ``wait_seconds`` later."""
+    """Free the workload's memory (``command``), then wait for the agent's shrinks to settle:
+    until the plugged size is 0 or has not moved for ``wait_seconds`` (at most 120 s). Returns
+    the MiB still plugged: what a shrink could not give back."""
     type_in(guest, command, timeout_seconds=300)
-    time.sleep(wait_seconds)
-    return guest.query_plugged_memory() // MiB
+    start = changed_at = time.monotonic()
+    plugged = guest.query_plugged_memory()
+    while plugged and time.monotonic() - changed_at < wait_seconds:
+        if time.monotonic() - start > 120:
+            break
+        time.sleep(0.5)
+        now = guest.query_plugged_memory()
+        if now != plugged:
+            plugged, changed_at = now, time.monotonic()
+    return plugged // MiB
 
 
 def type_in(guest: Guest, command: str, *, timeout_seconds: float = 60.0) -> str:
@@ -265,10 +275,6 @@ def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         timeout_seconds=sizes.timeout_seconds,
     )
     after_fill = release(guest, "rm -f /mnt/hog/fill", wait_seconds=sizes.release_seconds)
-    # Shrunk back all the way before the kernel workload starts (bounded).
-    start = time.monotonic()
-    while guest.query_plugged_memory() and time.monotonic() - start < sizes.timeout_seconds:
-        time.sleep(0.5)
     result = kernel(guest, sizes)
     result["fill_plugged_peak_mib"] = fill["plugged_peak_mib"]
     result["fill_plugged_after_release_mib"] = after_fill

@@ -345,3 +345,13 @@ def test_no_shrink_under_pressure_even_at_the_top():
     )
     assert g.memory_bytes == 1 * GiB
     assert g.reason.startswith("hold on memory pressure: waited 50%"), g.reason
+
+
+def test_a_window_peak_from_a_larger_size_never_makes_a_shrink_a_grow():
+    """A scrape taken while a shrink landed judged the old, larger size; its peak (896 MiB)
+    carried into the window must not "shrink" the VM now at 768 MiB up to it."""
+    stale = MemoryPolicyState(
+        used_bytes=76 * MiB, used_at=100.0, low_since=60.0, low_peak_bytes=896 * MiB
+    )
+    g = goal(76 * MiB, 768 * MiB, state=stale, now=101.0)
+    assert g.memory_bytes <= 768 * MiB
