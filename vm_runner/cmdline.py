@@ -22,15 +22,26 @@ _MEMORY_UNITS = {"": 1, "Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
 # restarts instead of hanging. quiet: under TCG every console byte is emulated UART work.
 BASE_KERNEL_ARGS = ("console=ttyS0", "panic=-1", "quiet")
 DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
-# With hot-pluggable memory (max_memory_bytes above memory_bytes): the kernel onlines every memory
-# block virtio-mem adds, into ZONE_MOVABLE. The Debian cloud kernel has no default online policy
-# (CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE unset), so without this the new memory stays offline;
-# and only movable memory can be unplugged again, because the kernel never puts its own
-# unmovable allocations there. The price: movable memory holds no kernel data (page tables,
-# slab, the memmap of the hot-plugged memory itself, ~1.6% of it), so the boot memory must
-# carry those for the whole VM: keep max memory within a few times the boot memory (Linux's own
-# auto-movable online policy allows 3x by default).
-MEMORY_HOTPLUG_KERNEL_ARGS = ("memhp_default_state=online_movable",)
+# With hot-pluggable memory (max_memory_bytes above memory_bytes): how the kernel onlines each
+# memory block virtio-mem adds. The Debian cloud kernel onlines nothing by itself
+# (CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE unset). The choice, measured on the minimal guest under
+# every policy with the real agent (scripts/bench_memory_online.py; the figures are in its
+# output): ZONE_MOVABLE can be unplugged again, because the kernel never puts its own
+# unmovable allocations there, but holds no kernel data (slab, page tables, the memmap of the
+# hot-plugged memory itself): with every block movable (online_movable, or auto-movable at its
+# default ratio of 301%, which keeps all of a VM with max = 4x boot movable) a guest filling
+# its kernel memory (many files in a tmpfs) stalled and OOM-killed its shell and agents while
+# the plugged memory sat free. Every block normal (online_kernel) survives that, but pins
+# plugged memory a shrink can then never give back. auto-movable with a ratio of 100%: plugged
+# memory is movable while there is no more of it than boot memory in the kernel's zones, and
+# normal beyond, so the kernel's zones grow with the VM; the guest survives the kernel-memory
+# workload and gives most memory back. Linux's Documentation/admin-guide/mm/memory-hotplug.rst
+# describes the policy and its ratio.
+MEMORY_HOTPLUG_KERNEL_ARGS = (
+    "memhp_default_state=online",
+    "memory_hotplug.online_policy=auto-movable",
+    "memory_hotplug.auto_movable_ratio=100",
+)
 # virtio-mem's block size: the unit in which memory is plugged and unplugged. 2 MiB (QEMU's
 # default on x86, the THP size) rather than 128 MiB (a whole Linux memory block): the guest then
 # unplugs in 2 MiB pieces, so a shrink succeeds as far as there are free 2 MiB ranges, instead

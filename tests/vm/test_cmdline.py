@@ -283,7 +283,7 @@ def test_bad_flags_exit_with_status_2(capsys):
     assert "1 <= min_vcpus <= max_vcpus" in capsys.readouterr().err
 
 
-def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_and_movable_onlining():
+def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_and_auto_movable_onlining():
     argv = build_qemu_command(make_spec(max_memory_bytes=2048 * MIB))
     assert option(argv, "-m") == ["512M,maxmem=2048M"]
     assert option(argv, "-object") == ["memory-backend-ram,id=vmem0-ram,size=1536M"]
@@ -291,7 +291,8 @@ def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_and_movable_onlinin
         argv, "-device"
     )
     assert option(argv, "-append") == [
-        "console=ttyS0 panic=-1 quiet memhp_default_state=online_movable"
+        "console=ttyS0 panic=-1 quiet memhp_default_state=online"
+        " memory_hotplug.online_policy=auto-movable memory_hotplug.auto_movable_ratio=100"
     ]
 
 
