@@ -24,11 +24,11 @@ SIZES = Sizes(
     memory="256Mi",
     max_memory="768Mi",
     disk_mib=1024,
-    anon_mib=256,
-    files=100_000,
+    anon_mib=224,
+    files=150_000,
     fill_mib=480,
     shrink_after_seconds=2.0,
-    release_seconds=4.0,
+    release_seconds=5.0,  # longer than the agent's shrink window plus a scrape
     timeout_seconds=120.0,
 )
 
@@ -41,4 +41,9 @@ def test_each_workload_grows_the_vm_without_an_oom(guest_image: GuestImage, tmp_
             result = run(guest, SIZES)
             assert not result["was_killed"] and not result["was_stuck"], (name, result)
             assert oom_kills(guest) == 0, (name, result)
-            assert result["plugged_peak_mib"] > result["plugged_start_mib"], (name, result)
+            if name == "grown":
+                # It grew for the fill before shrinking back; the kernel workload after it may
+                # start above its needs (memory the kernel took meanwhile stays plugged).
+                assert result["fill_plugged_peak_mib"] > 0, (name, result)
+            else:
+                assert result["plugged_peak_mib"] > result["plugged_start_mib"], (name, result)
