@@ -31,12 +31,13 @@ DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
 # hot-plugged memory itself): with every block movable (online_movable, or auto-movable at its
 # default ratio of 301%, which keeps all of a VM with max = 4x boot movable) a guest filling
 # its kernel memory (many files in a tmpfs) stalled and OOM-killed its shell and agents while
-# the plugged memory sat free. Every block normal (online_kernel) survives that, but pins
-# plugged memory a shrink can then never give back. auto-movable with a ratio of 100%: plugged
-# memory is movable while there is no more of it than boot memory in the kernel's zones, and
-# normal beyond, so the kernel's zones grow with the VM; the guest survives the kernel-memory
-# workload and gives most memory back. Linux's Documentation/admin-guide/mm/memory-hotplug.rst
-# describes the policy and its ratio.
+# the plugged memory sat free. Every block normal (online_kernel) survives that, and gave back
+# about as much on this guest, but nothing then keeps the kernel's allocations out of any
+# block: whether a shrink succeeds depends on where they happened to land. auto-movable with a
+# ratio of 100%: plugged memory is movable while there is no more of it than boot memory in the
+# kernel's zones, and normal beyond, so the kernel's zones grow with the VM while the movable
+# part stays unpluggable; the guest survived every workload and gave most memory back.
+# Linux's Documentation/admin-guide/mm/memory-hotplug.rst describes the policy and its ratio.
 MEMORY_HOTPLUG_KERNEL_ARGS = (
     "memhp_default_state=online",
     "memory_hotplug.online_policy=auto-movable",
