@@ -295,6 +295,37 @@ class KubeConfig(_Section, frozen=True):
     post_events: bool = True
 
 
+class LeaderElectionConfig(_Section, frozen=True):
+    """Two replicas, one decider (``core/leadership.py``): the extender's own Lease.
+
+    ``lease_name`` in ``lease_namespace`` is the extender's; ``scheduler_lease_name`` is
+    kube-scheduler's (its ``leaderElection.resourceName``): the extender stands for its own
+    Lease only while the kube-scheduler of its pod holds that one (its holderIdentity starts
+    with the pod's hostname and "_"), because kube-scheduler calls only its own pod's
+    extender. Durations as in kube-scheduler's ``leaderElection``: a holder renews every
+    ``renew_seconds`` and decides until its last accepted renewal's send time plus
+    ``lease_duration_seconds / (1 + clock_drift_fraction)**2``; a standby takes an abandoned
+    Lease after it has seen it unchanged for ``lease_duration_seconds``, and reads it (and
+    kube-scheduler's) every ``retry_seconds``. ``leader_label``: the leader sets it to
+    "leader" on its own pod (the standby to "standby"), and the permit Service selects it;
+    needs ``$POD_NAME`` and ``$POD_NAMESPACE`` (the Downward API).
+    """
+
+    lease_name: NonEmpty = "vm-scheduler-extender"
+    lease_namespace: NonEmpty = "vm-autoscaling"
+    scheduler_lease_name: str | None = "vm-scheduler"
+    # Whole seconds: the Lease's leaseDurationSeconds is an integer.
+    lease_duration_seconds: Annotated[int, msgspec.Meta(ge=1)] = 15
+    renew_seconds: PositiveSeconds = 2.0
+    retry_seconds: PositiveSeconds = 2.0
+    clock_drift_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=0.2)] = 0.01
+    leader_label: str | None = "vm-autoscaling.io/extender-role"
+
+    def __post_init__(self) -> None:
+        if self.renew_seconds >= self.lease_duration_seconds / (1 + self.clock_drift_fraction) ** 2:
+            raise ValueError("renew_seconds must be well below lease_duration_seconds")
+
+
 class FrontMode(enum.StrEnum):
     """Where the permit port is served (``http/front.py``)."""
 
@@ -432,6 +463,8 @@ class Config(_Section, frozen=True):
     recommender: RecommenderSection = RecommenderSection()
     quota: QuotaSection | None = None
     permit_front: PermitFrontConfig = PermitFrontConfig()
+    # None: one replica, which always decides (standalone mode too).
+    leader_election: LeaderElectionConfig | None = None
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
     # finish before the kubelet kills the process.
     shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0

@@ -41,6 +41,7 @@ from scheduler_extender.admission import queue as admission
 from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
+from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core.ledger import Ledger, LedgerError
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import BatchRefused, decide_batch
@@ -51,7 +52,13 @@ from scheduler_extender.core.podinfo import (
     PodInfo,
     pod_info,
 )
-from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
+from scheduler_extender.errors import (
+    NotLeader,
+    NotSynced,
+    UnsupportedVersion,
+    WrongNode,
+    error_for_status,
+)
 from scheduler_extender.kube.auth import Identity
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -135,6 +142,10 @@ class Extender:
         self.clock = clock or _loop_time
         # Pods handed to ``observe_pending``, so that a new list can forget the ones it lacks.
         self._queued: set[str] = set()
+        # Two replicas: decide only while this one holds the extender's Lease (``kube/leader``
+        # sets it). None: the only replica, which always decides.
+        self.elector: Elector | None = None
+        metrics.leading.set(1)
         # ``gc.freeze`` once the first lists are in (see ``_freeze_loaded_objects``); off by
         # default because it is process-wide: tests build many extenders in one process.
         self.freeze_gc_when_synced = False
@@ -145,7 +156,21 @@ class Extender:
     def is_synced(self) -> bool:
         return self.has_nodes and self.has_pods
 
+    @property
+    def is_leading(self) -> bool:
+        return self.elector is None or self.elector.is_leading(self.clock())
+
     def require_synced(self) -> None:
+        """Before every decision (the verbs, the permits): the lists are in and this replica
+        holds the extender's Lease (``core/leadership.py``: at most one replica passes)."""
+        if not self.is_leading:
+            assert self.elector is not None
+            observed = self.elector.observed
+            holder = observed.holder if observed is not None and observed.holder else "nobody"
+            raise NotLeader(
+                f"this extender is the standby; the extender Lease is held by {holder}",
+                retry_after_seconds=self.config.not_synced_retry_after_seconds,
+            )
         if not self.is_synced:
             missing = [
                 w for w, ok in (("nodes", self.has_nodes), ("pods", self.has_pods)) if not ok
@@ -154,6 +179,20 @@ class Extender:
                 f"the extender has not loaded the {' and '.join(missing)} list yet",
                 retry_after_seconds=self.config.not_synced_retry_after_seconds,
             )
+
+    def leadership_gained(self, elector: Elector) -> None:
+        """This replica now decides. Before its first decision: every VM is unverified again
+        (another leader may have granted it more since this ledger last heard its agent; the
+        same uncertainty a restart starts from), and a new epoch makes agents report at once.
+        """
+        self.ledger.forget_agents()
+        self.epoch = uuid.uuid4().hex
+        self.metrics.leading.set(1)
+        log.info("leadership_gained", identity=elector.identity, term=elector.term)
+
+    def leadership_lost(self, elector: Elector) -> None:
+        self.metrics.leading.set(0)
+        log.warning("leadership_lost", identity=elector.identity)
 
     def _synced_changed(self) -> None:
         self.metrics.synced.set(1 if self.is_synced else 0)
