@@ -260,8 +260,19 @@ class LaggingLink:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
+        # Set: nothing is delivered either way (a partition); cleared, the backlog flows.
+        self._open = threading.Event()
+        self._open.set()
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        """Hold everything back, both ways, until ``release`` (the connections stay open,
+        as in a partition: requests hang rather than fail)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -291,6 +302,7 @@ class LaggingLink:
             while True:
                 due, data = chunks.get()
                 time.sleep(max(0.0, due - time.monotonic()))
+                self._open.wait()
                 try:
                     if not data:
                         sink.shutdown(socket.SHUT_WR)
@@ -539,6 +551,8 @@ class Extender:
     log_level: str = "debug"
     # Where the extender's code comes from (a benchmark compares another checkout's).
     source: Path = ROOT
+    # More environment (``POD_NAME``/``POD_NAMESPACE``: which pod a replica stands for).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def verbs_port(self) -> int:
@@ -567,7 +581,7 @@ class Extender:
                 "--log-level", self.log_level,
             ],
             self.work,
-            env={"PYTHONPATH": str(self.source)},
+            env={"PYTHONPATH": str(self.source), **self.env},
         )  # fmt: skip
         if wait_ready:
             self.wait_ready()
@@ -673,15 +687,20 @@ class Scheduler:
     config: Obj
     name: str = "kube-scheduler"
     process: Process | None = None
+    # Run under this host name (its own UTS namespace): kube-scheduler names itself in its
+    # Lease after the host, as in a pod, and two of them on this machine must differ.
+    hostname: str | None = None
 
     def start(self) -> None:
         config_path = self.work / f"{self.name}.yaml"
         config_path.write_text(yaml.safe_dump(self.config))
         port = free_port()
         admin_kubeconfig = self.cp.work / "admin.kubeconfig"
+        prefix = _own_hostname(self.hostname) if self.hostname is not None else []
         self.process = _spawn(
             self.name,
             [
+                *prefix,
                 str(self.bin_dir / "kube-scheduler"),
                 f"--config={config_path}",
                 "--bind-address=127.0.0.1",
@@ -713,6 +732,13 @@ class Scheduler:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+def _own_hostname(hostname: str) -> list[str]:
+    """A command prefix: run in a new UTS namespace named ``hostname`` (as root, or as a user
+    allowed user namespaces)."""
+    user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    return ["unshare", "--uts", *user, "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
 
 
 @contextlib.contextmanager
