@@ -652,6 +652,9 @@ def extender_config(
     """The deployed config with loopback ports of our own (no metrics listener without
     ``metrics_port``; otherwise the deployed one, auth included)."""
     config = json.loads(json.dumps(manifest_config))
+    # One replica per test module, as ``scheduler_config`` runs one kube-scheduler without
+    # leader election: it always decides (tests/controlplane/pairs.py runs two).
+    config.pop("leader_election", None)
     listen = config["listen"]
     config["listen"] = {
         "verbs": {"host": "127.0.0.1", "port": verbs_port},

@@ -51,14 +51,28 @@ ROLE_LABEL = "vm-autoscaling.io/extender-role"
 GIB = 2**30
 
 
-def short_leases(config: Obj) -> Obj:
-    """The deployed KubeSchedulerConfiguration with leader election on, timed short."""
+@dataclass(frozen=True)
+class Leases:
+    """kube-scheduler's leaderElection timing, which the extender's Lease follows."""
+
+    duration_seconds: int = LEASE_SECONDS
+    renew_deadline_seconds: float = RENEW_DEADLINE_SECONDS
+    retry_seconds: float = RETRY_SECONDS
+
+
+SHORT = Leases()
+# As deployed (manifests/config/kube-scheduler.yaml).
+DEPLOYED = Leases(15, 10, 2)
+
+
+def with_leases(config: Obj, leases: Leases) -> Obj:
+    """The deployed KubeSchedulerConfiguration with leader election on, timed by ``leases``."""
     config["leaderElection"] = {
         **MANIFEST_SCHEDULER_CONFIG["leaderElection"],
         "leaderElect": True,
-        "leaseDuration": f"{LEASE_SECONDS}s",
-        "renewDeadline": f"{RENEW_DEADLINE_SECONDS}s",
-        "retryPeriod": f"{RETRY_SECONDS}s",
+        "leaseDuration": f"{leases.duration_seconds}s",
+        "renewDeadline": f"{leases.renew_deadline_seconds:g}s",
+        "retryPeriod": f"{leases.retry_seconds:g}s",
     }
     return config
 
@@ -103,10 +117,17 @@ class SchedulerPod:
 
 
 def scheduler_pod(
-    cp: ControlPlane, kubeconfig: Path, work: Path, name: str, *, partitionable: bool = False
+    cp: ControlPlane,
+    kubeconfig: Path,
+    work: Path,
+    name: str,
+    *,
+    partitionable: bool = False,
+    leases: Leases | None = SHORT,
 ) -> SchedulerPod:
     """One replica. ``partitionable``: both containers reach the API server through one
-    ``LaggingLink`` (no lag) that the test can ``hold``."""
+    ``LaggingLink`` (no lag) that the test can ``hold``. ``leases=None``: the only replica,
+    no leader election at all (as before there were two)."""
     work = work / name
     work.mkdir(parents=True, exist_ok=True)
     api = cp.admin()
@@ -134,28 +155,27 @@ def scheduler_pod(
         kubeconfig = cp.write_kubeconfig(
             work / "link.kubeconfig", token=extender_token(kubeconfig), port=link.port
         )
-    extender = new_extender(
-        cp,
-        kubeconfig,
-        work,
-        leader_election={
+    election = (
+        {
             **MANIFEST_EXTENDER_CONFIG["leader_election"],
-            "lease_duration_seconds": LEASE_SECONDS,
-            "renew_seconds": RETRY_SECONDS,
-            "retry_seconds": RETRY_SECONDS,
-        },
+            "lease_duration_seconds": leases.duration_seconds,
+            "renew_seconds": leases.retry_seconds,
+            "retry_seconds": leases.retry_seconds,
+        }
+        if leases is not None
+        else None
     )
+    extender = new_extender(cp, kubeconfig, work, leader_election=election)
     extender.env = {"POD_NAME": name, "POD_NAMESPACE": EXTENDER_NS}
+    config = scheduler_config(
+        MANIFEST_SCHEDULER_CONFIG, kubeconfig=kubeconfig, verbs_port=extender.verbs_port
+    )
     scheduler = Scheduler(
         cp.bin_dir,
         work,
         cp,
-        short_leases(
-            scheduler_config(
-                MANIFEST_SCHEDULER_CONFIG, kubeconfig=kubeconfig, verbs_port=extender.verbs_port
-            )
-        ),
-        hostname=name,
+        with_leases(config, leases) if leases is not None else config,
+        hostname=name if leases is not None else None,
     )
     return SchedulerPod(name, extender, scheduler, link)
 
@@ -186,6 +206,8 @@ class Grant:
     vm: str
     vcpus: int
     at: float
+    # More than the VM ran before: a grant proper, not a steady or shrinking answer.
+    grew: bool = False
 
 
 @dataclass
@@ -233,7 +255,9 @@ class Agents:
                 granted: int = permit["permit"]["vcpus"]
                 self.sizes[name] = requested if requested < current else granted
                 self.last[name] = granted
-                self.grants.append(Grant(pod.name, name, granted, time.monotonic()))
+                self.grants.append(
+                    Grant(pod.name, name, granted, time.monotonic(), grew=granted > current)
+                )
                 return granted
             self.refusals += 1
             time.sleep(0.05 * (attempt + 1))
