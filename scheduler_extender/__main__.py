@@ -298,4 +298,3 @@ def _whoami() -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.exit(main())
-

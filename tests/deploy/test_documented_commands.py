@@ -217,6 +217,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
         "tests/bench/test_bench_scheduling_smoke.py",
     ),
     "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
+    "scripts/bench_failover.py": (
+        How.MENTION,
+        "a benchmark of minutes through the control plane; test_help.py checks its --help",
+    ),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }

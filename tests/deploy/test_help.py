@@ -46,6 +46,7 @@ PYTHON = {
     "scripts/bench_agent.py": ["scripts/bench_agent.py"],
     "scripts/bench_memory.py": ["scripts/bench_memory.py"],
     "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
+    "scripts/bench_failover.py": ["scripts/bench_failover.py"],
 }
 
 # Runs the target as __main__ with a spy on argparse that records every parser it parses with.
