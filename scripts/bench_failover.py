@@ -129,6 +129,8 @@ def one_round(
         leader = wait_leader(pods)
         bound_before = {p["metadata"]["name"] for p in iter_bound(names)}
         killed_at = time.monotonic()
+        # An answer of the dead leader may still arrive after this; it carries its epoch.
+        old_epochs = {g.epoch for g in agents.grants}
         leader.kill()
         if mode == "restart":
             leader.start()
@@ -145,8 +147,12 @@ def one_round(
         bind_at: float = wait_for(first_bind, timeout_seconds=120, what="a bind after the kill")
 
         def first_grant() -> float | None:
-            # Only the new leader (or the restarted pod) can answer after the kill.
-            after = [g.at for g in agents.grants if g.at > killed_at and g.grew]
+            # The new leader's (or the restarted process's) answers carry a new epoch.
+            after = [
+                g.at
+                for g in agents.grants
+                if g.at > killed_at and g.grew and g.epoch not in old_epochs
+            ]
             return min(after) if after else None
 
         grant_at: float = wait_for(first_grant, timeout_seconds=120, what="a grant after the kill")

@@ -208,6 +208,8 @@ class Grant:
     at: float
     # More than the VM ran before: a grant proper, not a steady or shrinking answer.
     grew: bool = False
+    # The answering extender's epoch (new with every process and every term it leads).
+    epoch: str = ""
 
 
 @dataclass
@@ -256,7 +258,14 @@ class Agents:
                 self.sizes[name] = requested if requested < current else granted
                 self.last[name] = granted
                 self.grants.append(
-                    Grant(pod.name, name, granted, time.monotonic(), grew=granted > current)
+                    Grant(
+                        pod.name,
+                        name,
+                        granted,
+                        time.monotonic(),
+                        grew=granted > current,
+                        epoch=answer["epoch"],
+                    )
                 )
                 return granted
             self.refusals += 1
