@@ -193,6 +193,8 @@ def make_app(config: Config, deps: Deps) -> web.Application:
                 )
                 extender.elector = leader.elector
                 extender.metrics.leading.set(0)
+                # The standby posts no Events and touches no pods: the leader does.
+                reporter.is_quiet = lambda: not extender.is_leading
                 leader_task = _start(leader.run(), "leader-election")
                 tasks.append(leader_task)
             if recorder is not None:
