@@ -86,6 +86,9 @@ class Affinity(_Obj):
 
 class PodSpec(_Obj):
     node_name: str | None = None
+    # Pod-level resources (KEP-2837): requests for the pod as a whole, beside or instead of the
+    # containers' own.
+    resources: ResourceRequirements | None = None
     service_account_name: str | None = None
     scheduler_name: str | None = None
     containers: list[Container] | None = None
@@ -100,17 +103,28 @@ class PodSpec(_Obj):
 
 class ContainerStatus(_Obj):
     name: str = ""
-    # In-place resize: what the kubelet has admitted; may differ from spec while resizing.
+    # In-place resize (KEP-1287): what the kubelet has admitted, and what it has actuated (its
+    # ``requests`` read back from the container's cgroup); either may differ from the spec.
     allocated_resources: StrMap | None = None
     resources: ResourceRequirements | None = None
+
+
+class PodCondition(_Obj):
+    type: str = ""
+    status: str = ""
+    reason: str | None = None
 
 
 class PodStatus(_Obj):
     phase: str | None = None
     pod_ip: str | None = msgspec.field(default=None, name="podIP")
-    resize: str | None = None
+    conditions: list[PodCondition] | None = None
     container_statuses: list[ContainerStatus] | None = None
     init_container_statuses: list[ContainerStatus] | None = None
+    # In-place resize of pod-level resources (KEP-5419): what the kubelet admitted for the pod
+    # as a whole, and what it actuated (read back from the pod's cgroup).
+    allocated_resources: StrMap | None = None
+    resources: ResourceRequirements | None = None
 
 
 class Pod(_Obj):

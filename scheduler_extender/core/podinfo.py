@@ -3,27 +3,53 @@
 Pure: no I/O. This is the border where API objects become our own frozen values; nothing past
 it looks at a ``protocol.kube.Pod``.
 
-Effective requests follow Kubernetes' own ``PodRequests`` (k8s.io/component-helpers
-resource/helpers.go), so our numbers match what kube-scheduler and the kubelet count:
+How much a pod holds on its node (``pod_requests``) is what kube-scheduler v1.36 counts for it:
+its NodeInfo adds each assigned pod at ``resourcehelper.PodRequests`` (k8s.io/component-helpers
+``resource/helpers.go``) with status resources on (``InPlacePodVerticalScaling``, GA since 1.35),
+pod-level resources on (``PodLevelResources``, beta and on by default since 1.34) and pod-level
+in-place resize on (``InPlacePodLevelResourcesVerticalScaling``, beta and on by default in 1.36).
+Restated, per resource (CPU and memory; a missing resource is not the same as zero):
 
-* the sum of the regular containers, plus every restartable ("sidecar") init container, which
-  runs beside them;
-* but at least the largest single init container plus the sidecars started before it (init
-  containers run one at a time);
-* plus the pod overhead (RuntimeClass);
-* for each container, the larger of the spec and what the kubelet has allocated (an in-place
-  resize in progress may be on either side).
+1. **Containers** (KEP-753, sidecars): the regular containers' sum, plus every restartable
+   ("sidecar", ``restartPolicy: Always``) init container, at least the largest of
+   ``init container + the sidecars declared before it`` (init containers run one at a time,
+   beside the sidecars already started). This sum is taken three times, over three views of
+   each container:
+
+   - *spec*: ``spec.containers[].resources.requests``;
+   - *allocated*: its status' ``allocatedResources`` if the kubelet reported them, else its spec;
+   - *actuated*: its status' ``resources.requests`` (what the kubelet read back from the cgroup),
+     else its ``allocatedResources``, else its spec.
+
+   When the pod's status carries pod-level ``allocatedResources`` *and* ``resources.requests``
+   (KEP-5419), those two stand for the allocated and actuated sums. The pod counts at the larger
+   of the three sums (KEP-1287: a resize in progress may sit on either side of the spec), except
+   when the kubelet has marked the resize **Infeasible** (condition ``PodResizePending``, reason
+   ``Infeasible``): then the spec, which will never be applied, does not count, and a container
+   with no status counts as nothing.
+2. **Pod-level requests** (KEP-2837): when ``spec.resources.requests`` names CPU, memory or a
+   huge-page size, each resource it names replaces the containers' figure. With a pod-level
+   status (``status.allocatedResources`` or ``status.resources``), that is the larger of the spec
+   (left out when Infeasible), the status' requests and its allocated resources, each less the
+   pod overhead (floored at zero): the kubelet reports them with the overhead in.
+3. **Overhead** (RuntimeClass, ``spec.overhead``) is added last.
+
+Quantities are summed exactly (in nano-units) and rounded up once per pod, as
+``Quantity.MilliValue()``/``Value()`` round the summed list. Not counted, as neither of them is a
+CPU or memory request of the pod: DRA claims on node-allocatable resources (alpha).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
 
 from protocol import annotations as ann
-from protocol.kube import Container, ContainerStatus, Pod
-from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from protocol.kube import Container, ContainerStatus, Pod, StrMap
+from protocol.quantity import QuantityError, parse_quantity
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
@@ -94,52 +120,178 @@ class PodError(ValueError):
     means a malformed request body rather than a real pod)."""
 
 
-def _container_demand(container: Container, status: ContainerStatus | None) -> Demand:
-    cpu = mem = 0
-    res = container.resources
-    if res is not None and res.requests:
-        req = res.requests
-        if "cpu" in req:
-            cpu = cpu_millis(req["cpu"])
-        if "memory" in req:
-            mem = memory_bytes(req["memory"])
-    if status is not None and status.allocated_resources:
-        alloc = status.allocated_resources
-        if "cpu" in alloc:
-            cpu = max(cpu, cpu_millis(alloc["cpu"]))
-        if "memory" in alloc:
-            mem = max(mem, memory_bytes(alloc["memory"]))
-    return Demand(cpu, mem)
+# A resource list as Kubernetes keeps one: resource name -> amount in nano-units (nanocores,
+# nanobytes). Only CPU and memory are counted; a name that is missing is not the same as zero.
+Amounts = dict[str, int]
+_COUNTED: Final = ("cpu", "memory")
+_NANO: Final = 10**9
+# What the kubelet writes when a resize can never fit its node.
+RESIZE_PENDING: Final = "PodResizePending"
+INFEASIBLE: Final = "Infeasible"
+
+
+@functools.lru_cache(maxsize=4096)
+def _nanos(text: str) -> int:
+    value = parse_quantity(text) * _NANO
+    return -(-value.numerator // value.denominator)
+
+
+def _amounts(resources: StrMap | None) -> Amounts | None:
+    if resources is None:
+        return None
+    return {name: _nanos(resources[name]) for name in _COUNTED if name in resources}
+
+
+def _add(into: Amounts, more: Amounts | None) -> None:
+    for name, amount in (more or {}).items():
+        into[name] = into.get(name, 0) + amount
+
+
+def _raise_to(into: Amounts, other: Amounts | None) -> None:
+    for name, amount in (other or {}).items():
+        if amount > into.get(name, -1):
+            into[name] = amount
+
+
+def _largest(*lists: Amounts | None) -> Amounts:
+    result: Amounts = {}
+    for amounts in lists:
+        _raise_to(result, amounts)
+    return result
+
+
+def _less_overhead(amounts: Amounts | None, overhead: Amounts | None) -> Amounts | None:
+    if amounts is None or not overhead:
+        return amounts
+    return {n: max(0, a - overhead[n]) if n in overhead else a for n, a in amounts.items()}
+
+
+def is_resize_infeasible(pod: Pod) -> bool:
+    """``IsPodResizeInfeasible``: the first ``PodResizePending`` condition says Infeasible."""
+    for condition in pod.status.conditions or ():
+        if condition.type == RESIZE_PENDING:
+            return condition.reason == INFEASIBLE
+    return False
+
+
+# How one container is seen: (container, its status or None, the pod's resize is infeasible).
+View = Callable[[Container, ContainerStatus | None, bool], Amounts | None]
+
+
+def _spec(c: Container, _status: ContainerStatus | None, _infeasible: bool) -> Amounts | None:
+    return _amounts(c.resources.requests if c.resources is not None else None)
+
+
+def _allocated(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts | None:
+    if status is not None and status.allocated_resources is not None:
+        return _amounts(status.allocated_resources)
+    return None if infeasible else _spec(c, status, infeasible)
+
+
+def _actuated(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts | None:
+    if (
+        status is not None
+        and status.resources is not None
+        and status.resources.requests is not None
+    ):
+        return _amounts(status.resources.requests)
+    return _allocated(c, status, infeasible)
+
+
+def _sum_containers(
+    pod: Pod, view: View, statuses: dict[str, ContainerStatus], infeasible: bool
+) -> Amounts:
+    """Rule 1's sum for one view of the containers."""
+    total: Amounts = {}
+    for c in pod.spec.containers or ():
+        _add(total, view(c, statuses.get(c.name), infeasible))
+    sidecars: Amounts = {}
+    init_peak: Amounts = {}
+    for c in pod.spec.init_containers or ():
+        own = view(c, statuses.get(c.name), infeasible)
+        if c.restart_policy == "Always":
+            _add(total, own)
+            _add(sidecars, own)
+            _raise_to(init_peak, sidecars)
+        else:
+            running = dict(sidecars)
+            _add(running, own)
+            _raise_to(init_peak, running)
+    _raise_to(total, init_peak)
+    return total
+
+
+def _has_pod_level_requests(pod: Pod) -> bool:
+    """``IsPodLevelRequestsSet``: CPU, memory or a huge-page size among the pod's requests."""
+    res = pod.spec.resources
+    return res is not None and any(
+        n in _COUNTED or n.startswith("hugepages-") for n in res.requests or ()
+    )
+
+
+def _container_amounts(pod: Pod) -> Amounts:
+    """Rule 1."""
+    status = pod.status
+    statuses = {s.name: s for s in status.container_statuses or ()}
+    for s in status.init_container_statuses or ():
+        statuses.setdefault(s.name, s)
+    infeasible = is_resize_infeasible(pod)
+    spec = _sum_containers(pod, _spec, statuses, infeasible)
+    pod_status = status.resources
+    if (
+        status.allocated_resources is not None
+        and pod_status is not None
+        and pod_status.requests is not None
+    ):
+        allocated = _amounts(status.allocated_resources)
+        actuated = _amounts(pod_status.requests)
+    elif not statuses and not infeasible:
+        return spec  # nothing reported: every view is the spec
+    else:
+        allocated = _sum_containers(pod, _allocated, statuses, infeasible)
+        actuated = _sum_containers(pod, _actuated, statuses, infeasible)
+    return _largest(actuated, allocated) if infeasible else _largest(spec, actuated, allocated)
+
+
+def pod_amounts(pod: Pod) -> Amounts:
+    """``PodRequests`` in nano-units (see the module docstring); raises ``QuantityError``."""
+    amounts = _container_amounts(pod)
+    spec = pod.spec
+    overhead = _amounts(spec.overhead)
+    if _has_pod_level_requests(pod):
+        assert spec.resources is not None
+        effective = _amounts(spec.resources.requests)
+        status = pod.status
+        if status.resources is not None or status.allocated_resources is not None:
+            actuated = _amounts(status.resources.requests) if status.resources else None
+            allocated = _amounts(status.allocated_resources)
+            effective = _largest(
+                None if is_resize_infeasible(pod) else effective,
+                _less_overhead(actuated, overhead),
+                _less_overhead(allocated, overhead),
+            )
+        amounts.update(effective or {})
+    _add(amounts, overhead)
+    return amounts
+
+
+def _ceil_div(amount: int, unit: int) -> int:
+    return -(-amount // unit)
+
+
+def _demand(amounts: Amounts) -> Demand:
+    return Demand(
+        _ceil_div(amounts.get("cpu", 0), _NANO // 1000), _ceil_div(amounts.get("memory", 0), _NANO)
+    )
 
 
 def pod_requests(pod: Pod) -> Demand:
-    """The pod's effective requests, as Kubernetes computes them (see module docstring)."""
-    spec = pod.spec
-    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    """What the pod holds on its node, as kube-scheduler counts it (see module docstring):
+    millicores and bytes, each rounded up once."""
     try:
-        total = ZERO
-        for c in spec.containers or ():
-            total = total + _container_demand(c, statuses.get(c.name))
-        init_statuses = {s.name: s for s in pod.status.init_container_statuses or ()}
-        sidecars = ZERO
-        init_peak = ZERO
-        for c in spec.init_containers or ():
-            d = _container_demand(c, init_statuses.get(c.name))
-            if c.restart_policy == "Always":
-                total = total + d
-                sidecars = sidecars + d
-                init_peak = init_peak.max(sidecars)
-            else:
-                init_peak = init_peak.max(sidecars + d)
-        total = total.max(init_peak)
-        if spec.overhead:
-            total = total + Demand(
-                cpu_millis(spec.overhead.get("cpu", "0")),
-                memory_bytes(spec.overhead.get("memory", "0")),
-            )
+        return _demand(pod_amounts(pod))
     except QuantityError as e:
         raise PodError(f"pod {pod.metadata.namespace}/{pod.metadata.name}: {e}") from e
-    return total
 
 
 def is_static_pod(pod: Pod) -> bool:
@@ -205,11 +357,15 @@ def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]
         container = containers[0]
     if container is None:
         return 0, 0
-    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    statuses = pod.status.container_statuses or ()
+    status = next((s for s in statuses if s.name == container.name), None)
+    infeasible = is_resize_infeasible(pod)
+    # The container alone, seen as rule 1 sees the pod: the largest of its views.
+    views = (_allocated, _actuated) if infeasible else (_spec, _allocated, _actuated)
     try:
-        own = _container_demand(container, statuses.get(container.name)).memory_bytes
+        own = _demand(_largest(*(view(container, status, infeasible) for view in views)))
     except QuantityError:
         return 0, 0
     recorded = ann.parse_memory_overhead(pod.metadata.annotations)
-    overhead = recorded if recorded is not None else max(0, own - vm.min_memory_bytes)
-    return max(0, requests.memory_bytes - own) + overhead, overhead
+    overhead = recorded if recorded is not None else max(0, own.memory_bytes - vm.min_memory_bytes)
+    return max(0, requests.memory_bytes - own.memory_bytes) + overhead, overhead
