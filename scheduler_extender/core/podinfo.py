@@ -5,44 +5,46 @@ it looks at a ``protocol.kube.Pod``.
 
 How much a pod holds on its node (``pod_requests``) is what kube-scheduler v1.36 counts for it:
 its NodeInfo adds each assigned pod at ``resourcehelper.PodRequests`` (k8s.io/component-helpers
-``resource/helpers.go``) with status resources on (``InPlacePodVerticalScaling``, GA since 1.35),
-pod-level resources on (``PodLevelResources``, beta and on by default since 1.34) and pod-level
-in-place resize on (``InPlacePodLevelResourcesVerticalScaling``, beta and on by default in 1.36).
-Restated, per resource (CPU and memory; a missing resource is not the same as zero):
+``resource/helpers.go``) with status resources on (``InPlacePodVerticalScaling``, KEP-1287, GA
+since 1.35), pod-level resources on (``PodLevelResources``, KEP-2837, on by default since 1.34)
+and their in-place resize on (``InPlacePodLevelResourcesVerticalScaling``, KEP-5419, beta and on
+by default in 1.36). Restated, for CPU and memory, as the v1.36.2 binary behaves (the
+control-plane tier reads the real kube-scheduler's cache to hold us to it,
+``tests/controlplane/test_counting.py``; upstream's main branch has moved on since):
 
-1. **Containers** (KEP-753, sidecars): the regular containers' sum, plus every restartable
-   ("sidecar", ``restartPolicy: Always``) init container, at least the largest of
-   ``init container + the sidecars declared before it`` (init containers run one at a time,
-   beside the sidecars already started). This sum is taken three times, over three views of
-   each container:
+1. **Each container** counts at its spec requests. A regular container or a sidecar (an init
+   container with ``restartPolicy: Always``) whose status carries ``resources`` (the kubelet's
+   read-back of the cgroup; present, even if empty) counts at the larger of its spec, that
+   status' ``requests`` and its ``allocatedResources`` (KEP-1287: a resize in progress may sit on
+   either side of the spec), except when the kubelet has marked the pod's resize **Infeasible**
+   (the first ``PodResizePending`` condition has reason ``Infeasible``): then at the larger of
+   the two status figures only, as the spec will never be applied. An ordinary init container
+   always counts at its spec.
+2. **Containers add up** as in KEP-753: the regular containers and the sidecars summed, at least
+   the largest ``init container + the sidecars declared before it`` (init containers run one at
+   a time, beside the sidecars already started).
+3. **Pod-level requests** (KEP-2837): when ``spec.resources.requests`` names CPU, memory or a
+   huge-page size, each of CPU and memory that it names replaces the containers' figure. If the
+   pod's status carries ``resources`` (KEP-5419), the replacement is the larger of the spec's
+   value (left out when Infeasible), ``status.resources.requests``' and
+   ``status.allocatedResources``' values for it, a missing value counting as zero.
+4. **Overhead** (RuntimeClass, ``spec.overhead``) is added last.
 
-   - *spec*: ``spec.containers[].resources.requests``;
-   - *allocated*: its status' ``allocatedResources`` if the kubelet reported them, else its spec;
-   - *actuated*: its status' ``resources.requests`` (what the kubelet read back from the cgroup),
-     else its ``allocatedResources``, else its spec.
+One deliberate difference, never below kube-scheduler's figure: where the kubelet has reported
+``allocatedResources`` (a container's, or the pod's for a resource its pod-level requests name)
+but no ``resources`` yet, kube-scheduler counts the spec; we count at least the allocation. The
+kubelet has admitted that much (its own admission counts pods at their allocation), so a node
+counted at the spec could be promised more than it has until the kubelet reports.
 
-   When the pod's status carries pod-level ``allocatedResources`` *and* ``resources.requests``
-   (KEP-5419), those two stand for the allocated and actuated sums. The pod counts at the larger
-   of the three sums (KEP-1287: a resize in progress may sit on either side of the spec), except
-   when the kubelet has marked the resize **Infeasible** (condition ``PodResizePending``, reason
-   ``Infeasible``): then the spec, which will never be applied, does not count, and a container
-   with no status counts as nothing.
-2. **Pod-level requests** (KEP-2837): when ``spec.resources.requests`` names CPU, memory or a
-   huge-page size, each resource it names replaces the containers' figure. With a pod-level
-   status (``status.allocatedResources`` or ``status.resources``), that is the larger of the spec
-   (left out when Infeasible), the status' requests and its allocated resources, each less the
-   pod overhead (floored at zero): the kubelet reports them with the overhead in.
-3. **Overhead** (RuntimeClass, ``spec.overhead``) is added last.
-
-Quantities are summed exactly (in nano-units) and rounded up once per pod, as
-``Quantity.MilliValue()``/``Value()`` round the summed list. Not counted, as neither of them is a
-CPU or memory request of the pod: DRA claims on node-allocatable resources (alpha).
+Every quantity is first rounded up to a thousandth of its unit, as the API keeps quantities
+(``500u`` of CPU is ``1m``); they are summed exactly, and the pod's total is rounded up once, to
+millicores and bytes (``Quantity.MilliValue()``/``Value()`` of the summed list). Not counted, as
+neither is a CPU or memory request: DRA claims on node-allocatable resources (alpha).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -120,50 +122,44 @@ class PodError(ValueError):
     means a malformed request body rather than a real pod)."""
 
 
-# A resource list as Kubernetes keeps one: resource name -> amount in nano-units (nanocores,
-# nanobytes). Only CPU and memory are counted; a name that is missing is not the same as zero.
+# A resource list as Kubernetes keeps one: resource name -> amount in thousandths of its unit
+# (millicores, millibytes). Only CPU and memory are counted; a missing name is not a zero.
 Amounts = dict[str, int]
 _COUNTED: Final = ("cpu", "memory")
-_NANO: Final = 10**9
+_MILLI: Final = 1000
 # What the kubelet writes when a resize can never fit its node.
 RESIZE_PENDING: Final = "PodResizePending"
 INFEASIBLE: Final = "Infeasible"
 
 
 @functools.lru_cache(maxsize=4096)
-def _nanos(text: str) -> int:
-    value = parse_quantity(text) * _NANO
+def _millis(text: str) -> int:
+    value = parse_quantity(text) * _MILLI
     return -(-value.numerator // value.denominator)
 
 
-def _amounts(resources: StrMap | None) -> Amounts | None:
-    if resources is None:
-        return None
-    return {name: _nanos(resources[name]) for name in _COUNTED if name in resources}
+def _amounts(resources: StrMap | None) -> Amounts:
+    if not resources:
+        return {}
+    return {name: _millis(resources[name]) for name in _COUNTED if name in resources}
 
 
-def _add(into: Amounts, more: Amounts | None) -> None:
-    for name, amount in (more or {}).items():
+def _add(into: Amounts, more: Amounts) -> None:
+    for name, amount in more.items():
         into[name] = into.get(name, 0) + amount
 
 
-def _raise_to(into: Amounts, other: Amounts | None) -> None:
-    for name, amount in (other or {}).items():
+def _raise_to(into: Amounts, other: Amounts) -> None:
+    for name, amount in other.items():
         if amount > into.get(name, -1):
             into[name] = amount
 
 
-def _largest(*lists: Amounts | None) -> Amounts:
+def _largest(*lists: Amounts) -> Amounts:
     result: Amounts = {}
     for amounts in lists:
         _raise_to(result, amounts)
     return result
-
-
-def _less_overhead(amounts: Amounts | None, overhead: Amounts | None) -> Amounts | None:
-    if amounts is None or not overhead:
-        return amounts
-    return {n: max(0, a - overhead[n]) if n in overhead else a for n, a in amounts.items()}
 
 
 def is_resize_infeasible(pod: Pod) -> bool:
@@ -174,104 +170,67 @@ def is_resize_infeasible(pod: Pod) -> bool:
     return False
 
 
-# How one container is seen: (container, its status or None, the pod's resize is infeasible).
-View = Callable[[Container, ContainerStatus | None, bool], Amounts | None]
+def _container(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts:
+    """Rule 1 for a regular container or a sidecar."""
+    spec = _amounts(c.resources.requests if c.resources is not None else None)
+    if status is None:
+        return spec
+    allocated = _amounts(status.allocated_resources)
+    if status.resources is None:
+        return _largest(spec, allocated)  # the kubelet's floor (see the module docstring)
+    actual = _amounts(status.resources.requests)
+    return _largest(actual, allocated) if infeasible else _largest(spec, actual, allocated)
 
 
-def _spec(c: Container, _status: ContainerStatus | None, _infeasible: bool) -> Amounts | None:
-    return _amounts(c.resources.requests if c.resources is not None else None)
-
-
-def _allocated(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts | None:
-    if status is not None and status.allocated_resources is not None:
-        return _amounts(status.allocated_resources)
-    return None if infeasible else _spec(c, status, infeasible)
-
-
-def _actuated(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts | None:
-    if (
-        status is not None
-        and status.resources is not None
-        and status.resources.requests is not None
-    ):
-        return _amounts(status.resources.requests)
-    return _allocated(c, status, infeasible)
-
-
-def _sum_containers(
-    pod: Pod, view: View, statuses: dict[str, ContainerStatus], infeasible: bool
-) -> Amounts:
-    """Rule 1's sum for one view of the containers."""
+def _container_amounts(pod: Pod) -> Amounts:
+    """Rules 1 and 2."""
+    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    for s in pod.status.init_container_statuses or ():
+        statuses.setdefault(s.name, s)
+    infeasible = bool(statuses) and is_resize_infeasible(pod)
     total: Amounts = {}
     for c in pod.spec.containers or ():
-        _add(total, view(c, statuses.get(c.name), infeasible))
+        _add(total, _container(c, statuses.get(c.name), infeasible))
     sidecars: Amounts = {}
     init_peak: Amounts = {}
     for c in pod.spec.init_containers or ():
-        own = view(c, statuses.get(c.name), infeasible)
         if c.restart_policy == "Always":
+            own = _container(c, statuses.get(c.name), infeasible)
             _add(total, own)
             _add(sidecars, own)
             _raise_to(init_peak, sidecars)
         else:
-            running = dict(sidecars)
-            _add(running, own)
+            running = _amounts(c.resources.requests if c.resources is not None else None)
+            _add(running, sidecars)
             _raise_to(init_peak, running)
     _raise_to(total, init_peak)
     return total
 
 
-def _has_pod_level_requests(pod: Pod) -> bool:
-    """``IsPodLevelRequestsSet``: CPU, memory or a huge-page size among the pod's requests."""
+def _pod_level(pod: Pod) -> Amounts:
+    """Rule 3: what replaces the containers' figures (nothing without pod-level requests)."""
     res = pod.spec.resources
-    return res is not None and any(
-        n in _COUNTED or n.startswith("hugepages-") for n in res.requests or ()
-    )
-
-
-def _container_amounts(pod: Pod) -> Amounts:
-    """Rule 1."""
+    named = res.requests if res is not None else None
+    if not named or not any(n in _COUNTED or n.startswith("hugepages-") for n in named):
+        return {}
+    spec = _amounts(named)
     status = pod.status
-    statuses = {s.name: s for s in status.container_statuses or ()}
-    for s in status.init_container_statuses or ():
-        statuses.setdefault(s.name, s)
+    allocated = _amounts(status.allocated_resources)
+    if status.resources is None:  # the kubelet's floor (see the module docstring)
+        return {name: max(amount, allocated.get(name, 0)) for name, amount in spec.items()}
+    actual = _amounts(status.resources.requests)
     infeasible = is_resize_infeasible(pod)
-    spec = _sum_containers(pod, _spec, statuses, infeasible)
-    pod_status = status.resources
-    if (
-        status.allocated_resources is not None
-        and pod_status is not None
-        and pod_status.requests is not None
-    ):
-        allocated = _amounts(status.allocated_resources)
-        actuated = _amounts(pod_status.requests)
-    elif not statuses and not infeasible:
-        return spec  # nothing reported: every view is the spec
-    else:
-        allocated = _sum_containers(pod, _allocated, statuses, infeasible)
-        actuated = _sum_containers(pod, _actuated, statuses, infeasible)
-    return _largest(actuated, allocated) if infeasible else _largest(spec, actuated, allocated)
+    return {
+        name: max(0 if infeasible else amount, actual.get(name, 0), allocated.get(name, 0))
+        for name, amount in spec.items()
+    }
 
 
 def pod_amounts(pod: Pod) -> Amounts:
-    """``PodRequests`` in nano-units (see the module docstring); raises ``QuantityError``."""
+    """``PodRequests`` in thousandths (see the module docstring); raises ``QuantityError``."""
     amounts = _container_amounts(pod)
-    spec = pod.spec
-    overhead = _amounts(spec.overhead)
-    if _has_pod_level_requests(pod):
-        assert spec.resources is not None
-        effective = _amounts(spec.resources.requests)
-        status = pod.status
-        if status.resources is not None or status.allocated_resources is not None:
-            actuated = _amounts(status.resources.requests) if status.resources else None
-            allocated = _amounts(status.allocated_resources)
-            effective = _largest(
-                None if is_resize_infeasible(pod) else effective,
-                _less_overhead(actuated, overhead),
-                _less_overhead(allocated, overhead),
-            )
-        amounts.update(effective or {})
-    _add(amounts, overhead)
+    amounts.update(_pod_level(pod))
+    _add(amounts, _amounts(pod.spec.overhead))
     return amounts
 
 
@@ -280,9 +239,7 @@ def _ceil_div(amount: int, unit: int) -> int:
 
 
 def _demand(amounts: Amounts) -> Demand:
-    return Demand(
-        _ceil_div(amounts.get("cpu", 0), _NANO // 1000), _ceil_div(amounts.get("memory", 0), _NANO)
-    )
+    return Demand(amounts.get("cpu", 0), _ceil_div(amounts.get("memory", 0), _MILLI))
 
 
 def pod_requests(pod: Pod) -> Demand:
@@ -359,11 +316,8 @@ def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]
         return 0, 0
     statuses = pod.status.container_statuses or ()
     status = next((s for s in statuses if s.name == container.name), None)
-    infeasible = is_resize_infeasible(pod)
-    # The container alone, seen as rule 1 sees the pod: the largest of its views.
-    views = (_allocated, _actuated) if infeasible else (_spec, _allocated, _actuated)
     try:
-        own = _demand(_largest(*(view(container, status, infeasible) for view in views)))
+        own = _demand(_container(container, status, is_resize_infeasible(pod)))
     except QuantityError:
         return 0, 0
     recorded = ann.parse_memory_overhead(pod.metadata.annotations)

@@ -2,7 +2,7 @@
 
 A table of cases, one per rule of the module docstring (the first three rows are the issue's
 table: a node is over-committed when any of them is counted lower), and a property against a
-plain, literal re-statement of ``resourcehelper.PodRequests`` over the pod's JSON. The control-plane
+plain, literal re-statement of those rules over the pod's JSON. The control-plane
 tier checks the same figures against the real kube-scheduler's cache.
 """
 
@@ -51,17 +51,23 @@ def c(name: str, restart: str | None = None, **requests: str) -> Obj:
     return out
 
 
-def cs(name: str, allocated: Obj | None = None, actual: Obj | None = None) -> Obj:
+INFEASIBLE = {"type": "PodResizePending", "status": "True", "reason": "Infeasible"}
+DEFERRED = {"type": "PodResizePending", "status": "True", "reason": "Deferred"}
+
+
+def cs(
+    name: str, allocated: Obj | None = None, actual: Obj | None = None, *, res: bool = True
+) -> Obj:
+    """A container's status; ``res=False`` leaves ``resources`` out even without requests."""
     out: Obj = {"name": name}
     if allocated is not None:
         out["allocatedResources"] = allocated
     if actual is not None:
         out["resources"] = {"requests": actual}
+    elif res:
+        out["resources"] = {}
     return out
 
-
-INFEASIBLE = {"type": "PodResizePending", "status": "True", "reason": "Infeasible"}
-DEFERRED = {"type": "PodResizePending", "status": "True", "reason": "Deferred"}
 
 CASES = {
     # The issue's table: 2 CPU by kube-scheduler's count, each of them.
@@ -73,17 +79,22 @@ CASES = {
         ),
         Demand(2000, 0),
     ),
-    "allocated-above-spec": (
+    # kube-scheduler counts 500m here (no ``resources`` reported); the kubelet's floor is 2.
+    "allocated-above-spec-before-resources-reported": (
+        pod([c("c", cpu="500m")], status={"containerStatuses": [cs("c", {"cpu": "2"}, res=False)]}),
+        Demand(2000, 0),
+    ),
+    # Rule 1.
+    "allocated-above-spec-with-empty-resources": (
         pod([c("c", cpu="500m")], status={"containerStatuses": [cs("c", {"cpu": "2"})]}),
         Demand(2000, 0),
     ),
-    # Rule 1: the larger of the three *sums*, not of each container.
-    "max-of-sums-not-sum-of-maxes": (
+    "each-container-its-own-largest": (
         pod(
             [c("a", cpu="1"), c("b", cpu="1")],
             status={"containerStatuses": [cs("a", {"cpu": "2"}), cs("b", {"cpu": "500m"})]},
         ),
-        Demand(2500, 0),
+        Demand(3000, 0),
     ),
     "spec-above-status-while-growing": (
         pod(
@@ -101,17 +112,17 @@ CASES = {
             [c("c", cpu="8")],
             status={
                 "conditions": [INFEASIBLE],
-                "containerStatuses": [cs("c", {"cpu": "1"}, {"cpu": "1"})],
+                "containerStatuses": [cs("c", {"cpu": "2"}, {"cpu": "1"})],
             },
         ),
-        Demand(1000, 0),
+        Demand(2000, 0),
     ),
-    "infeasible-container-without-status-counts-nothing": (
+    "infeasible-container-without-status-counts-its-spec": (
         pod(
-            [c("a", cpu="8"), c("b", cpu="1")],
-            status={"conditions": [INFEASIBLE], "containerStatuses": [cs("b", {"cpu": "1"})]},
+            [c("a", cpu="3"), c("b", cpu="1")],
+            status={"conditions": [INFEASIBLE], "containerStatuses": [cs("b", None, {"cpu": "1"})]},
         ),
-        Demand(1000, 0),
+        Demand(4000, 0),
     ),
     "deferred-still-counts-the-spec": (
         pod(
@@ -120,11 +131,11 @@ CASES = {
         ),
         Demand(8000, 0),
     ),
-    "init-container-statuses-count": (
+    "ordinary-init-container-counts-its-spec": (
         pod(
             [c("c", cpu="1")],
-            init=[c("i", cpu="500m")],
-            status={"initContainerStatuses": [cs("i", {"cpu": "3"})]},
+            init=[c("i", cpu="3")],
+            status={"initContainerStatuses": [cs("i", None, {"cpu": "4"})]},
         ),
         Demand(3000, 0),
     ),
@@ -132,10 +143,11 @@ CASES = {
         pod(
             [c("c", cpu="1")],
             init=[c("side", "Always", cpu="100m")],
-            status={"initContainerStatuses": [cs("side", {"cpu": "100m"}, {"cpu": "1"})]},
+            status={"initContainerStatuses": [cs("side", None, {"cpu": "1"})]},
         ),
         Demand(2000, 0),
     ),
+    # Rule 2.
     "init-peak-includes-earlier-sidecars-only": (
         pod(
             [c("c", cpu="100m")],
@@ -144,15 +156,14 @@ CASES = {
         # sum: 100m + 1 + 1 = 2100m; init peak: s1 + i = 3000m
         Demand(3000, 0),
     ),
-    # Rule 1, pod-level status maps stand for the container sums when both are there.
-    "pod-level-status-maps-stand-for-the-sums": (
+    "pod-level-status-without-pod-level-requests-is-ignored": (
         pod(
             [c("c", cpu="1")],
             status={"allocatedResources": {"cpu": "2"}, "resources": {"requests": {"cpu": "3"}}},
         ),
-        Demand(3000, 0),
+        Demand(1000, 0),
     ),
-    # Rule 2.
+    # Rule 3.
     "pod-level-replaces-only-what-it-names": (
         pod([c("a", cpu="3", memory="1Gi")], pod_requests_={"cpu": "1"}),
         Demand(1000, GI),
@@ -161,23 +172,37 @@ CASES = {
         pod([c("a", cpu="3")], pod_requests_={"hugepages-2Mi": "2Mi"}),
         Demand(3000, 0),
     ),
-    "pod-level-status-above-spec-less-overhead": (
+    "pod-level-status-above-spec": (
         pod(
             [c("a")],
-            pod_requests_={"cpu": "1", "memory": "1Gi"},
-            overhead={"cpu": "100m", "memory": "64Mi"},
-            status={"allocatedResources": {"cpu": "2100m", "memory": "1088Mi"}},
+            pod_requests_={"cpu": "1"},
+            status={
+                "allocatedResources": {"cpu": "2"},
+                "resources": {"requests": {"cpu": "2500m"}},
+            },
         ),
-        # 2100m - 100m = 2000m (above the spec), 1088Mi - 64Mi = 1Gi; then the overhead again.
-        Demand(2100, GI + 64 * MI),
+        Demand(2500, 0),
     ),
-    "pod-level-status-names-memory-the-spec-does-not": (
+    "pod-level-status-overhead-not-taken-off": (
         pod(
-            [c("a", cpu="1", memory="4Gi")],
-            pod_requests_={"cpu": "2"},
-            status={"resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
+            [c("a")],
+            pod_requests_={"cpu": "1"},
+            overhead={"cpu": "100m"},
+            status={"resources": {"requests": {"cpu": "2100m"}}},
         ),
-        Demand(2000, GI),
+        Demand(2200, 0),
+    ),
+    "pod-level-status-memory-the-spec-does-not-name-is-ignored": (
+        pod(
+            [c("a", cpu="500m", memory="2Gi")],
+            pod_requests_={"cpu": "1"},
+            status={"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+        ),
+        Demand(1000, 2 * GI),
+    ),
+    "pod-level-allocated-before-resources-reported": (
+        pod([c("a")], pod_requests_={"cpu": "1"}, status={"allocatedResources": {"cpu": "2"}}),
+        Demand(2000, 0),
     ),
     "pod-level-infeasible-counts-status": (
         pod(
@@ -187,7 +212,15 @@ CASES = {
         ),
         Demand(2000, 0),
     ),
-    # Rule 3 and rounding.
+    "pod-level-infeasible-status-without-it-is-zero": (
+        pod(
+            [c("a", cpu="500m")],
+            pod_requests_={"cpu": "3"},
+            status={"conditions": [INFEASIBLE], "resources": {"requests": {"memory": "1Gi"}}},
+        ),
+        Demand(0, 0),
+    ),
+    # Rule 4 and rounding.
     "overhead-added-last": (
         pod([c("a", cpu="500m")], overhead={"cpu": "100m", "memory": "10Mi"}),
         Demand(600, 10 * MI),
@@ -196,9 +229,9 @@ CASES = {
         pod([c("a", memory="1500m"), c("b", memory="1500m")]),  # 1.5 bytes each: 3, not 4
         Demand(0, 3),
     ),
-    "sub-millicore-summed-before-rounding": (
-        pod([c("a", cpu="500u"), c("b", cpu="500u")]),
-        Demand(1, 0),
+    "each-quantity-rounded-to-a-thousandth-first": (
+        pod([c("a", cpu="500u"), c("b", cpu="500u")]),  # 1m each, as the API keeps them
+        Demand(2, 0),
     ),
 }
 
@@ -212,28 +245,32 @@ def test_a_pod_counts_as_kubernetes_counts_it(spec: Obj, expected: Demand) -> No
 # -- a literal re-statement of resourcehelper.PodRequests, over the JSON -------------------------
 
 RESOURCES = ("cpu", "memory")
+Q = dict[str, Fraction]
 
 
-def rlist(m: Obj | None) -> dict[str, Fraction] | None:
-    if m is None:
-        return None
-    return {k: parse_quantity(v) for k, v in m.items() if k in RESOURCES}
+def rlist(m: Obj | None) -> Q:
+    """A resource list, each quantity rounded up to a thousandth as the API keeps it."""
+    return {
+        k: Fraction(math.ceil(parse_quantity(v) * 1000), 1000)
+        for k, v in (m or {}).items()
+        if k in RESOURCES
+    }
 
 
-def add_list(into: dict[str, Fraction], new: dict[str, Fraction] | None) -> None:
-    for k, v in (new or {}).items():
+def add_list(into: Q, new: Q) -> None:
+    for k, v in new.items():
         into[k] = into.get(k, Fraction(0)) + v
 
 
-def max_list(into: dict[str, Fraction], new: dict[str, Fraction] | None) -> None:
-    for k, v in (new or {}).items():
+def max_list(into: Q, new: Q) -> None:
+    for k, v in new.items():
         if k not in into or v > into[k]:
             into[k] = v
 
 
-def max_of(a: dict[str, Fraction] | None, *rest: dict[str, Fraction] | None) -> dict[str, Fraction]:
-    result = dict(a or {})
-    for other in rest:
+def max_of(*lists: Q) -> Q:
+    result: Q = {}
+    for other in lists:
         max_list(result, other)
     return result
 
@@ -245,79 +282,55 @@ def reference(p: Obj) -> Demand:
         if cond["type"] == "PodResizePending":
             infeasible = cond.get("reason") == "Infeasible"
             break
+    statuses = {}
+    for s in (status.get("initContainerStatuses") or [])[::-1] + (
+        status.get("containerStatuses") or []
+    )[::-1]:
+        statuses[s["name"]] = s  # the first of containerStatuses wins, as findContainerStatus
 
-    def find_status(name: str) -> Obj | None:
-        for s in status.get("containerStatuses") or []:
-            if s["name"] == name:
-                return s
-        for s in status.get("initContainerStatuses") or []:
-            if s["name"] == name:
-                return s
-        return None
+    def effective(ctr: Obj) -> Q:
+        own = rlist((ctr.get("resources") or {}).get("requests"))
+        s = statuses.get(ctr["name"])
+        if s is None:
+            return own
+        allocated = rlist(s.get("allocatedResources"))
+        if s.get("resources") is None:
+            return max_of(own, allocated)
+        actual = rlist(s["resources"].get("requests"))
+        return max_of(actual, allocated) if infeasible else max_of(own, actual, allocated)
 
-    def spec_of(ctr: Obj, _s: Obj | None) -> dict[str, Fraction] | None:
-        return rlist((ctr.get("resources") or {}).get("requests"))
+    reqs: Q = {}
+    for ctr in spec.get("containers") or []:
+        add_list(reqs, effective(ctr))
+    restartable: Q = {}
+    init_max: Q = {}
+    for ctr in spec.get("initContainers") or []:
+        if ctr.get("restartPolicy") == "Always":
+            res = effective(ctr)
+            add_list(reqs, res)
+            add_list(restartable, res)
+            max_list(init_max, restartable)
+        else:
+            combined = rlist((ctr.get("resources") or {}).get("requests"))
+            add_list(combined, restartable)
+            max_list(init_max, combined)
+    max_list(reqs, init_max)
 
-    def allocated_of(ctr: Obj, s: Obj | None) -> dict[str, Fraction] | None:
-        if s is not None and s.get("allocatedResources") is not None:
-            return rlist(s["allocatedResources"])
-        return None if infeasible else spec_of(ctr, s)
-
-    def actuated_of(ctr: Obj, s: Obj | None) -> dict[str, Fraction] | None:
-        if s is not None and (s.get("resources") or {}).get("requests") is not None:
-            return rlist(s["resources"]["requests"])
-        if s is not None and s.get("allocatedResources") is not None:
-            return rlist(s["allocatedResources"])
-        return None if infeasible else spec_of(ctr, s)
-
-    def aggregate(fn: Any) -> dict[str, Fraction]:
-        result: dict[str, Fraction] = {}
-        for ctr in spec.get("containers") or []:
-            add_list(result, fn(ctr, find_status(ctr["name"])))
-        restartable: dict[str, Fraction] = {}
-        init_max: dict[str, Fraction] = {}
-        for ctr in spec.get("initContainers") or []:
-            res = fn(ctr, find_status(ctr["name"]))
-            if ctr.get("restartPolicy") == "Always":
-                add_list(result, res)
-                add_list(restartable, res)
-                res = restartable
-            else:
-                combined: dict[str, Fraction] = {}
-                add_list(combined, res)
-                add_list(combined, restartable)
-                res = combined
-            max_list(init_max, res)
-        max_list(result, init_max)
-        return result
-
-    spec_reqs = aggregate(spec_of)
-    pod_res = status.get("resources")
-    if (
-        status.get("allocatedResources") is not None
-        and pod_res is not None
-        and pod_res.get("requests") is not None
-    ):
-        allocated, actuated = rlist(status["allocatedResources"]), rlist(pod_res["requests"])
-    else:
-        allocated, actuated = aggregate(allocated_of), aggregate(actuated_of)
-    reqs = max_of(actuated, allocated) if infeasible else max_of(spec_reqs, actuated, allocated)
-
-    overhead = rlist(spec.get("overhead"))
     pod_level = (spec.get("resources") or {}).get("requests") or {}
     if any(k in RESOURCES or k.startswith("hugepages-") for k in pod_level):
-        effective = rlist(pod_level)
-        if status.get("resources") is not None or status.get("allocatedResources") is not None:
-            st_reqs = rlist((status.get("resources") or {}).get("requests"))
-            al_reqs = rlist(status.get("allocatedResources"))
-            for lst in (st_reqs, al_reqs):
-                for k in list((lst or {}).keys()):
-                    if overhead and k in overhead:
-                        lst[k] = max(Fraction(0), lst[k] - overhead[k])  # type: ignore[index]
-            effective = max_of(None if infeasible else effective, st_reqs, al_reqs)
-        for k, v in (effective or {}).items():
-            reqs[k] = v
-    add_list(reqs, overhead)
+        named = rlist(pod_level)
+        allocated = rlist(status.get("allocatedResources"))
+        if status.get("resources") is None:
+            for k, v in named.items():
+                reqs[k] = max(v, allocated.get(k, Fraction(0)))
+        else:
+            actual = rlist(status["resources"].get("requests"))
+            for k, v in named.items():
+                candidates = [actual.get(k, Fraction(0)), allocated.get(k, Fraction(0))]
+                if not infeasible:
+                    candidates.append(v)
+                reqs[k] = max(candidates)
+    add_list(reqs, rlist(spec.get("overhead")))
     return Demand(
         math.ceil(reqs.get("cpu", Fraction(0)) * 1000), math.ceil(reqs.get("memory", Fraction(0)))
     )
@@ -381,8 +394,11 @@ def pods(draw: st.DrawFn) -> Obj:
         status["conditions"] = conditions
     if draw(st.booleans()):
         status["allocatedResources"] = draw(requests())
-    if draw(st.booleans()):
-        status["resources"] = draw(st.sampled_from([{}, None])) or {"requests": draw(requests())}
+    shape = draw(st.sampled_from(["none", "empty", "requests"]))
+    if shape == "empty":
+        status["resources"] = {}
+    elif shape == "requests":
+        status["resources"] = {"requests": draw(requests())}
     spec: Obj = {"containers": containers}
     if inits:
         spec["initContainers"] = inits
