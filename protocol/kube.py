@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.bounds import Int32, Int64
+
 StrMap = dict[str, str]
 
 
@@ -32,7 +34,7 @@ class ObjectMeta(_Obj):
     namespace: str = ""
     uid: str = ""
     resource_version: str = ""
-    generation: int | None = None
+    generation: Int64 | None = None
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
     labels: StrMap | None = None
@@ -58,7 +60,7 @@ class Toleration(_Obj):
     operator: str | None = None
     value: str | None = None
     effect: str | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: Int64 | None = None
 
 
 class NodeSelectorRequirement(_Obj):
@@ -94,7 +96,7 @@ class PodSpec(_Obj):
     containers: list[Container] | None = None
     init_containers: list[Container] | None = None
     overhead: StrMap | None = None
-    priority: int | None = None
+    priority: Int32 | None = None
     priority_class_name: str | None = None
     node_selector: StrMap | None = None
     affinity: Affinity | None = None
