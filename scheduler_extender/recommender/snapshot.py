@@ -95,8 +95,9 @@ class _Wire(
 
 
 class Resources(_Wire, frozen=True, kw_only=True):
-    """A pod's *effective* requests (containers, init containers and overhead already summed,
-    as ``podinfo.pod_requests`` does). Absent means zero."""
+    """A pod's *effective* requests: what ``podinfo.pod_requests`` counts (containers, sidecars,
+    init containers, pod-level requests, an in-place resize's status, overhead). Absent means
+    zero."""
 
     cpu: Quantity | None = None
     memory: Quantity | None = None
