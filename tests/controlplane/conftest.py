@@ -173,7 +173,10 @@ class Names:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "labels": {"vma-test-group": self.group, **labels}},
+            "metadata": {
+                "name": name,
+                "labels": {"vma-test-group": self.group, "kubernetes.io/hostname": name, **labels},
+            },
             "status": {
                 "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
                 "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
@@ -192,7 +195,9 @@ class Names:
         max_vcpus: int = 1,
         memory: str = "1Gi",
         annotations: dict[str, str] | None = None,
+        node: str | None = None,
     ) -> Obj:
+        """A VM pod of the group's; with ``node``, aimed at that node alone."""
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -208,7 +213,9 @@ class Names:
             },
             "spec": {
                 "schedulerName": SCHEDULER_NAME,
-                "nodeSelector": {"vma-test-group": self.group},
+                "nodeSelector": {"vma-test-group": self.group}
+                if node is None
+                else {"kubernetes.io/hostname": node},
                 "containers": [
                     {
                         "name": "vm",
