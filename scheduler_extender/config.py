@@ -315,7 +315,7 @@ class LeaderElectionConfig(_Section, frozen=True):
     lease_namespace: NonEmpty = "vm-autoscaling"
     scheduler_lease_name: str | None = "vm-scheduler"
     # Whole seconds: the Lease's leaseDurationSeconds is an integer.
-    lease_duration_seconds: Annotated[int, msgspec.Meta(ge=1)] = 15
+    lease_duration_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 15
     renew_seconds: PositiveSeconds = 2.0
     retry_seconds: PositiveSeconds = 2.0
     clock_drift_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=0.2)] = 0.01

@@ -14,6 +14,9 @@ the pod whose extender leads is SIGKILLed (both containers), and the clock start
 * ``restart``: one pod, no leader election, started again at once: the best case of a
   single replica (a kubelet restarting the containers in place, with no back-off; a lost
   node would add the new pod's scheduling, image pull and start).
+* ``inplace``: two pods, but only the leader's extender dies and is restarted in place (a
+  crash the kubelet restarts): it finds its own pod's name on the Lease and leads again at
+  once, without waiting for the standby.
 
 Per round: ``leads_s`` (the standby's ``/readyz`` says it decides; for ``restart``, ready
 again), ``first_bind_s`` (the first VM bound after the kill, seen on the API), and
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,14 +94,18 @@ def one_round(
     pods: list[SchedulerPod] = []
     stop = threading.Event()
     try:
-        if mode == "standby":
+        if mode in ("standby", "inplace"):
             for suffix in ("a", "b"):
-                pod = scheduler_pod(cp, kubeconfig, work, f"{tag}-{suffix}", leases=leases)
+                pod = scheduler_pod(
+                    cp, kubeconfig, work, f"{tag}-{suffix}", leases=leases, quick_backoff=False
+                )
                 pods.append(pod)
                 pod.start()
                 wait_leader(pods[:1], timeout_seconds=4 * leases.duration_seconds + 30)
         else:
-            pods.append(scheduler_pod(cp, kubeconfig, work, f"{tag}-a", leases=None))
+            pods.append(
+                scheduler_pod(cp, kubeconfig, work, f"{tag}-a", leases=None, quick_backoff=False)
+            )
             pods[0].start()
         for suffix in ("a", "b"):
             names.node(suffix, cpu="64")
@@ -131,7 +139,11 @@ def one_round(
         killed_at = time.monotonic()
         # An answer of the dead leader may still arrive after this; it carries its epoch.
         old_epochs = {g.epoch for g in agents.grants}
-        leader.kill()
+        if mode == "inplace":
+            leader.extender.stop(sig=signal.SIGKILL)
+            leader.extender.start(wait_ready=False)
+        else:
+            leader.kill()
         if mode == "restart":
             leader.start()
         wait_leader(pods, timeout_seconds=4 * leases.duration_seconds + 60)
@@ -187,7 +199,7 @@ def main() -> int:
         args.lease_seconds, args.lease_seconds * 10 / 15, max(0.2, args.lease_seconds * 2 / 15)
     )
     bin_dir = find_binaries()
-    results: dict[str, list[dict[str, float]]] = {"standby": [], "restart": []}
+    results: dict[str, list[dict[str, float]]] = {"standby": [], "inplace": [], "restart": []}
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         cp = ControlPlane(bin_dir, Path(tmp) / "cp")
         cp.start()
@@ -195,12 +207,12 @@ def main() -> int:
             docs = [d for d in render(MANIFESTS) if d["kind"] in RBAC_KINDS]
             kubeconfig = extender_identity(cp, docs)
             for r in range(args.rounds):
-                for mode in ("standby", "restart"):
+                for mode, rounds in results.items():
                     tag = f"r{r}{mode[0]}"
                     work = Path(tmp)
                     found = one_round(cp, kubeconfig, work, mode=mode, leases=leases, tag=tag)
                     print(json.dumps({"mode": mode, **found}), file=sys.stderr)
-                    results[mode].append(found)
+                    rounds.append(found)
         finally:
             cp.stop()
     out: dict[str, Any] = {

@@ -58,6 +58,21 @@ class Follower(Protocol):
     def leadership_lost(self, elector: Elector) -> None: ...
 
 
+def identity_of(host: str, pod: tuple[str, str] | None) -> str:
+    """Who holds the extender's Lease: the pod's name, or outside a pod the host and a
+    uniquifier (kube-scheduler's form, so that two processes on one host never share one).
+
+    In a pod the name alone: the kubelet runs one extender container per pod at a time, so a
+    leader whose container crashed and was restarted in place finds its own name on the Lease
+    and takes it back at once, as a single replica's restart would, instead of waiting out its
+    own Lease. It starts from the restart path like any new process (every VM unverified, a new
+    epoch), and the process before it, being dead, decides nothing more.
+    """
+    if pod is not None:
+        return pod[1]
+    return f"{host}_{uuid.uuid4().hex}"
+
+
 def record_of(lease: Lease) -> LeaseRecord:
     spec = lease.spec
     return LeaseRecord(
@@ -105,9 +120,8 @@ class LeaderLoop:
         self.pod = pod
         self.clock = clock
         self.wall_clock = wall_clock
-        # As kube-scheduler names itself: the host (the pod's name), then a uniquifier.
         self.elector = Elector(
-            f"{host}_{uuid.uuid4().hex}",
+            identity_of(host, pod),
             duration_seconds=config.lease_duration_seconds,
             renew_seconds=config.renew_seconds,
             retry_seconds=config.retry_seconds,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -251,3 +252,48 @@ def test_a_partitioned_leader_grants_nothing_once_another_leads(
 
 def control_plane_pod(names: Names, name: str) -> Obj:
     return names.api.get(pod_path(EXTENDER_NS, name))
+
+
+def test_a_leader_restarted_in_place_takes_its_lease_back(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    """Only the leader's extender dies (the kubelet restarts the container): its pod's name is
+    on the Lease, so the new process takes it back without a transfer, from the restart path
+    (a new epoch), while its kube-scheduler goes on leading."""
+    e = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-e")
+    pods.append(e)
+    e.start()
+    assert wait_leader([e]) is e
+    f = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-f")
+    pods.append(f)
+    f.start()
+    names.node("a", cpu="16")
+    names.vm("vm-0", max_vcpus=4)
+    names.wait_bound("vm-0")
+    vm = names.api.pod(names.namespace, "vm-0")
+    agents = Agents(names)
+    assert agents.ask([e, f], vm, requested=2) == 2
+    before = lease(names, "vm-scheduler-extender")
+
+    e.extender.stop(sig=signal.SIGKILL)
+    e.extender.start(wait_ready=False)
+    assert wait_leader([e, f]) is e
+    after = lease(names, "vm-scheduler-extender")
+    assert after["holderIdentity"] == before["holderIdentity"] == "ha-e"
+    assert after["leaseTransitions"] == before["leaseTransitions"]
+    # The new process answers (a new epoch: the agent reports, and the VM is settled).
+    assert agents.ask([e, f], vm, requested=3) == 3
+    assert agents.grants[-1].epoch != agents.grants[0].epoch
+    names.vm("vm-1", max_vcpus=4)
+    names.wait_bound("vm-1")
+
+
+def lease(names: Names, name: str) -> Obj:
+    spec: Obj = names.api.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NS}/leases/{name}"
+    )["spec"]
+    return spec
