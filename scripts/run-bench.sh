@@ -115,9 +115,12 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 # The extender's /state is on its loopback-only verbs port; port-forward reaches it from
-# inside the pod's network namespace.
-say "port-forwarding the extender's /state to 127.0.0.1:$STATE_PORT"
-"${KUBECTL[@]}" -n vm-autoscaling port-forward deploy/scheduler-extender \
+# inside the pod's network namespace. The leader's: the standby holds every VM at its maximum.
+LEADER=$("${KUBECTL[@]}" -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader \
+  -o name | head -n 1)
+[[ -n "$LEADER" ]] || die "no scheduler pod is labelled vm-autoscaling.io/extender-role=leader"
+say "port-forwarding the extender's /state ($LEADER) to 127.0.0.1:$STATE_PORT"
+"${KUBECTL[@]}" -n vm-autoscaling port-forward "$LEADER" \
   "$STATE_PORT:10298" >/dev/null 2>&1 &
 PF_PID=$!
 for _ in $(seq 1 20); do

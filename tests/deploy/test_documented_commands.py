@@ -156,9 +156,13 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_kustomize.py",
     ),
-    "kubectl -n vm-autoscaling port-forward deploy/scheduler-extender 10298:10298": (
+    "kubectl -n vm-autoscaling port-forward pod/LEADER 10298:10298": (
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",
+    ),
+    "kubectl -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader": (
+        How.ELSEWHERE,
+        "tests/controlplane/test_failover.py",
     ),
     # The same binding, made through the real API server: a ServiceAccount bound to the
     # ClusterRole reads /metrics, another gets 403.

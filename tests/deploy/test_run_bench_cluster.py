@@ -40,6 +40,7 @@ case "$args" in
     port="${args#* port-forward * }"; port="${port%%:*}"
     exec python3 "$FAKE_DIR/state_server.py" "$port" "$FAKE_DIR/vcpus" ;;
   *"vm-autoscaling\.io/vm"*) echo true ;;
+  *"extender-role=leader"*) echo pod/scheduler-extender-0 ;;
   *" wait "*) ;;
   *"podIP"*) echo 10.1.2.3 ;;
   *" run "*)
