@@ -213,10 +213,17 @@ class LeadershipMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 1))
     def round_trip(self, i):
-        """The common case in one step: act, applied at once, answered at once."""
-        self.elector_acts(i)
-        self.api_server_applies(i)
-        self.answer_arrives(i)
+        """The common case in one step: act, applied at once, answered at once, and again
+        until the elector waits (the shell's loop does not sleep between a read and the write
+        it leads to)."""
+        for _ in range(3):
+            if self.replicas[i].request is not None:
+                return
+            self.elector_acts(i)
+            if self.replicas[i].request is None:
+                return
+            self.api_server_applies(i)
+            self.answer_arrives(i)
 
     @rule(dt=st.floats(0.1, 3.0), rounds=st.integers(1, 4))
     def both_keep_going(self, dt, rounds):
@@ -225,6 +232,13 @@ class LeadershipMachine(RuleBasedStateMachine):
             self.round_trip(0)
             self.round_trip(1)
             self.time_passes(dt)
+
+    @rule(i=st.integers(0, 1), dt=st.floats(0.5, 3.0), rounds=st.integers(2, 8))
+    def scheduler_moves_to(self, i, dt, rounds):
+        """kube-scheduler's Lease moves to replica ``i``: the other resigns, ``i`` stands."""
+        self.candidacy(1 - i, False)
+        self.candidacy(i, True)
+        self.both_keep_going(dt, rounds)
 
     @rule(i=st.integers(0, 1), dt=st.floats(0.1, 2.0), rounds=st.integers(1, 8))
     def partitioned(self, i, dt, rounds):
@@ -270,6 +284,17 @@ class LeadershipMachine(RuleBasedStateMachine):
         self.asks[vm] = Ask(requested=want, granted=d.permit.permit.vcpus)
         # The durable write lands some time later (or never): ``annotation_written``.
         self.pending_annotation = (vm, r.ledger.pods[vm].vcpus)
+
+    @rule(
+        i=st.integers(0, 1),
+        order=st.permutations(VMS),
+        wants=st.lists(st.integers(1, MAX_VCPUS), min_size=len(VMS), max_size=len(VMS)),
+    )
+    def agents_ask_in_turn(self, i, order, wants):
+        """Every agent asks replica ``i`` once and applies the answer, one after another."""
+        for vm, want in zip(order, wants, strict=True):
+            self.agent_asks(vm, want, i)
+            self.agent_receives(vm)
 
     @rule(vm=st.sampled_from(VMS))
     def agent_receives(self, vm):
@@ -319,3 +344,24 @@ LeadershipMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLeadership = LeadershipMachine.TestCase
+
+
+def test_a_replica_that_leads_again_forgets_what_its_agents_said():
+    """The history the machine must survive, written out: x leads and hears every agent; y
+    leads and grows two VMs; x leads again. Without ``forget_agents`` x would still believe
+    its old sizes and grow a VM into room y already gave away."""
+    m = LeadershipMachine()
+    m.start(offsets=(0.0, 0.0), rates=(1.0, 1.0), candidates=(True, False))
+    m.both_keep_going(dt=1.0, rounds=3)
+    x, y = m.replicas
+    assert x.elector.is_leading(m._now(x))
+    m.agents_ask_in_turn(0, order=VMS, wants=[1, 1, 1])
+    m.scheduler_moves_to(1, dt=1.0, rounds=4)
+    assert y.elector.is_leading(m._now(y))
+    m.agents_ask_in_turn(1, order=VMS, wants=[1, 4, 4])
+    assert m.truth["c"] == 4  # y grew it, and x never heard
+    m.scheduler_moves_to(0, dt=1.0, rounds=4)
+    assert x.elector.is_leading(m._now(x))
+    m.agents_ask_in_turn(0, order=VMS, wants=[4, 4, 4])
+    m.the_node_is_never_over_committed()
+    m.at_most_one_decides()
