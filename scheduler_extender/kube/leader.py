@@ -133,10 +133,6 @@ class LeaderLoop:
         self._role = asyncio.Event()
         self._timeout = max(config.renew_seconds, config.retry_seconds)
 
-    @property
-    def is_leading(self) -> bool:
-        return self.elector.is_leading(self.clock())
-
     async def run(self) -> None:
         log.info("leader_election_started", identity=self.elector.identity)
         labels = asyncio.create_task(self._label_loop()) if self._labels_pod else None
@@ -159,6 +155,7 @@ class LeaderLoop:
         finally:
             if labels is not None:
                 labels.cancel()
+                await asyncio.gather(labels, return_exceptions=True)
 
     async def resign(self) -> None:
         """Graceful shutdown: stop deciding, then hand the Lease over at once (released)."""
