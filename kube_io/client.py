@@ -286,16 +286,26 @@ class KubeClient:
 
     # --- writes ---------------------------------------------------------------------------
 
-    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:
-        """Bind the pod to ``node``, only if it still has ``uid``.
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        node: str,
+        resource_version: str | None = None,
+    ) -> None:
+        """Bind the pod to ``node``, only if it still has ``uid`` (and ``resource_version``).
 
-        Raises ``Conflict`` (already bound, or the UID precondition failed) and ``NotFound``,
-        each with the API's message.
+        Raises ``Conflict`` (already bound, or a precondition failed) and ``NotFound``, each
+        with the API's message.
         """
         binding = Binding(
             api_version="v1",
             kind="Binding",
-            metadata=BindingMeta(name=name, namespace=namespace, uid=uid),
+            metadata=BindingMeta(
+                name=name, namespace=namespace, uid=uid, resource_version=resource_version
+            ),
             target=ObjectReference(api_version="v1", kind="Node", name=node),
         )
         # 201 with a Status body: success. The body carries nothing else we need.

@@ -30,6 +30,10 @@ class BindingMeta(_Wire, frozen=True, kw_only=True):
     # A precondition: the API refuses (409) to bind a pod whose UID differs, so a pod deleted
     # and recreated under the same name is never bound by a decision made for its predecessor.
     uid: str
+    # A second one (``BindingREST.setPodNodeAndMetadata``): 409 unless the pod still has this
+    # version, so a decision made on a pod that changed since, e.g. fenced by a new extender
+    # leader (``Extender.fence``), is never applied.
+    resource_version: str | None = None
 
 
 class ObjectReference(_Wire, frozen=True, kw_only=True):

@@ -62,6 +62,10 @@ PERMITTED_MEMORY: Final = PREFIX + "permitted-memory"
 MEMORY_OVERHEAD: Final = PREFIX + "memory-overhead"
 # Names the VM's container in a pod with several (default: the first container).
 VM_CONTAINER: Final = PREFIX + "vm-container"
+# Written by an extender that has just taken the lead on every pod still waiting for a node:
+# its term. The write changes each pod's resourceVersion, so a Binding the previous leader sent
+# before it lost the Lease, still on its way, fails its precondition (``Extender.fence``).
+LEADER_TERM: Final = PREFIX + "leader-term"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).

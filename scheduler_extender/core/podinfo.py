@@ -98,6 +98,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     memory_extra_bytes: int = 0
     container_memory_overhead_bytes: int = 0
     created: str = ""
+    # The version it was read at: a Binding made for it carries it as a precondition.
+    resource_version: str = ""
 
     @property
     def key(self) -> str:
@@ -297,6 +299,7 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         memory_extra_bytes=extra,
         container_memory_overhead_bytes=overhead,
         created=meta.creation_timestamp or "",
+        resource_version=meta.resource_version,
     )
 
 

@@ -927,6 +927,19 @@ class FakeKubeApi:
                 f"UID in object meta: {actual_uid}",
                 details={"name": name, "kind": "pods"},
             )
+        # So does it the resourceVersion precondition (message as the v1.36 API server's).
+        wanted_version = (binding.get("metadata") or {}).get("resourceVersion")
+        actual_version = pod["metadata"].get("resourceVersion")
+        if wanted_version and wanted_version != actual_version:
+            return status_response(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods "{name}": StorageError: invalid object, '
+                f"Code: 4, Key: /registry/pods/{namespace}/{name}, ResourceVersion: 0, "
+                f"AdditionalErrorMsg: Precondition failed: ResourceVersion in precondition: "
+                f"{wanted_version}, ResourceVersion in object meta: {actual_version}",
+                details={"name": name, "kind": "pods"},
+            )
         current = pod["spec"].get("nodeName")
         if current:
             return status_response(
