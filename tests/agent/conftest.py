@@ -23,6 +23,7 @@ from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, se
 NODE = "node-a"
 TOKEN = "s3cret-token"
 GiB = 2**30
+BATCH_WINDOW_SECONDS = 0.005
 
 
 async def eventually(predicate: Callable[[], bool], *, within_seconds: float = 3.0) -> None:
@@ -113,7 +114,7 @@ async def world(tmp_path):
             token=TokenFile(token_path),
             timeout_seconds=1.0,
         )
-        batcher = PermitBatcher(client, window_seconds=0.005)
+        batcher = PermitBatcher(client, window_seconds=BATCH_WINDOW_SECONDS)
         metrics = AgentMetrics(CollectorRegistry())
         holder: dict[str, World] = {}
         deps = RunnerDeps(
