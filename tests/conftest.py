@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 
 import pytest
@@ -17,25 +16,30 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-@pytest.fixture(autouse=True)
-def _close_loop_opened_for_sync_tests(request):
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
     """Close the event loop looptime's plugin opens around *sync* tests.
 
-    looptime 0.9 calls ``policy.get_event_loop()`` in ``pytest_pyfunc_call`` for every test that
-    has pytest-asyncio's ``event_loop_policy`` fixture; for a sync test that creates a loop nobody
-    closes, and its ResourceWarning later fails an unrelated test (filterwarnings=error).
+    looptime 0.9 calls ``policy.get_event_loop()`` in its ``pytest_pyfunc_call`` for every test
+    that has pytest-asyncio's ``event_loop_policy`` fixture; for a sync test that creates a loop
+    nobody closes, and its ResourceWarning later fails an unrelated test (filterwarnings=error).
+    This wrapper runs inside looptime's (trylast), so it sees that loop before the test runs:
+    after it, the loop is closed even when the test replaced it (a ``main()`` that calls
+    ``asyncio.run`` leaves no loop set at all).
     """
-    yield
-    if inspect.iscoroutinefunction(request.function):
-        return
+    if pyfuncitem.get_closest_marker("asyncio") is not None:  # pytest-asyncio runs it
+        return (yield)
     policy = asyncio.get_event_loop_policy()
     try:
-        loop = policy.get_event_loop()
+        opened = policy.get_event_loop()
     except RuntimeError:  # no loop, and the policy will not make one: nothing to close
-        return
-    if not loop.is_running():
-        loop.close()
-    policy.set_event_loop(None)
+        opened = None
+    try:
+        return (yield)
+    finally:
+        if opened is not None and not opened.is_running():
+            opened.close()
+        policy.set_event_loop(None)
 
 
 @pytest.fixture(autouse=True)
