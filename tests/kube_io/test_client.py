@@ -311,30 +311,3 @@ async def test_a_proxy_named_in_the_environment_is_still_used(kube_api, monkeypa
             nodes, _ = await client.list_nodes()
     assert [n.metadata.name for n in nodes] == ["through-the-proxy"]
 
-
-def test_public_names_are_pinned():
-    import kube_io
-
-    assert sorted(kube_io.__all__) == [
-        "BadResponse",
-        "Changed",
-        "Conflict",
-        "Expired",
-        "Forbidden",
-        "Gone",
-        "Invalid",
-        "KubeClient",
-        "KubeError",
-        "Listed",
-        "NotFound",
-        "NotSupported",
-        "ObjectReference",
-        "ServerError",
-        "TokenReviewResult",
-        "Unauthorized",
-        "Unavailable",
-        "WatchItem",
-        "WatchSettings",
-        "watch_objects",
-    ]
-    assert all(hasattr(kube_io, name) for name in kube_io.__all__)
