@@ -16,6 +16,27 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench",
+        action="store_true",
+        help="run the benchmarks' runs (tests marked bench) and nothing else; without it they"
+        " are deselected (CI runs them as a step of their own: .ci/run)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Benchmarks are kept apart from the tests (their runs take minutes and check the scripts
+    more than the product): ``--bench`` runs them alone, the default run leaves them out."""
+    bench = bool(config.getoption("--bench"))
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("bench") is not None) == bench else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
     """Close the event loop looptime's plugin opens around *sync* tests.

@@ -124,6 +124,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
     "examples/standalone-cluster.yaml": (How.SERVE, None),
     "scripts/run --kubeconfig PATH --config FILE": (How.PARSE, _parse_run),
     "scripts/test": (How.ELSEWHERE, ".ci/run"),
+    "scripts/test --bench": (How.ELSEWHERE, ".ci/run"),
     "scripts/setup": (How.RUN, None),
     "scripts/run-bench.sh --local --help": (How.RUN, None),
     "scripts/run-bench.sh --local": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
@@ -211,12 +212,9 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
     "scripts/kube-bin": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
-    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_bench_attacks_smoke.py"),
-    "scripts/bench_scheduling.py": (
-        How.ELSEWHERE,
-        "tests/bench/test_bench_scheduling_smoke.py",
-    ),
-    "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
+    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_scheduling.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_recommend_hotpath.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }

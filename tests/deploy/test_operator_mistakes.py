@@ -140,7 +140,7 @@ def test_missing_kubeconfig(run, service, tmp_path, agent_config):
     ids=["no-context", "bad-yaml"],
 )
 @pytest.mark.parametrize("service", SERVICES)
-def test_invalid_kubeconfig(run, service, tmp_path, agent_config, text, needle):
+def test_invalid_kubeconfig(run, service, tmp_path, agent_config, text, needle):  # noqa: PLR0917
     bad = tmp_path / "kubeconfig"
     bad.write_text(text)
     result = run(service, *_args(service, agent_config), "--kubeconfig", str(bad))
