@@ -14,7 +14,6 @@ from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config
 from tests.extender.helpers import (
     VM_LABELS,
     bind_body,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     filter_body,
     permit_batch,
     vm_pod,

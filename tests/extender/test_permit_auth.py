@@ -20,7 +20,6 @@ from scheduler_extender.kube.auth import TokenBucket
 from tests.extender.conftest import Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import (
     agent_pod,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     pod_token,
     vm_pod,

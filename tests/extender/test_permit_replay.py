@@ -21,7 +21,6 @@ from protocol.permits import Permit, PodRef, ResourceRequest, Resources
 from scheduler_extender.http.sequences import SequenceBook
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender
 from tests.extender.helpers import (
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     vm_pod,
 )

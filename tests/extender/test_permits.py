@@ -12,7 +12,6 @@ from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_c
 from tests.extender.helpers import (
     AGENT_USER,
     agent_pod,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     pod_token,
     vm_pod,
