@@ -50,7 +50,7 @@ case "$args" in
     fi
     echo 3 > "$FAKE_DIR/vcpus"
     echo "pgbench-starts"
-    sleep 7   # the script's watch samples /state every 5 s
+    sleep 1.5   # the script's watch samples /state every WATCH_INTERVAL (1) s
     echo "tps = 123.4 (without initial connection time)"
     [ "$FAKE_SHRINK" = 1 ] && echo 1 > "$FAKE_DIR/vcpus"
     exit 0 ;;
@@ -83,7 +83,8 @@ def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.Co
         "FAKE_SHRINK": "1" if shrink else "0",
         "VM_NAME": "pg-vm-0",
         "STATE_PORT": str(_free_port()),
-        "COOLDOWN": "6",
+        "COOLDOWN": "3",
+        "WATCH_INTERVAL": "1",
     }
     for name in ("PGUSER", "PGDATABASE", "PGPASSWORD", "SCALE", "BUILTIN"):
         env.pop(name, None)
@@ -114,7 +115,7 @@ def test_a_vm_that_does_not_shrink_back_exits_3(tmp_path):
     result = _run_bench(tmp_path, pg_ready=True, shrink=False)
     assert result.returncode == 3, result.stderr
     assert "grew to 3" in result.stderr
-    assert "DID NOT SHRINK within 6s" in result.stderr
+    assert "DID NOT SHRINK within 3s" in result.stderr
 
 
 def test_postgresql_never_ready_is_one_clear_failure(tmp_path):
