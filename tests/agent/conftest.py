@@ -18,7 +18,7 @@ from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.policy import PolicyConfig
 from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
-from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, serving
+from testkit.agent_fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, serving
 
 NODE = "node-a"
 TOKEN = "s3cret-token"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.harness import KUBE_BIN_HINT, kube_bin_dir
+from testkit.controlplane import KUBE_BIN_HINT, kube_bin_dir
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
 

@@ -36,8 +36,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.render import ROOT
-from tests.support import free_port
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # How a command starts; anything in backticks that starts otherwise is prose.
@@ -180,7 +180,6 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "scheduler-extender serve --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
     "autoscaler-agent --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
-    "scripts/local_stack.py": (How.MENTION, "the module the bench and e2e tests import"),
     "scripts/bench_memory.py": (
         How.MENTION,
         "a benchmark that boots a guest (minutes); test_help.py checks its --help",

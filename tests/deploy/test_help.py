@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
 
 SHELL = {
     "scripts/setup": ["scripts/setup"],

@@ -24,8 +24,8 @@ import structlog
 from autoscaler_agent.__main__ import main as agent_main
 from observability.exits import ExitCode
 from scheduler_extender.__main__ import main as extender_main
-from tests.deploy.render import ROOT
-from tests.support import free_port
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 SERVICES = {"extender": "scheduler_extender", "agent": "autoscaler_agent"}
 MAINS: dict[str, Callable[[list[str]], int]] = {"extender": extender_main, "agent": agent_main}

@@ -11,11 +11,11 @@ PostgreSQL never became ready).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 _STATE_SERVER = r"""
 import http.server, json, sys
@@ -60,13 +60,6 @@ esac
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -82,7 +75,7 @@ def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.Co
         "FAKE_PG_READY": "1" if pg_ready else "0",
         "FAKE_SHRINK": "1" if shrink else "0",
         "VM_NAME": "pg-vm-0",
-        "STATE_PORT": str(_free_port()),
+        "STATE_PORT": str(free_port()),
         "COOLDOWN": "3",
         "WATCH_INTERVAL": "1",
     }

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.local_stack import REPO
+from testkit.local_stack import REPO
 from tests.support import require_binary
 
 pytestmark = [

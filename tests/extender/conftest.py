@@ -1,7 +1,7 @@
 """Fixtures for the extender's shell tests: a fake API server and running extender apps.
 
 Everything goes over real HTTP: the extender's two listeners through ``aiohttp_client``, and
-the extender's own kube client against ``tests.fakes.kube_api.FakeKubeApi``.
+the extender's own kube client against ``testkit.kube_api.FakeKubeApi``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.service import Extender
-from tests.fakes.kube_api import FakeKubeApi, node_object
+from testkit.kube_api import FakeKubeApi, node_object
 
 STATIC_TOKEN = "local-test-token"
 # A round wall-clock instant, so that /state (which shows allocation times) is reproducible.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fakes.kube_api import TokenIdentity, pod_object
+from testkit.kube_api import TokenIdentity, pod_object
 
 VM_LABELS = {"vm-autoscaling.io/vm": "true"}
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from testkit.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 from tests.extender.conftest import STATIC_TOKEN, Running, launch, make_config, wait_until
 from tests.extender.helpers import agent_pod, permit_batch, pod_token, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 
 # The answers carry the extender's epoch, one per extender: the one field that must differ.
 _OWN = ("epoch",)

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_extender.kube.auth import TokenBucket
+from testkit.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 from tests.extender.conftest import Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import (
     agent_pod,
@@ -24,7 +25,6 @@ from tests.extender.helpers import (
     pod_token,
     vm_pod,
 )
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 
