@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
@@ -64,13 +66,22 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
 
 
 @pytest.fixture(autouse=True)
-def _restore_structlog_config():
-    """Undo a ``configure_logging`` done by an in-process ``main()`` test.
+def _restore_structlog_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Undo a ``configure_logging`` done by an in-process ``main()`` test, and keep it from
+    caching loggers meanwhile.
 
-    The binaries configure structlog with ``cache_logger_on_first_use``; left in place, loggers
-    first used by later tests would bind to that configuration for good and slip past
-    ``structlog.testing.capture_logs``.
+    The binaries configure structlog with ``cache_logger_on_first_use``: a module's logger
+    first used under that configuration (an in-process ``main`` that logs as it starts) would
+    keep it for good, and slip past ``structlog.testing.capture_logs`` in every later test;
+    restoring the configuration does not undo a cached logger. So while a test runs no
+    configuration caches (a speed-up only), and after it the suite's configuration is back.
     """
     saved = structlog.get_config()
+    configure = structlog.configure
+
+    def configure_uncached(*args: Any, **kwargs: Any) -> None:
+        configure(*args, **{**kwargs, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", configure_uncached)
     yield
-    structlog.configure(**saved)
+    configure(**saved)
