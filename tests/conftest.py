@@ -37,13 +37,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    # With parallel workers (pytest-xdist, --dist loadgroup): the real control plane is started
-    # once per worker that needs it, so its tier stays on one; the guests share an image build
-    # and two cores, so the QEMU tier stays on one too.
+    # With parallel workers (pytest-xdist, --dist loadgroup): the real control plane (the
+    # session's ``control_plane`` fixture) is started once per worker that needs it, so every
+    # test that uses it, wherever it lives, stays on one worker; the guests share an image
+    # build and two cores, so the QEMU tier stays on one too.
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             parts = item.path.parts
-            if "controlplane" in parts:
+            if "controlplane" in parts or "control_plane" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group("controlplane"))
             elif item.get_closest_marker("qemu") or "e2e" in parts or "vm" in parts:
                 item.add_marker(pytest.mark.xdist_group("qemu"))
