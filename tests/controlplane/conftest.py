@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.controlplane.harness import (
+from testkit.controlplane import (
+    DOCS,
     KUBE_BIN_HINT,
+    MANIFEST_EXTENDER_CONFIG,
+    MANIFEST_SCHEDULER_CONFIG,
+    RBAC_KINDS,
     SCHEDULER_NAME,
     Api,
     ControlPlane,
@@ -35,24 +38,14 @@ from tests.controlplane.harness import (
     extender_config,
     extender_identity,
     extender_token,
-    free_port,
     kube_bin_dir,
     pod_path,
     scheduler_config,
     wait_for,
 )
-from tests.deploy.render import MANIFESTS, find, render
+from testkit.ports import free_port
 
-DOCS = render(MANIFESTS)
 LAG_SECONDS = 0.4
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-              "RoleBinding"}  # fmt: skip
-MANIFEST_EXTENDER_CONFIG: Obj = yaml.safe_load(
-    find(DOCS, "ConfigMap", "scheduler-extender-config")["data"]["extender.yaml"]
-)
-MANIFEST_SCHEDULER_CONFIG: Obj = yaml.safe_load(
-    find(DOCS, "ConfigMap", "vm-scheduler-config")["data"]["kube-scheduler.yaml"]
-)
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.controlplane import ApiError, Obj, object_path, pod_path, wait_for
+from testkit.manifests import EXAMPLES, render
 from tests.controlplane.conftest import DOCS, Cluster, Names
-from tests.controlplane.harness import ApiError, Obj, object_path, pod_path, wait_for
-from tests.deploy.render import EXAMPLES, render
 
 AGENT_NS = "vm-autoscaling"
 AGENT_SA = "autoscaler-agent"

@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from tests.deploy.render import ROOT, container, pod_spec
+from testkit.manifests import ROOT, container, pod_spec
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG, EXTENDER_POD
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -36,8 +36,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.render import ROOT
-from tests.support import free_port
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # How a command starts; anything in backticks that starts otherwise is prose.
@@ -124,6 +124,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
     "examples/standalone-cluster.yaml": (How.SERVE, None),
     "scripts/run --kubeconfig PATH --config FILE": (How.PARSE, _parse_run),
     "scripts/test": (How.ELSEWHERE, ".ci/run"),
+    "scripts/test --bench": (How.ELSEWHERE, ".ci/run"),
     "scripts/setup": (How.RUN, None),
     "scripts/run-bench.sh --local --help": (How.RUN, None),
     "scripts/run-bench.sh --local": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
@@ -183,7 +184,6 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "scheduler-extender serve --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
     "autoscaler-agent --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
-    "scripts/local_stack.py": (How.MENTION, "the module the bench and e2e tests import"),
     "scripts/bench_memory.py": (
         How.MENTION,
         "a benchmark that boots a guest (minutes); test_help.py checks its --help",
@@ -215,12 +215,9 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
     "scripts/kube-bin": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
-    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_bench_attacks_smoke.py"),
-    "scripts/bench_scheduling.py": (
-        How.ELSEWHERE,
-        "tests/bench/test_bench_scheduling_smoke.py",
-    ),
-    "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
+    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_scheduling.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_recommend_hotpath.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
     "scripts/bench_failover.py": (
         How.MENTION,
         "a benchmark of minutes through the control plane; test_help.py checks its --help",

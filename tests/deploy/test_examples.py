@@ -15,7 +15,7 @@ from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
 from protocol.codec import decode
 from protocol.kube import Pod
 from protocol.quantity import memory_bytes
-from tests.deploy.render import (
+from testkit.manifests import (
     EXAMPLES,
     MANIFESTS,
     ROOT,

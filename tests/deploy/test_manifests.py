@@ -12,7 +12,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from tests.deploy.render import (
+from testkit.manifests import (
     EXAMPLES,
     MANIFESTS,
     all_manifest_files,

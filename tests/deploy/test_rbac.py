@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 
 from kube_io.client import KubeClient
-from tests.deploy.render import MANIFESTS, render
+from testkit.manifests import MANIFESTS, render
 
 DOCS = render(MANIFESTS)
 NAMESPACE = "vm-autoscaling"

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from scheduler_extender.config import MetricsAuth
 from scheduler_extender.http.app import Deps, make_app, make_metrics_app, make_permits_app
-from tests.deploy.render import MANIFESTS, container, find, mount, pod_spec, volume
+from testkit.manifests import MANIFESTS, container, find, mount, pod_spec, volume
 from tests.deploy.system import AGENT_CFG, AGENT_DS, DOCS, EXTENDER_CFG, EXTENDER_POD, SCHED
 from tests.fakes_paths import REFERENCE
 
