@@ -23,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--bench",
         action="store_true",
         help="run the benchmarks' runs (tests marked bench) and nothing else; without it they"
-        " are deselected (CI runs them as a step of their own: .ci/run)",
+        " are deselected (scripts/test runs them as a step of their own)",
     )
 
 

@@ -2,7 +2,7 @@
 
 Benchmark runs, not tests of the product (which the suite tests directly): they take minutes
 together and their figures depend on the machine, so they are marked ``bench`` and run only
-with ``--bench`` (``scripts/test --bench``; CI runs them as a step of their own, ``.ci/run``).
+with ``--bench`` (the second step of ``scripts/test``; ``scripts/test --bench -n 0`` alone).
 Each run must exit 0 and print one JSON object with the keys its readers use; no figure is
 asserted. ``scripts/bench_memory.py`` boots a guest for minutes: its --help is in test_help.py,
 and what it measures runs in tests/e2e/test_memory_scaling.py.
