@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -135,7 +136,7 @@ def _commands(stage: list[tuple[str, str]]) -> list[list[str]]:
 def _groups_joined(argv: list[str]) -> list[str]:
     """The group names ``useradd`` is told to use (numeric IDs need no entry)."""
     out = []
-    for flag, value in zip(argv, argv[1:], strict=False):
+    for flag, value in itertools.pairwise(argv):
         if flag in ("--gid", "-g", "--groups", "-G"):
             out += [g for g in value.split(",") if not g.isdigit()]
     return out

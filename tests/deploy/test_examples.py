@@ -114,7 +114,10 @@ def test_qos_class_follows_kubernetes():
     unequal = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}
     assert qos_class({"containers": [{"resources": unequal}]}) == "Burstable"
     # 1000m is 1: quantities compare by value, not spelling.
-    same = {"requests": {"cpu": "1000m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1024Mi"}}
+    same = {
+        "requests": {"cpu": "1000m", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "1024Mi"},
+    }
     assert qos_class({"containers": [{"resources": same}]}) == "Guaranteed"
 
 
