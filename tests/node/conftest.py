@@ -1,0 +1,51 @@
+"""Fixtures of the real-node tier: one node per test run, the project's images on it.
+
+``node``: the control plane, containerd, a kubelet, kube-proxy and the cluster DNS
+(``tests/node/harness.py``), with the images ``tests/node/images.py`` builds from the project's
+Dockerfiles imported into containerd. Where a node cannot run (no ``$VMA_KUBE_BIN`` with the
+node's binaries, not root, no containerd) the tier skips with one line saying why; in CI
+(``CI`` set) it fails instead, as the control-plane tier does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.controlplane.harness import kube_bin_dir
+from tests.node import images
+from tests.node.harness import Node, cannot_run, ctr_args
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    bin_dir = kube_bin_dir()
+    why = cannot_run(bin_dir)
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the real-node tier; {why}")
+        pytest.skip(f"real node: {why}")
+    assert bin_dir is not None
+    work = tmp_path_factory.mktemp("node")
+    started = time.monotonic()
+    n = Node(bin_dir, work)
+    try:
+        n.start_containerd()
+        t = time.monotonic()
+        built = images.ensure_images(
+            images.support_images(bin_dir, work) + images.project_images(),
+            work / "images.log",
+            ctr_args(),
+        )
+        n.timings["images"] = time.monotonic() - t
+        print(f"\nnode images: {built}")
+        n.start_control_plane()
+        n.start_node()
+        n.timings["node start to Ready"] = time.monotonic() - started
+        print(f"node timings: { {k: round(v, 1) for k, v in n.timings.items()} }")
+        yield n
+    finally:
+        n.stop()

@@ -1,0 +1,288 @@
+"""The deployment users run, on a real node, through docs/DEPLOY.md's own commands.
+
+In order, on one node: ``kubectl apply -k manifests/`` (extender + its kube-scheduler, agent
+DaemonSet Ready); ``kubectl apply -k manifests/examples`` (the PostgreSQL VM placed by
+vm-scheduler through the extender, QEMU in the vm-runner image, Guaranteed); then
+``scripts/run-bench.sh`` in its cluster mode: the VM grows under pgbench and shrinks after, and
+the container's cgroup (read from /sys/fs/cgroup, not the API) follows every permit.
+
+The one departure from what a user applies: this machine's node has 2 CPUs. The manifests'
+pods request 400m between them and the extender keeps 20% of a node for the host, so a VM
+placed at 1 vCPU has 200m to grow into and can never reach 2. Before the benchmark the tier
+re-applies ``manifests/`` through an overlay (``two_core_overlay``) that zeroes both, which is
+what an operator of a node this small would have to do too (docs/DEPLOY.md says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.controlplane.harness import free_port, wait_for
+from tests.node.harness import Node, Obj
+from tests.node.images import PGBENCH_IMAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+VM = "pg-vm-0"
+CFS_PERIOD_US = 100_000
+
+pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _pod(node: Node, namespace: str, name: str) -> Obj:
+    api = node.admin()
+    try:
+        return api.pod(namespace, name)
+    finally:
+        api.close()
+
+
+def _rollout(node: Node, kind_name: str, timeout: int = 180) -> None:
+    node.kubectl(
+        "-n",
+        "vm-autoscaling",
+        "rollout",
+        "status",
+        kind_name,
+        f"--timeout={timeout}s",
+        timeout=timeout + 10,
+    )
+
+
+@pytest.fixture(scope="module")
+def deployed(node: Node) -> Node:
+    started = time.monotonic()
+    node.kubectl("apply", "-k", str(ROOT / "manifests"))
+    _rollout(node, "deployment/scheduler-extender")
+    _rollout(node, "daemonset/autoscaler-agent")
+    node.timings["apply -k manifests/ to Ready"] = time.monotonic() - started
+    return node
+
+
+def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:
+    ds = deployed.kubectl(
+        "-n", "vm-autoscaling", "get", "ds/autoscaler-agent", "-o", "jsonpath={.status.numberReady}"
+    ).stdout
+    assert ds == "1"
+    print(f"apply -k manifests/ to Ready: {deployed.timings['apply -k manifests/ to Ready']:.1f}s")
+
+
+def _container_cgroup(pod: Obj, controller: str, container: str = "vm") -> Path:
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    cid = status["containerID"].split("://", 1)[1]
+    uid = pod["metadata"]["uid"]
+    qos = pod["status"]["qosClass"].lower()
+    parent = "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"
+    return Path(f"/sys/fs/cgroup/{controller}/{parent}/pod{uid}/{cid}")
+
+
+def two_core_overlay(directory: Path) -> Path:
+    """``manifests/`` with no CPU requests on the system pods and no extender reserve."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
+    config["system_reserve"]["cpu_fraction"] = 0
+    (directory / "extender.yaml").write_text(yaml.safe_dump(config))
+
+    def zero_cpu(kind: str, name: str, containers: int) -> Obj:
+        ops = [
+            {
+                "op": "replace",
+                "value": "0",
+                "path": f"/spec/template/spec/containers/{i}/resources/requests/cpu",
+            }
+            for i in range(containers)
+        ]
+        return {"target": {"kind": kind, "name": name}, "patch": yaml.safe_dump(ops)}
+
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # kustomize refuses absolute paths to a base.
+                "resources": [os.path.relpath(ROOT / "manifests", directory)],
+                "configMapGenerator": [
+                    {
+                        "name": "scheduler-extender-config",
+                        "namespace": "vm-autoscaling",
+                        "behavior": "replace",
+                        "files": ["extender.yaml"],
+                    }
+                ],
+                "patches": [
+                    zero_cpu("Deployment", "scheduler-extender", 2),
+                    zero_cpu("DaemonSet", "autoscaler-agent", 1),
+                ],
+            }
+        )
+    )
+    return directory
+
+
+@pytest.fixture(scope="module")
+def vm(deployed: Node) -> Iterator[Obj]:
+    started = time.monotonic()
+    deployed.kubectl("apply", "-k", str(ROOT / "manifests" / "examples"))
+
+    def running() -> Obj | None:
+        pod = _pod(deployed, "default", VM)
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        return pod if statuses and statuses[0].get("state", {}).get("running") else None
+
+    pod: Obj = wait_for(running, timeout_seconds=240, what=f"{VM} running", interval=0.5)
+    deployed.timings["apply examples to VM container running"] = time.monotonic() - started
+    yield pod
+
+
+def test_example_vm_is_placed_by_the_extender_and_guaranteed(deployed: Node, vm: Obj) -> None:
+    assert vm["spec"]["nodeName"] == deployed.name
+    assert vm["status"]["qosClass"] == "Guaranteed"
+    events = deployed.kubectl(
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        f"involvedObject.name={VM},reason=Scheduled",
+        "-o",
+        "jsonpath={.items[*].reportingComponent}",
+    ).stdout
+    assert "vm-scheduler" in events
+    # QEMU runs in the vm container's cgroup, under TCG.
+    procs = _container_cgroup(vm, "cpu") / "cgroup.procs"
+    cmdlines = [
+        Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        for pid in procs.read_text().split()
+        if Path(f"/proc/{pid}/cmdline").exists()
+    ]
+    qemu = [c for c in cmdlines if "qemu-system-x86_64" in c]
+    assert qemu and "tcg" in qemu[0], cmdlines
+
+
+@dataclass
+class CgroupWatch:
+    """Samples the VM container's CPU quota every 0.1 s: (time, cores)."""
+
+    path: Path
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                quota = int((self.path / "cpu.cfs_quota_us").read_text())
+            except (OSError, ValueError):
+                quota = -1
+            cores = quota / CFS_PERIOD_US if quota > 0 else 0.0
+            if not self.samples or self.samples[-1][1] != cores:
+                self.samples.append((time.time(), cores))
+            self.stop.wait(0.1)
+
+
+def _agent_events(node: Node, since: float) -> list[Obj]:
+    out = node.kubectl("-n", "vm-autoscaling", "logs", "ds/autoscaler-agent").stdout
+    events = []
+    for line in out.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        stamp = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+        if stamp >= since:
+            events.append({**event, "t": stamp})
+    return events
+
+
+def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
+    deployed: Node, vm: Obj, tmp_path: Path
+) -> None:
+    deployed.kubectl("apply", "-k", str(two_core_overlay(tmp_path / "two-core")))
+    _rollout(deployed, "deployment/scheduler-extender")
+    _rollout(deployed, "daemonset/autoscaler-agent")
+    watch = CgroupWatch(_container_cgroup(vm, "cpu"))
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    # The guest is busy while it fills its database at boot, and may grow for that: the
+    # benchmark starts from a quiet VM at its minimum, so a growth is the load's doing.
+    ip = vm["status"]["podIP"]
+    wait_for(
+        lambda: (
+            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
+            == 0
+        ),
+        timeout_seconds=300,
+        what="PostgreSQL in the guest",
+        interval=2,
+    )
+    wait_for(
+        lambda: watch.samples and watch.samples[-1][1] == 1,
+        timeout_seconds=180,
+        what="the VM at its minimum before the load",
+        interval=1,
+    )
+    env = {
+        **deployed.kubectl_env(),
+        "VM_NAME": VM,
+        "PGBENCH_IMAGE": PGBENCH_IMAGE,
+        "DURATION": os.environ.get("VMA_NODE_BENCH_SECONDS", "60"),
+        "COOLDOWN": "150",
+        "PG_WAIT": "300",
+        "STATE_PORT": str(free_port()),
+    }
+    started = time.time()
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "run-bench.sh")],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=700,
+        check=False,
+    )
+    watch.stop.set()
+    thread.join()
+    print(result.stdout[-2500:], result.stderr[-1500:])
+    quota = [(round(t - started, 1), c) for t, c in watch.samples if t >= started]
+    print("cgroup cpu quota (s since run-bench started, cores):", quota)
+    events = _agent_events(deployed, started)
+    for e in events:
+        if e["event"] in ("permit_answered", "grow_online", "vcpus_resized", "resize_started"):
+            print(
+                f"{e['t'] - started:7.1f}s",
+                e["event"],
+                e.get("outcome", ""),
+                e.get("permit_vcpus", e.get("online_vcpus", e.get("after", ""))),
+                e.get("decision_to_online_seconds", ""),
+            )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "grew to" in result.stderr and "shrank to" in result.stderr
+    # The kubelet applied each permit: the container's quota followed it up and back down.
+    grants = [
+        e
+        for e in events
+        if e["event"] == "permit_answered"
+        and e["outcome"] in ("granted", "partial")
+        and e["permit_vcpus"] > 1
+    ]
+    assert grants, "no permit above the minimum during the load"
+    grant = grants[0]
+    followed = [t for t, c in watch.samples if t >= grant["t"] and c == grant["permit_vcpus"]]
+    assert followed, (grant, watch.samples)
+    lag = followed[0] - grant["t"]
+    print(f"permit {grant['permit_vcpus']} -> cgroup quota followed in {lag:.2f}s")
+    online = [e for e in events if e["event"] == "grow_online"]
+    assert online
+    print(
+        f"run-bench start -> vCPUs online: {online[0]['t'] - started:.1f}s "
+        f"(decision -> online {online[0]['decision_to_online_seconds']}s)"
+    )
+    assert watch.samples[-1][1] == 1, watch.samples
