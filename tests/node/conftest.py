@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.controlplane.harness import kube_bin_dir
+from tests.controlplane.harness import kube_bin_dir, wait_for
 from tests.node import images
-from tests.node.harness import Node, cannot_run, ctr_args
+from tests.node.harness import VM, Node, Obj, cannot_run, ctr_args
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +52,30 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield n
     finally:
         n.stop()
+
+
+@pytest.fixture(scope="session")
+def deployed(node: Node) -> Node:
+    """``kubectl apply -k manifests/``, both workloads rolled out."""
+    started = time.monotonic()
+    node.kubectl("apply", "-k", str(ROOT / "manifests"))
+    node.rollout("deployment/scheduler-extender")
+    node.rollout("daemonset/autoscaler-agent")
+    node.timings["apply -k manifests/ to Ready"] = time.monotonic() - started
+    return node
+
+
+@pytest.fixture(scope="session")
+def vm(deployed: Node) -> Obj:
+    """``kubectl apply -k manifests/examples``: the VM pod once its container runs."""
+    started = time.monotonic()
+    deployed.kubectl("apply", "-k", str(ROOT / "manifests" / "examples"))
+
+    def running() -> Obj | None:
+        pod = deployed.pod("default", VM)
+        statuses = pod.get("status", {}).get("containerStatuses") or []
+        return pod if statuses and statuses[0].get("state", {}).get("running") else None
+
+    pod: Obj = wait_for(running, timeout_seconds=240, what=f"{VM} running", interval=0.5)
+    deployed.timings["apply examples to VM container running"] = time.monotonic() - started
+    return pod

@@ -37,6 +37,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -65,6 +66,7 @@ CONTAINERD_ROOT: Final = Path("/var/lib/vma-node/containerd")
 CONTAINERD_SOCKET: Final = CONTAINERD_STATE / "containerd.sock"
 KUBELET_ROOT: Final = Path("/var/lib/kubelet")
 KUBELET_HEALTHZ: Final = 10248
+VM: Final = "pg-vm-0"  # the pod of manifests/examples/
 PROXY_HEALTHZ: Final = 10256
 
 Obj = dict[str, Any]
@@ -326,6 +328,39 @@ class Node:
             raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr or result.stdout}")
         return result
 
+    def pod(self, namespace: str, name: str) -> Obj:
+        api = self.admin()
+        try:
+            return api.pod(namespace, name)
+        finally:
+            api.close()
+
+    def rollout(self, kind_name: str, timeout: int = 180) -> None:
+        """``kubectl rollout status`` of a workload of manifests/."""
+        self.kubectl(
+            "-n",
+            "vm-autoscaling",
+            "rollout",
+            "status",
+            kind_name,
+            f"--timeout={timeout}s",
+            timeout=timeout + 10,
+        )
+
+    def agent_events(self, since: float) -> list[Obj]:
+        """The agent pod's log events from ``since`` (epoch seconds) on, each with ``t``."""
+        out = self.kubectl("-n", "vm-autoscaling", "logs", "ds/autoscaler-agent").stdout
+        events = []
+        for line in out.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            stamp = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+            if stamp >= since:
+                events.append({**event, "t": stamp})
+        return events
+
     # --- control plane --------------------------------------------------------------------
 
     def start_control_plane(self) -> None:
@@ -571,6 +606,7 @@ state = "{CONTAINERD_STATE}"
         )
         KUBELET_ROOT.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        since = datetime.now(UTC).replace(microsecond=0)  # heartbeats have whole seconds
         daemon = spawn(
             "kubelet",
             [
@@ -593,8 +629,11 @@ state = "{CONTAINERD_STATE}"
                 node = api.get(f"/api/v1/nodes/{self.name}")
             except ApiError:
                 return False
+            # Ready, as reported by this kubelet (a restarted one: a heartbeat since it started).
             return any(
-                c["type"] == "Ready" and c["status"] == "True"
+                c["type"] == "Ready"
+                and c["status"] == "True"
+                and datetime.fromisoformat(c["lastHeartbeatTime"].replace("Z", "+00:00")) >= since
                 for c in node["status"].get("conditions", [])
             )
 
@@ -681,6 +720,16 @@ state = "{CONTAINERD_STATE}"
 
 def ctr_args() -> list[str]:
     return ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io"]
+
+
+def container_cgroup(pod: Obj, controller: str, container: str = "vm") -> Path:
+    """The container's cgroup v1 directory for ``controller`` (the kubelet's cgroupfs layout)."""
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    cid = status["containerID"].split("://", 1)[1]
+    uid = pod["metadata"]["uid"]
+    qos = pod["status"]["qosClass"].lower()
+    parent = "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"
+    return Path(f"/sys/fs/cgroup/{controller}/{parent}/pod{uid}/{cid}")
 
 
 def _ctr(*args: str) -> subprocess.CompletedProcess[str]:

@@ -89,9 +89,24 @@ class Image:
                 self.dockerfile_text(),
                 *(b.key for b in self.bases),
                 *self.extra_key,
-                *(f"{p}:{_file_digest(self.context / p)}" for p in context_files(self.context)),
+                *(f"{p}:{_file_digest(self.context / p)}" for p in self.inputs()),
             ]
         )
+
+    def inputs(self) -> list[str]:
+        """The context files the Dockerfile's COPY/ADD read (``.`` reads them all)."""
+        sources: list[str] = []
+        for line in self.dockerfile_text().replace("\\\n", " ").splitlines():
+            words = line.split()
+            if words and words[0].upper() in ("COPY", "ADD"):
+                args = [w for w in words[1:] if not w.startswith("--")]
+                if any(w.startswith("--from") for w in words[1:]):
+                    continue
+                sources += [a.strip("/") for a in args[:-1]]
+        files = list(context_files(self.context))
+        if "." in sources or "" in sources:
+            return files
+        return [f for f in files if any(f == s or f.startswith(s + "/") for s in sources)]
 
     @property
     def slug(self) -> str:
