@@ -72,7 +72,9 @@ def vm(deployed: Node) -> Obj:
     deployed.kubectl("apply", "-k", str(ROOT / "manifests" / "examples"))
 
     def running() -> Obj | None:
-        pod = deployed.pod("default", VM)
+        pod = deployed.pod_or_none("default", VM)
+        if pod is None:  # the StatefulSet controller has not made it yet
+            return None
         statuses = pod.get("status", {}).get("containerStatuses") or []
         return pod if statuses and statuses[0].get("state", {}).get("running") else None
 

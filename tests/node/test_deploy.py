@@ -131,6 +131,34 @@ class CgroupWatch:
             self.stop.wait(0.1)
 
 
+@dataclass
+class SpecWatch:
+    """Samples the VM pod's CPU limit (spec, and as the kubelet reports it applied) and its
+    permitted-vcpus annotation every 0.5 s: (time, values) at each change."""
+
+    node: Node
+    samples: list[tuple[float, tuple[str, str, str]]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        api = self.node.admin()
+        try:
+            while not self.stop.is_set():
+                pod = api.pod("default", VM)
+                (c,) = [c for c in pod["spec"]["containers"] if c["name"] == "vm"]
+                (st,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == "vm"]
+                now = (
+                    c["resources"]["limits"]["cpu"],
+                    st.get("resources", {}).get("limits", {}).get("cpu", "?"),
+                    pod["metadata"]["annotations"].get("vm-autoscaling.io/permitted-vcpus", "-"),
+                )
+                if not self.samples or self.samples[-1][1] != now:
+                    self.samples.append((time.time(), now))
+                self.stop.wait(0.5)
+        finally:
+            api.close()
+
+
 def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
     deployed: Node, vm: Obj, tmp_path: Path
 ) -> None:
@@ -138,8 +166,10 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
     deployed.rollout("deployment/scheduler-extender")
     deployed.rollout("daemonset/autoscaler-agent")
     watch = CgroupWatch(container_cgroup(vm, "cpu"))
-    thread = threading.Thread(target=watch.run, daemon=True)
-    thread.start()
+    spec = SpecWatch(deployed)
+    threads = [threading.Thread(target=w.run, daemon=True) for w in (watch, spec)]
+    for thread in threads:
+        thread.start()
     # The guest is busy while it fills its database at boot, and may grow for that: the
     # benchmark starts from a quiet VM at its minimum, so a growth is the load's doing.
     ip = vm["status"]["podIP"]
@@ -181,38 +211,63 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
         check=False,
     )
     watch.stop.set()
-    thread.join()
+    spec.stop.set()
+    for thread in threads:
+        thread.join()
     print(result.stdout[-2500:], result.stderr[-1500:])
-    quota = [(round(t - started, 1), c) for t, c in watch.samples if t >= started]
+    quota = [(round(t - started, 1), c) for t, c in watch.samples]
     print("cgroup cpu quota (s since run-bench started, cores):", quota)
+    print(
+        "pod cpu limit: spec, applied, permitted-vcpus:",
+        [(round(t - started, 1), v) for t, v in spec.samples],
+    )
+    extender_log = deployed.kubectl(
+        "-n", "vm-autoscaling", "logs", "deploy/scheduler-extender", "-c", "extender", check=False
+    ).stdout
+    print(
+        "\n".join(
+            line[:300]
+            for line in extender_log.splitlines()
+            if '"event":"request"' not in line or "/v1/permits" in line
+        )
+    )
     events = deployed.agent_events(started)
     for e in events:
-        if e["event"] in ("permit_answered", "grow_online", "vcpus_resized", "resize_started"):
+        if e["event"] in ("permit_answered", "grow_online", "vcpus_resized", "resize_started") or (
+            e.get("level") in ("warning", "error")
+        ):
             print(
                 f"{e['t'] - started:7.1f}s",
                 e["event"],
                 e.get("outcome", ""),
                 e.get("permit_vcpus", e.get("online_vcpus", e.get("after", ""))),
                 e.get("decision_to_online_seconds", ""),
+                e.get("error", ""),
             )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "grew to" in result.stderr and "shrank to" in result.stderr
-    # The kubelet applied each permit: the container's quota followed it up and back down.
-    grants = [
-        e
-        for e in events
-        if e["event"] == "permit_answered"
-        and e["outcome"] in ("granted", "partial")
-        and e["permit_vcpus"] > 1
-    ]
-    assert grants, "no permit above the minimum during the load"
-    grant = grants[0]
-    followed = [t for t, c in watch.samples if t >= grant["t"] and c == grant["permit_vcpus"]]
-    assert followed, (grant, watch.samples)
-    lag = followed[0] - grant["t"]
-    print(f"permit {grant['permit_vcpus']} -> cgroup quota followed in {lag:.2f}s")
+    # Each permit the extender recorded on the pod (permitted-vcpus) reached the container's
+    # cgroup: the kubelet applied the extender's resize.
+    permits = [(t, int(v[2])) for t, v in spec.samples if v[2] != "-"]
+    changes = [p for i, p in enumerate(permits) if i == 0 or p[1] != permits[i - 1][1]]
+    assert max(v for _, v in changes) >= 2, changes
+    for t, vcpus in changes:
+        followed = [u for u, c in watch.samples if u >= t - 1 and c == vcpus]
+        assert followed, (t, vcpus, watch.samples)
+        print(f"permit {vcpus} -> cgroup quota {vcpus} cores in {followed[0] - t:+.2f}s")
+
+    # The guest never runs more vCPUs than its container's quota: onlined after the cgroup
+    # grew, offlined before it shrank.
+    def cores_at(t: float) -> float:
+        return [c for u, c in watch.samples if u <= t][-1]
+
     online = [e for e in events if e["event"] == "grow_online"]
     assert online
+    for e in online:
+        assert cores_at(e["t"]) >= e["online_vcpus"], (e, watch.samples)
+    for e in events:
+        if e["event"] == "vcpus_resized":
+            assert cores_at(e["t"]) >= e["after"], (e, watch.samples)
     print(
         f"run-bench start -> vCPUs online: {online[0]['t'] - started:.1f}s "
         f"(decision -> online {online[0]['decision_to_online_seconds']}s)"

@@ -118,8 +118,10 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
     try:
 
         def waiting() -> bool:
-            b = deployed.pod("default", "pg-vm-b-0")
-            a = deployed.pod("default", "pg-vm-a-0")
+            a = deployed.pod_or_none("default", "pg-vm-a-0")
+            b = deployed.pod_or_none("default", "pg-vm-b-0")
+            if a is None or b is None:  # the StatefulSet controller has not made them yet
+                return False
             return (
                 bool(a["spec"].get("nodeName"))
                 and not b["spec"].get("nodeName")
@@ -134,7 +136,7 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
         deployed.kubectl("delete", "-k", str(ROOT / "manifests" / "examples"), "--wait=false")
 
         def b_running() -> bool:
-            b = deployed.pod("default", "pg-vm-b-0")
+            b = deployed.pod_or_none("default", "pg-vm-b-0") or {}
             statuses = b.get("status", {}).get("containerStatuses") or []
             return bool(statuses and statuses[0].get("state", {}).get("running"))
 
