@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.render import ROOT, container, pod_spec
+from testkit.manifests import ROOT, container, pod_spec
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG, EXTENDER_POD
 
 DOCKERFILES = ["Dockerfile.extender", "Dockerfile.agent", "vm_runner/Dockerfile"]

@@ -15,8 +15,7 @@ from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
 from protocol.codec import decode
 from protocol.kube import Pod
 from protocol.quantity import memory_bytes
-from tests.deploy.qos import qos_class
-from tests.deploy.render import (
+from testkit.manifests import (
     EXAMPLES,
     MANIFESTS,
     ROOT,
@@ -27,6 +26,7 @@ from tests.deploy.render import (
     render,
     volume,
 )
+from tests.deploy.qos import qos_class
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG
 from vm_runner.cli import make_parser
 from vm_runner.cmdline import qga_socket_beside

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.harness import kube_bin_dir, wait_for
+from testkit.controlplane import kube_bin_dir, wait_for
 from tests.node import images
 from tests.node.harness import VM, Node, Obj, cannot_run, ctr_args
 
@@ -59,7 +59,13 @@ def deployed(node: Node) -> Node:
     """``kubectl apply -k manifests/``, both workloads rolled out."""
     started = time.monotonic()
     node.kubectl("apply", "-k", str(ROOT / "manifests"))
-    node.rollout("deployment/scheduler-extender")
+    # Two replicas that must never share a node: on this one node, one serves and the other
+    # waits for a second node (its anti-affinity), as on any one-node cluster.
+    wait_for(
+        lambda: node.kubectl("-n", "vm-autoscaling", "get", "deployment/scheduler-extender", "-o",
+                             "jsonpath={.status.availableReplicas}").stdout == "1",
+        timeout_seconds=180, what="one scheduler-extender replica available", interval=1,
+    )  # fmt: skip
     node.rollout("daemonset/autoscaler-agent")
     node.timings["apply -k manifests/ to Ready"] = time.monotonic() - started
     return node

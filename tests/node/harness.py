@@ -44,7 +44,8 @@ from typing import Any, Final
 
 import yaml
 
-from tests.controlplane.harness import Api, ApiError, free_port, wait_for
+from testkit.controlplane import Api, ApiError, wait_for
+from testkit.ports import free_port
 from tests.node.dns import ZONE, ClusterDns
 
 NODE_BINARIES: Final = (

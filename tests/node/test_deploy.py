@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.controlplane.harness import free_port, wait_for
+from testkit.controlplane import wait_for
+from testkit.ports import free_port
 from tests.node.harness import VM, Node, Obj, container_cgroup
 from tests.node.images import PGBENCH_IMAGE
 
@@ -44,11 +45,19 @@ def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:
 
 
 def two_core_overlay(directory: Path) -> Path:
-    """``manifests/`` with no CPU requests on the system pods and no extender reserve."""
+    """``manifests/`` with no CPU requests on the system pods, no extender reserve, and one
+    extender replica: on one node the second can never be placed (required anti-affinity), and
+    with ``maxSurge: 0`` a rollout of two would wait forever for the new pod, which cannot
+    share the node with the old one that must stay available."""
     directory.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
     config["system_reserve"]["cpu_fraction"] = 0
     (directory / "extender.yaml").write_text(yaml.safe_dump(config))
+
+    def one_replica() -> Obj:
+        ops = [{"op": "replace", "path": "/spec/replicas", "value": 1}]
+        return {"target": {"kind": "Deployment", "name": "scheduler-extender"},
+                "patch": yaml.safe_dump(ops)}  # fmt: skip
 
     def zero_cpu(kind: str, name: str, containers: int) -> Obj:
         ops = [
@@ -79,6 +88,7 @@ def two_core_overlay(directory: Path) -> Path:
                 "patches": [
                     zero_cpu("Deployment", "scheduler-extender", 2),
                     zero_cpu("DaemonSet", "autoscaler-agent", 1),
+                    one_replica(),
                 ],
             }
         )

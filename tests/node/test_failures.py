@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.harness import wait_for
+from testkit.controlplane import wait_for
 from tests.node.harness import VM, Node, Obj, container_cgroup
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(300)]
