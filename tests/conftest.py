@@ -25,15 +25,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the benchmarks' runs (tests marked bench) and nothing else; without it they"
         " are deselected (scripts/test runs them as a step of their own)",
     )
+    parser.addoption(
+        "--node",
+        action="store_true",
+        help="run the real-node tier (tests marked node: a kubelet on containerd, as root) and"
+        " nothing else; without it they are deselected (CI runs it after scripts/test)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Benchmarks are kept apart from the tests (their runs take minutes and check the scripts
-    more than the product): ``--bench`` runs them alone, the default run leaves them out."""
+    more than the product): ``--bench`` runs them alone, the default run leaves them out. So is
+    the real-node tier (minutes, and root): ``--node``."""
     bench = bool(config.getoption("--bench"))
+    node = bool(config.getoption("--node"))
     keep, drop = [], []
     for item in items:
-        (keep if (item.get_closest_marker("bench") is not None) == bench else drop).append(item)
+        wanted = (item.get_closest_marker("bench") is not None) == bench and (
+            item.get_closest_marker("node") is not None
+        ) == node
+        (keep if wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
