@@ -75,12 +75,16 @@ import yaml
 from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.policy import PolicyConfig
+from protocol import bounds
+from protocol.bounds import Bytes, PositiveSeconds
 from protocol.strict_yaml import describe_yaml_error
 
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
-NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
+Seconds = PositiveSeconds
+NonNegativeSeconds = bounds.Seconds
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
-LoadPerVcpu = Annotated[float, msgspec.Meta(gt=0)]
+# Headroom is a share of what the guest uses, and may be larger than all of it.
+Headroom = Annotated[float, msgspec.Meta(ge=0, le=100)]
+LoadPerVcpu = Annotated[float, msgspec.Meta(gt=0, le=bounds.MAX_VCPUS)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
@@ -110,13 +114,13 @@ class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class MemorySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    low_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.2
-    target_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.5
-    min_headroom_bytes: Annotated[int, msgspec.Meta(ge=0)] = 128 * 2**20
+    low_headroom_fraction: Headroom = 0.2
+    target_headroom_fraction: Headroom = 0.5
+    min_headroom_bytes: Bytes = 128 * 2**20
     lookahead_seconds: NonNegativeSeconds = 3.0
-    trend_min_fraction: Annotated[float, msgspec.Meta(gt=0)] = 0.06
+    trend_min_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.06
     shrink_after_seconds: NonNegativeSeconds = 30.0
-    memory_per_vcpu_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    memory_per_vcpu_bytes: Bytes = 0
 
     def __post_init__(self) -> None:
         if self.target_headroom_fraction <= self.low_headroom_fraction:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -100,6 +101,9 @@ class RunnerDeps:
         self.epochs = epochs
         # A wanted size change pending this long marks the VM stuck (progress.py).
         self.stuck_after_seconds = stuck_after_seconds
+
+
+_MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
@@ -190,7 +194,11 @@ class VmRunner:
             await self._changed.wait()
             return
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
+            # asyncio runs a timer up to one clock resolution early, so a deadline a few ulps
+            # ahead (``next_scrape_at - now``: 2e-16 s) ends the wait at once with the clock
+            # still short of it, and the state asks for the same wait again: on a clock that
+            # moves in steps (looptime's) that spins for ever. Wait at least two resolutions.
+            async with asyncio.timeout(max(seconds, _MIN_WAIT_SECONDS)):
                 await self._changed.wait()
 
     def _start(self, actions: Actions, tasks: asyncio.TaskGroup, hypervisor: Hypervisor) -> None:

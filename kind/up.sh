@@ -99,8 +99,10 @@ Next steps:
   VM_NAME=pg-vm-0 scripts/run-bench.sh
 
   # or just watch the extender's view of every node and VM (/state is on the extender's
-  # loopback-only verbs port, so forward to the pod, not the Service)
-  kubectl --context $CONTEXT -n $NAMESPACE port-forward deploy/scheduler-extender 10298:10298 &
+  # loopback-only verbs port, so forward to the leading pod, not the Service)
+  kubectl --context $CONTEXT -n $NAMESPACE port-forward \
+    "\$(kubectl --context $CONTEXT -n $NAMESPACE get pod -o name \
+      -l vm-autoscaling.io/extender-role=leader)" 10298:10298 &
   scripts/watch-vcpus
 
   kind/down.sh    # delete the cluster

@@ -45,6 +45,7 @@ from kube_io.objects import (
     Event,
     EventMeta,
     EventSource,
+    Lease,
     NonResourceAttributes,
     ObjectReference,
     SubjectAccessReview,
@@ -285,16 +286,26 @@ class KubeClient:
 
     # --- writes ---------------------------------------------------------------------------
 
-    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:
-        """Bind the pod to ``node``, only if it still has ``uid``.
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        node: str,
+        resource_version: str | None = None,
+    ) -> None:
+        """Bind the pod to ``node``, only if it still has ``uid`` (and ``resource_version``).
 
-        Raises ``Conflict`` (already bound, or the UID precondition failed) and ``NotFound``,
-        each with the API's message.
+        Raises ``Conflict`` (already bound, or a precondition failed) and ``NotFound``, each
+        with the API's message.
         """
         binding = Binding(
             api_version="v1",
             kind="Binding",
-            metadata=BindingMeta(name=name, namespace=namespace, uid=uid),
+            metadata=BindingMeta(
+                name=name, namespace=namespace, uid=uid, resource_version=resource_version
+            ),
             target=ObjectReference(api_version="v1", kind="Node", name=node),
         )
         # 201 with a Status body: success. The body carries nothing else we need.
@@ -309,6 +320,30 @@ class KubeClient:
             "PATCH", _pod_path(namespace, name), body=patch, content_type=_MERGE_PATCH
         )
         return _decode(Pod, body)
+
+    async def patch_pod_labels(
+        self, namespace: str, name: str, labels: Mapping[str, str | None]
+    ) -> None:
+        """JSON merge patch of labels; a None value removes that key."""
+        patch = {"metadata": {"labels": dict(labels)}}
+        await self._call("PATCH", _pod_path(namespace, name), body=patch, content_type=_MERGE_PATCH)
+
+    async def get_lease(self, namespace: str, name: str) -> Lease:
+        """Raises ``NotFound`` when there is none yet."""
+        _, body = await self._call("GET", _lease_path(namespace, name))
+        return _decode(Lease, body)
+
+    async def create_lease(self, lease: Lease) -> Lease:
+        """Raises ``Conflict`` (409 AlreadyExists) when another got there first."""
+        meta = lease.metadata
+        _, body = await self._call("POST", _lease_path(meta.namespace, ""), body=lease)
+        return _decode(Lease, body)
+
+    async def replace_lease(self, lease: Lease) -> Lease:
+        """PUT under ``metadata.resourceVersion``: ``Conflict`` if the Lease changed since."""
+        meta = lease.metadata
+        _, body = await self._call("PUT", _lease_path(meta.namespace, meta.name), body=lease)
+        return _decode(Lease, body)
 
     async def resize_pod_cpu(
         self,
@@ -546,6 +581,11 @@ def _selectors(field_selector: str | None, label_selector: str | None) -> list[t
     if label_selector:
         query.append(("labelSelector", label_selector))
     return query
+
+
+def _lease_path(namespace: str, name: str) -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    return f"{base}/{quote(name, safe='')}" if name else base
 
 
 def _pod_path(namespace: str, name: str) -> str:

@@ -2,7 +2,7 @@
 
 Pure: declarations only. ``protocol.kube`` holds the objects both services *read* (Pod, Node,
 lists, watch events); this module holds what only the I/O layer sends or receives: Binding,
-Event, TokenReview, SubjectAccessReview. Keys are the API's camelCase; readers are tolerant
+Event, TokenReview, SubjectAccessReview, Lease. Keys are the API's camelCase; readers are tolerant
 (unknown fields ignored) because every Kubernetes release adds fields.
 """
 
@@ -30,6 +30,10 @@ class BindingMeta(_Wire, frozen=True, kw_only=True):
     # A precondition: the API refuses (409) to bind a pod whose UID differs, so a pod deleted
     # and recreated under the same name is never bound by a decision made for its predecessor.
     uid: str
+    # A second one (``BindingREST.setPodNodeAndMetadata``): 409 unless the pod still has this
+    # version, so a decision made on a pod that changed since, e.g. fenced by a new extender
+    # leader (``Extender.fence``), is never applied.
+    resource_version: str | None = None
 
 
 class ObjectReference(_Wire, frozen=True, kw_only=True):
@@ -214,3 +218,32 @@ class SubjectAccessReview(_Wire, frozen=True, kw_only=True):
 
 def _first(values: list[str] | None) -> str | None:
     return values[0] if values else None
+
+
+# --- Lease (coordination.k8s.io/v1) -------------------------------------------------------
+
+
+class LeaseMeta(_Wire, frozen=True, kw_only=True):
+    name: str
+    namespace: str
+    # Sent back on update: the API refuses (409) a write to a Lease that changed since.
+    resource_version: str | None = None
+
+
+class LeaseSpec(_Wire, frozen=True, kw_only=True):
+    """What client-go's leader election writes (``resourcelock.LeaseLock``); times are
+    MicroTime (RFC 3339 with microseconds), for humans only: electors time a Lease by when
+    they saw it change, never by these stamps."""
+
+    holder_identity: str | None = None
+    lease_duration_seconds: int | None = None
+    acquire_time: str | None = None
+    renew_time: str | None = None
+    lease_transitions: int | None = None
+
+
+class Lease(_Wire, frozen=True, kw_only=True):
+    api_version: str
+    kind: str
+    metadata: LeaseMeta
+    spec: LeaseSpec = LeaseSpec()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
+from protocol import bounds
 from protocol.quantity import QuantityError, memory_bytes
 
 if TYPE_CHECKING:
@@ -61,10 +62,14 @@ PERMITTED_MEMORY: Final = PREFIX + "permitted-memory"
 MEMORY_OVERHEAD: Final = PREFIX + "memory-overhead"
 # Names the VM's container in a pod with several (default: the first container).
 VM_CONTAINER: Final = PREFIX + "vm-container"
+# Written by an extender that has just taken the lead on every pod still waiting for a node:
+# its term. The write changes each pod's resourceVersion, so a Binding the previous leader sent
+# before it lost the Lease, still on its way, fails its precondition (``Extender.fence``).
+LEADER_TERM: Final = PREFIX + "leader-term"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
-MAX_SANE_VCPUS: Final = 4096
+MAX_SANE_VCPUS: Final = bounds.MAX_VCPUS
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 
 
@@ -186,7 +191,9 @@ def parse_permitted(annotations: dict[str, str] | None) -> tuple[int | None, int
     """
     ann = annotations or {}
     vcpus_raw = ann.get(PERMITTED_VCPUS, "").strip()
-    vcpus = int(vcpus_raw) if vcpus_raw.isdigit() else None
+    vcpus = int(vcpus_raw) if vcpus_raw.isdigit() and len(vcpus_raw) < 10 else None
+    if vcpus is not None and vcpus > MAX_SANE_VCPUS:
+        vcpus = None
     mem: int | None
     try:
         mem = memory_bytes(ann[PERMITTED_MEMORY]) if PERMITTED_MEMORY in ann else None

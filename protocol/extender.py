@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.bounds import Int64
 from protocol.kube import ListMeta, Node, Pod
 
 
@@ -69,12 +70,12 @@ class MetaPod(msgspec.Struct, kw_only=True):
 
 class MetaVictims(_Msg):
     pods: list[MetaPod] | None = None
-    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+    num_pdb_violations: Int64 = msgspec.field(default=0, name="NumPDBViolations")
 
 
 class Victims(_Msg):
     pods: list[Pod] | None = None
-    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+    num_pdb_violations: Int64 = msgspec.field(default=0, name="NumPDBViolations")
 
 
 class ExtenderPreemptionArgs(_Msg):

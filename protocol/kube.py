@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.bounds import Int32, Int64
+
 StrMap = dict[str, str]
 
 
@@ -32,7 +34,7 @@ class ObjectMeta(_Obj):
     namespace: str = ""
     uid: str = ""
     resource_version: str = ""
-    generation: int | None = None
+    generation: Int64 | None = None
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
     labels: StrMap | None = None
@@ -58,7 +60,7 @@ class Toleration(_Obj):
     operator: str | None = None
     value: str | None = None
     effect: str | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: Int64 | None = None
 
 
 class NodeSelectorRequirement(_Obj):
@@ -86,12 +88,15 @@ class Affinity(_Obj):
 
 class PodSpec(_Obj):
     node_name: str | None = None
+    # Pod-level resources (KEP-2837): requests for the pod as a whole, beside or instead of the
+    # containers' own.
+    resources: ResourceRequirements | None = None
     service_account_name: str | None = None
     scheduler_name: str | None = None
     containers: list[Container] | None = None
     init_containers: list[Container] | None = None
     overhead: StrMap | None = None
-    priority: int | None = None
+    priority: Int32 | None = None
     priority_class_name: str | None = None
     node_selector: StrMap | None = None
     affinity: Affinity | None = None
@@ -100,17 +105,28 @@ class PodSpec(_Obj):
 
 class ContainerStatus(_Obj):
     name: str = ""
-    # In-place resize: what the kubelet has admitted; may differ from spec while resizing.
+    # In-place resize (KEP-1287): what the kubelet has admitted, and what it has actuated (its
+    # ``requests`` read back from the container's cgroup); either may differ from the spec.
     allocated_resources: StrMap | None = None
     resources: ResourceRequirements | None = None
+
+
+class PodCondition(_Obj):
+    type: str = ""
+    status: str = ""
+    reason: str | None = None
 
 
 class PodStatus(_Obj):
     phase: str | None = None
     pod_ip: str | None = msgspec.field(default=None, name="podIP")
-    resize: str | None = None
+    conditions: list[PodCondition] | None = None
     container_statuses: list[ContainerStatus] | None = None
     init_container_statuses: list[ContainerStatus] | None = None
+    # In-place resize of pod-level resources (KEP-5419): what the kubelet admitted for the pod
+    # as a whole, and what it actuated (read back from the pod's cgroup).
+    allocated_resources: StrMap | None = None
+    resources: ResourceRequirements | None = None
 
 
 class Pod(_Obj):

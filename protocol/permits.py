@@ -35,13 +35,13 @@ from typing import Annotated
 
 import msgspec
 
+from protocol.bounds import INT64_MAX, MAX_RATE, Bytes, Int32, Vcpus
 from protocol.versions import VersionRange
 
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 # A node with more VMs than this is not a node; the cap keeps one request's work bounded.
 MAX_BATCH = 1024
-Seq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+Seq = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 
 
 class _Wire(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
@@ -49,8 +49,8 @@ class _Wire(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
 
 
 class Resources(_Wire, frozen=True):
-    vcpus: NonNegative
-    memory_bytes: NonNegative
+    vcpus: Vcpus
+    memory_bytes: Bytes
 
 
 class PodRef(_Wire, frozen=True):
@@ -66,7 +66,7 @@ class PodRef(_Wire, frozen=True):
 class LoadReport(_Wire, frozen=True):
     """What the agent saw, for the extender's logs, metrics and the recommender."""
 
-    load1: Annotated[float, msgspec.Meta(ge=0)]
+    load1: Annotated[float, msgspec.Meta(ge=0, le=MAX_RATE)]
     cpu_busy_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     memory_used_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
 
@@ -100,7 +100,7 @@ class PermitStatus(enum.StrEnum):
 class ItemError(_Wire, frozen=True):
     """Why one VM's request failed; ``status`` is the HTTP status it would have on its own."""
 
-    status: int
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)]
     reason: str
     message: str
 
@@ -115,11 +115,11 @@ class Permit(_Wire, frozen=True):
     error: ItemError | None = None
     # v2: the request's seq when it was applied; with a ``StaleSequence`` error, the last seq
     # the extender applied for this VM (the agent continues above it).
-    seq: int | None = None
+    seq: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
 
 
 class PermitBatch(_Wire, frozen=True):
-    protocol: int
+    protocol: Int32
     node: str
     permits: list[Permit]
     # The extender's incarnation: a new value after every restart. An agent that sees it change

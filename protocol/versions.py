@@ -11,6 +11,8 @@ import enum
 
 import msgspec
 
+from protocol.bounds import Int32
+
 
 class ProtocolVersion(enum.IntEnum):
     # V1: batched ResourceRequest/Permit per node; whole vCPUs and memory in bytes;
@@ -43,8 +45,8 @@ class ProtocolVersion(enum.IntEnum):
 class VersionRange(msgspec.Struct, frozen=True, kw_only=True):
     """An inclusive range of protocol versions, ``{"min": 1, "max": 1}`` on the wire."""
 
-    min: int
-    max: int
+    min: Int32
+    max: Int32
 
     def __post_init__(self) -> None:
         if self.min < 1:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import structlog
@@ -235,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         freeze_gc=True,
         kubeconfig=kubeconfig,
         log_level=args.log_level,
+        **_whoami(),
     )
 
     async def start() -> None:
@@ -279,6 +282,18 @@ def _listen_problem(config: Config, path: Path | None, error: OSError) -> str:
                 f" {error.strerror or error}"
             )
     return f"cannot listen: {error}"
+
+
+def _whoami() -> dict[str, Any]:
+    """The pod this replica runs in, from the Downward API (``$POD_NAME``, ``$POD_NAMESPACE``);
+    the host name alone outside a pod. kube-scheduler names itself by the host name, which in
+    a pod is the pod's name."""
+    name = os.environ.get("POD_NAME")
+    namespace = os.environ.get("POD_NAMESPACE")
+    return {
+        "host": name or socket.gethostname(),
+        "pod": (namespace, name) if name and namespace else None,
+    }
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.bounds import INT32_MAX, INT64_MAX, PositiveSeconds, Rate, Seconds
 from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
@@ -28,7 +29,6 @@ from scheduler_extender.recommender.snapshot import POOL_LABEL, NodePool
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)]
-PositiveSeconds = Annotated[float, msgspec.Meta(gt=0.0)]
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
@@ -61,7 +61,7 @@ class Listen(_Section, frozen=True):
 
     port: Port
     host: NonEmpty = "127.0.0.1"
-    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 256
+    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 256
     idle_timeout_seconds: PositiveSeconds = 120.0
     # Once a request's first bytes arrive, its whole head (request line and headers) must
     # arrive within this; a head dribbled in byte by byte is closed then.
@@ -71,8 +71,8 @@ class Listen(_Section, frozen=True):
     # Per address, so that a flooder spends its own allowance and not the kubelet's probes'
     # or another node's agent's. Clients that keep their connections alive (kube-scheduler,
     # the agents) open few.
-    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 1000.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    new_connections_per_second: Rate = 1000.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1000
     # The kernel's queue of connections not yet accepted. Each turn of the event loop takes at
     # most this many of them, and never more than 16 (``connections._ACCEPTS_PER_TURN``): a
     # flood of connects to one listener delays every other listener's requests by up to that
@@ -85,8 +85,8 @@ class Listen(_Section, frozen=True):
     # the listener (a socket filter: its SYNs never become connections, so its flood costs
     # the event loop nothing), while its connections already open go on (``penalties``).
     # ``penalty_seconds: 0`` turns penalties off.
-    offences_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
-    offence_burst: Annotated[int, msgspec.Meta(ge=1)] = 20
+    offences_per_second: Rate = 10.0
+    offence_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 20
     penalty_seconds: Annotated[float, msgspec.Meta(ge=0.0, le=86_400.0)] = 10.0
 
 
@@ -95,20 +95,20 @@ class VerbsListen(Listen, frozen=True):
     Bindings with the extender's credentials; kube-scheduler runs in the same pod)."""
 
     host: NonEmpty = "127.0.0.1"
-    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 64
+    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 64
 
 
 class PermitsListen(Listen, frozen=True):
     """The agents' listener: every node's agent (and the kubelet's probes) must reach it."""
 
     host: NonEmpty = "0.0.0.0"
-    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 512
+    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 512
     idle_timeout_seconds: PositiveSeconds = 30.0
     # An address is one node (the agent and the kubelet's probes) or one pod: a handful of
     # connections a minute. A small burst: hundreds of hostile connections accepted at once
     # stall the loop (and kube-scheduler's calls with it).
-    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 20.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 40
+    new_connections_per_second: Rate = 20.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 40
     # Agents keep their connections: a few new ones a turn is plenty, and a connect flood
     # here then costs kube-scheduler's filter calls a few connections' handling, not 16.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
@@ -130,9 +130,9 @@ class MetricsListen(Listen, frozen=True):
     """
 
     host: NonEmpty = "0.0.0.0"
-    max_connections: Annotated[int, msgspec.Meta(ge=2)] = 32
-    new_connections_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1)] = 20
+    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 32
+    new_connections_per_second: Rate = 10.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 20
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     auth: MetricsAuth = MetricsAuth.KUBERNETES
     # How long a scraper's allowed token is trusted without reviewing it again, and a refused
@@ -140,9 +140,9 @@ class MetricsListen(Listen, frozen=True):
     # own, so a flood here never spends the agents').
     allowed_cache_ttl_seconds: PositiveSeconds = 300.0
     refused_cache_ttl_seconds: PositiveSeconds = 10.0
-    cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 1_000
-    review_rate_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
-    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 10
+    cache_max_entries: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1_000
+    review_rate_per_second: Rate = 5.0
+    review_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 10
 
 
 class ListenConfig(_Section, frozen=True):
@@ -201,10 +201,10 @@ class AuthConfig(_Section, frozen=True):
     # Rejected tokens are remembered briefly so that a misconfigured agent cannot turn every
     # one of its requests into a TokenReview.
     negative_cache_ttl_seconds: PositiveSeconds = 10.0
-    identity_cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    identity_cache_max_entries: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 10_000
     # Rejected tokens are kept apart, in their own bounded cache: a flood of garbage tokens
     # evicts only other garbage, never an agent's verified identity.
-    negative_cache_max_entries: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    negative_cache_max_entries: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 10_000
     # TokenReviews of tokens not in either cache, across all callers: at most this many a
     # second on average, in bursts of up to ``review_burst``. Above it a new token gets 503
     # with Retry-After, and the API server never sees the flood. Tokens whose own claims rule
@@ -212,8 +212,8 @@ class AuthConfig(_Section, frozen=True):
     # none of it. Agents' tokens are reviewed once per ``identity_cache_ttl_seconds`` each
     # (5,000 nodes: ~17 a second); after an extender restart all of them at once: the burst
     # and the rate take 5,000 agents in ~20 s (at 50 a second it was 100 s of 503s).
-    review_rate_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 200.0
-    review_burst: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    review_rate_per_second: Rate = 200.0
+    review_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1000
     # The only ServiceAccount whose tokens get permits, as ``namespace/name``: what
     # manifests/agent.yaml runs the agent as.
     agent_service_account: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")] = (
@@ -266,18 +266,18 @@ class LimitsConfig(_Section, frozen=True):
     memory limit. ``body_timeout_seconds``: a body must arrive within this (408 after).
     """
 
-    verbs_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 2**20
-    bind_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 2**10
-    permits_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 2 * 2**20
-    bodies_in_flight_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 160 * 2**20
+    verbs_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=INT64_MAX)] = 64 * 2**20
+    bind_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=INT64_MAX)] = 64 * 2**10
+    permits_max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=INT64_MAX)] = 2 * 2**20
+    bodies_in_flight_bytes: Annotated[int, msgspec.Meta(ge=1024, le=INT64_MAX)] = 160 * 2**20
     body_timeout_seconds: PositiveSeconds = 10.0
     # Permit requests per authenticated caller (one node's agent): this many a second on
     # average, in bursts of up to the burst; above it 429 with Retry-After, checked before the
     # body is read. An agent sends about one batch per scrape interval (1 s) plus retries; a
     # compromised node flooding valid 1,024-VM batches would otherwise take the event loop
     # from kube-scheduler's calls and every other agent.
-    permit_requests_per_second: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0
-    permit_requests_burst: Annotated[int, msgspec.Meta(ge=1)] = 30
+    permit_requests_per_second: Rate = 10.0
+    permit_requests_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 30
 
     def __post_init__(self) -> None:
         largest = max(self.verbs_max_body_bytes, self.permits_max_body_bytes)
@@ -290,9 +290,40 @@ class KubeConfig(_Section, frozen=True):
     absent), not from here, so that one config file serves every environment."""
 
     request_timeout_seconds: PositiveSeconds = 30.0
-    watch_timeout_seconds: Annotated[int, msgspec.Meta(ge=1)] = 300
+    watch_timeout_seconds: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 300
     # Post a Kubernetes Event (reason NODE_ALLOC) when one of our pods gets or loses its place.
     post_events: bool = True
+
+
+class LeaderElectionConfig(_Section, frozen=True):
+    """Two replicas, one decider (``core/leadership.py``): the extender's own Lease.
+
+    ``lease_name`` in ``lease_namespace`` is the extender's; ``scheduler_lease_name`` is
+    kube-scheduler's (its ``leaderElection.resourceName``): the extender stands for its own
+    Lease only while the kube-scheduler of its pod holds that one (its holderIdentity starts
+    with the pod's hostname and "_"), because kube-scheduler calls only its own pod's
+    extender. Durations as in kube-scheduler's ``leaderElection``: a holder renews every
+    ``renew_seconds`` and decides until its last accepted renewal's send time plus
+    ``lease_duration_seconds / (1 + clock_drift_fraction)**2``; a standby takes an abandoned
+    Lease after it has seen it unchanged for ``lease_duration_seconds``, and reads it (and
+    kube-scheduler's) every ``retry_seconds``. ``leader_label``: the leader sets it to
+    "leader" on its own pod (the standby to "standby"), and the permit Service selects it;
+    needs ``$POD_NAME`` and ``$POD_NAMESPACE`` (the Downward API).
+    """
+
+    lease_name: NonEmpty = "vm-scheduler-extender"
+    lease_namespace: NonEmpty = "vm-autoscaling"
+    scheduler_lease_name: str | None = "vm-scheduler"
+    # Whole seconds: the Lease's leaseDurationSeconds is an integer.
+    lease_duration_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 15
+    renew_seconds: PositiveSeconds = 2.0
+    retry_seconds: PositiveSeconds = 2.0
+    clock_drift_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=0.2)] = 0.01
+    leader_label: str | None = "vm-autoscaling.io/extender-role"
+
+    def __post_init__(self) -> None:
+        if self.renew_seconds >= self.lease_duration_seconds / (1 + self.clock_drift_fraction) ** 2:
+            raise ValueError("renew_seconds must be well below lease_duration_seconds")
 
 
 class FrontMode(enum.StrEnum):
@@ -358,7 +389,9 @@ class RecommenderSection(_Section, frozen=True):
     diagnostics: DiagnosticsLevel = DiagnosticsLevel.SUMMARY
     # Step budget of the search for the cheapest plan (``RecommenderConfig``): steps, not
     # seconds, so that the answer does not depend on the machine.
-    plan_search_steps: Annotated[int, msgspec.Meta(ge=0)] = RecommenderConfig().plan_search_steps
+    plan_search_steps: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = (
+        RecommenderConfig().plan_search_steps
+    )
     # Plan for growth: above 0, size the scale-up for this share of every VM's room to grow
     # (pending and running VMs; running ones their node cannot give it are planned to move).
     growth_headroom: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
@@ -432,11 +465,13 @@ class Config(_Section, frozen=True):
     recommender: RecommenderSection = RecommenderSection()
     quota: QuotaSection | None = None
     permit_front: PermitFrontConfig = PermitFrontConfig()
+    # None: one replica, which always decides (standalone mode too).
+    leader_election: LeaderElectionConfig | None = None
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests
     # finish before the kubelet kills the process.
-    shutdown_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0
+    shutdown_timeout_seconds: Seconds = 20.0
     # Retry-After sent with 503 while the first lists are loading.
-    not_synced_retry_after_seconds: Annotated[int, msgspec.Meta(ge=1)] = 1
+    not_synced_retry_after_seconds: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1
 
     def recommender_config(self) -> RecommenderConfig:
         """The recommender's settings, with the extender's own scheduler name and reserve (the

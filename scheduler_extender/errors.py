@@ -21,7 +21,8 @@ request id.
      ├── BodyTooLarge             413  (also when it would be, decompressed)
      ├── UnsupportedEncoding      415  a Content-Encoding this endpoint does not take
      └── Unavailable              503  + Retry-After: retrying later will help
-          └── NotSynced           503  the first node and pod lists are not in yet
+          ├── NotSynced           503  the first node and pod lists are not in yet
+          └── NotLeader           503  a standby: the other replica decides (or will soon)
 
 For kube-scheduler's verbs a node that does not fit is *data* (``FailedNodes``), and a failed
 bind is an ``Error`` string in a 200: kube-scheduler treats any other status as a failure of
@@ -144,6 +145,13 @@ class TooManyRequests(Unavailable):
 
 class NotSynced(Unavailable):
     default_reason = "NotSynced"
+
+
+class NotLeader(Unavailable):
+    """This replica does not hold the extender's Lease: it decides nothing. Retrying helps:
+    the Service sends the next request to the leader, or this one leads by then."""
+
+    default_reason = "NotLeader"
 
 
 _BY_STATUS: dict[int, type[ExtenderError]] = {

@@ -86,6 +86,12 @@ class Metrics:
             "1 once the first node and pod lists are in (the verbs answer 503 before).",
             registry=registry,
         )
+        self.leading = Gauge(
+            PREFIX + "leading",
+            "1 while this replica holds the extender Lease and decides (always, with one"
+            " replica); 0 on the standby.",
+            registry=registry,
+        )
         self.node_reserved = Gauge(
             PREFIX + "node_reserved_vcpus",
             "vCPUs held on the node by this scheduler's pods.",

@@ -31,8 +31,8 @@ from typing import Final, Protocol
 import msgspec
 import structlog
 
-from kube_io.errors import KubeError
-from protocol.annotations import vm_container_name
+from kube_io.errors import KubeError, NotFound
+from protocol.annotations import LEADER_TERM, vm_container_name
 from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
@@ -41,6 +41,7 @@ from scheduler_extender.admission import queue as admission
 from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
+from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core.ledger import Ledger, LedgerError
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import BatchRefused, decide_batch
@@ -51,7 +52,13 @@ from scheduler_extender.core.podinfo import (
     PodInfo,
     pod_info,
 )
-from scheduler_extender.errors import NotSynced, UnsupportedVersion, WrongNode, error_for_status
+from scheduler_extender.errors import (
+    NotLeader,
+    NotSynced,
+    UnsupportedVersion,
+    WrongNode,
+    error_for_status,
+)
 from scheduler_extender.kube.auth import Identity
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -69,7 +76,15 @@ _SHORT: Final = frozenset({PermitStatus.DENIED, PermitStatus.PARTIAL})
 
 
 class Binder(Protocol):
-    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None: ...
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, resource_version: str | None
+    ) -> None: ...
+
+    async def list_pods(self, *, field_selector: str) -> list[Pod]: ...
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> Pod: ...
 
 
 class Extender:
@@ -135,6 +150,13 @@ class Extender:
         self.clock = clock or _loop_time
         # Pods handed to ``observe_pending``, so that a new list can forget the ones it lacks.
         self._queued: set[str] = set()
+        # Two replicas: decide only while this one holds the extender's Lease (``kube/leader``
+        # sets it). None: the only replica, which always decides.
+        self.elector: Elector | None = None
+        # The term whose fence is up (``fence``): only then does a new leader decide.
+        self.fenced_term: int | None = None
+        self._fencing: asyncio.Task[None] | None = None
+        metrics.leading.set(1)
         # ``gc.freeze`` once the first lists are in (see ``_freeze_loaded_objects``); off by
         # default because it is process-wide: tests build many extenders in one process.
         self.freeze_gc_when_synced = False
@@ -145,7 +167,26 @@ class Extender:
     def is_synced(self) -> bool:
         return self.has_nodes and self.has_pods
 
+    @property
+    def is_leading(self) -> bool:
+        return self.elector is None or self.elector.is_leading(self.clock())
+
     def require_synced(self) -> None:
+        """Before every decision (the verbs, the permits): the lists are in and this replica
+        holds the extender's Lease (``core/leadership.py``: at most one replica passes)."""
+        if not self.is_leading:
+            assert self.elector is not None
+            observed = self.elector.observed
+            holder = observed.holder if observed is not None and observed.holder else "nobody"
+            raise NotLeader(
+                f"this extender is the standby; the extender Lease is held by {holder}",
+                retry_after_seconds=self.config.not_synced_retry_after_seconds,
+            )
+        if self.elector is not None and self.fenced_term != self.elector.term:
+            raise NotLeader(
+                "this extender has just taken the lead and is fencing the previous leader's binds",
+                retry_after_seconds=self.config.not_synced_retry_after_seconds,
+            )
         if not self.is_synced:
             missing = [
                 w for w, ok in (("nodes", self.has_nodes), ("pods", self.has_pods)) if not ok
@@ -154,6 +195,58 @@ class Extender:
                 f"the extender has not loaded the {' and '.join(missing)} list yet",
                 retry_after_seconds=self.config.not_synced_retry_after_seconds,
             )
+
+    def leadership_gained(self, elector: Elector) -> None:
+        """This replica now decides. Before its first decision: every VM is unverified again
+        (another leader may have granted it more since this ledger last heard its agent; the
+        same uncertainty a restart starts from), and a new epoch makes agents report at once.
+        """
+        self.ledger.forget_agents()
+        self.epoch = uuid.uuid4().hex
+        self.metrics.leading.set(1)
+        log.info("leadership_gained", identity=elector.identity, term=elector.term)
+        if self.binder is None:
+            self.fenced_term = elector.term
+        else:
+            if self._fencing is not None:
+                self._fencing.cancel()
+            self._fencing = asyncio.get_running_loop().create_task(self.fence(elector))
+
+    async def fence(self, elector: Elector) -> None:
+        """Before a new leader's first decision: no Binding the previous leader sent may land.
+
+        The previous leader stopped deciding before this one could take the Lease, but a Binding
+        it sent may still be on its way (a partition holds it back). Every Binding carries the
+        pod's resourceVersion as a precondition (``bind``), so writing to every pod still waiting
+        for a node (``LEADER_TERM``) makes any such Binding fail with 409, and the answers show
+        any that landed first, which the ledger then holds. Permits wait too: the room such a
+        pod takes must be known before anything is granted on its node.
+        """
+        assert self.binder is not None
+        term = elector.term
+        selector = f"spec.schedulerName={self.config.scheduler_name},spec.nodeName="
+        while elector.term == term and elector.is_leading(self.clock()):
+            try:
+                for pod in await self.binder.list_pods(field_selector=selector):
+                    meta = pod.metadata
+                    try:
+                        written = await self.binder.patch_pod_annotations(
+                            meta.namespace, meta.name, {LEADER_TERM: str(term)}
+                        )
+                    except NotFound:
+                        continue
+                    self.pod_changed("MODIFIED", written)
+            except KubeError as e:
+                log.warning("fence_failed", term=term, error=e.message)
+                await asyncio.sleep(1.0)
+                continue
+            self.fenced_term = term
+            log.info("fenced", term=term)
+            return
+
+    def leadership_lost(self, elector: Elector) -> None:
+        self.metrics.leading.set(0)
+        log.warning("leadership_lost", identity=elector.identity)
 
     def _synced_changed(self) -> None:
         self.metrics.synced.set(1 if self.is_synced else 0)
@@ -400,7 +493,9 @@ class Extender:
         is_bound = False
         self.binds_in_flight.add(uid)
         try:
-            await self.binder.bind_pod(namespace, name, uid=uid, node=node)
+            await self.binder.bind_pod(
+                namespace, name, uid=uid, node=node, resource_version=info.resource_version or None
+            )
             is_bound = True
         except KubeError as e:
             log_.info("bind_failed", error=e.message, status=e.status)

@@ -35,8 +35,8 @@ from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, Toke
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
-from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics
-from tests.support import free_port
+from testkit.agent_fakes import FakeExtender, FakeHypervisor, SyntheticMetrics
+from testkit.ports import free_port
 
 NODE = "bench-node"
 GiB = 2**30

@@ -2,7 +2,7 @@
 
 Issue 16's attacks, each for ``--seconds`` against ``python -m scheduler_extender serve`` (the
 real process: the manifests' listeners, guards and limits, auth mode tokenreview against
-``tests.fakes.kube_api.FakeKubeApi`` in this process), with its file descriptors limited to
+``testkit.kube_api.FakeKubeApi`` in this process), with its file descriptors limited to
 1,024 as in the issue. Meanwhile a separate prober process sends cache-mode ``/filter`` calls
 (``--nodes`` node names, like kube-scheduler with ``nodeCacheCapable``) to the loopback verbs
 port, one at a time, paced at ``--rate`` a second. For each attack: the prober's p50/p99, p99
@@ -66,12 +66,14 @@ from typing import Any, Final
 
 SCRIPT: Final = str(Path(__file__).resolve())
 REPO: Final = Path(SCRIPT).parents[1]
-# The fake API server lives in the tests package, which is not installed.
+# The fake API server is in the test kit (testkit/), which is not installed.
 sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from tests.fakes.kube_api import fake_jwt, kubeconfig_for  # noqa: E402
+from testkit.kube_api import fake_jwt, kubeconfig_for  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+from testkit.procfs import cpu_seconds, status_mib  # noqa: E402
 
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
@@ -139,7 +141,7 @@ async def run_prober(url: str, body: bytes, seconds: float, rate: float) -> None
 
 
 def build_cluster(nodes: int) -> Any:
-    from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, node_object, pod_object
+    from testkit.kube_api import FakeKubeApi, TokenIdentity, node_object, pod_object
 
     api = FakeKubeApi()
     for i in range(nodes):
@@ -180,15 +182,6 @@ def build_cluster(nodes: int) -> Any:
         ),
     )
     return api
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_files(
@@ -300,12 +293,6 @@ def launch_extender(config: Path, kubeconfig: Path, log_path: Path) -> subproces
         )
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 (1-based) of the whole line.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def fronts(pid: int) -> list[int]:
     """The extender's children (its permit front; none when it serves the port inline)."""
     try:
@@ -324,14 +311,7 @@ def front_cpu_seconds(pid: int) -> float:
 
 def front_rss_mib(pid: int, field: str) -> float | None:
     found = fronts(pid)
-    return round(sum(rss_mib(c, field) for c in found), 1) if found else None
-
-
-def rss_mib(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
+    return round(sum(status_mib(c, field) for c in found), 1) if found else None
 
 
 # --- attacks ---------------------------------------------------------------------------------
@@ -738,7 +718,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                             "filter": probed,
                             "idle_before": idle,
                             "p99_ratio_to_idle": ratio(probed, idle),
-                            "extender_rss_mib": rss_mib(extender.pid, "VmRSS"),
+                            "extender_rss_mib": status_mib(extender.pid, "VmRSS"),
                             # Of its core, per wall second: idle phase (the prober alone), attack.
                             "extender_cpu_busy": [
                                 round((cpu_idle - cpu_before) / args.seconds, 2),
@@ -768,7 +748,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                 "prober": bench.prober_cpus,
                 "attacker": cpus_in_force(0),
             }
-            peak = rss_mib(extender.pid, "VmHWM") if alive else None
+            peak = status_mib(extender.pid, "VmHWM") if alive else None
             front_peak = front_rss_mib(extender.pid, "VmHWM") if alive else None
         finally:
             extender.terminate()

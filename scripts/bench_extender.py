@@ -2,7 +2,7 @@
 
 Three processes, so that the extender has a core of its own:
 
-* ``--role fake-api``: ``tests.fakes.kube_api.FakeKubeApi`` holding the generated cluster
+* ``--role fake-api``: ``testkit.kube_api.FakeKubeApi`` holding the generated cluster
   (nodes, pods, one agent token per permit node). It answers the extender's lists and watches,
   the Bindings of ``/bind`` and the TokenReviews of the permit port.
 * ``--role server``: the extender exactly as ``__main__`` builds it (``make_app`` and, with
@@ -48,7 +48,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,12 +59,15 @@ from pathlib import Path
 from typing import Any, Final
 
 REPO: Final = Path(__file__).resolve().parents[1]
-# The fake API server lives in the tests package, which is not installed.
+# The fake API server is in the test kit (testkit/), which is not installed.
 sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 import msgspec  # noqa: E402
 from aiohttp import web  # noqa: E402
+
+from testkit.ports import free_port  # noqa: E402
+from testkit.procfs import cpu_seconds  # noqa: E402
 
 Obj = dict[str, Any]
 SCHEDULER: Final = "vm-scheduler"
@@ -102,7 +104,7 @@ def token_name(node: str) -> str:
 
 
 def token_for(node: str) -> str:
-    from tests.fakes.kube_api import fake_jwt
+    from testkit.kube_api import fake_jwt
 
     return fake_jwt(token_name(node), audiences=(AUDIENCE,))
 
@@ -174,7 +176,7 @@ def node_object(name: str, *, index: int, cpu: int) -> Obj:
 
 def generate(*, nodes: int, pods: int, batch: int, binds: int, seed: int) -> Cluster:
     """The same cluster for the same arguments (a seeded ``random.Random``)."""
-    from tests.fakes.kube_api import pod_object
+    from testkit.kube_api import pod_object
 
     rng = random.Random(seed)
     n_permit = max(1, min(20, nodes // 250))
@@ -276,7 +278,7 @@ def generate(*, nodes: int, pods: int, batch: int, binds: int, seed: int) -> Clu
 
 
 async def run_fake_api(args: argparse.Namespace) -> None:
-    from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, pod_object
+    from testkit.kube_api import FakeKubeApi, TokenIdentity, pod_object
 
     cluster = generate(
         nodes=args.nodes, pods=args.pods, batch=args.batch, binds=args.binds, seed=args.seed
@@ -372,7 +374,7 @@ async def run_server(args: argparse.Namespace) -> None:
     from scheduler_extender.http.front import PermitFront
     from scheduler_extender.http.keys import EXTENDER, TASKS
     from scheduler_extender.http.permit_port import LocalDesk
-    from tests.fakes.kube_api import kubeconfig_for
+    from testkit.kube_api import kubeconfig_for
 
     configure_logging(level=args.log_level, is_json=True)
     config_data: Obj = {
@@ -402,7 +404,7 @@ async def run_server(args: argparse.Namespace) -> None:
         kubeconfig.write_text(json.dumps(kubeconfig_for(api_url)))
         front = PermitFront(
             parse_config(
-                {**config_data, "listen": {"permits": {"host": "127.0.0.1", "port": _free_port()}}}
+                {**config_data, "listen": {"permits": {"host": "127.0.0.1", "port": free_port()}}}
             ),
             LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS]),
             kubeconfig=str(kubeconfig),
@@ -428,13 +430,6 @@ async def run_server(args: argparse.Namespace) -> None:
         await asyncio.gather(running, return_exceptions=True)
     for runner in reversed(runners):
         await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _announce(value: Obj) -> None:
@@ -492,12 +487,6 @@ def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = 
         process.wait()
         raise SystemExit(f"{role} did not start (exit {process.returncode})")
     return Child(process, json.loads(line))
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 (1-based) of the whole line.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def front_cpu_seconds(pid: int) -> float:

@@ -44,7 +44,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler_agent.hypervisor.qmp import QmpClient
-from scripts.local_stack import (
+from testkit.local_stack import (
     Guest,
     VmPod,
     build_minimal_image,

@@ -28,7 +28,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,9 @@ import msgspec
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the test kit (testkit/) is not installed
+
+from testkit.ports import free_port  # noqa: E402
 
 
 def bench_recommender() -> ModuleType:
@@ -50,13 +52,6 @@ def bench_recommender() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def cluster(nodes: int) -> dict[str, Any]:

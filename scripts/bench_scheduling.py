@@ -50,14 +50,12 @@ from typing import Any, Final
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.controlplane.conftest import (  # noqa: E402
+from testkit.controlplane import (  # noqa: E402
+    BINARIES,
+    KUBE_BIN_ENV,
     MANIFEST_EXTENDER_CONFIG,
     MANIFEST_SCHEDULER_CONFIG,
     RBAC_KINDS,
-)
-from tests.controlplane.harness import (  # noqa: E402
-    BINARIES,
-    KUBE_BIN_ENV,
     SCHEDULER_NAME,
     Api,
     ApiError,
@@ -67,13 +65,14 @@ from tests.controlplane.harness import (  # noqa: E402
     Scheduler,
     extender_config,
     extender_identity,
-    free_port,
     kube_bin_dir,
     pod_path,
     scheduler_config,
     wait_for,
 )
-from tests.deploy.render import MANIFESTS, render  # noqa: E402
+from testkit.manifests import MANIFESTS, render  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+from testkit.procfs import cpu_seconds  # noqa: E402
 
 ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
@@ -301,12 +300,6 @@ def per_pod(after: dict[str, float], before: dict[str, float], pods: int) -> dic
         sum(v for k, v in grown.items() if not k.startswith("watch-events")), 2
     )
     return kept
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def verb_seconds(extender: Extender) -> dict[str, float]:

@@ -48,7 +48,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.local_stack import (
+from testkit.local_stack import (
     REPO,
     Agent,
     Extender,

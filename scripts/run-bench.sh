@@ -29,6 +29,7 @@
 #                    guest fills its database at boot, tens of seconds under TCG (default: 300)
 #   COOLDOWN         seconds to wait after the load for the VM to shrink back (default: 120)
 #   STATE_PORT       local port for the extender's /state (default: 10298)
+#   WATCH_INTERVAL   seconds between the VM's rows shown during the load (default: 5)
 #
 # Exit status: 0 when the VM grew under the load and shrank back after it; 1 when a tool or
 # the cluster failed (PostgreSQL not ready within PG_WAIT included); 2 for arguments the
@@ -83,6 +84,7 @@ DURATION="${DURATION:-120}"
 PG_WAIT="${PG_WAIT:-300}"
 COOLDOWN="${COOLDOWN:-120}"
 STATE_PORT="${STATE_PORT:-10298}"
+WATCH_INTERVAL="${WATCH_INTERVAL:-5}"
 
 command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed or not on PATH"
 command -v python3 >/dev/null 2>&1 || die "python3 is needed for scripts/watch-vcpus"
@@ -115,9 +117,12 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 # The extender's /state is on its loopback-only verbs port; port-forward reaches it from
-# inside the pod's network namespace.
-say "port-forwarding the extender's /state to 127.0.0.1:$STATE_PORT"
-"${KUBECTL[@]}" -n vm-autoscaling port-forward deploy/scheduler-extender \
+# inside the pod's network namespace. The leader's: the standby holds every VM at its maximum.
+LEADER=$("${KUBECTL[@]}" -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader \
+  -o name | head -n 1)
+[[ -n "$LEADER" ]] || die "no scheduler pod is labelled vm-autoscaling.io/extender-role=leader"
+say "port-forwarding the extender's /state ($LEADER) to 127.0.0.1:$STATE_PORT"
+"${KUBECTL[@]}" -n vm-autoscaling port-forward "$LEADER" \
   "$STATE_PORT:10298" >/dev/null 2>&1 &
 PF_PID=$!
 for _ in $(seq 1 20); do
@@ -130,10 +135,11 @@ say "before the load:"
 python3 "$ROOT/scripts/watch-vcpus" --once --url "http://127.0.0.1:$STATE_PORT/state" \
   || say "(the extender's /state is not reachable; the benchmark runs anyway)"
 
-# Every 5 s, the VM's row and its node's free CPU, interleaved with pgbench's progress lines.
-# Also kept in WATCH_LOG: the verdict reads the VM's peak from it.
+# Every WATCH_INTERVAL s, the VM's row and its node's free CPU, interleaved with pgbench's
+# progress lines. Also kept in WATCH_LOG: the verdict reads the VM's peak from it.
 WATCH_LOG="$(mktemp)"
-python3 "$ROOT/scripts/watch-vcpus" --no-clear --interval 5 --vm "$VM_NAMESPACE/$VM_NAME" \
+python3 "$ROOT/scripts/watch-vcpus" --no-clear --interval "$WATCH_INTERVAL" \
+  --vm "$VM_NAMESPACE/$VM_NAME" \
   --url "http://127.0.0.1:$STATE_PORT/state" > >(tee "$WATCH_LOG" >&2) &
 WATCH_PID=$!
 

@@ -44,17 +44,25 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.bounds import (
+    MAX_VCPUS,
+    Count,
+    Int32,
+    Int64,
+    NumericQuantity,
+    PositiveSeconds,
+    Seconds,
+)
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.strict_yaml import describe_yaml_error, load_strict
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.placement import Strategy
 
-Seconds = Annotated[float, msgspec.Meta(ge=0)]
-PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
-Vcpus = Annotated[float, msgspec.Meta(ge=0)]
-WholeVcpus = Annotated[int, msgspec.Meta(ge=1, le=4096)]
+Vcpus = Annotated[float, msgspec.Meta(ge=0, le=MAX_VCPUS)]
+WholeVcpus = Annotated[int, msgspec.Meta(ge=1, le=MAX_VCPUS)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
-Quantity = str | int | float
+Quantity = str | NumericQuantity
+LoadPerVcpu = Annotated[float, msgspec.Meta(gt=0, le=MAX_VCPUS)]
 
 DEFAULT_MEMORY: Final = "4Gi"
 
@@ -95,7 +103,7 @@ class Noise(_Strict, frozen=True, kw_only=True):
     mean_vcpus: Vcpus
     amplitude_vcpus: Vcpus
     step_seconds: PositiveSeconds = 1.0
-    seed: int = 0
+    seed: Int64 = 0
 
     def __post_init__(self) -> None:
         if self.amplitude_vcpus > self.mean_vcpus:
@@ -137,9 +145,9 @@ class NodePoolSpec(_Strict, frozen=True, kw_only=True):
     zones: Annotated[list[Name], msgspec.Meta(min_length=1)]
     cpu: Quantity
     memory: Quantity = "64Gi"
-    max_count: Annotated[int, msgspec.Meta(ge=0)] = 10
+    max_count: Count = 10
     provision_seconds: Seconds = 60.0
-    priority: int = 0
+    priority: Int32 = 0
 
 
 class MemoryUse(_Strict, frozen=True, kw_only=True):
@@ -166,7 +174,7 @@ class Vm(_Strict, frozen=True, kw_only=True):
     memory_unit: Quantity = "128Mi"
     memory_used: list[MemoryUse] | None = None
     start_seconds: Seconds = 0.0
-    priority: int = 0
+    priority: Int32 = 0
     # Already bound to this node at start (a running fleet); otherwise placed by the extender.
     node: Name | None = None
     # A name from ``traces``, or the pieces themselves; none: idle at 0.1 vCPUs.
@@ -224,8 +232,8 @@ class Agent(_Strict, frozen=True, kw_only=True):
     """The agent's knobs (``autoscaler_agent.core.CoreConfig``); defaults are the agent's."""
 
     scrape_interval_seconds: PositiveSeconds = 1.0
-    target_load_per_vcpu: Annotated[float, msgspec.Meta(gt=0)] = 0.9
-    shrink_load_per_vcpu: Annotated[float, msgspec.Meta(gt=0)] = 0.6
+    target_load_per_vcpu: LoadPerVcpu = 0.9
+    shrink_load_per_vcpu: LoadPerVcpu = 0.6
     shrink_after_seconds: Seconds = 30.0
     permit_retry_seconds: Seconds = 5.0
 
@@ -280,7 +288,7 @@ class Scenario(_Strict, frozen=True, kw_only=True):
     duration_seconds: PositiveSeconds
     # What the scenario shows and what to expect, printed under the summary's title.
     description: str = ""
-    seed: int = 0
+    seed: Int64 = 0
     load1_model: Load1Model = Load1Model.KERNEL
     strategy: Strategy = Strategy.SPREAD
     agent: Agent = msgspec.field(default_factory=Agent)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 
 import pytest
 
@@ -26,13 +25,6 @@ def require_binary(name: str, *extra_dirs: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(message + "; CI must not skip it")
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def pod_info(

@@ -8,6 +8,7 @@ rc.sysinit, cpu-onliner, power-button).
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import os
 import shutil
@@ -165,7 +166,22 @@ def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
 def build_variant(
     variant: Variant, *, out_root: Path, cache_dir: Path, source_date_epoch: int
 ) -> Path:
-    """Build (or reuse) an initramfs variant in ``out_root/<name>``; returns that directory."""
+    """Build (or reuse) an initramfs variant in ``out_root/<name>``; returns that directory.
+
+    One build at a time per ``out_root`` (an exclusive ``flock``): two processes asking for
+    the same image, e.g. two test workers, would otherwise share one work directory, and the
+    second finds it is current once the first is done."""
+    out_root.mkdir(parents=True, exist_ok=True)
+    with (out_root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_variant(
+            variant, out_root=out_root, cache_dir=cache_dir, source_date_epoch=source_date_epoch
+        )
+
+
+def _build_variant(
+    variant: Variant, *, out_root: Path, cache_dir: Path, source_date_epoch: int
+) -> Path:
     out_dir = out_root / variant.name
     (meta,) = debs.resolve([KERNEL_META_PACKAGE])
     kernel_names = [d for d in debs.depends(meta) if d.startswith("linux-image-")]

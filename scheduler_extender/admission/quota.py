@@ -37,17 +37,16 @@ from typing import Annotated, Final
 import msgspec
 import yaml
 
+from protocol.bounds import Bytes, Count, PositiveSeconds
 from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.core.podinfo import Demand
 
 CPU_MILLIS_PER_VCPU: Final = 1000
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 # DNS-1123 label: what Kubernetes allows as a namespace name.
 NamespaceName = Annotated[
     str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
 ]
 CohortName = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
-PositiveSeconds = Annotated[float, msgspec.Meta(gt=0.0)]
 
 
 class QuotaConfigError(ValueError):
@@ -77,16 +76,16 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class Amount(_Section, frozen=True):
     """An amount of both resources: whole vCPUs and bytes of memory."""
 
-    vcpus: NonNegative
-    memory_bytes: NonNegative
+    vcpus: Count
+    memory_bytes: Bytes
 
     def demand(self) -> Demand:
         return Demand(self.vcpus * CPU_MILLIS_PER_VCPU, self.memory_bytes)
 
 
 class NamespaceQuota(_Section, frozen=True):
-    vcpus: NonNegative
-    memory_bytes: NonNegative
+    vcpus: Count
+    memory_bytes: Bytes
     queueing_strategy: QueueingStrategy = QueueingStrategy.BEST_EFFORT_FIFO
     cohort: CohortName | None = None
     # Most this namespace may use beyond its own quota, from its cohort's unused share.

@@ -520,6 +520,28 @@ class Ledger:
             return True
         return self._hold(entry, held)
 
+    def forget_agents(self) -> None:
+        """Back to what a rebuild knows: no VM's agent has spoken to this incarnation.
+
+        A standby that takes the extender's Lease calls this before its first decision (it is
+        a no-op for one that never led: it never heard an agent). Another leader may have
+        granted any VM more since this ledger last heard from its agent, so each bound VM is
+        *unverified* again, exactly as ``replace_pods`` leaves a VM it finds bound after a
+        restart: its room up to its maximum is kept out of ``free`` until its agent reports.
+        A tentative hold (our own bind in flight) keeps its size: that VM has not started.
+        """
+        for entry in self.pods.values():
+            if entry.vm is None or entry.is_tentative or entry.owner is not Owner.OWN:
+                continue
+            entry.has_agent = False
+            uncertain = _uncertain_for(entry)
+            if uncertain != entry.uncertain:
+                state = self.nodes[entry.node]
+                state.uncertain_total = _minus(state.uncertain_total, entry.uncertain)
+                entry.uncertain = uncertain
+                state.uncertain_total = state.uncertain_total + uncertain
+                self._changed(entry.node)
+
     # -- checks ------------------------------------------------------------------------------------
 
     def check_invariants(self) -> None:

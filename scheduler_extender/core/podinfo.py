@@ -3,27 +3,55 @@
 Pure: no I/O. This is the border where API objects become our own frozen values; nothing past
 it looks at a ``protocol.kube.Pod``.
 
-Effective requests follow Kubernetes' own ``PodRequests`` (k8s.io/component-helpers
-resource/helpers.go), so our numbers match what kube-scheduler and the kubelet count:
+How much a pod holds on its node (``pod_requests``) is what kube-scheduler v1.36 counts for it:
+its NodeInfo adds each assigned pod at ``resourcehelper.PodRequests`` (k8s.io/component-helpers
+``resource/helpers.go``) with status resources on (``InPlacePodVerticalScaling``, KEP-1287, GA
+since 1.35), pod-level resources on (``PodLevelResources``, KEP-2837, on by default since 1.34)
+and their in-place resize on (``InPlacePodLevelResourcesVerticalScaling``, KEP-5419, beta and on
+by default in 1.36). Restated, for CPU and memory, as the v1.36.2 binary behaves (the
+control-plane tier reads the real kube-scheduler's cache to hold us to it,
+``tests/controlplane/test_counting.py``; upstream's main branch has moved on since):
 
-* the sum of the regular containers, plus every restartable ("sidecar") init container, which
-  runs beside them;
-* but at least the largest single init container plus the sidecars started before it (init
-  containers run one at a time);
-* plus the pod overhead (RuntimeClass);
-* for each container, the larger of the spec and what the kubelet has allocated (an in-place
-  resize in progress may be on either side).
+1. **Each container** counts at its spec requests. A regular container or a sidecar (an init
+   container with ``restartPolicy: Always``) whose status carries ``resources`` (the kubelet's
+   read-back of the cgroup; present, even if empty) counts at the larger of its spec, that
+   status' ``requests`` and its ``allocatedResources`` (KEP-1287: a resize in progress may sit on
+   either side of the spec), except when the kubelet has marked the pod's resize **Infeasible**
+   (the first ``PodResizePending`` condition has reason ``Infeasible``): then at the larger of
+   the two status figures only, as the spec will never be applied. An ordinary init container
+   always counts at its spec.
+2. **Containers add up** as in KEP-753: the regular containers and the sidecars summed, at least
+   the largest ``init container + the sidecars declared before it`` (init containers run one at
+   a time, beside the sidecars already started).
+3. **Pod-level requests** (KEP-2837): when ``spec.resources.requests`` names CPU, memory or a
+   huge-page size, each of CPU and memory that it names replaces the containers' figure. If the
+   pod's status carries ``resources`` (KEP-5419), the replacement is the larger of the spec's
+   value (left out when Infeasible), ``status.resources.requests``' and
+   ``status.allocatedResources``' values for it, a missing value counting as zero.
+4. **Overhead** (RuntimeClass, ``spec.overhead``) is added last.
+
+One deliberate difference, never below kube-scheduler's figure: where the kubelet has reported
+``allocatedResources`` (a container's, or the pod's for a resource its pod-level requests name)
+but no ``resources`` yet, kube-scheduler counts the spec; we count at least the allocation. The
+kubelet has admitted that much (its own admission counts pods at their allocation), so a node
+counted at the spec could be promised more than it has until the kubelet reports.
+
+Every quantity is first rounded up to a thousandth of its unit, as the API keeps quantities
+(``500u`` of CPU is ``1m``); they are summed exactly, and the pod's total is rounded up once, to
+millicores and bytes (``Quantity.MilliValue()``/``Value()`` of the summed list). Not counted, as
+neither is a CPU or memory request: DRA claims on node-allocatable resources (alpha).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 import msgspec
 
 from protocol import annotations as ann
-from protocol.kube import Container, ContainerStatus, Pod
-from protocol.quantity import QuantityError, cpu_millis, memory_bytes
+from protocol.kube import Container, ContainerStatus, Pod, StrMap
+from protocol.quantity import QuantityError, parse_quantity
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
@@ -70,6 +98,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     memory_extra_bytes: int = 0
     container_memory_overhead_bytes: int = 0
     created: str = ""
+    # The version it was read at: a Binding made for it carries it as a precondition.
+    resource_version: str = ""
 
     @property
     def key(self) -> str:
@@ -94,52 +124,133 @@ class PodError(ValueError):
     means a malformed request body rather than a real pod)."""
 
 
-def _container_demand(container: Container, status: ContainerStatus | None) -> Demand:
-    cpu = mem = 0
-    res = container.resources
-    if res is not None and res.requests:
-        req = res.requests
-        if "cpu" in req:
-            cpu = cpu_millis(req["cpu"])
-        if "memory" in req:
-            mem = memory_bytes(req["memory"])
-    if status is not None and status.allocated_resources:
-        alloc = status.allocated_resources
-        if "cpu" in alloc:
-            cpu = max(cpu, cpu_millis(alloc["cpu"]))
-        if "memory" in alloc:
-            mem = max(mem, memory_bytes(alloc["memory"]))
-    return Demand(cpu, mem)
+# A resource list as Kubernetes keeps one: resource name -> amount in thousandths of its unit
+# (millicores, millibytes). Only CPU and memory are counted; a missing name is not a zero.
+Amounts = dict[str, int]
+_COUNTED: Final = ("cpu", "memory")
+_MILLI: Final = 1000
+# What the kubelet writes when a resize can never fit its node.
+RESIZE_PENDING: Final = "PodResizePending"
+INFEASIBLE: Final = "Infeasible"
+
+
+@functools.lru_cache(maxsize=4096)
+def _millis(text: str) -> int:
+    value = parse_quantity(text) * _MILLI
+    return -(-value.numerator // value.denominator)
+
+
+def _amounts(resources: StrMap | None) -> Amounts:
+    if not resources:
+        return {}
+    return {name: _millis(resources[name]) for name in _COUNTED if name in resources}
+
+
+def _add(into: Amounts, more: Amounts) -> None:
+    for name, amount in more.items():
+        into[name] = into.get(name, 0) + amount
+
+
+def _raise_to(into: Amounts, other: Amounts) -> None:
+    for name, amount in other.items():
+        if amount > into.get(name, -1):
+            into[name] = amount
+
+
+def _largest(*lists: Amounts) -> Amounts:
+    result: Amounts = {}
+    for amounts in lists:
+        _raise_to(result, amounts)
+    return result
+
+
+def is_resize_infeasible(pod: Pod) -> bool:
+    """``IsPodResizeInfeasible``: the first ``PodResizePending`` condition says Infeasible."""
+    for condition in pod.status.conditions or ():
+        if condition.type == RESIZE_PENDING:
+            return condition.reason == INFEASIBLE
+    return False
+
+
+def _container(c: Container, status: ContainerStatus | None, infeasible: bool) -> Amounts:
+    """Rule 1 for a regular container or a sidecar."""
+    spec = _amounts(c.resources.requests if c.resources is not None else None)
+    if status is None:
+        return spec
+    allocated = _amounts(status.allocated_resources)
+    if status.resources is None:
+        return _largest(spec, allocated)  # the kubelet's floor (see the module docstring)
+    actual = _amounts(status.resources.requests)
+    return _largest(actual, allocated) if infeasible else _largest(spec, actual, allocated)
+
+
+def _container_amounts(pod: Pod) -> Amounts:
+    """Rules 1 and 2."""
+    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    for s in pod.status.init_container_statuses or ():
+        statuses.setdefault(s.name, s)
+    infeasible = bool(statuses) and is_resize_infeasible(pod)
+    total: Amounts = {}
+    for c in pod.spec.containers or ():
+        _add(total, _container(c, statuses.get(c.name), infeasible))
+    sidecars: Amounts = {}
+    init_peak: Amounts = {}
+    for c in pod.spec.init_containers or ():
+        if c.restart_policy == "Always":
+            own = _container(c, statuses.get(c.name), infeasible)
+            _add(total, own)
+            _add(sidecars, own)
+            _raise_to(init_peak, sidecars)
+        else:
+            running = _amounts(c.resources.requests if c.resources is not None else None)
+            _add(running, sidecars)
+            _raise_to(init_peak, running)
+    _raise_to(total, init_peak)
+    return total
+
+
+def _pod_level(pod: Pod) -> Amounts:
+    """Rule 3: what replaces the containers' figures (nothing without pod-level requests)."""
+    res = pod.spec.resources
+    named = res.requests if res is not None else None
+    if not named or not any(n in _COUNTED or n.startswith("hugepages-") for n in named):
+        return {}
+    spec = _amounts(named)
+    status = pod.status
+    allocated = _amounts(status.allocated_resources)
+    if status.resources is None:  # the kubelet's floor (see the module docstring)
+        return {name: max(amount, allocated.get(name, 0)) for name, amount in spec.items()}
+    actual = _amounts(status.resources.requests)
+    infeasible = is_resize_infeasible(pod)
+    return {
+        name: max(0 if infeasible else amount, actual.get(name, 0), allocated.get(name, 0))
+        for name, amount in spec.items()
+    }
+
+
+def pod_amounts(pod: Pod) -> Amounts:
+    """``PodRequests`` in thousandths (see the module docstring); raises ``QuantityError``."""
+    amounts = _container_amounts(pod)
+    amounts.update(_pod_level(pod))
+    _add(amounts, _amounts(pod.spec.overhead))
+    return amounts
+
+
+def _ceil_div(amount: int, unit: int) -> int:
+    return -(-amount // unit)
+
+
+def _demand(amounts: Amounts) -> Demand:
+    return Demand(amounts.get("cpu", 0), _ceil_div(amounts.get("memory", 0), _MILLI))
 
 
 def pod_requests(pod: Pod) -> Demand:
-    """The pod's effective requests, as Kubernetes computes them (see module docstring)."""
-    spec = pod.spec
-    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    """What the pod holds on its node, as kube-scheduler counts it (see module docstring):
+    millicores and bytes, each rounded up once."""
     try:
-        total = ZERO
-        for c in spec.containers or ():
-            total = total + _container_demand(c, statuses.get(c.name))
-        init_statuses = {s.name: s for s in pod.status.init_container_statuses or ()}
-        sidecars = ZERO
-        init_peak = ZERO
-        for c in spec.init_containers or ():
-            d = _container_demand(c, init_statuses.get(c.name))
-            if c.restart_policy == "Always":
-                total = total + d
-                sidecars = sidecars + d
-                init_peak = init_peak.max(sidecars)
-            else:
-                init_peak = init_peak.max(sidecars + d)
-        total = total.max(init_peak)
-        if spec.overhead:
-            total = total + Demand(
-                cpu_millis(spec.overhead.get("cpu", "0")),
-                memory_bytes(spec.overhead.get("memory", "0")),
-            )
+        return _demand(pod_amounts(pod))
     except QuantityError as e:
         raise PodError(f"pod {pod.metadata.namespace}/{pod.metadata.name}: {e}") from e
-    return total
 
 
 def is_static_pod(pod: Pod) -> bool:
@@ -188,6 +299,7 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         memory_extra_bytes=extra,
         container_memory_overhead_bytes=overhead,
         created=meta.creation_timestamp or "",
+        resource_version=meta.resource_version,
     )
 
 
@@ -205,11 +317,12 @@ def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]
         container = containers[0]
     if container is None:
         return 0, 0
-    statuses = {s.name: s for s in pod.status.container_statuses or ()}
+    statuses = pod.status.container_statuses or ()
+    status = next((s for s in statuses if s.name == container.name), None)
     try:
-        own = _container_demand(container, statuses.get(container.name)).memory_bytes
+        own = _demand(_container(container, status, is_resize_infeasible(pod)))
     except QuantityError:
         return 0, 0
     recorded = ann.parse_memory_overhead(pod.metadata.annotations)
-    overhead = recorded if recorded is not None else max(0, own - vm.min_memory_bytes)
-    return max(0, requests.memory_bytes - own) + overhead, overhead
+    overhead = recorded if recorded is not None else max(0, own.memory_bytes - vm.min_memory_bytes)
+    return max(0, requests.memory_bytes - own.memory_bytes) + overhead, overhead

@@ -52,6 +52,7 @@ from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.auth import TokenBucket
 from scheduler_extender.kube.durability import PermitRecorder
+from scheduler_extender.kube.leader import LeaderLoop
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.metrics_auth import DelegatedMetricsAuth, MetricsGuard, OpenMetrics
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -85,6 +86,10 @@ class Deps:
     # ``connect_kube`` uses, None for in-cluster credentials; and its log level.
     kubeconfig: str | None = None
     log_level: str = "info"
+    # Who this replica is, for leader election: its host (the pod's name: kube-scheduler's
+    # holderIdentity starts with it), and its pod (namespace, name) to label, if known.
+    host: str = ""
+    pod: tuple[str, str] | None = None
 
 
 def _metrics_guard(listen: MetricsListen, link: KubeLink | None) -> MetricsGuard:
@@ -175,6 +180,23 @@ def make_app(config: Config, deps: Deps) -> web.Application:
             link.client = client
             tasks = app[TASKS]
             tasks.append(_start(follow_cluster(client, extender), "cluster-watch"))
+            leader: LeaderLoop | None = None
+            if config.leader_election is not None:
+                leader = LeaderLoop(
+                    config.leader_election,
+                    client,
+                    extender,
+                    host=deps.host,
+                    pod=deps.pod,
+                    clock=extender.clock,
+                    wall_clock=deps.wall_clock,
+                )
+                extender.elector = leader.elector
+                extender.metrics.leading.set(0)
+                # The standby posts no Events and touches no pods: the leader does.
+                reporter.is_quiet = lambda: not extender.is_leading
+                leader_task = _start(leader.run(), "leader-election")
+                tasks.append(leader_task)
             if recorder is not None:
                 tasks.append(_start(recorder.run(), "durability-writer"))
             if config.kube.post_events:
@@ -183,6 +205,12 @@ def make_app(config: Config, deps: Deps) -> web.Application:
             try:
                 yield
             finally:
+                if leader is not None:
+                    # First stop deciding and hand the Lease over (released), so the standby
+                    # takes it within its next read rather than after the Lease runs out.
+                    leader_task.cancel()
+                    await asyncio.gather(leader_task, return_exceptions=True)
+                    await leader.resign()
                 if recorder is not None:
                     try:
                         async with asyncio.timeout(_FLUSH_SECONDS):

@@ -2,7 +2,11 @@
 
 Shell. ``/healthz`` is liveness: it fails only when a background task (the watches, the
 durability writer, the event poster) has died, so that the kubelet restarts the process.
-``/readyz`` turns true once the first node and pod lists are in. ``/v1/queue`` is the
+``/readyz`` turns true once the first node and pod lists are in and this replica leads (with
+two replicas, the standby is never ready: it decides nothing); ``/readyz?exclude=leader``
+leaves leadership out, as kube-apiserver's ``?exclude=`` leaves out a named check: a warm
+standby passes it (the kubelet's readiness probe, so that a PodDisruptionBudget counts the
+standby as available and the leader's node can drain). ``/v1/queue`` is the
 admission queue as a user sees it: per namespace its quota, usage, admitted and waiting pods in
 order, each with its reason.
 """
@@ -28,9 +32,18 @@ def health_problem(tasks: list[asyncio.Task[None]]) -> str | None:
     return f"background task(s) ended: {', '.join(dead)}\n" if dead else None
 
 
-def ready_problem(extender: Extender) -> str | None:
-    """Why ``/readyz`` fails (not synced yet), or None."""
-    return None if extender.is_synced else "waiting for the first node and pod lists\n"
+def ready_problem(extender: Extender, *, is_leader_checked: bool = True) -> str | None:
+    """Why ``/readyz`` fails (not synced yet, or the standby), or None."""
+    if not extender.is_synced:
+        return "waiting for the first node and pod lists\n"
+    if is_leader_checked and not extender.is_leading:
+        return "standby: the other replica holds the extender Lease\n"
+    return None
+
+
+def is_leader_checked(request: web.Request) -> bool:
+    """``?exclude=leader`` drops the leadership check (kube-apiserver's ``/readyz`` style)."""
+    return "leader" not in request.query.getall("exclude", [])
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -41,7 +54,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    problem = ready_problem(request.app[EXTENDER])
+    problem = ready_problem(request.app[EXTENDER], is_leader_checked=is_leader_checked(request))
     if problem is not None:
         return web.Response(status=503, text=problem)
     return web.Response(text="ok\n")

@@ -84,7 +84,8 @@ class PermitDesk(Protocol):
     async def probe(self, name: Probe) -> DeskAnswer: ...
 
 
-Probe = Literal["healthz", "readyz"]
+# "warm": ``/readyz?exclude=leader`` (``ops.ready_problem``).
+Probe = Literal["healthz", "readyz", "warm"]
 
 
 class LocalDesk:
@@ -130,7 +131,7 @@ class LocalDesk:
         problem = (
             ops.health_problem(self.tasks)
             if name == "healthz"
-            else ops.ready_problem(self.extender)
+            else ops.ready_problem(self.extender, is_leader_checked=name == "readyz")
         )
         if problem is not None:
             return DeskAnswer(status=503, body=problem.encode(), reason=problem.strip())
@@ -166,7 +167,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    return _response(await request.app[DESK].probe("readyz"), content_type="text/plain")
+    name: Probe = "readyz" if ops.is_leader_checked(request) else "warm"
+    return _response(await request.app[DESK].probe(name), content_type="text/plain")
 
 
 def _response(answer: DeskAnswer, *, content_type: str) -> web.Response:

@@ -279,7 +279,8 @@ async def publish_if_overdue(app: web.Application, *, now: float) -> Published |
     """One check of the auto-publish task. The live snapshot is read without an await (one
     consistent view); the recommendation runs in the worker."""
     extender = app[EXTENDER]
-    if not extender.is_synced:
+    if not extender.is_synced or not extender.is_leading:
+        # The standby publishes nothing: the leader does, from the ledger that decides.
         return None
     settings = extender.config.recommender
     waits = extender.capacity_waits

@@ -29,8 +29,16 @@ class KubeLink:
     async def get_pod(self, namespace: str, name: str) -> Pod:
         return await self._client().get_pod(namespace, name)
 
-    async def bind_pod(self, namespace: str, name: str, *, uid: str, node: str) -> None:
-        await self._client().bind_pod(namespace, name, uid=uid, node=node)
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, resource_version: str | None
+    ) -> None:
+        await self._client().bind_pod(
+            namespace, name, uid=uid, node=node, resource_version=resource_version
+        )
+
+    async def list_pods(self, *, field_selector: str) -> list[Pod]:
+        pods, _ = await self._client().list_pods(field_selector=field_selector)
+        return pods
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]

@@ -18,7 +18,7 @@ dropped (counted), never the decisions that caused them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, Literal, Protocol
 
 import structlog
@@ -52,6 +52,8 @@ class NodeAllocReporter:
     def __init__(self, metrics: Metrics, poster: EventPoster | None) -> None:
         self._metrics = metrics
         self._poster = poster
+        # True on the standby of two replicas: the leader tells humans; two would say it twice.
+        self.is_quiet: Callable[[], bool] = _never
         self._queue: asyncio.Queue[tuple[ObjectReference, str, str]] = asyncio.Queue(_QUEUE_SIZE)
 
     def report(
@@ -99,7 +101,7 @@ class NodeAllocReporter:
     def post(self, involved: ObjectReference, *, reason: str, message: str) -> None:
         """Queue one Event (any reason: ``ScaleUpRecommended`` shares this path); dropped and
         counted when the queue is full, never blocking the caller."""
-        if self._poster is None:
+        if self._poster is None or self.is_quiet():
             return
         try:
             self._queue.put_nowait((involved, reason, message))
@@ -120,3 +122,7 @@ class NodeAllocReporter:
                 # An Event is a courtesy to humans; the allocation itself is already done.
                 self._metrics.events_dropped.inc()
                 log.warning("node_alloc_event_failed", error=e.message, pod=involved.name)
+
+
+def _never() -> bool:
+    return False

@@ -116,7 +116,7 @@ class QueueNotices:
                 message=f"admitted within the quota of namespace {key.namespace}; scheduling"
                 " resumes",
             )
-            if self._patcher is not None:
+            if self._patcher is not None and not self._reporter.is_quiet():
                 self._to_touch[key.uid] = (key, ADMITTED_AT_ANNOTATION)
                 self._wake.set()
 
@@ -131,7 +131,7 @@ class QueueNotices:
 
     def _take_room(self) -> None:
         """Queue a touch for every parked pod that now fits a node it was offered."""
-        if self._parked is None or self._patcher is None:
+        if self._parked is None or self._patcher is None or self._reporter.is_quiet():
             return
         for pod in self._parked.fitting():
             key = PodKey(namespace=pod.namespace, name=pod.name, uid=pod.uid)

@@ -15,6 +15,7 @@ from typing import Annotated
 import msgspec
 import yaml
 
+from protocol.bounds import Int32
 from protocol.kube import (
     Container,
     Node,
@@ -53,7 +54,7 @@ class StandalonePod(_Section, frozen=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     requests: dict[str, str] = {}
-    priority: int = 0
+    priority: Int32 = 0
     phase: str = "Running"
 
 

@@ -29,6 +29,7 @@ from typing import Annotated, Final
 
 import msgspec
 
+from protocol.bounds import Count
 from scheduler_extender.recommender.config import RecommenderConfig
 from scheduler_extender.recommender.growth import PlacedPod, placed_pods
 from scheduler_extender.recommender.model import (
@@ -62,7 +63,7 @@ class ScaleDownConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # fit where it would move; 0: today's size only, 1: its maximum.
     growth_headroom: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
     # At most this many nodes removed at once (a disruption budget).
-    max_nodes_at_once: Annotated[int, msgspec.Meta(ge=0)] = 1
+    max_nodes_at_once: Count = 1
 
 
 class KeepReason(enum.StrEnum):

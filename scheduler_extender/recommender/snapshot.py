@@ -18,6 +18,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 import yaml
 
+from protocol.bounds import Count, Int32, Int64, NumericQuantity
 from protocol.strict_yaml import describe_yaml_error, load_strict
 
 __all__ = [
@@ -70,9 +71,8 @@ MAX_PRICE: Final = 1e12
 # ---------------------------------------------------------------------------------------------
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
 # Kubernetes accepts numbers for quantities too (``cpu: 2`` in YAML); they are read as text.
-Quantity = str | int | float
+Quantity = str | NumericQuantity
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -95,8 +95,9 @@ class _Wire(
 
 
 class Resources(_Wire, frozen=True, kw_only=True):
-    """A pod's *effective* requests (containers, init containers and overhead already summed,
-    as ``podinfo.pod_requests`` does). Absent means zero."""
+    """A pod's *effective* requests: what ``podinfo.pod_requests`` counts (containers, sidecars,
+    init containers, pod-level requests, an in-place resize's status, overhead). Absent means
+    zero."""
 
     cpu: Quantity | None = None
     memory: Quantity | None = None
@@ -118,7 +119,7 @@ class Toleration(_Wire, frozen=True, kw_only=True):
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str = ""
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
-    toleration_seconds: int | None = None
+    toleration_seconds: Int64 | None = None
 
 
 class NodeSelectorRequirement(_Wire, frozen=True, kw_only=True):
@@ -171,7 +172,7 @@ class SnapshotPod(_Wire, frozen=True, kw_only=True):
     node_name: str | None = None
     scheduler_name: str = "default-scheduler"
     requests: Resources = msgspec.field(default_factory=Resources)
-    priority: int | None = None
+    priority: Int32 | None = None
     priority_class_name: str | None = None
     creation_timestamp: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
     labels: dict[str, str] = {}
@@ -183,7 +184,7 @@ class SnapshotPod(_Wire, frozen=True, kw_only=True):
 
 class PriorityClass(_Wire, frozen=True, kw_only=True):
     name: NonEmpty
-    value: int
+    value: Int32
     global_default: bool = False
 
 
@@ -236,7 +237,7 @@ class NodePool(_Wire, frozen=True, kw_only=True):
     # a price of 5e-324 made a least-cost score overflow, one near 1e308 the sum of two nodes.
     price: Annotated[float, msgspec.Meta(ge=MIN_PRICE, le=MAX_PRICE)] | None = None
     # Higher wins under the ``priority`` scorer.
-    priority: int = 0
+    priority: Int32 = 0
 
 
 class ClusterSnapshot(_Wire, frozen=True, kw_only=True):

@@ -18,11 +18,12 @@ from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.policy import PolicyConfig
 from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
-from tests.agent.fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, serving
+from testkit.agent_fakes import FakeExtender, FakeHypervisor, SyntheticMetrics, serving
 
 NODE = "node-a"
 TOKEN = "s3cret-token"
 GiB = 2**30
+BATCH_WINDOW_SECONDS = 0.005
 
 
 async def eventually(predicate: Callable[[], bool], *, within_seconds: float = 3.0) -> None:
@@ -113,7 +114,7 @@ async def world(tmp_path):
             token=TokenFile(token_path),
             timeout_seconds=1.0,
         )
-        batcher = PermitBatcher(client, window_seconds=0.005)
+        batcher = PermitBatcher(client, window_seconds=BATCH_WINDOW_SECONDS)
         metrics = AgentMetrics(CollectorRegistry())
         holder: dict[str, World] = {}
         deps = RunnerDeps(

@@ -18,9 +18,9 @@ from autoscaler_agent.extender_client import (
     TokenFile,
 )
 from protocol.permits import ItemError, PodRef, ResourceRequest, Resources
+from testkit.agent_fakes import FakeExtender, serving
+from testkit.ports import free_port
 from tests.agent.conftest import NODE, TOKEN
-from tests.agent.fakes import FakeExtender, serving
-from tests.support import free_port
 
 GiB = 2**30
 

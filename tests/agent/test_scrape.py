@@ -11,8 +11,9 @@ import pytest
 from aiohttp import web
 
 from autoscaler_agent.scrape import ScrapeError, fetch_samples, parse_samples
-from tests.agent.fakes import serving
-from tests.support import free_port, require_binary
+from testkit.agent_fakes import serving
+from testkit.ports import free_port
+from tests.support import require_binary
 
 DATA = Path(__file__).parent / "data"
 

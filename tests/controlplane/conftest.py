@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.controlplane.harness import (
+from testkit.controlplane import (
+    DOCS,
     KUBE_BIN_HINT,
+    MANIFEST_EXTENDER_CONFIG,
+    MANIFEST_SCHEDULER_CONFIG,
+    RBAC_KINDS,
     SCHEDULER_NAME,
     Api,
     ControlPlane,
@@ -35,24 +38,14 @@ from tests.controlplane.harness import (
     extender_config,
     extender_identity,
     extender_token,
-    free_port,
     kube_bin_dir,
     pod_path,
     scheduler_config,
     wait_for,
 )
-from tests.deploy.render import MANIFESTS, find, render
+from testkit.ports import free_port
 
-DOCS = render(MANIFESTS)
 LAG_SECONDS = 0.4
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-              "RoleBinding"}  # fmt: skip
-MANIFEST_EXTENDER_CONFIG: Obj = yaml.safe_load(
-    find(DOCS, "ConfigMap", "scheduler-extender-config")["data"]["extender.yaml"]
-)
-MANIFEST_SCHEDULER_CONFIG: Obj = yaml.safe_load(
-    find(DOCS, "ConfigMap", "vm-scheduler-config")["data"]["kube-scheduler.yaml"]
-)
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +166,10 @@ class Names:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "labels": {"vma-test-group": self.group, **labels}},
+            "metadata": {
+                "name": name,
+                "labels": {"vma-test-group": self.group, "kubernetes.io/hostname": name, **labels},
+            },
             "status": {
                 "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
                 "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
@@ -192,7 +188,9 @@ class Names:
         max_vcpus: int = 1,
         memory: str = "1Gi",
         annotations: dict[str, str] | None = None,
+        node: str | None = None,
     ) -> Obj:
+        """A VM pod of the group's; with ``node``, aimed at that node alone."""
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -208,7 +206,9 @@ class Names:
             },
             "spec": {
                 "schedulerName": SCHEDULER_NAME,
-                "nodeSelector": {"vma-test-group": self.group},
+                "nodeSelector": {"vma-test-group": self.group}
+                if node is None
+                else {"kubernetes.io/hostname": node},
                 "containers": [
                     {
                         "name": "vm",

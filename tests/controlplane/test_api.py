@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.controlplane import ApiError, Obj, object_path, pod_path, wait_for
+from testkit.manifests import EXAMPLES, render
 from tests.controlplane.conftest import DOCS, Cluster, Names
-from tests.controlplane.harness import ApiError, Obj, object_path, pod_path, wait_for
-from tests.deploy.render import EXAMPLES, render
 
 AGENT_NS = "vm-autoscaling"
 AGENT_SA = "autoscaler-agent"
@@ -296,3 +296,46 @@ def test_metrics_only_for_scrapers_allowed_to_read_them(cluster: Cluster, names:
     # Nothing but the metrics and the probes on this port.
     assert cluster.extender.get("/state", port=cluster.extender.metrics_port)[0] == 404
     assert cluster.extender.get("/readyz", port=cluster.extender.metrics_port)[0] == 200
+
+
+def test_a_binding_for_a_version_the_pod_no_longer_has_is_refused(cluster: Cluster, names: Names):
+    """What a new leader's fence relies on (``Extender.fence``): the API server refuses a
+    Binding whose ``resourceVersion`` precondition the pod no longer meets, and takes one
+    that meets it."""
+    node = names.node("fence", cpu="4")
+    created = cluster.api.create(
+        pod_path(names.namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "waiting", "namespace": names.namespace},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "app"}]},
+        },
+    )
+    meta = created["metadata"]
+    fenced = cluster.api.merge_patch(
+        pod_path(names.namespace, "waiting"),
+        {"metadata": {"annotations": {"vm-autoscaling.io/leader-term": "2"}}},
+    )
+
+    def binding(version: str) -> Obj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": "waiting",
+                "namespace": names.namespace,
+                "uid": meta["uid"],
+                "resourceVersion": version,
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+
+    path = pod_path(names.namespace, "waiting") + "/binding"
+    with pytest.raises(ApiError) as refused:
+        cluster.api.request("POST", path, binding(meta["resourceVersion"]))
+    assert refused.value.status == 409
+    assert "Precondition failed: ResourceVersion in precondition" in str(refused.value.body)
+    assert names.node_of("waiting") is None
+    cluster.api.request("POST", path, binding(fenced["metadata"]["resourceVersion"]))
+    assert names.node_of("waiting") == node

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
+from testkit.controlplane import wait_for
 from tests.controlplane.conftest import Cluster, Names
-from tests.controlplane.harness import wait_for
 
 
 def extender_knows(cluster: Cluster, node: str) -> bool:

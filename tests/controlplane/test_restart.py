@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import signal
 
+from testkit.controlplane import Obj, wait_for
 from tests.controlplane.conftest import Cluster, Names
-from tests.controlplane.harness import Obj, wait_for
 from tests.controlplane.test_api import agent_pod, permit_batch
 
 

@@ -6,7 +6,7 @@ import yaml
 
 from autoscaler_agent.config import parse_config as parse_agent_config
 from scheduler_extender.config import parse_config as parse_extender_config
-from tests.deploy.render import MANIFESTS, arg_value, config_file, container, find, render
+from testkit.manifests import MANIFESTS, arg_value, config_file, container, find, render
 
 DOCS = render(MANIFESTS)
 EXTENDER_POD = find(DOCS, "Deployment", "scheduler-extender")

@@ -17,7 +17,7 @@ from autoscaler_agent.config import HttpSection
 from scheduler_extender.config import Config, load_config
 from scheduler_extender.http.app import Deps, make_app, make_metrics_app, make_permits_app
 from scheduler_extender.kube.standalone import load_cluster
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
 
 API = ROOT / "docs" / "API.md"
 EXAMPLES = ROOT / "examples"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import shlex
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from tests.deploy.render import ROOT, container, pod_spec
+from testkit.manifests import ROOT, container, pod_spec
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG, EXTENDER_POD
 
+DOCKERFILES = ["Dockerfile.extender", "Dockerfile.agent", "vm_runner/Dockerfile"]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
@@ -100,3 +104,52 @@ def test_dockerignore_keeps_the_context_small_but_buildable():
     ):
         assert needed not in entries
         assert (ROOT / needed).exists()
+
+
+# Groups every Debian root has: base-passwd (Essential) creates them. Others, `kvm` among them,
+# come from packages (udev) that a minimal image does not install.
+BASE_GROUPS = {
+    line.split(":")[0]
+    for line in Path("/usr/share/base-passwd/group.master").read_text().splitlines()
+}
+
+
+def _stages(name: str) -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = [[]]  # ARGs before the first FROM
+    for op, arg in _instructions(name):
+        if op == "FROM":
+            stages.append([])
+        stages[-1].append((op, arg))
+    return stages
+
+
+def _commands(stage: list[tuple[str, str]]) -> list[list[str]]:
+    return [
+        shlex.split(part)
+        for op, arg in stage
+        if op == "RUN"
+        for part in re.split(r"&&|;", arg)
+        if part.strip()
+    ]
+
+
+def _groups_joined(argv: list[str]) -> list[str]:
+    """The group names ``useradd`` is told to use (numeric IDs need no entry)."""
+    out = []
+    for flag, value in itertools.pairwise(argv):
+        if flag in ("--gid", "-g", "--groups", "-G"):
+            out += [g for g in value.split(",") if not g.isdigit()]
+    return out
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_useradd_joins_only_groups_that_exist(dockerfile):
+    """``useradd: group 'kvm' does not exist`` broke the runner image on a minimal Debian root."""
+    for stage in _stages(dockerfile):
+        created = set(BASE_GROUPS)
+        for argv in _commands(stage):
+            if argv[0] == "groupadd":
+                created.add(argv[-1])
+            elif argv[0] == "useradd":
+                missing = set(_groups_joined(argv)) - created
+                assert not missing, f"{dockerfile}: useradd joins {missing}, never created"

@@ -36,8 +36,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.render import ROOT
-from tests.support import free_port
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # How a command starts; anything in backticks that starts otherwise is prose.
@@ -124,6 +124,9 @@ COMMANDS: dict[str, tuple[How, object]] = {
     "examples/standalone-cluster.yaml": (How.SERVE, None),
     "scripts/run --kubeconfig PATH --config FILE": (How.PARSE, _parse_run),
     "scripts/test": (How.ELSEWHERE, ".ci/run"),
+    "scripts/test --bench": (How.ELSEWHERE, ".ci/run"),
+    "scripts/test --node -n 0": (How.ELSEWHERE, ".ci/run"),
+    "scripts/kube-bin ../shared/kube-bin": (How.ELSEWHERE, "scripts/test"),
     "scripts/setup": (How.RUN, None),
     "scripts/run-bench.sh --local --help": (How.RUN, None),
     "scripts/run-bench.sh --local": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
@@ -131,7 +134,8 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.PARSE,
         _parse_local_bench,
     ),
-    "VM_NAME=pg-vm-0 scripts/run-bench.sh": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
+    "VM_NAME=pg-vm-0 scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
+    "scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "vm_image/build.sh minimal": (How.ELSEWHERE, "tests/vm/test_image.py"),
     "vm_image/build.sh postgres": (How.ELSEWHERE, "tests/vm/test_image.py"),
     "vm_image/build.sh full": (How.PARSE, None),
@@ -156,9 +160,13 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_kustomize.py",
     ),
-    "kubectl -n vm-autoscaling port-forward deploy/scheduler-extender 10298:10298": (
+    "kubectl -n vm-autoscaling port-forward pod/LEADER 10298:10298": (
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",
+    ),
+    "kubectl -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader": (
+        How.ELSEWHERE,
+        "tests/controlplane/test_failover.py",
     ),
     # The same binding, made through the real API server: a ServiceAccount bound to the
     # ClusterRole reads /metrics, another gets 403.
@@ -179,7 +187,6 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "scheduler-extender serve --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
     "autoscaler-agent --standalone": (How.ELSEWHERE, "tests/e2e/test_local_bench.py"),
-    "scripts/local_stack.py": (How.MENTION, "the module the bench and e2e tests import"),
     "scripts/bench_memory.py": (
         How.MENTION,
         "a benchmark that boots a guest (minutes); test_help.py checks its --help",
@@ -211,12 +218,13 @@ COMMANDS: dict[str, tuple[How, object]] = {
     ),
     "kubectl exec": (How.MENTION, "how the loopback verbs port is reached"),
     "scripts/kube-bin": (How.ELSEWHERE, "tests/deploy/test_scripts.py"),
-    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_bench_attacks_smoke.py"),
-    "scripts/bench_scheduling.py": (
-        How.ELSEWHERE,
-        "tests/bench/test_bench_scheduling_smoke.py",
+    "scripts/bench_attacks.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_scheduling.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_recommend_hotpath.py": (How.ELSEWHERE, "tests/bench/test_benchmarks_run.py"),
+    "scripts/bench_failover.py": (
+        How.MENTION,
+        "a benchmark of minutes through the control plane; test_help.py checks its --help",
     ),
-    "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }

@@ -15,7 +15,7 @@ from protocol.annotations import VM_LABEL, is_vm, parse_vm_spec
 from protocol.codec import decode
 from protocol.kube import Pod
 from protocol.quantity import memory_bytes
-from tests.deploy.render import (
+from testkit.manifests import (
     EXAMPLES,
     MANIFESTS,
     ROOT,
@@ -26,6 +26,7 @@ from tests.deploy.render import (
     render,
     volume,
 )
+from tests.deploy.qos import qos_class
 from tests.deploy.system import AGENT_CFG, AGENT_DS, EXTENDER_CFG
 from vm_runner.cli import make_parser
 from vm_runner.cmdline import qga_socket_beside
@@ -93,6 +94,31 @@ def test_annotations_parse_and_match_the_pod_resources(sts):
     # The guest's memory fits in the pod with room for QEMU itself.
     assert spec.max_memory_bytes < memory_bytes(limits["memory"])
     assert vm["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+
+
+@pytest.mark.parametrize("sts", VMS, ids=IDS)
+def test_vm_pod_is_guaranteed_with_its_init_container(sts):
+    """Kubernetes classes init containers too: one without resources makes the VM Burstable
+    (lower CPU weight, first to be OOM-killed) whatever the VM container says."""
+    assert qos_class(pod_spec(sts)) == "Guaranteed"
+
+
+def test_qos_class_follows_kubernetes():
+    g = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    limits_only = {"limits": {"cpu": "500m", "memory": "64Mi"}}
+    assert qos_class({"containers": [{"resources": g}]}) == "Guaranteed"
+    assert qos_class({"containers": [{"resources": limits_only}]}) == "Guaranteed"
+    assert qos_class({"containers": [{}]}) == "BestEffort"
+    assert qos_class({"containers": [{"resources": {"limits": {"cpu": "1"}}}]}) == "Burstable"
+    assert qos_class({"containers": [{"resources": g}], "initContainers": [{}]}) == "Burstable"
+    unequal = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    assert qos_class({"containers": [{"resources": unequal}]}) == "Burstable"
+    # 1000m is 1: quantities compare by value, not spelling.
+    same = {
+        "requests": {"cpu": "1000m", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "1024Mi"},
+    }
+    assert qos_class({"containers": [{"resources": same}]}) == "Guaranteed"
 
 
 def _runner_entrypoint() -> list[str]:

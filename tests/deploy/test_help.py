@@ -1,24 +1,25 @@
 """Every script and command answers ``--help`` with exit 0, runs nothing, and explains every
 option it takes.
 
-Shell scripts: the options their ``case`` arms accept must appear in the help. Python commands:
-the test watches the argparse parsers the command builds (a spy on ``parse_known_args``) and
-requires help text on every argument and option that is not deliberately hidden; the help must
-name every option.
+Shell scripts: the options their ``case`` arms accept must appear in the help. Python commands,
+run in this process as ``python`` runs them (``runpy``, as ``__main__``): the test watches the
+argparse parsers the command builds (a spy on ``parse_known_args``) and requires help text on
+every argument and option that is not deliberately hidden; the help must name every option.
+The console scripts' own processes answer --help in test_operator_mistakes.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import argparse
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
 
 SHELL = {
     "scripts/setup": ["scripts/setup"],
@@ -46,34 +47,8 @@ PYTHON = {
     "scripts/bench_agent.py": ["scripts/bench_agent.py"],
     "scripts/bench_memory.py": ["scripts/bench_memory.py"],
     "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
+    "scripts/bench_failover.py": ["scripts/bench_failover.py"],
 }
-
-# Runs the target as __main__ with a spy on argparse that records every parser it parses with.
-_SPY = """
-import argparse, json, os, runpy, sys
-seen = []
-original = argparse.ArgumentParser.parse_known_args
-def spy(self, args=None, namespace=None):
-    actions = []
-    for a in self._actions:
-        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
-            continue
-        hidden = a.help == argparse.SUPPRESS
-        actions.append({"options": a.option_strings, "dest": a.dest,
-                        "help": None if hidden else a.help, "hidden": hidden})
-    seen.append({"prog": self.prog, "actions": actions})
-    with open(os.environ["HELP_SPY"], "w") as f:
-        json.dump(seen, f)
-    return original(self, args, namespace)
-argparse.ArgumentParser.parse_known_args = spy
-target, *rest = sys.argv[1:]
-if target.startswith("-m:"):
-    sys.argv = [target[3:], *rest]
-    runpy.run_module(target[3:], run_name="__main__", alter_sys=True)
-else:
-    sys.argv = [target, *rest]
-    runpy.run_path(target, run_name="__main__")
-"""
 
 
 def _shell_options(script: Path) -> set[str]:
@@ -107,24 +82,59 @@ def test_shell_script_help(name, tmp_path):
         assert option in result.stdout, f"{name} --help does not mention {option}"
 
 
+def _run_as_main(target: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run ``target`` (``-m:module`` or a script's path) as ``__main__`` with ``argv``, as
+    ``python`` would, in this process; its exit code. The ``__main__`` module is run afresh
+    (runpy warns about one already imported); sys.modules and sys.path are put back after."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        if target.startswith("-m:"):
+            module = target[3:]
+            monkeypatch.delitem(sys.modules, module + ".__main__", raising=False)
+            monkeypatch.setattr(sys, "argv", [module, *argv])
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            monkeypatch.setattr(sys, "argv", [target, *argv])
+            runpy.run_path(str(ROOT / target), run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+def _parser_actions(parser: argparse.ArgumentParser) -> dict[str, object]:
+    actions = []
+    for a in parser._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        hidden = a.help == argparse.SUPPRESS
+        actions.append(
+            {
+                "options": a.option_strings,
+                "dest": a.dest,
+                "help": None if hidden else a.help,
+                "hidden": hidden,
+            }
+        )
+    return {"prog": parser.prog, "actions": actions}
+
+
 @pytest.mark.parametrize("name", PYTHON)
-def test_python_command_help(name, tmp_path):
+def test_python_command_help(name, monkeypatch, capsys):
     target, *rest = PYTHON[name]
-    spy_file = tmp_path / "parsers.json"
-    env = {**os.environ, "HELP_SPY": str(spy_file), "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", _SPY, target, *rest, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    parsers = json.loads(spy_file.read_text())
+    parsers: list[dict[str, object]] = []
+    original = argparse.ArgumentParser.parse_known_args
+
+    def spy(self, args=None, namespace=None):
+        parsers.append(_parser_actions(self))
+        return original(self, args, namespace)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", spy)
+    code = _run_as_main(target, [*rest, "--help"], monkeypatch)
+    out = capsys.readouterr()
+    assert code == 0, out.err
     shown = parsers[-1]  # the parser that printed the help
-    assert shown["prog"] in result.stdout
+    assert shown["prog"] in out.out
     for parser in parsers:
         for action in parser["actions"]:
             if action["hidden"]:
@@ -134,20 +144,12 @@ def test_python_command_help(name, tmp_path):
     for action in shown["actions"]:
         for option in action["options"]:
             if not action["hidden"]:
-                assert option in result.stdout, f"{name} --help does not mention {option}"
+                assert option in out.out, f"{name} --help does not mention {option}"
 
 
-def test_python_simulator_names_itself():
-    result = subprocess.run(
-        [sys.executable, "-m", "simulator", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0
-    assert result.stdout.startswith("usage: python -m simulator")
+def test_python_simulator_names_itself(monkeypatch, capsys):
+    assert _run_as_main("-m:simulator", ["--help"], monkeypatch) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m simulator")
 
 
 def test_scripts_test_help_runs_no_checks(tmp_path):

@@ -1,4 +1,4 @@
-"""The real kustomize (built into kubectl) renders what tests/deploy/render.py says it does.
+"""The real kustomize (built into kubectl) renders what testkit/manifests.py says it does.
 
 kubectl is not installed by scripts/setup; where it is absent the Python renderer alone is
 checked (test_manifests.py), so these tests skip rather than fail.
@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.deploy.render import EXAMPLES, MANIFESTS, render
+from testkit.manifests import EXAMPLES, MANIFESTS, render
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with built-in kustomize) absent")

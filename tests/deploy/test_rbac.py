@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 
 from kube_io.client import KubeClient
-from tests.deploy.render import MANIFESTS, render
+from testkit.manifests import MANIFESTS, render
 
 DOCS = render(MANIFESTS)
 NAMESPACE = "vm-autoscaling"
@@ -43,9 +43,17 @@ CALLS: dict[str, list[Access]] = {
     # GET /version, the start-up check: a non-resource URL every authenticated (and anonymous)
     # user may read through the built-in ClusterRole system:public-info-viewer; no grant needed.
     "server_version": [],
+    # The leader's role label on its own pod (kube/leader.py).
+    "patch_pod_labels": [Access("patch", "", "pods")],
+    # Leader election: granted by name in the Role of our namespace, not cluster-wide
+    # (``test_leases_are_granted_by_name_in_our_namespace_only``).
+    "get_lease": [Access("get", "coordination.k8s.io", "leases")],
+    "create_lease": [Access("create", "coordination.k8s.io", "leases")],
+    "replace_lease": [Access("update", "coordination.k8s.io", "leases")],
 }
+LEASE_CALLS = {"get_lease", "create_lease", "replace_lease"}
 
-EXTENDER_USES = [a for accesses in CALLS.values() for a in accesses]
+EXTENDER_USES = [a for name, accesses in CALLS.items() if name not in LEASE_CALLS for a in accesses]
 AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
 
 # Grants in our own roles that no client call needs, each with why it is harmless.
@@ -113,6 +121,42 @@ def test_extender_may_make_every_call_it_makes(access):
 def test_extender_role_grants_nothing_unused():
     granted = _granted(_rules_for("vm-scheduler", own_only=True))
     assert granted - set(EXTENDER_USES) - JUSTIFIED_EXTRAS == set()
+
+
+def test_leases_are_granted_by_name_in_our_namespace_only():
+    """The extender reads kube-scheduler's Lease and holds its own; no cluster-wide grant on
+    Leases, and updates only by name."""
+    role = next(
+        d
+        for d in DOCS
+        if d["kind"] == "Role" and d["metadata"]["name"] == "vm-scheduler-leader-election"
+    )
+    assert role["metadata"]["namespace"] == NAMESPACE
+    binding = next(
+        d
+        for d in DOCS
+        if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    assert {"kind": "ServiceAccount", "name": "vm-scheduler", "namespace": NAMESPACE} in (
+        binding["subjects"]
+    )
+    for name in sorted(LEASE_CALLS):
+        for access in CALLS[name]:
+            matching = [
+                r
+                for r in role["rules"]
+                if access.group in r["apiGroups"]
+                and access.resource in r["resources"]
+                and access.verb in r["verbs"]
+            ]
+            assert matching, (name, access)
+            if access.verb != "create":  # a create cannot name its object in RBAC
+                assert all(
+                    {"vm-scheduler", "vm-scheduler-extender"} <= set(r["resourceNames"])
+                    for r in matching
+                )
+    granted = _granted(_rules_for("vm-scheduler", own_only=True))
+    assert not any(a.resource == "leases" for a in granted)
 
 
 def test_no_wildcards_anywhere():

@@ -11,11 +11,11 @@ PostgreSQL never became ready).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
+from testkit.ports import free_port
 
 _STATE_SERVER = r"""
 import http.server, json, sys
@@ -40,6 +40,7 @@ case "$args" in
     port="${args#* port-forward * }"; port="${port%%:*}"
     exec python3 "$FAKE_DIR/state_server.py" "$port" "$FAKE_DIR/vcpus" ;;
   *"vm-autoscaling\.io/vm"*) echo true ;;
+  *"extender-role=leader"*) echo pod/scheduler-extender-0 ;;
   *" wait "*) ;;
   *"podIP"*) echo 10.1.2.3 ;;
   *" run "*)
@@ -50,7 +51,7 @@ case "$args" in
     fi
     echo 3 > "$FAKE_DIR/vcpus"
     echo "pgbench-starts"
-    sleep 7   # the script's watch samples /state every 5 s
+    sleep 1.5   # the script's watch samples /state every WATCH_INTERVAL (1) s
     echo "tps = 123.4 (without initial connection time)"
     [ "$FAKE_SHRINK" = 1 ] && echo 1 > "$FAKE_DIR/vcpus"
     exit 0 ;;
@@ -58,13 +59,6 @@ case "$args" in
   *) echo "fake kubectl: unexpected: $*" >&2; exit 99 ;;
 esac
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.CompletedProcess:
@@ -82,8 +76,9 @@ def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.Co
         "FAKE_PG_READY": "1" if pg_ready else "0",
         "FAKE_SHRINK": "1" if shrink else "0",
         "VM_NAME": "pg-vm-0",
-        "STATE_PORT": str(_free_port()),
-        "COOLDOWN": "6",
+        "STATE_PORT": str(free_port()),
+        "COOLDOWN": "3",
+        "WATCH_INTERVAL": "1",
     }
     for name in ("PGUSER", "PGDATABASE", "PGPASSWORD", "SCALE", "BUILTIN"):
         env.pop(name, None)
@@ -114,7 +109,7 @@ def test_a_vm_that_does_not_shrink_back_exits_3(tmp_path):
     result = _run_bench(tmp_path, pg_ready=True, shrink=False)
     assert result.returncode == 3, result.stderr
     assert "grew to 3" in result.stderr
-    assert "DID NOT SHRINK within 6s" in result.stderr
+    assert "DID NOT SHRINK within 3s" in result.stderr
 
 
 def test_postgresql_never_ready_is_one_clear_failure(tmp_path):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
 
 SHELL_SCRIPTS = [
     ROOT / "kind" / "up.sh",

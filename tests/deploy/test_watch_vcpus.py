@@ -18,7 +18,7 @@ from protocol.annotations import VmSpec
 from scheduler_extender.core.ledger import Allocation, ForeignTag, NodeState, Owner
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.state import dump_node
-from tests.deploy.render import ROOT
+from testkit.manifests import ROOT
 
 SCRIPT = ROOT / "scripts" / "watch-vcpus"
 GIB = 2**30
@@ -148,7 +148,7 @@ def test_vm_filter(state_url):
 
 
 def test_unreachable_extender_says_how_to_reach_it():
-    from tests.support import free_port
+    from testkit.ports import free_port
 
     result = _run("--once", "--url", f"http://127.0.0.1:{free_port()}/state", "--timeout", "2")
     assert result.returncode == 1

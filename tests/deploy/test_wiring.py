@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from scheduler_extender.config import MetricsAuth
 from scheduler_extender.http.app import Deps, make_app, make_metrics_app, make_permits_app
-from tests.deploy.render import MANIFESTS, container, find, mount, pod_spec, volume
+from testkit.manifests import MANIFESTS, container, find, mount, pod_spec, volume
 from tests.deploy.system import AGENT_CFG, AGENT_DS, DOCS, EXTENDER_CFG, EXTENDER_POD, SCHED
 from tests.fakes_paths import REFERENCE
 
@@ -81,9 +81,15 @@ def test_url_prefix_is_the_extenders_loopback_verbs_listener():
     assert EXTENDER_CFG.listen.verbs.host == "127.0.0.1"
 
 
-def test_leader_election_uses_the_lease_the_role_allows():
+def test_leader_election_uses_the_leases_the_role_allows():
+    """kube-scheduler's Lease and the extender's own, both in the Role (same ServiceAccount):
+    the extender follows the first and holds the second."""
     le = SCHED["leaderElection"]
     assert le["leaderElect"] is True
+    ours = EXTENDER_CFG.leader_election
+    assert ours is not None
+    assert ours.scheduler_lease_name == le["resourceName"]
+    assert ours.lease_namespace == le["resourceNamespace"]
     role = find(DOCS, "Role", "vm-scheduler-leader-election")
     assert role["metadata"]["namespace"] == le["resourceNamespace"]
     named = [r for r in role["rules"] if r.get("resourceNames")]
@@ -91,19 +97,66 @@ def test_leader_election_uses_the_lease_the_role_allows():
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "resourceNames": [le["resourceName"]],
+            "resourceNames": [le["resourceName"], ours.lease_name],
             "verbs": ["get", "update"],
         }
     ]
+    # The Lease's first holder creates it (a create cannot name the object in RBAC).
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in (
+        role["rules"]
+    )
+
+
+def test_the_extenders_lease_is_timed_like_kube_schedulers():
+    """A dead leader's pod is replaced within kube-scheduler's own bounds: the extender's Lease
+    lasts as long as kube-scheduler's, and both retry as often."""
+    le = SCHED["leaderElection"]
+    ours = EXTENDER_CFG.leader_election
+    assert ours is not None
+    assert f"{ours.lease_duration_seconds}s" == le["leaseDuration"]
+    assert f"{ours.retry_seconds:g}s" == le["retryPeriod"]
 
 
 # --- the extender pod ---------------------------------------------------------------------------
 
 
-def test_one_extender_replaced_by_recreate():
-    """Two extenders behind one Service would double-count (see extender.yaml)."""
-    assert EXTENDER_POD["spec"]["replicas"] == 1
-    assert EXTENDER_POD["spec"]["strategy"] == {"type": "Recreate"}
+def test_two_replicas_on_two_nodes_replaced_one_at_a_time():
+    """A leader and a warm standby, never on the same node, never a third during a rollout
+    (it would have no node of its own)."""
+    assert EXTENDER_POD["spec"]["replicas"] == 2
+    assert EXTENDER_POD["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    (term,) = pod_spec(EXTENDER_POD)["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == EXTENDER_POD["spec"]["selector"]["matchLabels"]
+
+
+def test_the_budget_keeps_one_replica_and_counts_a_warm_standby():
+    """minAvailable 1 over pods that are Ready once synced (leader or not): the leader's node
+    may drain whenever the standby is warm; a pod that is not Ready never pins a node."""
+    pdb = find(DOCS, "PodDisruptionBudget", "scheduler-extender")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["selector"] == EXTENDER_POD["spec"]["selector"]
+    probe = container(EXTENDER_POD, "extender")["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/readyz?exclude=leader"
+
+
+def test_the_permit_service_selects_the_leader_by_the_label_it_sets():
+    ours = EXTENDER_CFG.leader_election
+    assert ours is not None and ours.leader_label is not None
+    svc = find(DOCS, "Service", "scheduler-extender")
+    assert svc["spec"]["selector"] == {
+        **EXTENDER_POD["spec"]["selector"]["matchLabels"],
+        ours.leader_label: "leader",
+    }
+    env = {e["name"]: e for e in container(EXTENDER_POD, "extender")["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_kube_scheduler_image_matches_the_cluster_minor():
@@ -125,16 +178,20 @@ def test_extender_ports_and_probes_match_its_listeners():
     }
     permit_routes = {path for method, path in _routes(PERMITS_APP) if method == "GET"}
     for probe, path in [
-        ("readinessProbe", "/readyz"),
+        ("readinessProbe", "/readyz?exclude=leader"),
         ("livenessProbe", "/healthz"),
         ("startupProbe", "/healthz"),
     ]:
         assert c[probe]["httpGet"] == {"path": path, "port": "permits"}
-        assert path in permit_routes
-    # The Service exposes the permit port and the metrics port, never the verbs.
+        assert path.partition("?")[0] in permit_routes
+    # The Services expose the permit port (the leader's) and the metrics port (both
+    # replicas'), never the verbs.
     svc = find(DOCS, "Service", "scheduler-extender")
     assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
         (EXTENDER_CFG.listen.permits.port, "permits"),
+    ]
+    metrics_svc = find(DOCS, "Service", "scheduler-extender-metrics")
+    assert [(p["port"], p["targetPort"]) for p in metrics_svc["spec"]["ports"]] == [
         (EXTENDER_CFG.listen.metrics.port, "metrics"),
     ]
     # The metrics port serves /metrics and the probes, and nothing that names pods.

@@ -1,4 +1,4 @@
-"""End-to-end fixtures: the real binaries as child processes (``scripts/local_stack``).
+"""End-to-end fixtures: the real binaries as child processes (``testkit.local_stack``).
 
 The guest is booted once per module (about 7 s under TCG plus the image check) and shared by
 its tests; every process is stopped in the fixtures' teardown, also when a test fails.
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scripts.local_stack import Guest, GuestImage, build_minimal_image, start_runner, wait_booted
+from testkit.local_stack import Guest, GuestImage, build_minimal_image, start_runner, wait_booted
 from tests.support import require_binary
 
 

@@ -41,7 +41,7 @@ import pytest
 from autoscaler_agent.hypervisor.base import VcpuState
 from autoscaler_agent.hypervisor.factory import hypervisor_from_url
 from autoscaler_agent.hypervisor.qga import QgaVcpuHypervisor
-from scripts.local_stack import (
+from testkit.local_stack import (
     Agent,
     Extender,
     Guest,

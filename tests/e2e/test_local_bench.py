@@ -26,10 +26,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.local_stack import REPO
+from testkit.local_stack import REPO
 from tests.support import require_binary
 
-pytestmark = [pytest.mark.postgres, pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.postgres,
+    pytest.mark.qemu,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 AGENT_CONFIG = {
     **yaml.safe_load((REPO / "examples/local/agent.yaml").read_text()),

@@ -25,7 +25,7 @@ import pytest
 
 from autoscaler_agent.hypervisor import MemoryResizeIncomplete
 from autoscaler_agent.hypervisor.qmp import QmpClient
-from scripts.local_stack import (
+from testkit.local_stack import (
     Guest,
     GuestImage,
     Service,

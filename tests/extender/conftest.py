@@ -1,7 +1,7 @@
 """Fixtures for the extender's shell tests: a fake API server and running extender apps.
 
 Everything goes over real HTTP: the extender's two listeners through ``aiohttp_client``, and
-the extender's own kube client against ``tests.fakes.kube_api.FakeKubeApi``.
+the extender's own kube client against ``testkit.kube_api.FakeKubeApi``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.service import Extender
-from tests.fakes.kube_api import FakeKubeApi, node_object
+from testkit.kube_api import FakeKubeApi, node_object
 
 STATIC_TOKEN = "local-test-token"
 # A round wall-clock instant, so that /state (which shows allocation times) is reproducible.
@@ -109,9 +109,41 @@ async def kube_api() -> AsyncIterator[FakeKubeApi]:
 def front_via() -> str:
     """How the permit port reaches the Extender: "local" (``make_permits_app``, one process)
     or "channel" (the permit front's app and its ``ChannelDesk``, across a socketpair to the
-    main side, as ``serve`` runs them, only both in this process). A module that overrides
-    this fixture with params runs its tests both ways."""
+    main side, as ``serve`` runs them, only both in this process). The channel is a transport:
+    test_front_channel.py holds it to the same answers as in process; test_permit_front.py
+    overrides this fixture for what only the channel does."""
     return "local"
+
+
+async def launch(
+    kube_api: FakeKubeApi,
+    aiohttp_client: Any,
+    cleanups: list[Callable[[], Awaitable[None]]],
+    config: Config | None = None,
+    *,
+    via: str = "local",
+    wait_synced: bool = True,
+) -> Running:
+    """An extender on ``kube_api`` with its permit port ``via`` "local" or "channel" (see
+    ``front_via``); what must be stopped after it goes into ``cleanups``."""
+    config = config or make_config()
+
+    async def connect() -> KubeClient:
+        return KubeClient.for_url(kube_api.url)
+
+    deps = Deps(registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK)
+    verbs_app = make_app(config, deps)
+    if via == "channel":
+        permits_app = await _front_over_channel(config, verbs_app, connect, cleanups)
+    else:
+        permits_app = make_permits_app(config, verbs_app)
+    verbs = await aiohttp_client(await serving(verbs_app, config.listen.verbs))
+    permits = await aiohttp_client(await serving(permits_app, config.listen.permits))
+    extender = verbs_app[EXTENDER]
+    if wait_synced:
+        await wait_until(lambda: extender.is_synced)
+        await kube_api.wait_for_watches(2)
+    return Running(verbs=verbs, permits=permits, extender=extender)
 
 
 @pytest.fixture
@@ -121,26 +153,9 @@ async def start_extender(
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
     async def start(config: Config | None = None, *, wait_synced: bool = True) -> Running:
-        config = config or make_config()
-
-        async def connect() -> KubeClient:
-            return KubeClient.for_url(kube_api.url)
-
-        deps = Deps(
-            registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK
+        return await launch(
+            kube_api, aiohttp_client, cleanups, config, via=front_via, wait_synced=wait_synced
         )
-        verbs_app = make_app(config, deps)
-        if front_via == "channel":
-            permits_app = await _front_over_channel(config, verbs_app, connect, cleanups)
-        else:
-            permits_app = make_permits_app(config, verbs_app)
-        verbs = await aiohttp_client(await serving(verbs_app, config.listen.verbs))
-        permits = await aiohttp_client(await serving(permits_app, config.listen.permits))
-        extender = verbs_app[EXTENDER]
-        if wait_synced:
-            await wait_until(lambda: extender.is_synced)
-            await kube_api.wait_for_watches(2)
-        return Running(verbs=verbs, permits=permits, extender=extender)
 
     yield start
     for cleanup in reversed(cleanups):

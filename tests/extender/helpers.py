@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from tests.fakes.kube_api import TokenIdentity, pod_object
+from testkit.kube_api import TokenIdentity, pod_object
 
 VM_LABELS = {"vm-autoscaling.io/vm": "true"}
 
@@ -151,10 +149,3 @@ async def ask_memory(
     assert response.status == 200, await response.text()
     permit: dict[str, Any] = (await response.json())["permits"][0]
     return permit
-
-
-@pytest.fixture(params=["local", "channel"], name="front_via")
-def both_fronts(request: pytest.FixtureRequest) -> str:
-    """Import into a test module to run its tests with the permit port both in process and
-    across the permit front's channel (``conftest.front_via``)."""
-    return str(request.param)

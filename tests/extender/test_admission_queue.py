@@ -15,9 +15,9 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_extender.kube.queue_notices import ADMITTED_AT_ANNOTATION
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import ask_memory, bind_body, filter_body, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
 GI = 2**30

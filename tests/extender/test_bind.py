@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender, wait_until
 from tests.extender.helpers import bind_body, filter_body, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 BINDING = "/api/v1/namespaces/vms/pods/{}/binding"
 

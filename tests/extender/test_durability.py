@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import (
     STATIC_TOKEN,
     Running,
@@ -10,7 +11,6 @@ from tests.extender.conftest import (
     wait_until,
 )
 from tests.extender.helpers import ask_memory, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 POD = "/api/v1/namespaces/vms/pods/vm-1"
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}

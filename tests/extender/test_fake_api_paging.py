@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.fakes.kube_api import FakeKubeApi, node_object, pod_object
+from testkit.kube_api import FakeKubeApi, node_object, pod_object
 
 
 async def _get(session: aiohttp.ClientSession, url: str, **query: str) -> dict[str, Any]:

@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 from scheduler_extender.http.connections import GuardedSite
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import Start, open_connections, wait_until
 from tests.extender.helpers import bind_body, filter_body, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 # Generous: what is awaited takes milliseconds, or the short timeouts the tests set.
 WITHIN = 5.0

@@ -12,9 +12,9 @@ from protocol.kube import Pod
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.verbs import FilterAnswers, PodInfos, _Cached, fingerprint
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender
 from tests.extender.helpers import bind_body, filter_body, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 SIZE = Demand(2000, 2**30)
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from scheduler_extender.http.bodies import BODIES
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import (
     STATIC_TOKEN,
     Running,
@@ -29,7 +30,6 @@ from tests.extender.conftest import (
     wait_until,
 )
 from tests.extender.helpers import VM_LABELS, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 REFERENCE_NODE = Path(__file__).parents[1] / "reference/kube/extender/nocache/001-filter-nodes.json"
 # Generous: the answers under test come in milliseconds; today's code lingered 10 s (or

@@ -10,16 +10,15 @@ from prometheus_client import CollectorRegistry
 from scheduler_extender.config import Config
 from scheduler_extender.http.app import Deps, make_app, make_permits_app
 from scheduler_extender.kube.standalone import StandaloneCluster, StandaloneNode, StandalonePod
+from testkit.kube_api import FakeKubeApi, node_object, pod_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config
 from tests.extender.helpers import (
     VM_LABELS,
     bind_body,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     filter_body,
     permit_batch,
     vm_pod,
 )
-from tests.fakes.kube_api import FakeKubeApi, node_object, pod_object
 
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
 

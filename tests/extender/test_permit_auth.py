@@ -17,15 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_extender.kube.auth import TokenBucket
+from testkit.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 from tests.extender.conftest import Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import (
     agent_pod,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     pod_token,
     vm_pod,
 )
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object, pod_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 

@@ -25,10 +25,10 @@ import pytest
 
 from scheduler_extender.http.front import ChannelDesk
 from scheduler_extender.http.permit_port import DESK
+from testkit.kube_api import FakeKubeApi, node_object
+from testkit.ports import free_port
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, wait_until
 from tests.extender.helpers import filter_body, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
-from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "standalone-cluster.yaml"

@@ -19,13 +19,12 @@ from autoscaler_agent.extender_client import ExtenderClient, TokenFile
 from protocol.codec import decode
 from protocol.permits import Permit, PodRef, ResourceRequest, Resources
 from scheduler_extender.http.sequences import SequenceBook
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender
 from tests.extender.helpers import (
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     vm_pod,
 )
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 
 def _cluster(kube_api: FakeKubeApi) -> None:

@@ -8,16 +8,15 @@ from typing import Any
 
 import pytest
 
+from testkit.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender, make_config, wait_until
 from tests.extender.helpers import (
     AGENT_USER,
     agent_pod,
-    both_fronts,  # noqa: F401  (the front_via fixture)
     permit_batch,
     pod_token,
     vm_pod,
 )
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, fake_jwt, node_object
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 AGENT = AGENT_USER

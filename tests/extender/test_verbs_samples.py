@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender, make_config, wait_until
-from tests.fakes.kube_api import FakeKubeApi, node_object
 from tests.fakes_paths import REFERENCE
 
 SAMPLES = REFERENCE / "kube" / "extender"

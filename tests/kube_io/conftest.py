@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kube_io import KubeClient
-from tests.fakes.kube_api import FakeKubeApi
+from testkit.kube_api import FakeKubeApi
 from tests.fakes_paths import REFERENCE
 
 SAMPLES = REFERENCE / "kube" / "api"

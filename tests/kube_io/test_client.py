@@ -22,8 +22,8 @@ from kube_io import (
 )
 from protocol.codec import decode
 from protocol.kube import Pod
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, dumps, node_object, pod_object
-from tests.support import free_port
+from testkit.kube_api import FakeKubeApi, TokenIdentity, dumps, node_object, pod_object
+from testkit.ports import free_port
 
 UID = "4b6c3e39-e55d-4723-b8d1-4af64111331d"
 
@@ -310,31 +310,3 @@ async def test_a_proxy_named_in_the_environment_is_still_used(kube_api, monkeypa
         async with KubeClient.for_url(kube_api.url) as client:
             nodes, _ = await client.list_nodes()
     assert [n.metadata.name for n in nodes] == ["through-the-proxy"]
-
-
-def test_public_names_are_pinned():
-    import kube_io
-
-    assert sorted(kube_io.__all__) == [
-        "BadResponse",
-        "Changed",
-        "Conflict",
-        "Expired",
-        "Forbidden",
-        "Gone",
-        "Invalid",
-        "KubeClient",
-        "KubeError",
-        "Listed",
-        "NotFound",
-        "NotSupported",
-        "ObjectReference",
-        "ServerError",
-        "TokenReviewResult",
-        "Unauthorized",
-        "Unavailable",
-        "WatchItem",
-        "WatchSettings",
-        "watch_objects",
-    ]
-    assert all(hasattr(kube_io, name) for name in kube_io.__all__)

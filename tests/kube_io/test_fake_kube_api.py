@@ -12,7 +12,7 @@ import pytest
 
 from kube_io.objects import TokenReview, TokenReviewResult
 from protocol.codec import decode
-from tests.fakes.kube_api import FakeKubeApi, TokenIdentity, dumps, node_object, pod_object
+from testkit.kube_api import FakeKubeApi, TokenIdentity, dumps, node_object, pod_object
 from tests.kube_io.conftest import sample_answer, sample_bytes
 
 SAMPLE_POD = json.loads(sample_bytes("list-pods.json"))["items"][0]

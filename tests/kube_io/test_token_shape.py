@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_extender.kube.token_shape import MAX_TOKEN_BYTES, local_refusal
-from tests.fakes.kube_api import fake_jwt
+from testkit.kube_api import fake_jwt
 from tests.kube_io.conftest import sample_bytes
 
 AUDIENCE = "vm-autoscaling-extender"

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from kube_io import Changed, Forbidden, Gone, KubeClient, Listed, ServerError, WatchSettings
 from kube_io.watch import Backoff, interpret_event, watch_objects
 from protocol.kube import Pod, WatchEvent
-from tests.fakes.kube_api import FakeKubeApi, node_object, pod_object
+from testkit.kube_api import FakeKubeApi, node_object, pod_object
 
 # Real-time tests: backoffs short enough not to slow the suite.
 FAST = WatchSettings(backoff_initial_seconds=0.001, backoff_max_seconds=0.01, jitter_ratio=0)

@@ -13,9 +13,9 @@ from msgspec.structs import replace
 
 from scheduler_extender.http.recommend import live_recommendation, publish_if_overdue
 from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL, encode_recommendation
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender, make_config, wait_until
 from tests.extender.helpers import filter_body, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 ROOT = Path(__file__).resolve().parents[2]
 BASIC = ROOT / "examples/snapshots/basic.yaml"

@@ -19,9 +19,9 @@ from scheduler_extender.recommender import (
     load_snapshot,
     recommend,
 )
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender, make_config
 from tests.extender.helpers import filter_body, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 from tests.recommender.test_golden import bench_module
 from tests.recommender.test_http import BASIC
 

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from scripts.local_stack import Samples, parse_metrics
-from tests.support import free_port, require_binary
+from testkit.local_stack import Samples, parse_metrics
+from testkit.ports import free_port
+from tests.support import require_binary
 from tests.vm.conftest import REPO, MinimalImage
 
 T = TypeVar("T")

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.ports import free_port
 from vm_runner.cmdline import qga_socket_beside
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,13 +64,6 @@ def _primary_group(user: str) -> int:
     import pwd
 
     return pwd.getpwnam(user).pw_gid
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- processes ---------------------------------------------------------------------------------

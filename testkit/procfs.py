@@ -1,0 +1,22 @@
+"""A process's CPU time and memory, from /proc (proc(5)), for the benchmarks' figures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds ``pid`` has used (its threads', not its children's)."""
+    # After the command name (which may hold spaces and parentheses): utime and stime are
+    # fields 14 and 15 (1-based) of the whole line.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def status_mib(pid: int, field: str) -> float:
+    """A kB field of /proc/PID/status (``VmRSS``, ``VmHWM``) in MiB, 0.0 when absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0

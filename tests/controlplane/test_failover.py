@@ -1,0 +1,299 @@
+"""Two scheduler pods, one leader: the leader dies or is cut off, the standby takes over.
+
+Each pod is kube-scheduler and its extender (``pairs.py``), with the deployed configs and
+leader election on, its Leases timed short (``LEASE_SECONDS``). What a failover must keep:
+
+* the standby leads within the Leases' bounds (kube-scheduler's, then the extender's own);
+* no node is ever over-committed: at every sample, what the agents really run (every grant
+  they applied, from whichever extender) fits each node, and no live ledger is over;
+* no grant is lost (the new leader's ledger ends with every VM at the size its agent runs),
+  the VMs still pending bind, and the agents' permits resume;
+* a leader cut off from the API server (its connection held, not closed) grants nothing once
+  another leads, although the agents can still reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.controlplane.conftest import Names
+from tests.controlplane.harness import EXTENDER_NS, ControlPlane, Obj, pod_path, wait_for
+from tests.controlplane.pairs import (
+    LEASE_SECONDS,
+    RETRY_SECONDS,
+    Agents,
+    SchedulerPod,
+    iter_bound,
+    role_label,
+    scheduler_pod,
+    usable_millis,
+    wait_leader,
+)
+
+# The longest a standby may take to lead after the leader's pod dies: kube-scheduler's
+# elector takes the Lease once it has stood still for its duration (read every retry period,
+# jittered by 1.2), the extender's elector then takes its own the same way; plus the
+# processes' own slowness on a busy 2-core machine.
+TAKEOVER_BOUND_SECONDS = 2 * (LEASE_SECONDS + 1.2 * RETRY_SECONDS) + 4.0
+
+
+@pytest.fixture
+def pods(
+    control_plane: ControlPlane, extender_kubeconfig: Path, tmp_path: Path
+) -> Iterator[list[SchedulerPod]]:
+    made: list[SchedulerPod] = []
+    yield made
+    for pod in made:
+        pod.stop()
+
+
+class Sampler:
+    """Every ~50 ms: what the agents run fits each node, and no live ledger is over."""
+
+    def __init__(self, names: Names, agents: Agents, pods: list[SchedulerPod], nodes: list[str]):
+        self.names, self.agents, self.pods, self.nodes = names, agents, pods, nodes
+        self.usable: dict[str, int] = {}
+        self.where: dict[str, str] = {}
+        self.samples = 0
+        self.problems: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for pod in self.pods:
+                if pod.extender.process is None or pod.extender.process.popen.poll() is not None:
+                    continue
+                status, body = pod.extender.get("/state", port=pod.extender.verbs_port)
+                if status != 200:
+                    continue
+                state = json.loads(body)
+                for node in state["nodes"]:
+                    if node["name"] in self.nodes:
+                        self.usable[node["name"]] = usable_millis(state, node["name"])
+                        if node["overcommitted"]:
+                            self.problems.append(f"{pod.name}'s ledger: {node['name']} over")
+                        for a in node["allocations"]:
+                            self.where[a["pod"].split("/")[1]] = node["name"]
+            used: dict[str, int] = {}
+            for vm, node in list(self.where.items()):
+                used[node] = used.get(node, 0) + 1000 * self.agents.sizes.get(vm, 1)
+            for node, millis in used.items():
+                if node in self.usable and millis > self.usable[node]:
+                    self.problems.append(f"{node}: VMs run {millis}m of {self.usable[node]}m")
+            self.samples += 1
+
+
+def test_the_standby_takes_over_mid_burst(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    a = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-a")
+    pods.append(a)
+    a.start()
+    assert wait_leader([a]) is a
+    b = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-b")
+    pods.append(b)
+    b.start()
+    # The standby is warm (synced) but decides nothing, and says so.
+    assert not b.is_leader()
+    assert b.extender.get("/readyz")[0] == 503
+    wait_for(
+        lambda: (
+            [role_label(control_plane_pod(names, p.name)) for p in (a, b)] == ["leader", "standby"]
+        ),
+        timeout_seconds=10,
+        what="the role labels",
+    )
+    nodes = [names.node("a", cpu="16"), names.node("b", cpu="16")]
+    for i in range(4):
+        names.vm(f"vm-{i}", max_vcpus=4)
+    for i in range(4):
+        names.wait_bound(f"vm-{i}")
+    agents = Agents(names)
+    for node in nodes:
+        agents.token(node)
+    rng = random.Random(31)
+    stop = threading.Event()
+    binds: dict[str, float] = {}
+
+    def create_vms() -> None:
+        # Its own connection: ``Api`` is not shared between threads.
+        mine = Names(control_plane.admin(), names.namespace, names.group)
+        for i in range(4, 12):
+            mine.vm(f"vm-{i}", max_vcpus=4)
+            time.sleep(0.15)
+        mine.api.close()
+
+    def ask_permits() -> None:
+        api = control_plane.admin()
+        while not stop.is_set():
+            bound = list(iter_bound(names, api))
+            for vm in bound:
+                binds.setdefault(vm["metadata"]["name"], time.monotonic())
+                agents.ask(pods, vm, requested=rng.randint(1, 2))
+            time.sleep(0.02)
+        api.close()
+
+    with Sampler(names, agents, pods, nodes) as sampler:
+        creator = threading.Thread(target=create_vms)
+        asker = threading.Thread(target=ask_permits)
+        creator.start()
+        asker.start()
+        wait_for(lambda: len(agents.grants) >= 8, timeout_seconds=30, what="grants from a")
+        killed_at = time.monotonic()
+        a.kill()
+        assert wait_leader(pods, timeout_seconds=30) is b
+        took = time.monotonic() - killed_at
+        creator.join()
+        # Every VM binds, and each one's agent has heard from b.
+        wait_for(
+            lambda: len(list(iter_bound(names))) == 12,
+            timeout_seconds=30,
+            what="every VM bound",
+        )
+        wait_for(
+            lambda: {g.vm for g in agents.grants if g.pod == "ha-b"} >= set(binds),
+            timeout_seconds=30,
+            what="every agent answered by b",
+        )
+        stop.set()
+        asker.join()
+    assert took <= TAKEOVER_BOUND_SECONDS, took
+    assert sampler.samples > 20
+    assert sampler.problems == []
+    # No grant lost: b's ledger ends with every VM at the size its agent runs.
+    vcpus = {
+        a_["pod"].split("/")[1]: a_["vm"]["vcpus"]
+        for n in b.extender.state()["nodes"]
+        if n["name"] in nodes
+        for a_ in n["allocations"]
+    }
+    assert vcpus == {vm: agents.sizes.get(vm, 1) for vm in vcpus}
+    assert len(vcpus) == 12
+    assert any(g.pod == "ha-a" for g in agents.grants)
+    assert any(g.pod == "ha-b" and g.at > killed_at for g in agents.grants)
+    wait_for(
+        lambda: role_label(control_plane_pod(names, "ha-b")) == "leader",
+        timeout_seconds=10,
+        what="b labelled leader",
+    )
+
+
+def test_a_partitioned_leader_grants_nothing_once_another_leads(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    c = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-c", partitionable=True)
+    pods.append(c)
+    c.start()
+    assert wait_leader([c]) is c
+    d = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-d")
+    pods.append(d)
+    d.start()
+    names.node("a", cpu="16")
+    names.vm("vm-0", max_vcpus=4)
+    names.wait_bound("vm-0")
+    vm = names.api.pod(names.namespace, "vm-0")
+    agents = Agents(names)
+    # Through c alone, as an agent that still reaches it would (its token now reviewed).
+    assert agents.ask([c], vm, requested=2) == 2
+    assert c.link is not None
+    c.link.hold()
+    held_at = time.monotonic()
+    answers: list[tuple[float, bool]] = []
+    d_leads_at: float | None = None
+    while time.monotonic() - held_at < 30:
+        size = agents.sizes["vm-0"]
+        granted = agents.ask([c], vm, requested=3 if size == 2 else 2, tries=1)
+        answers.append((time.monotonic(), granted is not None))
+        if d_leads_at is None and d.is_leader():
+            d_leads_at = time.monotonic()
+        if d_leads_at is not None and time.monotonic() - d_leads_at > 1:
+            break
+        time.sleep(0.05)
+    assert d_leads_at is not None, "the standby never took over"
+    granted_times = [t for t, ok in answers if ok]
+    # c went on granting while its hold lasted (it may: nobody else decided)...
+    assert granted_times and granted_times[0] < d_leads_at
+    # ...and granted nothing once d led, although it answered (503) all along.
+    assert all(t < d_leads_at for t in granted_times), (granted_times, d_leads_at)
+    assert not c.is_leader()
+    assert c.extender.get("/readyz")[0] == 503
+    # Back in touch, c stays the standby: d holds the Lease.
+    c.link.release()
+    time.sleep(2 * RETRY_SECONDS)
+    assert d.is_leader() and not c.is_leader()
+    assert agents.ask([c, d], vm, requested=3) == 3
+    assert agents.grants[-1].pod == "ha-d"
+
+
+def control_plane_pod(names: Names, name: str) -> Obj:
+    return names.api.get(pod_path(EXTENDER_NS, name))
+
+
+def test_a_leader_restarted_in_place_takes_its_lease_back(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    """Only the leader's extender dies (the kubelet restarts the container): its pod's name is
+    on the Lease, so the new process takes it back without a transfer, from the restart path
+    (a new epoch), while its kube-scheduler goes on leading."""
+    e = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-e")
+    pods.append(e)
+    e.start()
+    assert wait_leader([e]) is e
+    f = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-f")
+    pods.append(f)
+    f.start()
+    names.node("a", cpu="16")
+    names.vm("vm-0", max_vcpus=4)
+    names.wait_bound("vm-0")
+    vm = names.api.pod(names.namespace, "vm-0")
+    agents = Agents(names)
+    assert agents.ask([e, f], vm, requested=2) == 2
+    before = lease(names, "vm-scheduler-extender")
+
+    e.extender.stop(sig=signal.SIGKILL)
+    e.extender.start(wait_ready=False)
+    assert wait_leader([e, f]) is e
+    after = lease(names, "vm-scheduler-extender")
+    assert after["holderIdentity"] == before["holderIdentity"] == "ha-e"
+    assert after["leaseTransitions"] == before["leaseTransitions"]
+    # The new process answers (a new epoch: the agent reports, and the VM is settled).
+    assert agents.ask([e, f], vm, requested=3) == 3
+    assert agents.grants[-1].epoch != agents.grants[0].epoch
+    names.vm("vm-1", max_vcpus=4)
+    names.wait_bound("vm-1")
+
+
+def lease(names: Names, name: str) -> Obj:
+    spec: Obj = names.api.get(
+        f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NS}/leases/{name}"
+    )["spec"]
+    return spec
