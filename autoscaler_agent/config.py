@@ -32,6 +32,9 @@ Every key and its default (all optional; an empty file is a valid config)::
       shrink_after_seconds: 30.0     # how long memory must stay over-sized before shrinking
       memory_per_vcpu_bytes: 0       # couple vCPUs and memory (e.g. 4294967296: 1 vCPU per
                                      # 4 GiB, compute-unit style); 0 = decided separately
+      pressure_fraction: 0.1         # grow when some task waited for memory (PSI some) for
+                                     # more than this share of the last scrape interval ...
+      pressure_grow_fraction: 0.25   # ... by this share of the VM's size (at least a unit)
     extender:
       url: http://127.0.0.1:10299    # the extender's permit port
       token_file: null               # bearer token (projected SA token); null sends none
@@ -121,6 +124,8 @@ class MemorySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     trend_min_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.06
     shrink_after_seconds: NonNegativeSeconds = 30.0
     memory_per_vcpu_bytes: Bytes = 0
+    pressure_fraction: Fraction = 0.1
+    pressure_grow_fraction: Headroom = 0.25
 
     def __post_init__(self) -> None:
         if self.target_headroom_fraction <= self.low_headroom_fraction:
@@ -213,6 +218,8 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 trend_min_fraction=self.memory.trend_min_fraction,
                 shrink_after_seconds=self.memory.shrink_after_seconds,
                 memory_per_vcpu_bytes=self.memory.memory_per_vcpu_bytes,
+                pressure_fraction=self.memory.pressure_fraction,
+                pressure_grow_fraction=self.memory.pressure_grow_fraction,
             ),
         )
 

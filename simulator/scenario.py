@@ -242,8 +242,9 @@ class MemoryPolicy(_Strict, frozen=True, kw_only=True):
     """The agent's memory policy knobs (``autoscaler_agent.memory_policy.MemoryPolicyConfig``,
     which explains each); the defaults are the agent's."""
 
-    low_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.2
-    target_headroom_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.5
+    # Shares of what the guest uses, which headroom may exceed (as in the agent's config).
+    low_headroom_fraction: Annotated[float, msgspec.Meta(ge=0, le=100)] = 0.2
+    target_headroom_fraction: Annotated[float, msgspec.Meta(ge=0, le=100)] = 0.5
     min_headroom: Quantity = "128Mi"
     lookahead_seconds: Seconds = 3.0
     shrink_after_seconds: Seconds = 30.0
