@@ -5,6 +5,7 @@
   extender as a process (``$VMA_KUBE_BIN``);
 - ``local_stack``: the real binaries of one machine (QEMU guests, node_exporter, PostgreSQL,
   the extender and the agent) as the local bench and the end-to-end tests start them;
+- ``memory_workloads``: page-cache and kernel-memory workloads for a guest under the agent;
 - ``manifests``: the deployment files read as ``kubectl apply -k`` would;
 - ``agent_fakes``: the agent's fake extender, hypervisors and guest metrics;
 - ``ports``: a free loopback port.

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scripts.local_stack import GuestImage, stopping
 
-from scripts.bench_memory_online import WORKLOADS, Sizes, boot, oom_kills
+from testkit.local_stack import GuestImage, stopping
+from testkit.memory_workloads import WORKLOADS, Sizes, boot, oom_kills
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
 
