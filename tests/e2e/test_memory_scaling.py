@@ -71,8 +71,18 @@ def memory_guest(
     guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Guest]:
     workdir = tmp_path_factory.mktemp("memory-guest")
+    # Every plugged block movable, not the runner's auto-movable: these tests check that the
+    # agent and the hypervisor client give back *all* of what a guest frees, which only
+    # ZONE_MOVABLE guarantees (kernel allocations may pin normal blocks). The runner's own
+    # policy, and what it gives back, are test_memory_pressure's and bench_memory_online's.
     guest = start_runner(
-        guest_image, workdir, min_vcpus=1, max_vcpus=2, memory="512Mi", max_memory="1536Mi"
+        guest_image,
+        workdir,
+        min_vcpus=1,
+        max_vcpus=2,
+        memory="512Mi",
+        max_memory="1536Mi",
+        kernel_args="memhp_default_state=online_movable",
     )
     try:
         wait_booted(guest)
