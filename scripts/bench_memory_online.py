@@ -100,12 +100,34 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: movable, normal, auto-movable (--ratio), auto-movable-N",
     )
     parser.add_argument("--ratio", type=int, default=301, help="auto_movable_ratio, percent")
-    parser.add_argument("--memory", default=defaults.memory)
-    parser.add_argument("--max-memory", default=defaults.max_memory)
-    parser.add_argument("--anon-mib", type=int, default=defaults.anon_mib)
-    parser.add_argument("--files", type=int, default=defaults.files)
-    parser.add_argument("--fill-mib", type=int, default=defaults.fill_mib)
-    parser.add_argument("--release-seconds", type=float, default=defaults.release_seconds)
+    parser.add_argument("--memory", default=defaults.memory, help="boot memory (%(default)s)")
+    parser.add_argument(
+        "--max-memory", default=defaults.max_memory, help="virtio-mem ceiling (%(default)s)"
+    )
+    parser.add_argument(
+        "--anon-mib",
+        type=int,
+        default=defaults.anon_mib,
+        help="page_cache: the anonymous process grows to this (%(default)s)",
+    )
+    parser.add_argument(
+        "--files",
+        type=int,
+        default=defaults.files,
+        help="kernel: empty files created in a tmpfs (%(default)s)",
+    )
+    parser.add_argument(
+        "--fill-mib",
+        type=int,
+        default=defaults.fill_mib,
+        help="grown: the anonymous memory that takes the VM to its maximum (%(default)s)",
+    )
+    parser.add_argument(
+        "--release-seconds",
+        type=float,
+        default=defaults.release_seconds,
+        help="the plugged size counts as settled once unchanged this long (%(default)s)",
+    )
     parser.add_argument("--log-dir", help="copy each policy's runner, extender and agent logs here")
     args = parser.parse_args(argv)
     sizes = Sizes(

@@ -191,6 +191,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.MENTION,
         "a benchmark that boots a guest (minutes); test_help.py checks its --help",
     ),
+    "scripts/bench_memory_online.py": (
+        How.MENTION,
+        "a benchmark that boots a guest per policy (minutes); test_help.py checks its --help",
+    ),
     "kubectl describe": (How.MENTION, "where Events show up"),
     "kubectl port-forward": (How.MENTION, "how the loopback verbs port is reached"),
     "kubectl kustomize": (How.MENTION, "what test_kustomize.py also runs when installed"),

@@ -46,6 +46,7 @@ PYTHON = {
     "scripts/bench_extender.py": ["scripts/bench_extender.py"],
     "scripts/bench_agent.py": ["scripts/bench_agent.py"],
     "scripts/bench_memory.py": ["scripts/bench_memory.py"],
+    "scripts/bench_memory_online.py": ["scripts/bench_memory_online.py"],
     "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
     "scripts/bench_failover.py": ["scripts/bench_failover.py"],
 }
