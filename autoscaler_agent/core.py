@@ -402,6 +402,7 @@ class VmState:
         permit_vcpus: int | None = None,
         permit_memory: int | None = None,
         memory_room: int | None = None,
+        vcpu_room: int | None = None,
         explain: bool = True,
     ) -> None:
         # Fixed for the life of the state: new bounds come with a new pod, so a new VmState.
@@ -415,6 +416,7 @@ class VmState:
             Bounds(spec.min_vcpus, spec.max_vcpus, spec.scaling_unit),
             now=now,
             permitted=permit_vcpus,
+            room=vcpu_room,
         )
         self.memory = Scaled(
             Resource.MEMORY,
@@ -709,6 +711,11 @@ class VmState:
         bytes of guest memory; None when no limit is known. A later ``next_actions`` grows
         into it when a permit already covers more."""
         self.memory.room = room
+
+    def vcpu_room_seen(self, now: float, room: int | None) -> None:
+        """The pod's VM container now has a CPU limit (as applied) with room for ``room``
+        vCPUs; None when no limit is known. As ``memory_room_seen``."""
+        self.vcpus.room = room
 
     def vcpus_read_started(self, now: float) -> None:
         self._busy = _Busy.READ

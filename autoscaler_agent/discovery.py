@@ -38,7 +38,7 @@ from protocol.annotations import (
 )
 from protocol.kube import Pod
 from protocol.permits import PodRef
-from protocol.quantity import QuantityError, memory_bytes
+from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.strict_yaml import describe_yaml_error
 
 log = structlog.get_logger(__name__)
@@ -62,6 +62,9 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     # Guest memory the VM container's memory limit, as the kubelet reports it applied, leaves
     # room for (``memory_room``); None when no limit is known or memory does not scale.
     memory_room_bytes: int | None = None
+    # vCPUs the VM container's CPU limit, as the kubelet reports it applied, has room for
+    # (``vcpu_room``); None when no limit is known.
+    vcpu_room: int | None = None
 
     @property
     def key(self) -> str:
@@ -81,7 +84,7 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
 
 def _loop_part(target: VmTarget) -> VmTarget:
     return msgspec.structs.replace(
-        target, permitted_vcpus=None, permitted_memory=None, memory_room_bytes=None
+        target, permitted_vcpus=None, permitted_memory=None, memory_room_bytes=None, vcpu_room=None
     )
 
 
@@ -142,6 +145,24 @@ def memory_room(pod: Pod, spec: VmSpec) -> int | None:
     return max(0, applied - overhead)
 
 
+def vcpu_room(pod: Pod) -> int | None:
+    """vCPUs the VM container's applied CPU limit has room for (whole cores), or None.
+
+    The extender resizes the container to one core per permitted vCPU; the kubelet applies
+    that to the cgroup a moment later and reports it (``status.containerStatuses[].resources``).
+    A vCPU onlined before then runs throttled under the old quota, so growth waits for it, as
+    memory waits for its limit. None when the kubelet reports no CPU limit.
+    """
+    name = vm_container_name(pod)
+    status = next((s for s in pod.status.container_statuses or () if s.name == name), None)
+    if status is None or status.resources is None:
+        return None
+    try:
+        return cpu_millis((status.resources.limits or {})["cpu"]) // 1000
+    except (KeyError, QuantityError):
+        return None
+
+
 def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
     """The VM a pod describes, None if it is not one of ours to manage now.
 
@@ -179,6 +200,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         permitted_vcpus=permitted,
         permitted_memory=permitted_memory,
         memory_room_bytes=memory_room(pod, spec),
+        vcpu_room=vcpu_room(pod),
     )
 
 

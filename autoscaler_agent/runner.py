@@ -127,6 +127,7 @@ class VmRunner:
             permit_vcpus=target.permitted_vcpus,
             permit_memory=target.permitted_memory,
             memory_room=target.memory_room_bytes,
+            vcpu_room=target.vcpu_room,
         )
         self._changed = asyncio.Event()
         self.progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
@@ -149,6 +150,9 @@ class VmRunner:
         self.target = target
         if target.memory_room_bytes != self.state.memory.room:
             self.state.memory_room_seen(self._now(), target.memory_room_bytes)
+            self._changed.set()
+        if target.vcpu_room != self.state.vcpus.room:
+            self.state.vcpu_room_seen(self._now(), target.vcpu_room)
             self._changed.set()
 
     def _extender_restarted(self) -> None:

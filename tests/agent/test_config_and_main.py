@@ -213,6 +213,18 @@ def test_memory_room_is_the_applied_limit_less_the_containers_overhead(vm_contai
     assert t2.same_loop(t) and t2 != t  # the loop goes on, told of the room
 
 
+def test_vcpu_room_is_the_applied_cpu_limit_in_whole_cores():
+    assert vm_target_from_pod(scaling_pod(applied="2Gi"), node="n1").vcpu_room is None
+    p = scaling_pod(applied="2Gi")  # the VM's container first, as the kubelet reports it
+    vm_status = msgspec.structs.replace(
+        p.status.container_statuses[0], resources=Resources(limits={"cpu": "2500m"})
+    )
+    p.status = msgspec.structs.replace(
+        p.status, container_statuses=[vm_status, *p.status.container_statuses[1:]]
+    )
+    assert vm_target_from_pod(p, node="n1").vcpu_room == 2
+
+
 def test_no_memory_room_without_an_applied_limit_or_scaling_memory():
     assert vm_target_from_pod(scaling_pod(applied=None), node="n1").memory_room_bytes is None
     assert vm_target_from_pod(pod(), node="n1").memory_room_bytes is None  # memory fixed

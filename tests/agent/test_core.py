@@ -101,6 +101,31 @@ def test_grow_asks_first_then_resizes_to_the_permit(clock):
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
 
 
+def test_vcpus_grow_only_into_the_cpu_limit_the_kubelet_has_applied(clock):
+    """As memory: the permit resizes the pod, the kubelet raises the cgroup's quota a moment
+    later; a vCPU onlined before then would run under the old quota (the real node showed the
+    agent 80 ms ahead of the kubelet)."""
+    vm = started(clock, current=2, load1=5.0)
+    vm.vcpu_room_seen(clock.now, 2)
+    call = request(vm, current=2, requested=6, permit=2)
+    vm.permit_requested(clock.now, call)
+    assert vm.permit_granted(clock.now, 6) is PermitOutcome.GRANTED
+    assert vm.next_actions(clock.now).resize is None  # granted, not yet applied
+    vm.vcpu_room_seen(clock.now, 4)  # the kubelet applied part of it so far
+    resize = vm.next_actions(clock.now).resize
+    assert resize == Resize(
+        resource=Resource.VCPUS,
+        target=4,
+        reason="grow within the container's applied limit (4): " + vm.goal.reason,
+    )
+    vm.resize_started(clock.now, Resource.VCPUS, 4)
+    vm.resized(clock.now, Resource.VCPUS, current=4, maximum=8)
+    vm.vcpu_room_seen(clock.now, 6)
+    assert vm.next_actions(clock.now).resize == Resize(
+        resource=Resource.VCPUS, target=6, reason="grow: " + vm.goal.reason
+    )
+
+
 def test_partial_permit_uses_what_it_got_and_asks_again_later(clock):
     vm = started(clock, current=2, load1=5.0)
     vm.permit_requested(clock.now, vm.next_actions(clock.now).request_permit)
