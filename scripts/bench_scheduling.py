@@ -58,6 +58,7 @@ import os
 import pstats
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -444,6 +445,55 @@ def extender_process_id(extender: Extender | FloorExtender) -> int:
     return extender.process.popen.pid
 
 
+# kube-scheduler's own histograms (sum and count): its serial scheduling cycle per pod, and the
+# part of it that runs the filter and score plugins and the extender's filter and prioritize.
+CYCLE_HISTOGRAMS: Final = {
+    "attempt": "scheduler_scheduling_attempt_duration_seconds",
+    "algorithm": "scheduler_scheduling_algorithm_duration_seconds",
+}
+
+
+def scheduling_cycle_ms(cp: ControlPlane, scheduler: Scheduler) -> dict[str, float]:
+    """Mean ms per scheduled pod of kube-scheduler's cycle (``attempt``, successful ones) and
+    of its algorithm (``algorithm``: filter and score, the extender's two calls included);
+    between the floor and ours, the difference is what our answers make the cycle wait."""
+    assert scheduler.process is not None
+    args = [str(a) for a in scheduler.process.popen.args]  # type: ignore[union-attr]
+    port = int(next(a for a in args if a.startswith("--secure-port=")).split("=", 1)[1])
+    context = cp.ssl_context(client_cert=True)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate
+    text = ""
+
+    def scraped() -> bool:
+        nonlocal text
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            text = response.read().decode()
+        finally:
+            conn.close()
+        # 403 until it has read the client CA from the API server, seconds after it started.
+        return response.status == 200
+
+    wait_for(scraped, timeout_seconds=30, what="kube-scheduler's /metrics")
+    sums: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for key, name in CYCLE_HISTOGRAMS.items():
+            for part in ("sum", "count"):
+                if line.startswith(f"{name}_{part}"):
+                    labels, value = _labels(line) if "{" in line else ({}, float(line.split()[1]))
+                    if labels.get("result", "scheduled") == "scheduled":
+                        sums.setdefault(f"{key}_{part}", []).append(value)
+    out = {}
+    for key in CYCLE_HISTOGRAMS:
+        count = sum(sums.get(f"{key}_count", []))
+        if count:
+            out[key] = round(sum(sums[f"{key}_sum"]) * 1000 / count, 3)
+    return out
+
+
 def verb_seconds(extender: Extender | FloorExtender) -> dict[str, float]:
     """Seconds spent in each verb's handler (the request-duration histogram's sums; none for
     the floor, which keeps no metrics)."""
@@ -571,6 +621,7 @@ class Bench:
                 )
                 time.sleep(1)  # the last binds' Events, watch events and writes
                 result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
+                result["cycleMsPerPod"] = scheduling_cycle_ms(self.cp, scheduler)
                 # Every process's CPU over the run (kube-scheduler's start-up included): what a
                 # scheduled pod costs the machine, and who pays.
                 assert scheduler.process is not None
@@ -836,6 +887,10 @@ def main() -> int:
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
                 entry["apiPerPod"] = results[-1]["apiPerPod"]
                 entry["cpus"] = results[-1]["cpus"]
+                entry["cycleMsPerPod"] = {
+                    k: round(statistics.median(r["cycleMsPerPod"].get(k, 0.0) for r in results), 3)
+                    for k in results[-1]["cycleMsPerPod"]
+                }
                 entry["cpuMsPerPod"] = {
                     k: round(statistics.median(r["cpuMsPerPod"][k] for r in results), 3)
                     for k in results[-1]["cpuMsPerPod"]

@@ -49,6 +49,7 @@ def test_bench_scheduling_tiny_run_reports_every_mode() -> None:
     for mode in ("alone", "cache", "nocache", "cache@floor", "nocache@floor"):
         assert len(result[f"{mode}+pinned"]["podsPerSecond"]) == 1
         assert result[f"{mode}+pinned"]["podsPerSecond"][0] > 0
+        assert result[f"{mode}+pinned"]["cycleMsPerPod"]["algorithm"] > 0
     for mode in ("cache", "nocache", "cache@floor", "nocache@floor"):
         cpus = result[f"{mode}+pinned"]["cpus"]
         assert len(cpus["extender"]) == 1
