@@ -34,8 +34,10 @@ Per run the pods are created first, then the scheduler (and extender) started; t
 pods bound per second between the first and the last bind seen on a pod watch (start-up not
 included). The extender's CPU time per scheduled pod comes from ``/proc`` (the whole
 process: verbs, watch events, Binding POSTs, Events, durable writes), split by verb from its
-own request-duration histogram. ``--profile`` runs the extender of one extra cache-mode run
-under cProfile and splits its CPU by the work behind it.
+own request-duration histogram. kube-scheduler's own histograms give its serial scheduling
+cycle per pod and the algorithm inside it, which includes the extender's filter and prioritize
+calls (``cycleMsPerPod``). ``--profile`` runs the extender of one extra cache-mode run under
+cProfile and splits its CPU by the work behind it.
 
 The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
 the time until a pending VM is bound is measured, ``--latency-samples`` times; p50 and p99.
