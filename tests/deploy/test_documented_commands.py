@@ -217,6 +217,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
         "tests/bench/test_bench_scheduling_smoke.py",
     ),
     "scripts/bench_recommend_hotpath.py": (How.MENTION, "a benchmark, run by hand"),
+    "scripts/floor_extender/main.go": (
+        How.MENTION,
+        "the floor extender's source; bench_scheduling.py --floor builds and runs it",
+    ),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }
