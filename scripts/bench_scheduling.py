@@ -787,7 +787,7 @@ def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             if ours["podsPerSecond"] and floor["podsPerSecond"]
         ]
         if per_round:
-            ratios[key] = {"perRound": per_round, "median": statistics.median(per_round)}
+            ratios[key] = {"perRound": per_round, "median": round(statistics.median(per_round), 3)}
     return ratios
 
 
@@ -887,7 +887,7 @@ def main() -> int:
                 if not results:
                     continue
                 rates = [r["podsPerSecond"] for r in results]
-                medians[mode] = statistics.median(rates)
+                medians[mode] = round(statistics.median(rates), 1)
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
                 entry["apiPerPod"] = results[-1]["apiPerPod"]
                 entry["cpus"] = results[-1]["cpus"]
