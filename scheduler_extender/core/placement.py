@@ -292,7 +292,7 @@ class ScoreIndex:
 
     Speed: kube-scheduler calls prioritize for every pod with the nodes that passed filter
     (hundreds), and between two calls a bind has changed one node. Scoring them all anew cost
-    about 2 ms of Python per pod, more than the rest of the extender's work for it; now only
+    more Python per pod than the rest of the extender's work for it; now only
     the changed nodes are scored and the rest are dictionary lookups. Same answers as
     ``score_nodes`` (a property test holds them equal under any ledger changes).
     """

@@ -1,14 +1,27 @@
 """The extender's HTTP listeners (shell).
 
-``app``         ``make_app`` (kube-scheduler's verbs + operability, owns the lifecycle),
-                ``make_permits_app`` (the agents' permit port in this process), ``serve``.
-``front``       the permit front: the permit port in a child process, its channel to the
-                main process, and that process's side of it.
-``middleware``  request context (request id, canonical log line, latency) and error mapping.
-``verbs``       filter, prioritize, bind, preempt: decode, call the core, encode.
-``permit_port`` ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the decisions).
-``recommend``   ``/v1/recommend`` and the auto-publish task.
-``ops``         healthz, readyz, metrics, state, queue.
+``app``              ``make_app`` (kube-scheduler's verbs + operability, owns the lifecycle),
+                     ``make_permits_app`` (the agents' permit port in this process),
+                     ``make_metrics_app``, ``serve``.
+``keys``             the typed ``AppKey``s the listeners share.
+``middleware``       request context (request id, canonical log line, latency) and error
+                     mapping.
+``verbs``            filter, prioritize, bind, preempt: decode, call the core, encode.
+``fast``             kube-scheduler's plain filter, prioritize and bind calls answered straight
+                     off the connection, with ``verbs``' functions.
+``connections``      aiohttp's server options for every listener, the accept loop with its
+                     caps, and the connections that hand over to ``fast`` or aiohttp.
+``penalties``        client addresses whose new connections the kernel drops for a while.
+``bodies``           reading request bodies within their size and time limits and the
+                     process-wide in-flight budget, inflating gzip within the size limit.
+``permit_port``      ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the
+                     decisions).
+``sequences``        per-VM sequence numbers of permit requests: replays and reorders refused.
+``front``            the permit front: the permit port in a child process, its channel to the
+                     main process, and that process's side of it.
+``recommend``        ``/v1/recommend`` and the auto-publish task.
+``recommend_worker`` recommendations computed in a worker process, off the event loop.
+``ops``              healthz, readyz, metrics, state, queue.
 
 The top of the extender's layers: it may import everything below it (``sync``, ``service``,
 ``kube``, the pure packages); nothing but ``__main__`` imports it. Handlers stay thin:

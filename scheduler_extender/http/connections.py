@@ -21,8 +21,8 @@ rate-limited per client address (``new_connections_per_second``, a token bucket 
 that kube-scheduler's calls share an accept, a send and a close each, not a request, and it
 spends the flooder's allowance, never the kubelet's or another node's agent's. The site
 accepts connections itself (not asyncio's server), so a refused one never becomes a
-transport, a protocol and a task (about 130 us of the loop's CPU each here, against 70 for
-the system calls alone), and each turn of the event loop accepts at most
+transport, a protocol and a task (which would nearly double what the system calls alone
+cost the loop), and each turn of the event loop accepts at most
 ``_ACCEPTS_PER_TURN`` or the listener's backlog if smaller (the rest wait in the kernel's
 queue for the next turn): a connect flood adds a bounded amount of work to each turn, between
 kube-scheduler's calls.

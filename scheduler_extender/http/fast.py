@@ -3,9 +3,10 @@
 Shell. Speed: every scheduled pod costs three calls, and on a busy machine the extender's CPU
 is what paces kube-scheduler (its one thread gets a fair share of a core, and kube-scheduler's
 serial cycle waits on filter and prioritize). Through aiohttp, a small keep-alive POST costs
-the server about 170-200 us of CPU before any handler runs (the request and response objects,
-the router, the middleware's coroutine, the handler task's wake-ups) against about 80 us for
-reading a head and writing an answer on the connection itself. So the plain calls that
+the server more CPU before any handler runs (the request and response objects, the router,
+the middleware's coroutine, the handler task's wake-ups) than reading a head and writing an
+answer on the connection itself costs in all (``scripts/bench_scheduling.py`` prints the
+extender's CPU per scheduled pod). So the plain calls that
 kube-scheduler makes take a shorter road: ``connections`` parses the head, and when it is
 exactly such a call (see ``parse_head``), the body is answered here, synchronously for filter
 and prioritize (in the event-loop turn the last bytes arrived in), with the same functions,
@@ -18,8 +19,8 @@ compresses) and a declared length over the endpoint's limit (413). The answer is
 aiohttp path gives (status, error body, request id, log line and metric), the body is never
 read, and the connection is closed after it, as aiohttp closes one whose body it did not read
 (aiohttp sends no ``Connection: close`` first; this path does). Through aiohttp such a
-refusal cost the loop about four times as much (its request handler, request, middleware and
-handler task for one answer).
+refusal cost the loop several times as much (its request handler, request, middleware and
+handler task for one answer; ``scripts/bench_attacks.py`` runs such floods).
 
 Everything else on the listener, and every request that is not plainly one of these three
 (another method or path, HTTP/1.0, a query string, ``Transfer-Encoding``, ``Content-Encoding:

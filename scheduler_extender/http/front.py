@@ -3,7 +3,8 @@
 Shell. Every pod in the cluster can reach the permit port, so it takes floods (connections,
 gzip bombs, garbage tokens) that kube-scheduler's calls must not feel. In one Python process
 all of it runs on the one event loop that also answers filter, prioritize and bind: each
-refusal is cheap, but a thousand a second is a third of a core taken from kube-scheduler. So
+refusal is cheap, but thousands a second add up to a good share of a core taken from
+kube-scheduler (``scripts/bench_attacks.py`` runs such floods). So
 ``serve`` runs the permit port in a second process (``PermitFront``), at the lowest CPU
 priority (``permit_front.scheduling``, ``SCHED_IDLE`` by default), and the extender's own
 process sees only what got through.

@@ -1,8 +1,8 @@
 """Penalties: client addresses whose new connections the kernel drops, for a while.
 
 A connection the extender accepts costs its event loop (the one kube-scheduler's calls run on)
-an accept, a read, an answer and a close even when it is refused at once: about 60 us here, most
-of it in the kernel. A client with a core to spare opens thousands a second, and no refusal made
+an accept, a read, an answer and a close even when it is refused at once, most of it in the
+kernel. A client with a core to spare opens thousands a second, and no refusal made
 after the accept makes that cheaper. So an address that keeps sending what no well-behaved client
 sends (offences: malformed, compressed or oversized verb bodies, connections over its rate,
 heads that time out) is penalized: for ``penalty_seconds`` a classic BPF socket filter on the

@@ -1,14 +1,14 @@
 """Recommendations off the event loop: a snapshot handed to a worker process.
 
-Shell. A recommendation for a thousand pending pods takes tens of milliseconds, ten thousand
-most of a second; on the event loop it delayed every filter, bind and permit call for that
+Shell. A recommendation takes longer the more pods are pending (``scripts/bench_recommender.py``
+prints how long); on the event loop it delayed every filter, bind and permit call for that
 long. Threads would not help: the simulation is pure Python and holds the GIL, so the loop
-would get it back only every switch interval (5 ms) and filter latency would still grow.
-Cutting the simulation into chunks would spread the pure core's state over awaits. So the
-snapshot travels as bytes to one worker process, which decodes, checks, simulates and encodes
-the answer; the loop only awaits a future. What stays on the loop: reading a live snapshot of
-the ledger (it must be one consistent view) and encoding it, and decoding the worker's small
-reply.
+would get it back only every switch interval (``sys.getswitchinterval()``) and filter latency
+would still grow. Cutting the simulation into chunks would spread the pure core's state over
+awaits. So the snapshot travels as bytes to one worker process, which decodes, checks,
+simulates and encodes the answer; the loop only awaits a future. What stays on the loop:
+reading a live snapshot of the ledger (it must be one consistent view) and encoding it, and
+decoding the worker's small reply.
 
 ``RecommendWorker.run(job)`` is the one entry point. ``recommender.worker: inline`` runs the
 same ``compute`` on the loop instead (one process, e.g. for debugging); the answer bytes are the

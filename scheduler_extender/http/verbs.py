@@ -70,9 +70,10 @@ class FilterArgs(msgspec.Struct, rename="pascal", kw_only=True):
     """What filter decodes up front: the Pod, and the node list as raw bytes.
 
     Speed: a non-cache body carries every Node object (about 1 KiB each, 6 MB for 5,000
-    nodes); decoding them into ``protocol.kube.Node`` structs cost ~50 ms and made a full GC
-    pass likely. Only their names are needed, and only when the answer is not cached (see
-    ``FilterAnswers``); the raw bytes are the cache key and, split per item, the echo.
+    nodes); decoding them into ``protocol.kube.Node`` structs was the bulk of the handler's
+    work and made a full GC pass likely. Only their names are needed, and only when the
+    answer is not cached (see ``FilterAnswers``); the raw bytes are the cache key and, split
+    per item, the echo.
     """
 
     pod: Pod

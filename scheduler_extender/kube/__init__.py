@@ -2,7 +2,9 @@
 
 ``link`` is the handle on the client connected later; ``durability`` records permits on the
 pods; ``node_alloc`` and ``queue_notices`` post Events and nudge pods; ``auth`` reviews the
-agents' tokens; ``standalone`` reads nodes and pods from a file instead of an API server.
+agents' tokens and ``metrics_auth`` the scrapers', both through one ``token_cache``, after
+``token_shape`` has refused what a token's own claims rule out; ``standalone`` reads nodes
+and pods from a file instead of an API server.
 
 Shell: I/O only, no policy (decisions come from ``core``, ``admission`` and the ``service`` that
 calls these). It may import ``kube_io``, ``protocol``, the pure packages and ``config``,

@@ -5,14 +5,14 @@ Shell: the TokenReview itself is I/O (through a callable passed in, normally
 
 * ``TokenReviewAuth``: the agent sends a ServiceAccount token bound to its own pod, issued for
   our audience. The API server's TokenReview says whether it is valid and names the node the
-  pod runs on (``status.user.extra["authentication.kubernetes.io/node-name"]``). Verified
-  identities are cached by the token's SHA-256 (never the token itself) for
-  ``identity_cache_ttl_seconds``; rejections for ``negative_cache_ttl_seconds``, in a cache of
-  their own; reviews of new tokens are rate-limited. Concurrent requests with the same unknown
-  token share one review (single flight). The permit path must sustain tens of thousands of VM
-  permits a second, and a TokenReview is a round trip to the API server, so reviewing per
-  request is not an option. A valid token is not enough: only the agent's ServiceAccount, from
-  a running agent pod on the node it names, gets permits (see the class).
+  pod runs on (``status.user.extra["authentication.kubernetes.io/node-name"]``). What the
+  reviews said is kept in a ``TokenCache`` (``kube.token_cache``: by the token's SHA-256, for
+  ``identity_cache_ttl_seconds``, rejections for ``negative_cache_ttl_seconds`` apart, reviews
+  of new tokens within a budget, one review per token at a time). The permit path must
+  sustain tens of thousands of VM permits a second, and a TokenReview is a round trip to the
+  API server, so reviewing per request is not an option. A valid token is not enough: only
+  the agent's ServiceAccount, from a running agent pod on the node it names, gets permits
+  (see the class).
 * ``StaticTokenAuth``: one shared token that may speak for *any* node. For local runs, the
   standalone mode and tests only.
 
@@ -22,12 +22,10 @@ Times are the event loop's monotonic clock, so the TTLs run in virtual time unde
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
-import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol
 
 import structlog
 
@@ -35,6 +33,7 @@ from kube_io.errors import KubeError, NotFound
 from kube_io.objects import TokenReviewResult
 from protocol.kube import Pod
 from scheduler_extender.errors import NotTheAgent, Unauthenticated, Unavailable
+from scheduler_extender.kube.token_cache import Refused, TokenCache
 from scheduler_extender.kube.token_shape import local_refusal
 from scheduler_extender.metrics import Metrics
 
@@ -43,7 +42,6 @@ log = structlog.get_logger(__name__)
 ReviewToken = Callable[[str], Awaitable[TokenReviewResult]]
 # (namespace, name) -> the pod as the API server has it; raises kube_io's NotFound.
 LookupPod = Callable[[str, str], Awaitable[Pod]]
-_T = TypeVar("_T")
 _POD_REFUSAL_TTL_SECONDS = 2.0
 
 
@@ -93,17 +91,6 @@ class TokenUser(NamedTuple):
     pod_uid: str | None
 
 
-class _Known(NamedTuple):
-    expires_at: float
-    user: TokenUser
-
-
-class _Rejected(NamedTuple):
-    expires_at: float
-    # Why the token was rejected (repeated in every 401 while cached).
-    error: str
-
-
 class _PodCheck(NamedTuple):
     expires_at: float
     # Why the pod does not qualify; empty when it is a running agent pod on its node.
@@ -137,9 +124,8 @@ class TokenBucket:
 class TokenReviewAuth:
     """Pod-bound tokens of the agent's ServiceAccount, from a running agent pod on their node.
 
-    Two caches, kept apart so that garbage never evicts an agent: verified tokens (the oldest
-    goes first when full; an expired one is kept until then and reviewed again without the
-    rate limit, since it was an agent's), and rejected tokens. Tokens in neither that their
+    What TokenReviews said is cached (``TokenCache``: verified and rejected tokens kept
+    apart, so that garbage never evicts an agent). Tokens the cache does not hold that their
     own claims already rule out (``token_shape``: not a JWT, another audience, expired) are
     refused without a review; the rest are reviewed within a global ``TokenBucket``; above it
     they get 503 with Retry-After and the API server never hears of them. Then authorisation:
@@ -172,42 +158,31 @@ class TokenReviewAuth:
         self._lookup_pod = lookup_pod
         self._agent_namespace, _, self._agent_name = agent_service_account.partition("/")
         self._agent_username = f"system:serviceaccount:{self._agent_namespace}:{self._agent_name}"
-        self._ttl = ttl_seconds
-        self._negative_ttl = negative_ttl_seconds
         self._max_entries = max_entries
-        self._negative_max_entries = negative_max_entries
-        self._budget = budget
         self._pod_ttl = pod_ttl_seconds
         self._metrics = metrics
-        self._known: dict[bytes, _Known] = {}
-        self._rejected: dict[bytes, _Rejected] = {}
         self._pods: dict[str, _PodCheck] = {}
-        self._in_flight: dict[bytes, asyncio.Task[_Known | _Rejected]] = {}
+        self._users = TokenCache(
+            self._verify,
+            ttl_seconds=ttl_seconds,
+            negative_ttl_seconds=negative_ttl_seconds,
+            max_entries=max_entries,
+            negative_max_entries=negative_max_entries,
+            budget=budget,
+            refuse_unseen=self._refuse_unseen,
+            on_throttled=metrics.token_reviews.labels("throttled").inc,
+        )
 
     async def authenticate(self, authorization: str | None) -> Identity:
-        token = bearer_token(authorization)
-        key = hashlib.sha256(token.encode()).digest()
-        now = asyncio.get_running_loop().time()
-        known = self._known.get(key)
-        if known is not None and known.expires_at > now:
-            user = known.user
-        else:
-            rejected = self._rejected.get(key)
-            if rejected is not None and rejected.expires_at > now:
-                raise Unauthenticated(rejected.error)
-            if known is None:
-                refusal = local_refusal(token, audience=self._audience, now=self._wall_clock())
-                if refusal is not None:
-                    # No review and no budget spent: it could never pass one.
-                    self._metrics.token_reviews.labels("refused_locally").inc()
-                    error = f"invalid token: {refusal}"
-                    self._store(key, _Rejected(now + self._negative_ttl, error))
-                    raise Unauthenticated(error)
-            found = await self._lookup(key, token, was_known=known is not None, now=now)
-            if isinstance(found, _Rejected):
-                raise Unauthenticated(found.error)
-            user = found.user
+        user = await self._users.get(bearer_token(authorization))
         return await self._authorize(user)
+
+    def _refuse_unseen(self, token: str) -> Refused | None:
+        refusal = local_refusal(token, audience=self._audience, now=self._wall_clock())
+        if refusal is None:
+            return None
+        self._metrics.token_reviews.labels("refused_locally").inc()
+        return Refused(Unauthenticated, f"invalid token: {refusal}")
 
     async def _authorize(self, user: TokenUser) -> Identity:
         if user.username != self._agent_username:
@@ -270,36 +245,7 @@ class TokenReviewAuth:
             for uid in [u for u, c in self._pods.items() if c.expires_at <= now]:
                 del self._pods[uid]
 
-    async def _lookup(
-        self, key: bytes, token: str, *, was_known: bool, now: float
-    ) -> _Known | _Rejected:
-        task = self._in_flight.get(key)
-        if task is None:
-            if not was_known:
-                wait = self._budget.take(now)
-                if wait > 0.0:
-                    self._metrics.token_reviews.labels("throttled").inc()
-                    raise Unavailable(
-                        "too many new tokens to review right now; retry",
-                        retry_after_seconds=max(1, math.ceil(wait)),
-                        reason="TokenReviewsThrottled",
-                    )
-            # One review per token however many requests wait for it. It runs as its own task
-            # so that a waiter being cancelled (a client hanging up) does not cancel it for the
-            # others; ``shield`` below is what keeps it alive.
-            task = asyncio.get_running_loop().create_task(self._verify(token))
-            self._in_flight[key] = task
-            task.add_done_callback(lambda t: self._finished(key, t))
-        return await asyncio.shield(task)
-
-    def _finished(self, key: bytes, task: asyncio.Task[_Known | _Rejected]) -> None:
-        del self._in_flight[key]
-        if task.cancelled():
-            return
-        if task.exception() is None:  # also marks a failure as retrieved if nobody waits
-            self._store(key, task.result())
-
-    async def _verify(self, token: str) -> _Known | _Rejected:
+    async def _verify(self, token: str) -> TokenUser | Refused:
         try:
             result = await self._review(token)
         except KubeError as e:
@@ -310,12 +256,11 @@ class TokenReviewAuth:
                 retry_after_seconds=1,
                 reason="TokenReviewFailed",
             ) from e
-        now = asyncio.get_running_loop().time()
         if not result.authenticated:
             self._metrics.token_reviews.labels("rejected").inc()
             error = result.error or "the API server did not authenticate the token"
             log.info("token_rejected", error=error)
-            return _Rejected(now + self._negative_ttl, f"invalid token: {error}")
+            return Refused(Unauthenticated, f"invalid token: {error}")
         self._metrics.token_reviews.labels("authenticated").inc()
         user = TokenUser(
             username=result.username or "",
@@ -324,20 +269,4 @@ class TokenReviewAuth:
             pod_uid=result.pod_uid,
         )
         log.info("token_authenticated", username=user.username, token_node=user.node)
-        return _Known(now + self._ttl, user)
-
-    def _store(self, key: bytes, entry: _Known | _Rejected) -> None:
-        if isinstance(entry, _Known):
-            self._rejected.pop(key, None)
-            put_bounded(self._known, key, entry, self._max_entries)
-        else:
-            self._known.pop(key, None)
-            put_bounded(self._rejected, key, entry, self._negative_max_entries)
-
-
-def put_bounded(cache: dict[bytes, _T], key: bytes, entry: _T, max_entries: int) -> None:
-    cache.pop(key, None)
-    cache[key] = entry
-    while len(cache) > max_entries:
-        # Insertion order: the oldest verification goes first.
-        del cache[next(iter(cache))]
+        return user

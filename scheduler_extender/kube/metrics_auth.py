@@ -8,28 +8,26 @@ says who it is, and a SubjectAccessReview says whether that user may ``get`` the
 URL ``/metrics``. Grant that with the ClusterRole ``vm-autoscaling-metrics-reader`` from
 ``manifests/rbac-extender.yaml``.
 
-Decisions are cached by the token's SHA-256 (never the token): allowed ones for ``ttl_seconds``,
-refusals for ``negative_ttl_seconds``, each in its own bounded cache so that garbage never
-evicts a scraper. Tokens in neither cache are reviewed within a ``TokenBucket`` of their own
-(503 with Retry-After above it), so a flood on this port never reaches the API server and never
+Decisions are kept in a ``TokenCache``, the permit port's type (``kube.token_cache``: by the
+token's SHA-256, allowed ones for ``ttl_seconds``, refusals for ``negative_ttl_seconds`` apart
+so that garbage never evicts a scraper), with a ``TokenBucket`` of this listener's own (503
+with Retry-After above it), so a flood on this port never reaches the API server and never
 spends the agents' review budget. A scraper asks every 15-60 s with one token: one review
 pair per token per TTL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import math
 from collections.abc import Awaitable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import structlog
 
 from kube_io.errors import KubeError
 from kube_io.objects import SubjectAccessReviewStatus, TokenReviewResult
 from scheduler_extender.errors import Forbidden, Unauthenticated, Unavailable
-from scheduler_extender.kube.auth import ReviewToken, TokenBucket, bearer_token, put_bounded
+from scheduler_extender.kube.auth import ReviewToken, TokenBucket, bearer_token
+from scheduler_extender.kube.token_cache import Refused, TokenCache
 
 log = structlog.get_logger(__name__)
 
@@ -55,12 +53,6 @@ class OpenMetrics:
         return None
 
 
-class _Decision(NamedTuple):
-    expires_at: float
-    # None when allowed; else the error to raise again.
-    error: Unauthenticated | Forbidden | None
-
-
 class DelegatedMetricsAuth:
     """TokenReview then SubjectAccessReview, cached; see the module docstring."""
 
@@ -76,49 +68,26 @@ class DelegatedMetricsAuth:
     ) -> None:
         self._review_token = review_token
         self._review_access = review_access
-        self._ttl = ttl_seconds
-        self._negative_ttl = negative_ttl_seconds
-        self._max_entries = max_entries
-        self._budget = budget
-        self._allowed: dict[bytes, _Decision] = {}
-        self._refused: dict[bytes, _Decision] = {}
+        # The username of each scraper allowed.
+        self._users = TokenCache(
+            self._decide,
+            ttl_seconds=ttl_seconds,
+            negative_ttl_seconds=negative_ttl_seconds,
+            max_entries=max_entries,
+            negative_max_entries=max_entries,
+            budget=budget,
+        )
 
     async def check(self, authorization: str | None) -> None:
-        token = bearer_token(authorization)
-        key = hashlib.sha256(token.encode()).digest()
-        now = asyncio.get_running_loop().time()
-        for cache in (self._allowed, self._refused):
-            found = cache.get(key)
-            if found is not None and found.expires_at > now:
-                if found.error is not None:
-                    raise found.error
-                return
-        wait = self._budget.take(now)
-        if wait > 0.0:
-            raise Unavailable(
-                "too many new tokens to review right now; retry",
-                retry_after_seconds=max(1, math.ceil(wait)),
-                reason="TokenReviewsThrottled",
-            )
-        error = await self._decide(token)
-        done = asyncio.get_running_loop().time()
-        if error is None:
-            self._refused.pop(key, None)
-            put_bounded(self._allowed, key, _Decision(done + self._ttl, None), self._max_entries)
-            return
-        self._allowed.pop(key, None)
-        put_bounded(
-            self._refused, key, _Decision(done + self._negative_ttl, error), self._max_entries
-        )
-        raise error
+        await self._users.get(bearer_token(authorization))
 
-    async def _decide(self, token: str) -> Unauthenticated | Forbidden | None:
+    async def _decide(self, token: str) -> str | Refused:
         try:
             who: TokenReviewResult = await self._review_token(token)
             if not who.authenticated or not who.username:
                 reason = who.error or "the API server did not authenticate the token"
                 log.info("metrics_token_rejected", error=reason)
-                return Unauthenticated(f"invalid token: {reason}")
+                return Refused(Unauthenticated, f"invalid token: {reason}")
             access = await self._review_access(
                 who.username, groups=who.groups, uid=who.uid, path=METRICS_PATH, verb="get"
             )
@@ -132,9 +101,10 @@ class DelegatedMetricsAuth:
         if not access.allowed:
             why = access.reason or access.evaluation_error or "no RBAC rule allows it"
             log.info("metrics_access_refused", username=who.username, reason=why)
-            return Forbidden(
+            return Refused(
+                Forbidden,
                 f"{who.username} may not get {METRICS_PATH} ({why}); bind it to the ClusterRole"
-                " vm-autoscaling-metrics-reader"
+                " vm-autoscaling-metrics-reader",
             )
         log.info("metrics_access_allowed", username=who.username)
-        return None
+        return who.username

@@ -39,7 +39,7 @@ class DiagnosticsLevel(enum.StrEnum):
     """
 
     # Every round lists every candidate (pool x zone) with its outcome, the reason, its score
-    # and the pods it would place: the whole trace, about 95% of the benchmark's 1 MB answer.
+    # and the pods it would place: the whole trace, nearly all of a full answer's bytes.
     FULL = "full"
     # Every round is one line, its number, pass priority, winner and new node (the winner's
     # order and the passes, which ``newNodes`` alone does not show), without ``candidates``.

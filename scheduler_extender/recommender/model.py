@@ -514,10 +514,10 @@ def compile_snapshot(snapshot: ClusterSnapshot, *, scheduler_name: str) -> Model
     # Keys ("namespace/name") are built for pending pods only (the answer names them), unless
     # the names alone cannot rule out a repeated key: two "namespace/name" strings are equal
     # only if the names are, or a "/" in one of them makes two different pairs one string.
-    # Building a key for every pod was a fifth of this function's time. Reading the pods a
-    # field at a time instead (``map`` over each field, Python work once per distinct size,
-    # priority pair and constraints) was measured slower: 5.6 ms against 3.7 for the
-    # benchmark's snapshot, each field's pass costing about what the loop spends on it.
+    # Building a key for every pod was a large share of this function's time. Reading the
+    # pods a field at a time instead (``map`` over each field, Python work once per distinct
+    # size, priority pair and constraints) was measured slower (scripts/bench_recommender.py),
+    # each field's pass costing about what the loop spends on it.
     names = list(map(_NAME, pods))
     repeated = len(set(map(_UID, pods))) < len(pods)
     if not repeated and (

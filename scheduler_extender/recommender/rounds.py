@@ -7,7 +7,7 @@ the virtual cluster (``Simulation.commit``); and records the round, every candid
 outcome, score and pods. Rounds repeat until every pod is placed or no candidate places any.
 
 Done naively, every round tries every candidate against every pending pod: rounds x candidates
-x pods (about 1 s for the benchmark). What makes it cheap:
+x pods. What makes it cheap:
 
 * Pods of one shape (the same constraints and size) form a *group*: identical for every fit and
   feasibility question. A trial takes a group's members in order while they fit, and the

@@ -90,8 +90,8 @@ class _Wire(
     Not tracked by the garbage collector (``gc=False``): a snapshot is tens of thousands of
     these, frozen, holding only strings, numbers, lists and dicts of them, so they cannot form
     a cycle. Tracked, every collection while a snapshot is alive walks all of them: decoding
-    the benchmark's snapshot took 4.4 ms instead of 3.3, and the extender serves filter calls
-    on the same event loop."""
+    the benchmark's snapshot (``scripts/bench_recommender.py``) was measurably slower, and
+    the extender serves filter calls on the same event loop."""
 
 
 class Resources(_Wire, frozen=True, kw_only=True):

@@ -35,9 +35,11 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
         ["--seconds=0.5", "--rounds=1", "--nodes=20", "--connections=60", "--bomb-mib=8"],
         {"attacks", "worst_p99_ratio_to_idle", "extender_alive_after", "extender_peak_rss_mib"},
     ),
+    # With the floor (built with go on first use: about 20 s of CPU from a cold Go build
+    # cache), each extender pinned to a CPU of its own.
     "bench_scheduling.py": (
-        ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2"],
-        {"alone", "cache", "nocache", "deleteToBind"},
+        ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2", "--floor", "--pin=yes"],
+        {"alone+pinned", "cache+pinned", "cache@floor+pinned", "toFloor", "deleteToBind"},
     ),
     "bench_agent.py": (
         ["--vms=5", "--interval=0.2", "--steady-ticks=2"],

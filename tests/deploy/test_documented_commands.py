@@ -229,6 +229,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.MENTION,
         "a benchmark of minutes through the control plane; test_help.py checks its --help",
     ),
+    "scripts/floor_extender/main.go": (
+        How.MENTION,
+        "the floor extender's source; bench_scheduling.py --floor builds and runs it",
+    ),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }

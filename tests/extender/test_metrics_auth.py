@@ -37,6 +37,7 @@ class FakeApi:
 
     async def review_token(self, token: str) -> TokenReviewResult:
         self.token_reviews.append(token)
+        await asyncio.sleep(0)  # a round trip: other requests run meanwhile
         if self.failing:
             raise KubeUnavailable("connection refused")
         user = USERS.get(token)
@@ -92,6 +93,26 @@ async def test_decisions_expire_after_their_ttls() -> None:
     await asyncio.sleep(300)
     await guard.check("Bearer prometheus-token")
     assert api.token_reviews.count("prometheus-token") == 2
+
+
+async def test_concurrent_checks_with_one_new_token_share_one_review() -> None:
+    api = FakeApi()
+    guard = _guard(api, burst=1)
+    await asyncio.gather(*(guard.check("Bearer prometheus-token") for _ in range(5)))
+    assert api.token_reviews == ["prometheus-token"]
+
+
+async def test_a_cached_refusal_is_raised_anew_each_time() -> None:
+    # One exception instance raised again would grow its traceback with every request.
+    api = FakeApi()
+    guard = _guard(api)
+    refusals = []
+    for _ in range(3):
+        with pytest.raises(Forbidden) as refused:
+            await guard.check("Bearer tenant-token")
+        refusals.append(refused.value)
+    assert len({id(e) for e in refusals}) == 3
+    assert api.token_reviews == ["tenant-token"]
 
 
 async def test_refusals_say_who_and_why() -> None:

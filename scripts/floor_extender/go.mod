@@ -1,0 +1,3 @@
+module vm-autoscaling/floor-extender
+
+go 1.22
