@@ -33,7 +33,6 @@ import json
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,13 +43,11 @@ from typing import Any, Final
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from testkit import controlplane  # noqa: E402
 from tests.controlplane.conftest import RBAC_KINDS, Names  # noqa: E402
 from tests.controlplane.harness import (  # noqa: E402
-    BINARIES,
-    KUBE_BIN_ENV,
     ControlPlane,
     extender_identity,
-    kube_bin_dir,
     pod_path,
     wait_for,
 )
@@ -66,19 +63,7 @@ from tests.deploy.render import MANIFESTS, render  # noqa: E402
 
 
 def find_binaries() -> Path:
-    found = kube_bin_dir()
-    if found is not None:
-        return found
-    shared = REPO.parent / "shared" / "kube-bin"
-    if (shared / "SHA256SUMS").is_file():
-        out = subprocess.run(
-            [str(REPO / "scripts" / "kube-bin"), str(shared)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return Path(out.stdout.strip())
-    sys.exit(f"bench_failover: set ${KUBE_BIN_ENV} to a folder with {', '.join(BINARIES)}")
+    return controlplane.find_binaries("bench_failover")
 
 
 def one_round(

@@ -75,9 +75,8 @@ from typing import Any, Final
 REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from testkit import controlplane  # noqa: E402
 from testkit.controlplane import (  # noqa: E402
-    BINARIES,
-    KUBE_BIN_ENV,
     MANIFEST_EXTENDER_CONFIG,
     MANIFEST_SCHEDULER_CONFIG,
     RBAC_KINDS,
@@ -90,7 +89,6 @@ from testkit.controlplane import (  # noqa: E402
     Scheduler,
     extender_config,
     extender_identity,
-    kube_bin_dir,
     pod_path,
     scheduler_config,
     wait_for,
@@ -106,19 +104,7 @@ PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
 
 
 def find_binaries() -> Path:
-    found = kube_bin_dir()
-    if found is not None:
-        return found
-    shared = REPO.parent / "shared" / "kube-bin"
-    if (shared / "SHA256SUMS").is_file():
-        out = subprocess.run(
-            [str(REPO / "scripts" / "kube-bin"), str(shared)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return Path(out.stdout.strip())
-    sys.exit(f"bench_scheduling: set ${KUBE_BIN_ENV} to a folder with {', '.join(BINARIES)}")
+    return controlplane.find_binaries("bench_scheduling")
 
 
 def build_floor() -> Path:

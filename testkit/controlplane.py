@@ -79,6 +79,26 @@ def kube_bin_dir() -> Path | None:
     return None
 
 
+def find_binaries(command: str) -> Path:
+    """For a benchmark's command line: ``$VMA_KUBE_BIN``, else the binaries of
+    ``../shared/kube-bin`` beside the checkout (unpacked once by ``scripts/kube-bin``), else
+    one line naming what to set, and exit."""
+    found = kube_bin_dir()
+    if found is not None:
+        return found
+    repo = Path(__file__).resolve().parents[1]
+    shared = repo.parent / "shared" / "kube-bin"
+    if (shared / "SHA256SUMS").is_file():
+        out = subprocess.run(
+            [str(repo / "scripts" / "kube-bin"), str(shared)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return Path(out.stdout.strip())
+    sys.exit(f"{command}: set ${KUBE_BIN_ENV} to a folder with {', '.join(BINARIES)}")
+
+
 def wait_for(
     predicate: Callable[[], Any], *, timeout_seconds: float, what: str, interval: float = 0.05
 ) -> Any:
