@@ -245,6 +245,9 @@ class Extender:
             return
 
     def leadership_lost(self, elector: Elector) -> None:
+        if self._fencing is not None:
+            self._fencing.cancel()  # a term that ended has nothing left to fence
+            self._fencing = None
         self.metrics.leading.set(0)
         log.warning("leadership_lost", identity=elector.identity)
 
