@@ -3,7 +3,7 @@ and with one replica restarted, in the same run.
 
 Real etcd, kube-apiserver and kube-scheduler v1.36 (``$VMA_KUBE_BIN``, or unpacked from
 ``../shared/kube-bin``), the real ``scheduler-extender`` under the manifests' ServiceAccount
-and configs (``tests/controlplane/pairs.py``). Each round, per mode, with the same load: VMs
+and configs (``testkit/pairs.py``). Each round, per mode, with the same load: VMs
 bound and growing (agents ask for permits without pause), new VMs created every round of
 asks (up to 40, so some are always pending); then
 the pod whose extender leads is SIGKILLed (both containers), and the clock starts.
@@ -44,14 +44,16 @@ REPO: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from testkit import controlplane  # noqa: E402
-from tests.controlplane.conftest import RBAC_KINDS, Names  # noqa: E402
-from tests.controlplane.harness import (  # noqa: E402
+from testkit.cluster import Names  # noqa: E402
+from testkit.controlplane import (  # noqa: E402
+    RBAC_KINDS,
     ControlPlane,
     extender_identity,
     pod_path,
     wait_for,
 )
-from tests.controlplane.pairs import (  # noqa: E402
+from testkit.manifests import MANIFESTS, render  # noqa: E402
+from testkit.pairs import (  # noqa: E402
     Agents,
     Leases,
     SchedulerPod,
@@ -59,7 +61,6 @@ from tests.controlplane.pairs import (  # noqa: E402
     scheduler_pod,
     wait_leader,
 )
-from tests.deploy.render import MANIFESTS, render  # noqa: E402
 
 
 def find_binaries() -> Path:

@@ -680,9 +680,9 @@ def extender_config(
 ) -> Obj:
     """The deployed config with loopback ports of our own (no metrics listener without
     ``metrics_port``; otherwise the deployed one, auth included)."""
-    config = json.loads(json.dumps(manifest_config))
+    config: Obj = json.loads(json.dumps(manifest_config))
     # One replica per test module, as ``scheduler_config`` runs one kube-scheduler without
-    # leader election: it always decides (tests/controlplane/pairs.py runs two).
+    # leader election: it always decides (testkit/pairs.py runs two).
     config.pop("leader_election", None)
     listen = config["listen"]
     config["listen"] = {
@@ -700,7 +700,7 @@ def extender_config(
 
 def scheduler_config(manifest_config: Obj, *, kubeconfig: Path, verbs_port: int) -> Obj:
     """The deployed KubeSchedulerConfiguration, pointed at our kubeconfig and extender port."""
-    config = json.loads(json.dumps(manifest_config))
+    config: Obj = json.loads(json.dumps(manifest_config))
     config["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": 2000, "burst": 4000}
     # One scheduler per test module and no Lease to wait for at start.
     config["leaderElection"] = {"leaderElect": False}

@@ -132,7 +132,7 @@ def _qos_class(pod: Obj) -> str:
         for r in ("cpu", "memory"):
             limit = limits.get(r)
             request = requests.get(r, limit)
-            if limit is None or _quantity(r, request) != _quantity(r, limit):
+            if limit is None or request is None or _quantity(r, request) != _quantity(r, limit):
                 is_guaranteed = False
     return "BestEffort" if is_empty else "Guaranteed" if is_guaranteed else "Burstable"
 

@@ -91,19 +91,22 @@ def pod_spec(workload: Doc) -> Doc:
 def container(workload: Doc, name: str) -> Doc:
     matches = [c for c in pod_spec(workload)["containers"] if c["name"] == name]
     assert len(matches) == 1, f"no container {name}"
-    return matches[0]
+    found: Doc = matches[0]
+    return found
 
 
 def volume(workload: Doc, name: str) -> Doc:
     matches = [v for v in pod_spec(workload)["volumes"] if v["name"] == name]
     assert len(matches) == 1, f"no volume {name}"
-    return matches[0]
+    found: Doc = matches[0]
+    return found
 
 
 def mount(c: Doc, volume_name: str) -> Doc:
     matches = [m for m in c.get("volumeMounts", []) if m["name"] == volume_name]
     assert len(matches) == 1, f"container {c['name']} does not mount {volume_name}"
-    return matches[0]
+    found: Doc = matches[0]
+    return found
 
 
 def config_file(docs: list[Doc], workload: Doc, container_name: str, path: str) -> str:

@@ -11,39 +11,24 @@ Without ``$VMA_KUBE_BIN`` the tier skips with one line saying how to provide the
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from testkit.cluster import Cluster, Names, running_cluster
 from testkit.controlplane import (
     DOCS,
     KUBE_BIN_HINT,
-    MANIFEST_EXTENDER_CONFIG,
-    MANIFEST_SCHEDULER_CONFIG,
     RBAC_KINDS,
-    SCHEDULER_NAME,
-    Api,
     ControlPlane,
-    Extender,
-    LaggingLink,
-    Obj,
-    Scheduler,
-    extender_config,
     extender_identity,
-    extender_token,
     kube_bin_dir,
     pod_path,
-    scheduler_config,
-    wait_for,
 )
-from testkit.ports import free_port
 
 LAG_SECONDS = 0.4
 
@@ -66,60 +51,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture(scope="session")
 def extender_kubeconfig(control_plane: ControlPlane) -> Path:
     return extender_identity(control_plane, [d for d in DOCS if d["kind"] in RBAC_KINDS])
-
-
-@dataclass
-class Cluster:
-    cp: ControlPlane
-    api: Api
-    extender: Extender
-    scheduler: Scheduler
-
-
-def new_extender(cp: ControlPlane, kubeconfig: Path, work: Path, **overrides: Any) -> Extender:
-    config = extender_config(
-        MANIFEST_EXTENDER_CONFIG,
-        verbs_port=free_port(),
-        permits_port=free_port(),
-        metrics_port=free_port(),
-    )
-    config.update(overrides)
-    return Extender(work, kubeconfig, config)
-
-
-@contextlib.contextmanager
-def running_cluster(
-    cp: ControlPlane, kubeconfig: Path, work: Path, *, api_lag_seconds: float = 0.0
-) -> Iterator[Cluster]:
-    """The extender and kube-scheduler calling it; with ``api_lag_seconds``, everything the
-    API server sends the extender (lists, watch events, answers) arrives that much late."""
-    link = None
-    extender_kubeconfig = kubeconfig
-    if api_lag_seconds:
-        link = LaggingLink(cp.port, delay_seconds=api_lag_seconds)
-        extender_kubeconfig = cp.write_kubeconfig(
-            work / "lagging.kubeconfig", token=extender_token(kubeconfig), port=link.port
-        )
-    extender = new_extender(cp, extender_kubeconfig, work)
-    scheduler = Scheduler(
-        cp.bin_dir,
-        work,
-        cp,
-        scheduler_config(
-            MANIFEST_SCHEDULER_CONFIG, kubeconfig=kubeconfig, verbs_port=extender.verbs_port
-        ),
-    )
-    api = cp.admin()
-    try:
-        extender.start()
-        scheduler.start()
-        yield Cluster(cp, api, extender, scheduler)
-    finally:
-        scheduler.stop()
-        extender.stop()
-        api.close()
-        if link is not None:
-            link.close()
 
 
 @pytest.fixture(scope="module")
@@ -148,119 +79,6 @@ def lagging(
 
 
 _counter = itertools.count()
-
-
-@dataclass
-class Names:
-    """A test's own namespace and node-name prefix, and builders for its objects."""
-
-    api: Api
-    namespace: str
-    group: str
-    nodes: list[str] = field(default_factory=list)
-    # Objects outside the namespace to delete at the end (paths).
-    cleanup: list[str] = field(default_factory=list)
-
-    def node(self, suffix: str, *, cpu: str, memory: str = "16Gi", **labels: str) -> str:
-        name = f"{self.group}-{suffix}"
-        body: Obj = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {"vma-test-group": self.group, "kubernetes.io/hostname": name, **labels},
-            },
-            "status": {
-                "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
-                "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        }
-        self.api.create("/api/v1/nodes", body)
-        self.nodes.append(name)
-        return name
-
-    def vm(
-        self,
-        name: str,
-        *,
-        min_vcpus: int = 1,
-        max_vcpus: int = 1,
-        memory: str = "1Gi",
-        annotations: dict[str, str] | None = None,
-        node: str | None = None,
-    ) -> Obj:
-        """A VM pod of the group's; with ``node``, aimed at that node alone."""
-        body: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": self.namespace,
-                "labels": {"vm-autoscaling.io/vm": "true"},
-                "annotations": {
-                    "vm-autoscaling.io/min-vcpus": str(min_vcpus),
-                    "vm-autoscaling.io/max-vcpus": str(max_vcpus),
-                    **(annotations or {}),
-                },
-            },
-            "spec": {
-                "schedulerName": SCHEDULER_NAME,
-                "nodeSelector": {"vma-test-group": self.group}
-                if node is None
-                else {"kubernetes.io/hostname": node},
-                "containers": [
-                    {
-                        "name": "vm",
-                        "image": "vm-runner",
-                        "resources": {
-                            "requests": {"cpu": str(min_vcpus), "memory": memory},
-                            "limits": {"cpu": str(min_vcpus), "memory": memory},
-                        },
-                    }
-                ],
-            },
-        }
-        return self.api.create(pod_path(self.namespace), body)
-
-    def foreign(self, name: str, *, node: str, cpu: str, static: bool = False) -> Obj:
-        """A pod someone else placed: already bound (``nodeName``), default scheduler."""
-        meta: Obj = {"name": name, "namespace": self.namespace}
-        if static:
-            # What the kubelet's mirror of a static pod looks like through the API.
-            meta["annotations"] = {"kubernetes.io/config.mirror": "mirror"}
-            meta["ownerReferences"] = [
-                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": str(uuid.uuid4())}
-            ]
-        body: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": meta,
-            "spec": {
-                "nodeName": node,
-                "containers": [
-                    {"name": "c", "image": "app", "resources": {"requests": {"cpu": cpu}}}
-                ],
-            },
-        }
-        return self.api.create(pod_path(self.namespace), body)
-
-    def node_of(self, pod: str) -> str | None:
-        node: str | None = self.api.pod(self.namespace, pod)["spec"].get("nodeName")
-        return node
-
-    def wait_bound(self, pod: str, *, timeout_seconds: float = 30) -> str:
-        node: str = wait_for(
-            lambda: self.node_of(pod), timeout_seconds=timeout_seconds, what=f"{pod} bound"
-        )
-        return node
-
-    def failed_scheduling(self, pod: str) -> list[str]:
-        return [
-            e.get("message", "")
-            for e in self.api.events_for(self.namespace, pod)
-            if e.get("reason") == "FailedScheduling"
-        ]
 
 
 @pytest.fixture

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.controlplane import ApiError, Obj, object_path, pod_path, wait_for
+from testkit.cluster import AGENT_NS, AGENT_SA, Cluster, Names, agent_pod, permit_batch
+from testkit.controlplane import DOCS, ApiError, Obj, object_path, pod_path, wait_for
 from testkit.manifests import EXAMPLES, render
-from tests.controlplane.conftest import DOCS, Cluster, Names
-
-AGENT_NS = "vm-autoscaling"
-AGENT_SA = "autoscaler-agent"
 
 
 def test_every_manifest_passes_a_server_side_dry_run(cluster: Cluster):
@@ -24,46 +21,6 @@ def test_every_manifest_passes_a_server_side_dry_run(cluster: Cluster):
             if e.status != 409:
                 refused.append((doc["kind"], doc["metadata"]["name"], e.body))
     assert refused == []
-
-
-def agent_pod(names: Names, node: str) -> Obj:
-    """The agent DaemonSet's pod on ``node``, as the kubelet would report it: Running."""
-    name = f"agent-{node}"
-    body: Obj = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": AGENT_NS,
-            "labels": {"app.kubernetes.io/name": "autoscaler-agent"},
-        },
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": AGENT_SA,
-            "containers": [{"name": "agent", "image": "agent"}],
-        },
-    }
-    pod = names.api.create(pod_path(AGENT_NS), body)
-    names.api.set_pod_phase(AGENT_NS, name, "Running")
-    names.cleanup.append(pod_path(AGENT_NS, name))
-    return pod
-
-
-def permit_batch(node: str, vm: Obj, *, current: int, requested: int) -> Obj:
-    meta = vm["metadata"]
-    gib = 2**30
-    return {
-        "protocol": {"min": 1, "max": 1},
-        "node": node,
-        "requests": [
-            {
-                "pod": {"namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]},
-                "node": node,
-                "current": {"vcpus": current, "memoryBytes": gib},
-                "requested": {"vcpus": requested, "memoryBytes": gib},
-            }
-        ],
-    }
 
 
 def test_permits_through_real_tokens_and_durable_in_place(cluster: Cluster, names: Names):

@@ -19,8 +19,8 @@ import msgspec
 from protocol.codec import decode
 from protocol.kube import Pod
 from scheduler_extender.core.podinfo import pod_requests
-from tests.controlplane.conftest import Cluster, Names
-from tests.controlplane.harness import Obj, pod_path, wait_for
+from testkit.cluster import Cluster, Names
+from testkit.controlplane import Obj, pod_path, wait_for
 
 GI = 2**30
 INFEASIBLE = {"type": "PodResizePending", "status": "True", "reason": "Infeasible"}

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane.conftest import Names
-from tests.controlplane.harness import EXTENDER_NS, ControlPlane, Obj, pod_path, wait_for
-from tests.controlplane.pairs import (
+from testkit.cluster import Names
+from testkit.controlplane import EXTENDER_NS, ControlPlane, Obj, pod_path, wait_for
+from testkit.pairs import (
     LEASE_SECONDS,
     RETRY_SECONDS,
     Agents,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
+from testkit.cluster import Cluster, Names
 from testkit.controlplane import wait_for
-from tests.controlplane.conftest import Cluster, Names
 
 
 def extender_knows(cluster: Cluster, node: str) -> bool:

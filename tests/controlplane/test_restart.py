@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import signal
 
+from testkit.cluster import Cluster, Names, agent_pod, permit_batch
 from testkit.controlplane import Obj, wait_for
-from tests.controlplane.conftest import Cluster, Names
-from tests.controlplane.test_api import agent_pod, permit_batch
 
 
 def ours(state: Obj, group: str) -> list[Obj]:

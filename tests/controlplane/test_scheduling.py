@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from testkit.cluster import Cluster, Names
 from testkit.controlplane import wait_for
-from tests.controlplane.conftest import Cluster, Names
 
 
 def own_pods(state: dict, node: str) -> list[str]:

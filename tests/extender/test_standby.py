@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from scheduler_extender.core.leadership import Elector, LeaseRecord
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender, wait_until
 from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
 

@@ -15,9 +15,9 @@ import msgspec.inspect as mi
 
 from protocol import bounds, extender, permits
 from scheduler_extender.http import verbs
+from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender
 from tests.extender.helpers import filter_body, permit_batch, vm_pod
-from tests.fakes.kube_api import FakeKubeApi, node_object
 from tests.unit.test_wire_bounds import Path, numbers
 
 # Past what int64 and msgpack carry, and JSON numbers that decode to infinities.

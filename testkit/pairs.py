@@ -22,14 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.controlplane.conftest import (
+from testkit.cluster import AGENT_NS, AGENT_SA, Names, agent_pod, new_extender
+from testkit.controlplane import (
+    EXTENDER_NS,
     MANIFEST_EXTENDER_CONFIG,
     MANIFEST_SCHEDULER_CONFIG,
-    Names,
-    new_extender,
-)
-from tests.controlplane.harness import (
-    EXTENDER_NS,
     Api,
     ControlPlane,
     Extender,
@@ -41,7 +38,6 @@ from tests.controlplane.harness import (
     scheduler_config,
     wait_for,
 )
-from tests.controlplane.test_api import AGENT_NS, AGENT_SA, agent_pod
 
 # kube-scheduler's leaderElection and the extender's, scaled down from 15 s / 10 s / 2 s.
 LEASE_SECONDS = 3
