@@ -12,13 +12,10 @@ import json
 from typing import Any
 
 import aiohttp
-from hypothesis import given
-from hypothesis import strategies as st
 
 from autoscaler_agent.extender_client import ExtenderClient, TokenFile
 from protocol.codec import decode
-from protocol.permits import Permit, PodRef, ResourceRequest, Resources
-from scheduler_extender.http.sequences import SequenceBook
+from protocol.permits import ResourceRequest
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, Running, StartExtender
 from tests.extender.helpers import (
@@ -144,26 +141,3 @@ async def test_the_agents_client_survives_restarts_on_either_side(
         assert refused.seq == 6_000_000
         again = (await agent.post_batch([request]))["u-1"]
         assert again.error is None and again.seq == 6_000_001
-
-
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 30)),
-        max_size=40,
-    )
-)
-def test_an_applied_seq_is_always_above_every_seq_applied_before_for_that_vm(
-    sent: list[tuple[str, int]],
-) -> None:
-    """Whatever order requests arrive in, one batch each, a VM's applied seqs only grow."""
-    book = SequenceBook()
-    applied: dict[str, list[int]] = {"a": [], "b": []}
-    for uid, seq in sent:
-        pod = PodRef(namespace="ns", name=uid, uid=uid)
-        size = Resources(vcpus=1, memory_bytes=1)
-        req = ResourceRequest(pod=pod, node="n", current=size, requested=size, seq=seq)
-        split = book.split([req], uses_seq=True)
-        book.applied([Permit(pod=pod, permit=size)] * len(split.apply), split.apply)
-        applied[uid] += [r.seq for r in split.apply if r.seq is not None]
-    for seqs in applied.values():
-        assert seqs == sorted(set(seqs))
