@@ -47,6 +47,12 @@ async def _post(running: Running, body: Any, token: str | None, **kw: Any) -> An
 TOKENREVIEW = {"auth": {"mode": "tokenreview"}}
 
 
+def _naming_node_b() -> bytes:
+    batch = permit_batch("node-a", uid="u-1")
+    batch["requests"][0]["node"] = "node-b"
+    return json.dumps(batch).encode()
+
+
 async def test_grant_with_tokenreview(kube_api: FakeKubeApi, start_extender: StartExtender) -> None:
     _cluster(kube_api)
     running = await start_extender(make_config(**TOKENREVIEW))
@@ -119,8 +125,9 @@ async def test_batch_for_another_node_is_403(
             json.dumps(permit_batch("node-a", uid="u-1", protocol=(3, 4))).encode(),
             "agent speaks v3..v4, extender speaks v1..v2",
         ),
+        (_naming_node_b(), "names node node-b inside a batch for node node-a"),
     ],
-    ids=["malformed-json", "wrong-type", "negative", "version-mismatch"],
+    ids=["malformed-json", "wrong-type", "negative", "version-mismatch", "node-mismatch"],
 )
 async def test_bad_requests_are_400_naming_the_problem(
     body: bytes, says: str, kube_api: FakeKubeApi, start_extender: StartExtender

@@ -45,6 +45,12 @@ def _batch(*requests: ResourceRequest, protocol: tuple[int, int] = (1, 2)) -> Re
     )
 
 
+def test_the_edge_gives_every_refusal_a_status():
+    from scheduler_extender.http.permit_port import ERRORS
+
+    assert set(ERRORS) == set(Refusal)
+
+
 @pytest.mark.parametrize(
     ("theirs", "expected"),
     [((1, 1), ProtocolVersion.V1), ((1, 2), ProtocolVersion.V2), ((2, 9), ProtocolVersion.V2)],
