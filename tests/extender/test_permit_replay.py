@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import aiohttp
+import structlog
 
 from autoscaler_agent.extender_client import ExtenderClient, TokenFile
 from protocol.codec import decode
@@ -57,8 +58,13 @@ async def test_a_replayed_grow_after_a_shrink_is_refused(
     assert (await _post(running, _v2(11, current=4, requested=1)))[0] == 200
     assert running.extender.ledger.pods["u-1"].vcpus == 1
     # The grow again, byte for byte.
-    status, answer = await _post(running, grow)
+    merge = structlog.contextvars.merge_contextvars
+    with structlog.testing.capture_logs(processors=[merge]) as logs:
+        status, answer = await _post(running, grow)
     assert status == 200
+    # The one line of the call counts the refusal, and names the batch (decoded by the desk).
+    (line,) = [e for e in logs if e["event"] == "request"]
+    assert (line["reason"], line["node"], line["vms"]) == ({"stale": 1}, "node-a", 1)
     (permit,) = answer["permits"]
     assert permit["error"]["status"] == 409 and permit["error"]["reason"] == "StaleSequence"
     assert permit["seq"] == 11 and permit["permit"] is None

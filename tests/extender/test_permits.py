@@ -110,6 +110,31 @@ async def test_batch_for_another_node_is_403(
 
 
 @pytest.mark.parametrize(
+    ("uid", "requested", "error"),
+    [("u-zz", 2, (404, "UnknownPod")), ("u-1", 99, (400, "OutOfBounds"))],
+    ids=["unknown-pod", "out-of-bounds"],
+)
+async def test_one_vms_refusal_is_an_item_error_with_its_own_status(
+    uid: str,
+    requested: int,
+    error: tuple[int, str],
+    kube_api: FakeKubeApi,
+    start_extender: StartExtender,
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender()
+    before = await running.state()
+    response = await _post(
+        running, permit_batch("node-a", uid=uid, requested=requested), STATIC_TOKEN
+    )
+    assert response.status == 200
+    (permit,) = (await response.json())["permits"]
+    assert (permit["error"]["status"], permit["error"]["reason"]) == error
+    assert permit["permit"] is None and permit["status"] is None
+    assert await running.state() == before
+
+
+@pytest.mark.parametrize(
     ("body", "says"),
     [
         (b"{nope", "malformed JSON"),

@@ -159,6 +159,17 @@ def test_a_refused_sequence_never_changes_the_ledger_and_applied_seqs_only_grow(
         assert seqs == sorted(set(seqs))
 
 
+def test_a_request_the_ledger_refuses_records_no_seq():
+    """Out of bounds: refused by ``decide_batch``; its seq is not spent, so the agent's
+    corrected request may carry it."""
+    ledger, book = _ledger(), SequenceBook()
+    (d,) = _decided(ledger, book, _batch(_request("a", 1, 99, 5)))
+    assert d.refused is not None and d.refused.kind is Refusal.OUT_OF_BOUNDS
+    assert book.last("a") is None
+    (d,) = _decided(ledger, book, _batch(_request("a", 1, 2, 5)))
+    assert d.refused is None and d.permit.seq == 5
+
+
 def test_a_batch_refused_whole_records_no_seq():
     ledger, book = _ledger(), SequenceBook()
     ledger.upsert_node("n2", allocatable=Demand(5000, 16 * GI))
