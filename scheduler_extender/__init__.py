@@ -32,7 +32,7 @@ The permit path, as it runs (each name is the code that does the step on its lin
       caller and version, then synced/leading, then                 service.Extender.permits
         token node, negotiation                                     core.batches.admit
         seqs, decide_batch, seqs recorded: Decisions or Refused     core.batches.decide
-      refusal -> status (batch, ItemError), PermitBatch -> JSON      http.permit_port.ERRORS
+      refusal -> status (batch, ItemError), PermitBatch -> JSON     http.permit_port.ERRORS
       <--Answer(status, body bytes)-- <--HTTP-- agent               http.front.MainSide
 
 ``permit_front.mode: inline`` (and tests, tools) skips the two channel hops:
