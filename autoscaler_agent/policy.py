@@ -37,8 +37,8 @@ The rule, and why it neither lags nor oscillates:
   again, and a second step needs ``grow_after_seconds`` of its own at the new size. Carried
   over, the old window let a single noisy scrape right after a grow to the target grow the VM
   again at once (the same 1 -> 40 -> 41 -> 42 showed that too). A step from 1 to 8 busy
-  threads is then one resize, ~4 s plus a permit round trip and the resize after the load
-  arrives (it was ~7 resizes over ~3.5 minutes on load1 alone).
+  threads is then one resize, one window and a permit round trip after the load arrives (on
+  load1 alone it was several resizes, one per step load1 crept up).
 * **Shrink on what the guest did, after a window, and not too far.** The shrink size is
   ``need(used)`` at the *lower* ``shrink_load_per_vcpu`` (0.6), and never below
   ``need(demand_now)`` at the target: after shrinking the load per vCPU is at most 0.6, well
@@ -47,16 +47,15 @@ The rule, and why it neither lags nor oscillates:
   every scrape of it), and then to the *largest* shrink size seen during that window, so a
   spike inside it keeps the VM bigger; one busy scrape closes the window. A VM whose load
   stops is therefore back at its minimum ~``shrink_after_seconds`` plus one resize later.
-  Why busy time and not load1: load1 decays with a 1-minute time constant, so 7 busy threads
-  that stop leave it above 0.6 for ~2.5 minutes (on a real TCG guest the VM took 95-180 s to
-  shrink on it). The busy fraction is measured over the whole scrape interval, so it is the
-  guest's real use, and it is as steady as the load: a steady load ±5% reads ~0.9 per vCPU
-  at the target and needs a 33% drop, held for 30 s, to shrink. The run queue is left out on
-  purpose: an instant count of short-lived tasks, it would make an idle VM's shrink size jump
-  (an idle guest shows 0-2 runnable tasks), and below saturation the busy time is the demand.
-  The window is the price: a load that pauses for longer than it (a batch every 2 minutes)
-  gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also held every
-  VM a few minutes too big after every real stop.
+  Why busy time and not load1: load1 decays with a 1-minute time constant, so 7 busy threads that
+  stop leave it above 0.6 for ~2.5 minutes (``ln(7 / 0.6)`` time constants). The busy fraction is
+  measured over the whole scrape interval, so it is the guest's real use, and it is as steady as the
+  load: a steady load ±5% reads ~0.9 per vCPU at the target and needs a 33% drop, held for 30 s, to
+  shrink. The run queue is left out on purpose: an instant count of short-lived tasks, it would make
+  an idle VM's shrink size jump (an idle guest shows 0-2 runnable tasks), and below saturation the
+  busy time is the demand. The window is the price: a load that pauses for longer than it (a batch
+  every 2 minutes) gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also
+  held every VM a few minutes too big after every real stop.
 * **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
   since the last scrape) the policy holds, and keeps its windows as they were. **Without CPU
   counters at all** (an exporter with the cpu collector off) it is the load1-only rule: grow

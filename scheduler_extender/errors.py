@@ -3,7 +3,9 @@
 Pure: declarations only. Handlers raise these; the error middleware turns them into a JSON
 ``ErrorBody`` (``{"error", "reason", "message"}``) with the class's status. Anything that is not
 an ``ExtenderError`` is a bug: 500 with a generic body, and the traceback logged with the
-request id.
+request id. The pure core raises none of these: it returns typed refusals
+(``core.refusals``), which the permit port's edge maps to these classes, once
+(``http.permit_port.ERRORS``).
 
 ::
 
@@ -35,8 +37,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from protocol.versions import VersionRange
-
 
 class ExtenderError(Exception):
     status: ClassVar[int] = 500
@@ -60,13 +60,6 @@ class ProtocolError(ExtenderError):
 
 class UnsupportedVersion(ProtocolError):
     default_reason = "UnsupportedVersion"
-
-    def __init__(self, *, theirs: VersionRange, ours: VersionRange, who: str = "agent") -> None:
-        super().__init__(
-            f"no protocol version in common: {who} speaks {theirs}, extender speaks {ours}"
-        )
-        self.theirs = theirs
-        self.ours = ours
 
 
 class Unauthenticated(ExtenderError):
@@ -154,18 +147,3 @@ class NotLeader(Unavailable):
     the Service sends the next request to the leader, or this one leads by then."""
 
     default_reason = "NotLeader"
-
-
-_BY_STATUS: dict[int, type[ExtenderError]] = {
-    400: ProtocolError,
-    401: Unauthenticated,
-    403: WrongNode,
-    404: UnknownPod,
-    409: StaleRequest,
-    413: BodyTooLarge,
-}
-
-
-def error_for_status(status: int, message: str, *, reason: str) -> ExtenderError:
-    """The class for a status decided by the pure core (``permits.BatchRefused``)."""
-    return _BY_STATUS.get(status, ExtenderError)(message, reason=reason)

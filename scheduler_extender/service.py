@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 import msgspec
 import structlog
@@ -34,17 +34,18 @@ import structlog
 from kube_io.errors import KubeError, NotFound
 from protocol.annotations import LEADER_TERM, vm_container_name
 from protocol.kube import Node, Pod, PodSpec, Taint
-from protocol.permits import PermitBatch, PermitStatus, ResourceRequestBatch
+from protocol.permits import PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
-from protocol.versions import SUPPORTED
+from protocol.versions import ProtocolVersion
 from scheduler_extender.admission import queue as admission
 from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
+from scheduler_extender.core import batches
 from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core.ledger import Ledger, LedgerError
 from scheduler_extender.core.parked import ParkedPods
-from scheduler_extender.core.permits import BatchRefused, decide_batch
+from scheduler_extender.core.permits import Decision
 from scheduler_extender.core.placement import FitIndex, ScoreIndex
 from scheduler_extender.core.podinfo import (
     Demand,
@@ -52,14 +53,9 @@ from scheduler_extender.core.podinfo import (
     PodInfo,
     pod_info,
 )
-from scheduler_extender.errors import (
-    NotLeader,
-    NotSynced,
-    UnsupportedVersion,
-    WrongNode,
-    error_for_status,
-)
-from scheduler_extender.kube.auth import Identity
+from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
+from scheduler_extender.core.sequences import SequenceBook
+from scheduler_extender.errors import NotLeader, NotSynced
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.kube.queue_notices import QueueNotices
@@ -111,6 +107,8 @@ class Extender:
         # This incarnation's id, in every permit answer: agents that see it change report all
         # their VMs at once, so a rebuilt ledger stops holding them at their maximum quickly.
         self.epoch = uuid.uuid4().hex
+        # The last applied seq per VM (protocol v2), in memory only (``core.sequences``).
+        self.sequences = SequenceBook()
         self.index = FitIndex(self.ledger)
         self.scores = ScoreIndex(self.ledger)
         self.ledger.subscribe(metrics.node_changed)
@@ -515,40 +513,39 @@ class Extender:
     # -- permits -----------------------------------------------------------------------------
 
     def permits(
-        self, batch: ResourceRequestBatch, identity: Identity
-    ) -> tuple[PermitBatch, dict[str, int]]:
-        """Authorise, negotiate, decide, record. Raises ExtenderErrors; applies all or nothing.
+        self, batch: ResourceRequestBatch, *, token_node: str | None
+    ) -> PermitsDecided | Refused:
+        """Admit, negotiate, decide, record (``core.batches``). Raises ``NotLeader`` and
+        ``NotSynced`` (this replica's state); returns the core's refusals; all or nothing.
 
-        Returns the answer and how many permits got each status (for the request's log line).
-        One pass over the decisions does the metrics, the durable writes and the capacity
-        waits: at tens of thousands of VMs a second, every per-VM loop shows.
+        Counts how many permits got each status (for the request's log line; the sequence
+        refusals as ``stale``). One pass over the decisions does the metrics, the durable
+        writes and the capacity waits: every per-VM loop shows at scale.
         """
-        if identity.node is not None and batch.node != identity.node:
-            raise WrongNode(
-                f"this token speaks for node {identity.node}, not for node {batch.node}"
-            )
-        version = SUPPORTED.latest_shared(batch.protocol)
-        if version is None:
-            raise UnsupportedVersion(theirs=batch.protocol, ours=SUPPORTED)
+        version = batches.admit(batch, token_node=token_node)
+        if isinstance(version, Refused):
+            return version
         self.require_synced()
-        try:
-            decisions = decide_batch(
-                self.ledger,
-                batch.node,
-                batch.requests,
-                quota_room=partial(admission.quota_room, self.admission),
-            )
-        except BatchRefused as e:
-            raise error_for_status(e.status, e.message, reason=e.reason) from e
+        decisions = batches.decide(
+            self.ledger,
+            self.sequences,
+            batch,
+            version,
+            quota_room=partial(admission.quota_room, self.admission),
+        )
+        if isinstance(decisions, Refused):
+            return decisions
         counts: dict[str, int] = {}
-        permits = []
+        stale = 0
         pods = self.ledger.pods
         recorder = self.recorder
         waits = self.capacity_waits
         now = self.clock()
         for decision in decisions:
             permit = decision.permit
-            permits.append(permit)
+            if decision.refused is not None and decision.refused.kind in SEQUENCE_REFUSALS:
+                stale += 1
+                continue
             status = permit.status
             name = _STATUS_NAMES[status] if status is not None else "error"
             counts[name] = counts.get(name, 0) + 1
@@ -577,20 +574,28 @@ class Extender:
         if "released" in counts:
             # A VM shrank: its namespace's quota has room again.
             self.recheck_queue()
-        answer = PermitBatch(
-            protocol=int(version), node=batch.node, permits=permits, epoch=self.epoch
-        )
-        return answer, counts
+        if stale:
+            counts["stale"] = stale
+        return PermitsDecided(version, decisions, counts)
+
+
+class PermitsDecided(NamedTuple):
+    """A decided batch: its version, each VM's decision in order, and the statuses counted."""
+
+    version: ProtocolVersion
+    decisions: list[Decision]
+    counts: dict[str, int]
 
 
 def _freeze_loaded_objects() -> None:
     """Move everything alive after the first lists out of the cyclic GC's reach (once).
 
-    The ledger, its indexes and the decoded lists' survivors are long-lived: without this,
-    every full collection walks all of them again (tens of milliseconds with 50,000 pods),
-    and the pause lands on whichever request allocated last. ``gc.freeze`` moves them to a
-    permanent generation; reference counting still frees them when they go away. Objects
-    created later (relists, new pods) are collected as usual.
+    The ledger, its indexes and the decoded lists' survivors are long-lived: without this, every
+    full collection walks all of them again (a pause that grows with the number of pods:
+    ``scripts/bench_extender.py --no-freeze-gc`` measures it), and the pause lands on whichever
+    request allocated last. ``gc.freeze`` moves them to a permanent generation; reference counting
+    still frees them when they go away. Objects created later (relists, new pods) are collected as
+    usual.
     """
     gc.collect()
     gc.freeze()

@@ -76,9 +76,10 @@ from protocol.annotations import VmSpec
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.ledger import LedgerError
-from scheduler_extender.core.permits import BatchRefused, decide_batch
+from scheduler_extender.core.permits import decide_batch
 from scheduler_extender.core.placement import score_nodes
 from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.core.refusals import Refused
 from simulator import scenario as sc
 from simulator.extender_restarts import (
     epoch_seen_after,
@@ -889,14 +890,13 @@ class Simulation:
         ]
         before = ext.ledger.nodes[node].free.cpu_millis
         before_memory = ext.ledger.nodes[node].free.memory_bytes
-        try:
-            # Upscales are limited by namespace quotas as in the extender (a namespace
-            # without one is unlimited, answered without a refresh).
-            decisions = decide_batch(
-                ext.ledger, node, requests, quota_room=partial(adm.quota_room, ext.admission)
-            )
-        except BatchRefused as e:
-            raise InvariantViolation("permit batch refused", e.message) from e
+        # Upscales are limited by namespace quotas as in the extender (a namespace
+        # without one is unlimited, answered without a refresh).
+        decisions = decide_batch(
+            ext.ledger, node, requests, quota_room=partial(adm.quota_room, ext.admission)
+        )
+        if isinstance(decisions, Refused):
+            raise InvariantViolation("permit batch refused", decisions.message)
         check_decision(ext.ledger, node, before, f"permit batch for {node}")
         if self.has_memory:
             check_memory_decision(ext.ledger, node, before_memory, f"permit batch for {node}")
@@ -905,11 +905,11 @@ class Simulation:
             assert st is not None
             vm.op = None
             permit = decision.permit
-            if permit.error is not None or permit.permit is None:
+            if decision.refused is not None or permit.permit is None:
                 vm.permit_errors += 1
                 if vm.mem is not None:
                     vm.mem.permit_errors += 1
-                error = permit.error.message if permit.error is not None else "no permit"
+                error = decision.refused.message if decision.refused is not None else "no permit"
                 st.permit_failed(t, error, jitter=self._jitter(vm))
                 self.note("permit_error", vm.spec.name, error)
             else:

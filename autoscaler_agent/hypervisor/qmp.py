@@ -60,7 +60,7 @@ from autoscaler_agent.hypervisor.errors import (
 from autoscaler_agent.hypervisor.unix import open_unix_stream
 
 DEFAULT_COMMAND_TIMEOUT_SECONDS: Final = 5.0
-# A running Linux guest ejects a vCPU in about 2 s under TCG (qemu-guest.md).
+# Room for a running Linux guest to eject a vCPU under TCG (measured in qemu-guest.md).
 DEFAULT_UNPLUG_TIMEOUT_SECONDS: Final = 5.0
 # A memory resize ends when the plugged size has not moved for this long, or after the total.
 DEFAULT_MEMORY_STALL_SECONDS: Final = 3.0

@@ -2,7 +2,10 @@
 
 ``podinfo`` turns a Pod into the facts the ledger needs; ``ledger`` is the per-node account of
 every pod (ours and foreign) with its invariants; ``placement`` answers filter, prioritize and
-preempt (and keeps the fit index); ``permits`` answers agents' ResourceRequests.
+preempt (and keeps the fit index); ``permits`` answers agents' ResourceRequests; ``sequences``
+refuses replayed and reordered ones (protocol v2); ``batches`` runs a permit batch's rules in
+order (who may send it, the version, the seqs, ``decide_batch``); ``refusals`` types what they
+refuse, with no HTTP status (the edge picks those).
 
 Pure: no I/O, no clock (callers pass ``now``), no randomness. It may import ``protocol`` and
 nothing else of this project; every other package of the extender builds on it.

@@ -1,8 +1,9 @@
 """Answering agents' ResourceRequests with Permits (the rules of ``protocol.permits``).
 
-Pure: no I/O, no awaits. ``decide_batch`` validates the whole batch first, so a request that
-is refused as a whole (another node's pod) leaves the ledger exactly as it was, and then applies
-each VM's request in order. Because nothing awaits, a batch is atomic for its node.
+Pure: no I/O, no awaits, no HTTP. ``decide_batch`` validates the whole batch first, so a batch
+that is refused as a whole (another node's pod) leaves the ledger exactly as it was, and then
+applies each VM's request in order. Because nothing awaits, a batch is atomic for its node.
+Refusals are returned, typed (``refusals``), never raised: the edge picks their statuses.
 
 Each resource (vCPUs, memory) is decided on its own, because a VM holds, per resource, the larger
 of its pod's requests and its permitted size:
@@ -36,7 +37,6 @@ from typing import Final, NamedTuple
 
 from protocol.annotations import VmSpec
 from protocol.permits import (
-    ItemError,
     Permit,
     PermitStatus,
     ResourceRequest,
@@ -44,32 +44,26 @@ from protocol.permits import (
 )
 from scheduler_extender.core.ledger import Allocation, Ledger, Owner
 from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.core.refusals import Refusal, Refused
 
 CPU_MILLIS_PER_VCPU: Final = 1000
 # namespace -> how much more it may hold now (never negative), or None: no quota.
 QuotaRoom = Callable[[str], Demand | None]
 
 
-class BatchRefused(Exception):
-    """The whole batch is refused; nothing was applied. ``status`` is the HTTP status."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
 class Decision(NamedTuple):
+    """One VM's answer. ``refused`` set: its request was refused, and ``permit`` carries only
+    the pod (and, for a sequence refusal, the last seq applied); the edge adds the error."""
+
     permit: Permit
+    refused: Refused | None = None
 
 
-def _error(req: ResourceRequest, status: int, reason: str, message: str) -> Decision:
-    error = ItemError(status=status, reason=reason, message=message)
-    return Decision(Permit(pod=req.pod, error=error))
+def _refuse(req: ResourceRequest, kind: Refusal, message: str) -> Decision:
+    return Decision(Permit(pod=req.pod), Refused(kind, message))
 
 
-def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> None:
+def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> Refused | None:
     """Refuse the whole batch if any request speaks for a pod on another node.
 
     An agent may only speak for VMs on its own node; one that does not is misconfigured or
@@ -77,18 +71,17 @@ def check_batch(ledger: Ledger, node: str, requests: list[ResourceRequest]) -> N
     """
     for req in requests:
         if req.node != node:
-            raise BatchRefused(
-                400,
-                "NodeMismatch",
+            return Refused(
+                Refusal.NODE_MISMATCH,
                 f"request for {req.pod.key} names node {req.node} inside a batch for node {node}",
             )
         entry = ledger.pods.get(req.pod.uid)
         if entry is not None and entry.node != node:
-            raise BatchRefused(
-                403,
-                "WrongNode",
+            return Refused(
+                Refusal.WRONG_NODE,
                 f"pod {req.pod.key} runs on node {entry.node}, not on {node}",
             )
+    return None
 
 
 def decide(
@@ -99,31 +92,33 @@ def decide(
     growth_cap_millis: int | None = None,
     growth_cap_bytes: int | None = None,
 ) -> Decision:
-    """Apply one VM's request to the ledger and return its Permit (or its error).
+    """Apply one VM's request to the ledger and return its Permit (or its refusal).
 
     ``growth_cap_millis`` limits how much CPU an increase may add on top of ``current`` (the
     fair share ``decide_batch`` gives each VM when several compete for a node's room), and
     ``growth_cap_bytes`` how much memory."""
     entry = ledger.pods.get(req.pod.uid)
     if entry is None:
-        return _error(
-            req, 404, "UnknownPod", f"pod {req.pod.key} (uid {req.pod.uid}) holds nothing here"
+        return _refuse(
+            req, Refusal.UNKNOWN_POD, f"pod {req.pod.key} (uid {req.pod.uid}) holds nothing here"
         )
     if entry.namespace != req.pod.namespace or entry.name != req.pod.name:
-        return _error(
-            req, 409, "StaleRequest", f"uid {req.pod.uid} belongs to {entry.key}, not {req.pod.key}"
+        return _refuse(
+            req,
+            Refusal.STALE_REQUEST,
+            f"uid {req.pod.uid} belongs to {entry.key}, not {req.pod.key}",
         )
     if entry.owner is not Owner.OWN or entry.vm is None:
-        return _error(req, 404, "NotAVm", f"pod {req.pod.key} is not a VM of this scheduler")
+        return _refuse(req, Refusal.NOT_A_VM, f"pod {req.pod.key} is not a VM of this scheduler")
     if entry.node != req.node:
-        return _error(req, 403, "WrongNode", f"pod {req.pod.key} runs on node {entry.node}")
+        return _refuse(req, Refusal.WRONG_NODE, f"pod {req.pod.key} runs on node {entry.node}")
     if entry.is_tentative:
-        return _error(req, 409, "NotBound", f"pod {req.pod.key} is still being bound")
+        return _refuse(req, Refusal.NOT_BOUND, f"pod {req.pod.key} is still being bound")
     vm = entry.vm
     want = req.requested
     bad = _bounds_error(vm, req)
     if bad is not None:
-        return _error(req, 400, "OutOfBounds", bad)
+        return _refuse(req, Refusal.OUT_OF_BOUNDS, bad)
     state = ledger.nodes[entry.node]
     free = state.free
     # What this VM could hold at most, per resource, after giving back what it holds now.
@@ -209,14 +204,17 @@ def decide_batch(
     node: str,
     requests: list[ResourceRequest],
     quota_room: QuotaRoom | None = None,
-) -> list[Decision]:
-    """Decide a node's batch. Everything that frees or keeps room goes first; then, when
-    several VMs ask to grow, they share the node's free room fairly, per resource, instead of
-    the first in the batch taking it all: each may first add an equal share of the free CPU
-    (of the VMs growing CPU) and of the free memory (of the VMs growing memory), then what is
-    left goes round in batch order (a max-min split in two rounds; deterministic, no
-    randomness)."""
-    check_batch(ledger, node, requests)
+) -> list[Decision] | Refused:
+    """Decide a node's batch (or refuse it whole, before touching the ledger).
+
+    Everything that frees or keeps room goes first; then, when several VMs ask to grow, they
+    share the node's free room fairly, per resource, instead of the first in the batch taking
+    it all: each may first add an equal share of the free CPU (of the VMs growing CPU) and of
+    the free memory (of the VMs growing memory), then what is left goes round in batch order
+    (a max-min split in two rounds; deterministic, no randomness)."""
+    refused = check_batch(ledger, node, requests)
+    if refused is not None:
+        return refused
     cpu_growing = mem_growing = 0
     growing = []
     for i, r in enumerate(requests):

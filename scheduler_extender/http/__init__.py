@@ -14,9 +14,8 @@
 ``penalties``        client addresses whose new connections the kernel drops for a while.
 ``bodies``           reading request bodies within their size and time limits and the
                      process-wide in-flight budget, inflating gzip within the size limit.
-``permit_port``      ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the
-                     decisions).
-``sequences``        per-VM sequence numbers of permit requests: replays and reorders refused.
+``permit_port``      ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the one
+                     decode, the ``Extender``'s decisions, the refusals' statuses: ``ERRORS``).
 ``front``            the permit front: the permit port in a child process, its channel to the
                      main process, and that process's side of it.
 ``recommend``        ``/v1/recommend`` and the auto-publish task.

@@ -16,15 +16,17 @@ What runs where:
   main process and inherited, so a port in use is the main process's one-line error, and a
   restarted front takes over the same socket without losing its backlog), the body limits,
   the token checks and TokenReviews with their caches and budgets (its own API client, from
-  the same kubeconfig or in-cluster credentials), the per-agent budgets, decoding the batch;
-* the main process (``PermitFront``): the replay checks and the decisions (``LocalDesk``), and
-  the answers of the permit port's probes (``/healthz``, ``/readyz``: the kubelet's).
+  the same kubeconfig or in-cluster credentials), the per-agent budgets;
+* the main process (``PermitFront``): decoding the batch, once, the rules and the decisions
+  (``LocalDesk``), and the answers of the permit port's probes (``/healthz``, ``/readyz``: the
+  kubelet's).
 
-The channel is a socketpair the child inherits (no socket file to secure), carrying
-length-prefixed msgpack frames (``Frame``): the front ``Ask``s (a batch with its caller's
-identity, or a probe) and the main process ``Answer``s synchronously, without awaiting anything
-of the front's (its writes never wait for the front to read); the main process asks for the
-front's metrics (``MetricsAsk``) when ``/metrics`` is scraped and merges them into its own.
+The channel is a socketpair the child inherits (no socket file to secure), carrying length-prefixed
+msgpack frames (``Frame``): the front ``Ask``s (the bytes of a batch's body, as the agent sent them
+but inflated, with its caller's identity; or a probe) and the main process ``Answer``s
+synchronously, without awaiting anything of the front's (its writes never wait for the front to
+read); the main process asks for the front's metrics (``MetricsAsk``) when ``/metrics`` is scraped
+and merges them into its own.
 
 Lifecycle: SIGTERM/SIGINT reach the main process, which stops the front (SIGTERM: it closes its
 listener and finishes the calls in flight) before its own listeners. A front that dies is
@@ -61,7 +63,6 @@ from prometheus_client.samples import Sample
 
 from kube_io.client import KubeClient
 from observability.log import configure_logging
-from protocol.permits import ResourceRequestBatch
 from scheduler_extender.config import (
     AuthMode,
     Config,
@@ -109,8 +110,8 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 COMMAND: Final = "permit-front"
-# A frame's length prefix, and the largest frame either side accepts (a 2 MiB permit body
-# decodes to less; the front's metrics are a few kilobytes).
+# A frame's length prefix, and the largest frame either side accepts (a permit body is at most
+# ``limits.permits_max_body_bytes``, inflated; the front's metrics are a few kilobytes).
 _HEADER: Final = struct.Struct(">I")
 _MAX_FRAME: Final = 64 * 2**20
 # How long the front waits for the main process's answer before a 503 (it answers in
@@ -212,13 +213,14 @@ class Start(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
 
 
 class Ask(msgspec.Struct, frozen=True, kw_only=True, tag="ask"):
-    """Front to main: decide this batch for this caller, or answer this probe."""
+    """Front to main: decide this batch (its body's bytes, undecoded: msgpack carries them as
+    one ``bin``) for this caller, or answer this probe."""
 
     id: int
     probe: Probe | None = None
     username: str = ""
     node: str | None = None
-    batch: ResourceRequestBatch | None = None
+    body: bytes | None = None
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
@@ -318,8 +320,8 @@ class ChannelDesk:
         self._pending: dict[int, asyncio.Future[DeskAnswer]] = {}
         self._closed = False
 
-    async def permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer:
-        return await self._ask(username=identity.username, node=identity.node, batch=batch)
+    async def permits(self, identity: Identity, body: bytes) -> DeskAnswer:
+        return await self._ask(username=identity.username, node=identity.node, body=body)
 
     async def probe(self, name: Probe) -> DeskAnswer:
         try:
@@ -333,7 +335,7 @@ class ChannelDesk:
         probe: Probe | None = None,
         username: str = "",
         node: str | None = None,
-        batch: ResourceRequestBatch | None = None,
+        body: bytes | None = None,
     ) -> DeskAnswer:
         if self._closed:
             raise Unavailable("the extender's main process is gone", reason="FrontOrphaned")
@@ -341,9 +343,7 @@ class ChannelDesk:
         future: asyncio.Future[DeskAnswer] = asyncio.get_running_loop().create_future()
         self._pending[ask_id] = future
         try:
-            self.channel.send(
-                Ask(id=ask_id, probe=probe, username=username, node=node, batch=batch)
-            )
+            self.channel.send(Ask(id=ask_id, probe=probe, username=username, node=node, body=body))
             async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
                 return await future
         except TimeoutError as e:
@@ -411,9 +411,9 @@ class MainSide:
         try:
             if ask.probe is not None:
                 return desk.answer_probe(ask.probe)
-            if ask.batch is None:
+            if ask.body is None:
                 raise ExtenderError("an ask with neither a probe nor a batch")
-            return desk.answer_permits(Identity(ask.username, ask.node), ask.batch)
+            return desk.answer_permits(Identity(ask.username, ask.node), ask.body)
         except ExtenderError as e:
             return DeskAnswer(
                 status=e.status, body=error_body(e), headers=e.headers, reason=e.message

@@ -1,18 +1,20 @@
 """``POST /v1/permits``: the agents' batched ResourceRequests, answered with Permits.
 
 Shell, thin, in two halves. The handler (the permit front's: ``front``) authenticates, spends
-the caller's budget, reads and decodes the batch; only then does it hand the identity and the
-batch to a ``PermitDesk``, the ``Extender``'s side (``LocalDesk``), which does the replay checks
-and the decisions and answers the status and body. In ``serve`` the two halves run in two
-processes (``front``); ``make_permits_app`` joins them in one for tests and tools.
+the caller's budget and reads the body (within its limits, inflated); then it hands the identity
+and the body's bytes, undecoded, to a ``PermitDesk``, the ``Extender``'s side (``LocalDesk``).
+The desk decodes the batch, once, asks the ``Extender`` (``core.batches``: the rules) and turns
+what the core returns into the status and body: the core's typed refusals get their statuses
+here and nowhere else (``ERRORS``). In ``serve`` the two halves run in two processes
+(``front``); ``make_permits_app`` joins them in one for tests and tools.
 
 The order of checks is the order of the statuses a caller can get: 401 (who are you), 403 (not the
-agent, or not its pod), 429 (this caller's request budget is spent, ``CallerBudgets``), 413/415/400
-(what did you send; the body is read only now); then at the desk: 403 (the batch is for another
-node than your token's), 400 (no protocol version in common), 503 (not synced), then per VM:
-409/400 for a replayed, reordered or seq-less request (``sequences``), then the pure
-``decide_batch``. Every refusal happens before the ledger is touched, and ``decide_batch`` itself
-applies all or nothing.
+agent, or not its pod), 429 (this caller's request budget is spent, ``CallerBudgets``), 413/415
+(what did you send; the body is read only now); then at the desk: 400 (not a batch), 403 (the
+batch is for another node than your token's), 400 (no protocol version in common), 503 (not
+synced, or not leading), 400/403 for the batch as a whole, then per VM: 409/400 for a replayed,
+reordered or seq-less request, and the ``decide_batch`` refusals. Every refusal of the batch
+happens before the ledger is touched, and ``decide_batch`` itself applies all or nothing.
 """
 
 from __future__ import annotations
@@ -26,15 +28,55 @@ import structlog
 from aiohttp import web
 
 from protocol import codec
-from protocol.permits import PermitBatch, ResourceRequestBatch
-from protocol.versions import SUPPORTED
-from scheduler_extender.errors import ExtenderError, TooManyRequests
+from protocol.permits import ItemError, Permit, PermitBatch, ResourceRequestBatch
+from scheduler_extender.core.permits import Decision
+from scheduler_extender.core.refusals import Refusal, Refused
+from scheduler_extender.errors import (
+    ExtenderError,
+    ProtocolError,
+    StaleRequest,
+    TooManyRequests,
+    UnknownPod,
+    UnsupportedVersion,
+    WrongNode,
+)
 from scheduler_extender.http import ops
 from scheduler_extender.http.keys import AUTHENTICATOR
 from scheduler_extender.http.middleware import JSON, decode, error_body, read_body
-from scheduler_extender.http.sequences import SequenceBook, merge
 from scheduler_extender.kube.auth import Identity, TokenBucket
-from scheduler_extender.service import Extender
+from scheduler_extender.service import Extender, PermitsDecided
+
+# The edge: each refusal of the core answered as this error, with its class's status (for the
+# whole batch, the HTTP status; for one VM, ``ItemError.status``, the status it would have on
+# its own). The one place a permit refusal gets a status.
+ERRORS: dict[Refusal, type[ExtenderError]] = {
+    Refusal.UNSUPPORTED_VERSION: UnsupportedVersion,  # 400
+    Refusal.NODE_MISMATCH: ProtocolError,  # 400
+    Refusal.OUT_OF_BOUNDS: ProtocolError,  # 400
+    Refusal.SEQUENCE_MISSING: ProtocolError,  # 400
+    Refusal.WRONG_NODE: WrongNode,  # 403
+    Refusal.UNKNOWN_POD: UnknownPod,  # 404
+    Refusal.NOT_A_VM: UnknownPod,  # 404
+    Refusal.STALE_REQUEST: StaleRequest,  # 409
+    Refusal.NOT_BOUND: StaleRequest,  # 409
+    Refusal.SEQUENCE_REQUIRED: StaleRequest,  # 409
+    Refusal.STALE_SEQUENCE: StaleRequest,  # 409
+}
+
+
+def refusal_error(refused: Refused) -> ExtenderError:
+    return ERRORS[refused.kind](refused.message, reason=refused.kind.value)
+
+
+def wire_permit(decision: Decision) -> Permit:
+    """One VM's answer on the wire: a refused request's with its ``ItemError``."""
+    refused = decision.refused
+    if refused is None:
+        return decision.permit
+    error = ItemError(
+        status=ERRORS[refused.kind].status, reason=refused.kind.value, message=refused.message
+    )
+    return msgspec.structs.replace(decision.permit, error=error)
 
 
 class CallerBudgets:
@@ -66,20 +108,23 @@ class CallerBudgets:
 
 class DeskAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """What the desk answers: the HTTP status, body and headers, and what the one ``request``
-    log line of the call says as its ``reason`` (the statuses counted, or the error)."""
+    log line of the call says: its ``reason`` (the statuses counted, or the error), and the
+    batch's ``node`` and number of ``vms`` once it is decoded."""
 
     status: int
     body: bytes
     headers: dict[str, str] = {}
     reason: dict[str, int] | str | None = None
+    node: str | None = None
+    vms: int | None = None
 
 
 class PermitDesk(Protocol):
-    """Where an authenticated, budgeted, decoded batch is decided, and where the permit port's
-    probes get their answer: the ``Extender``'s process. ``LocalDesk`` is that process's own
-    side; ``front.ChannelDesk`` reaches it from the permit front's process."""
+    """Where an authenticated, budgeted batch (its bytes, undecoded) is decided, and where the
+    permit port's probes get their answer: the ``Extender``'s process. ``LocalDesk`` is that
+    process's own side; ``front.ChannelDesk`` reaches it from the permit front's process."""
 
-    async def permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer: ...
+    async def permits(self, identity: Identity, body: bytes) -> DeskAnswer: ...
 
     async def probe(self, name: Probe) -> DeskAnswer: ...
 
@@ -89,43 +134,39 @@ Probe = Literal["healthz", "readyz", "warm"]
 
 
 class LocalDesk:
-    """The ``Extender``'s side: the replay checks, the decisions, the probes' answers. Every
-    method is synchronous (no await between the seq checks and their records), so it answers
-    the same whether called in process or from the front's channel."""
+    """The ``Extender``'s side: the one decode, the decisions (``Extender.permits``), their
+    statuses, the probes' answers. Every method is synchronous (no await between the seq checks
+    and their records), so it answers the same whether called in process or from the front's
+    channel."""
 
     def __init__(self, extender: Extender, tasks: list[asyncio.Task[None]]) -> None:
         self.extender = extender
         self.tasks = tasks
-        self.sequences = SequenceBook()
 
-    def answer_permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer:
+    def answer_permits(self, identity: Identity, body: bytes) -> DeskAnswer:
+        batch: ResourceRequestBatch | None = None
         try:
-            answer, statuses = self._decide(identity, batch)
+            batch = decode(ResourceRequestBatch, body)
+            decided = self.extender.permits(batch, token_node=identity.node)
         except ExtenderError as e:
-            return DeskAnswer(
-                status=e.status, body=error_body(e), headers=e.headers, reason=e.message
-            )
-        return DeskAnswer(status=200, body=codec.encode(answer), reason=statuses)
-
-    def _decide(
-        self, identity: Identity, batch: ResourceRequestBatch
-    ) -> tuple[PermitBatch, dict[str, int]]:
-        extender = self.extender
-        book = self.sequences
-        version = SUPPORTED.latest_shared(batch.protocol)
-        split = book.split(
-            batch.requests, uses_seq=version is not None and version.has_sequence_numbers()
+            return _error_answer(e, batch)
+        if isinstance(decided, Refused):
+            return _error_answer(refusal_error(decided), batch)
+        return DeskAnswer(
+            status=200,
+            body=codec.encode(self._answer(batch, decided)),
+            reason=decided.counts,
+            node=batch.node,
+            vms=len(batch.requests),
         )
-        if split.refused:
-            batch = msgspec.structs.replace(batch, requests=split.apply)
-        answer, statuses = extender.permits(batch, identity)
-        if split.refused or any(r.seq is not None for r in split.apply):
-            permits = merge(book.applied(answer.permits, split.apply), split.refused)
-            answer = msgspec.structs.replace(answer, permits=permits)
-            if split.refused:
-                statuses = {**statuses, "stale": len(split.refused)}
-            book.forget_gone(extender.ledger.pods, len(extender.ledger.pods))
-        return answer, statuses
+
+    def _answer(self, batch: ResourceRequestBatch, decided: PermitsDecided) -> PermitBatch:
+        return PermitBatch(
+            protocol=int(decided.version),
+            node=batch.node,
+            permits=[wire_permit(d) for d in decided.decisions],
+            epoch=self.extender.epoch,
+        )
 
     def answer_probe(self, name: Probe) -> DeskAnswer:
         problem = (
@@ -137,8 +178,8 @@ class LocalDesk:
             return DeskAnswer(status=503, body=problem.encode(), reason=problem.strip())
         return DeskAnswer(status=200, body=b"ok\n")
 
-    async def permits(self, identity: Identity, batch: ResourceRequestBatch) -> DeskAnswer:
-        return self.answer_permits(identity, batch)
+    async def permits(self, identity: Identity, body: bytes) -> DeskAnswer:
+        return self.answer_permits(identity, body)
 
     async def probe(self, name: Probe) -> DeskAnswer:
         return self.answer_probe(name)
@@ -154,10 +195,10 @@ async def permits(request: web.Request) -> web.Response:
     # A static token (local runs) speaks for every node at once: not one caller to budget.
     if identity.node is not None:
         await _spend_budget(request, identity)
-    batch = decode(ResourceRequestBatch, await read_body(request))
-    structlog.contextvars.bind_contextvars(node=batch.node, vms=len(batch.requests))
-    answer = await request.app[DESK].permits(identity, batch)
+    answer = await request.app[DESK].permits(identity, await read_body(request))
     # One canonical line per batch (the middleware writes it), never one per VM.
+    if answer.node is not None:
+        structlog.contextvars.bind_contextvars(node=answer.node, vms=answer.vms)
     structlog.contextvars.bind_contextvars(reason=answer.reason)
     return _response(answer, content_type=JSON)
 
@@ -169,6 +210,17 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     name: Probe = "readyz" if ops.is_leader_checked(request) else "warm"
     return _response(await request.app[DESK].probe(name), content_type="text/plain")
+
+
+def _error_answer(error: ExtenderError, batch: ResourceRequestBatch | None) -> DeskAnswer:
+    return DeskAnswer(
+        status=error.status,
+        body=error_body(error),
+        headers=error.headers,
+        reason=error.message,
+        node=batch.node if batch is not None else None,
+        vms=len(batch.requests) if batch is not None else None,
+    )
 
 
 def _response(answer: DeskAnswer, *, content_type: str) -> web.Response:

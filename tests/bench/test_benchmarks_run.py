@@ -39,7 +39,14 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     # cache), each extender pinned to a CPU of its own.
     "bench_scheduling.py": (
         ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2", "--floor", "--pin=yes"],
-        {"alone+pinned", "cache+pinned", "cache@floor+pinned", "toFloor", "deleteToBind"},
+        {
+            "alone+pinned",
+            "cache+pinned",
+            "cache@floor+pinned",
+            "toFloor",
+            "deleteToBind",
+            "runSeconds",
+        },
     ),
     "bench_agent.py": (
         ["--vms=5", "--interval=0.2", "--steady-ticks=2"],

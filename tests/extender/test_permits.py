@@ -47,6 +47,12 @@ async def _post(running: Running, body: Any, token: str | None, **kw: Any) -> An
 TOKENREVIEW = {"auth": {"mode": "tokenreview"}}
 
 
+def _naming_node_b() -> bytes:
+    batch = permit_batch("node-a", uid="u-1")
+    batch["requests"][0]["node"] = "node-b"
+    return json.dumps(batch).encode()
+
+
 async def test_grant_with_tokenreview(kube_api: FakeKubeApi, start_extender: StartExtender) -> None:
     _cluster(kube_api)
     running = await start_extender(make_config(**TOKENREVIEW))
@@ -104,6 +110,31 @@ async def test_batch_for_another_node_is_403(
 
 
 @pytest.mark.parametrize(
+    ("uid", "requested", "error"),
+    [("u-zz", 2, (404, "UnknownPod")), ("u-1", 99, (400, "OutOfBounds"))],
+    ids=["unknown-pod", "out-of-bounds"],
+)
+async def test_one_vms_refusal_is_an_item_error_with_its_own_status(
+    uid: str,
+    requested: int,
+    error: tuple[int, str],
+    kube_api: FakeKubeApi,
+    start_extender: StartExtender,
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender()
+    before = await running.state()
+    response = await _post(
+        running, permit_batch("node-a", uid=uid, requested=requested), STATIC_TOKEN
+    )
+    assert response.status == 200
+    (permit,) = (await response.json())["permits"]
+    assert (permit["error"]["status"], permit["error"]["reason"]) == error
+    assert permit["permit"] is None and permit["status"] is None
+    assert await running.state() == before
+
+
+@pytest.mark.parametrize(
     ("body", "says"),
     [
         (b"{nope", "malformed JSON"),
@@ -119,8 +150,9 @@ async def test_batch_for_another_node_is_403(
             json.dumps(permit_batch("node-a", uid="u-1", protocol=(3, 4))).encode(),
             "agent speaks v3..v4, extender speaks v1..v2",
         ),
+        (_naming_node_b(), "names node node-b inside a batch for node node-a"),
     ],
-    ids=["malformed-json", "wrong-type", "negative", "version-mismatch"],
+    ids=["malformed-json", "wrong-type", "negative", "version-mismatch", "node-mismatch"],
 )
 async def test_bad_requests_are_400_naming_the_problem(
     body: bytes, says: str, kube_api: FakeKubeApi, start_extender: StartExtender

@@ -181,7 +181,7 @@ class LedgerMachine(RuleBasedStateMachine):
             ),
         )
         assert uid is not None
-        assert d.permit.error is None and d.permit.permit is not None
+        assert d.refused is None and d.permit.permit is not None
         granted = d.permit.permit.vcpus
         if requested > current:
             assert current <= granted <= requested
@@ -292,7 +292,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     last_permit=Resources(vcpus=last, memory_bytes=GI) if last else None,
                 ),
             )
-            assert d.permit.error is None
+            assert d.refused is None
         assert {u: (e.node, e.held) for u, e in rebuilt.pods.items()} == old
         for name, state in self.ledger.nodes.items():
             assert rebuilt.nodes[name].allocated == state.allocated

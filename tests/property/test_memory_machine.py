@@ -58,7 +58,7 @@ class MemoryMachine(RuleBasedStateMachine):
                 last_permit=Resources(vcpus=1, memory_bytes=last) if last is not None else None,
             ),
         )
-        assert d.permit.error is None and d.permit.permit is not None, d.permit
+        assert d.refused is None and d.permit.permit is not None, d.permit
         self._record(uid)
         return d.permit.permit.memory_bytes
 

@@ -13,7 +13,7 @@ from scheduler_extender.core.ledger import (
     SystemReserve,
     UnknownNode,
 )
-from scheduler_extender.core.permits import BatchRefused, decide, decide_batch
+from scheduler_extender.core.permits import decide, decide_batch
 from scheduler_extender.core.placement import (
     FitIndex,
     Strategy,
@@ -22,6 +22,7 @@ from scheduler_extender.core.placement import (
     score_nodes,
 )
 from scheduler_extender.core.podinfo import Demand, PodInfo
+from scheduler_extender.core.refusals import Refusal, Refused
 
 GI = 2**30
 
@@ -230,21 +231,21 @@ def test_restarted_ledger_adopts_last_permit_when_it_fits(ledger):
 
 
 @pytest.mark.parametrize(
-    ("req", "status", "reason"),
+    ("req", "refusal"),
     [
-        (request("zz", "n1", 1, 2), 404, "UnknownPod"),
-        (request("f1", "n1", 1, 2), 404, "NotAVm"),
-        (request("v1", "n1", 1, 9), 400, "OutOfBounds"),
+        (request("zz", "n1", 1, 2), Refusal.UNKNOWN_POD),
+        (request("f1", "n1", 1, 2), Refusal.NOT_A_VM),
+        (request("v1", "n1", 1, 9), Refusal.OUT_OF_BOUNDS),
     ],
     ids=["unknown", "foreign", "above-max"],
 )
-def test_item_errors_leave_the_ledger_alone(ledger, req, status, reason):
+def test_item_errors_leave_the_ledger_alone(ledger, req, refusal):
     bound_vm(ledger)
     ledger.observe_pod(info("f1", node="n1", cpu=100), at=0)
     before = msgspec.json.encode(ledger.nodes)
     d = decide(ledger, req)
-    assert d.permit.error is not None
-    assert (d.permit.error.status, d.permit.error.reason) == (status, reason)
+    assert d.refused is not None and d.refused.kind is refusal
+    assert d.permit.permit is None and d.permit.error is None  # the edge adds the error
     assert msgspec.json.encode(ledger.nodes) == before
 
 
@@ -253,9 +254,8 @@ def test_a_batch_for_another_nodes_pod_is_refused_whole(ledger):
     bound_vm(ledger, "v1", "n1")
     bound_vm(ledger, "v2", "n2")
     before = msgspec.json.encode(ledger.nodes)
-    with pytest.raises(BatchRefused) as e:
-        decide_batch(ledger, "n1", [request("v1", "n1", 1, 2), request("v2", "n1", 1, 2)])
-    assert e.value.status == 403
+    refused = decide_batch(ledger, "n1", [request("v1", "n1", 1, 2), request("v2", "n1", 1, 2)])
+    assert isinstance(refused, Refused) and refused.kind is Refusal.WRONG_NODE
     assert msgspec.json.encode(ledger.nodes) == before
 
 

@@ -1,9 +1,9 @@
 """Per-VM sequence numbers of permit requests (protocol v2): replays and reorders are refused.
 
-No I/O, no clock: ``SequenceBook.split`` sorts a batch's requests into those to apply and
-the refused ones (each with its Permit carrying the error), and ``applied`` records what was
-applied. The handler calls both around the ``Extender``'s synchronous ``permits`` with no
-await in between, so a check and its record are atomic with respect to other requests.
+Pure: no I/O, no clock. ``SequenceBook.split`` sorts a batch's requests into those to apply and
+the refused ones (each a ``Decision`` with its typed refusal and the VM's last applied seq), and
+``applied`` records what was applied. ``batches.decide`` calls both around ``decide_batch`` with
+nothing in between, so a check and its record are atomic with respect to other batches.
 
 Where the last seqs live: here, in memory, by pod uid, and nowhere durable. A restarted
 extender therefore accepts any seq once per VM (it must: it cannot tell the agent's live
@@ -19,7 +19,9 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from protocol.permits import ItemError, Permit, ResourceRequest
+from protocol.permits import Permit, ResourceRequest
+from scheduler_extender.core.permits import Decision
+from scheduler_extender.core.refusals import Refusal, Refused
 
 _SLACK: Final = 1024
 
@@ -27,7 +29,7 @@ _SLACK: Final = 1024
 class Split(NamedTuple):
     apply: list[ResourceRequest]
     # Index in the batch -> the refusal to answer there.
-    refused: dict[int, Permit]
+    refused: dict[int, Decision]
 
 
 class SequenceBook:
@@ -41,36 +43,34 @@ class SequenceBook:
         return self._last.get(uid)
 
     def split(self, requests: Sequence[ResourceRequest], *, uses_seq: bool) -> Split:
+        """``uses_seq``: the negotiated version has sequence numbers (every request needs one)."""
         apply: list[ResourceRequest] = []
-        refused: dict[int, Permit] = {}
+        refused: dict[int, Decision] = {}
         seen: dict[str, int] = {}  # within this batch: a later entry must be newer too
         for i, req in enumerate(requests):
             uid = req.pod.uid
             last = max(self._last.get(uid, 0), seen.get(uid, 0)) or None
-            error: ItemError | None = None
+            why: Refused | None = None
             if req.seq is None:
                 if uses_seq:
-                    error = ItemError(
-                        status=400,
-                        reason="SequenceMissing",
-                        message=f"protocol v2 requests carry a seq; {req.pod.key}'s has none",
+                    why = Refused(
+                        Refusal.SEQUENCE_MISSING,
+                        f"protocol v2 requests carry a seq; {req.pod.key}'s has none",
                     )
                 elif last is not None:
-                    error = ItemError(
-                        status=409,
-                        reason="SequenceRequired",
-                        message=f"{req.pod.key}'s agent sent seq {last} before; a request"
+                    why = Refused(
+                        Refusal.SEQUENCE_REQUIRED,
+                        f"{req.pod.key}'s agent sent seq {last} before; a request"
                         " without one could be a replay",
                     )
             elif last is not None and req.seq <= last:
-                error = ItemError(
-                    status=409,
-                    reason="StaleSequence",
-                    message=f"seq {req.seq} for {req.pod.key} is not above {last}, the last"
+                why = Refused(
+                    Refusal.STALE_SEQUENCE,
+                    f"seq {req.seq} for {req.pod.key} is not above {last}, the last"
                     " applied: a replayed or reordered request",
                 )
-            if error is not None:
-                refused[i] = Permit(pod=req.pod, error=error, seq=last)
+            if why is not None:
+                refused[i] = Decision(Permit(pod=req.pod, seq=last), why)
                 continue
             if req.seq is not None:
                 seen[uid] = req.seq
@@ -78,16 +78,17 @@ class SequenceBook:
         return Split(apply, refused)
 
     def applied(
-        self, permits: Sequence[Permit], requests: Sequence[ResourceRequest]
-    ) -> list[Permit]:
-        """Record the seqs of the requests that were applied; their Permits, with ``seq``."""
+        self, decisions: Sequence[Decision], requests: Sequence[ResourceRequest]
+    ) -> list[Decision]:
+        """Record the seqs of the requests that were applied; their Decisions, with ``seq``."""
         answered = []
-        for permit, req in zip(permits, requests, strict=True):
-            if req.seq is not None and permit.error is None:
+        for decision, req in zip(decisions, requests, strict=True):
+            if req.seq is not None and decision.refused is None:
                 self._last[req.pod.uid] = req.seq
-                answered.append(msgspec.structs.replace(permit, seq=req.seq))
+                permit = msgspec.structs.replace(decision.permit, seq=req.seq)
+                answered.append(Decision(permit))
             else:
-                answered.append(permit)
+                answered.append(decision)
         return answered
 
     def forget_gone(self, live: Container[str], live_count: int) -> None:
@@ -96,11 +97,11 @@ class SequenceBook:
             self._last = {uid: seq for uid, seq in self._last.items() if uid in live}
 
 
-def merge(applied: list[Permit], refused: dict[int, Permit]) -> list[Permit]:
+def merge(applied: list[Decision], refused: dict[int, Decision]) -> list[Decision]:
     """The answers in the batch's order: refusals at their index, the rest in turn."""
     if not refused:
         return applied
-    out: list[Permit] = []
+    out: list[Decision] = []
     rest = iter(applied)
     for i in range(len(applied) + len(refused)):
         out.append(refused[i] if i in refused else next(rest))
