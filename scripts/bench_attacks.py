@@ -185,14 +185,18 @@ def build_cluster(nodes: int) -> Any:
 
 
 def write_files(
-    workdir: Path, api_url: str, verbs: int, permits: int, *, penalties: bool = True
+    workdir: Path, api_url: str, ports: tuple[int, int, int], *, penalties: bool = True
 ) -> tuple[Path, Path]:
     # Without penalties: what each offending connection costs the extender, all phase long.
     guards = {} if penalties else {"penalty_seconds": 0}
+    verbs, permits, metrics = ports
     config = {
         "listen": {
-            "verbs": {"host": HOST, "port": verbs, **guards},
+            "verbs": {"host": HOST, "port": verbs},
             "permits": {"host": HOST, "port": permits, **guards},
+            # As the manifests have it: in the main process, open to every pod, tokens
+            # reviewed (the fake API server knows none of the attackers').
+            "metrics": {"host": HOST, "port": metrics, "auth": "kubernetes", **guards},
         },
         "auth": {"mode": "tokenreview"},
         "durability": {"write_annotations": False, "resize_pods": False},
@@ -365,11 +369,10 @@ Attack = Callable[["Bench", float], Awaitable[Obj]]
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, api: Any, verbs: int, permits: int) -> None:
+    def __init__(self, args: argparse.Namespace, api: Any, ports: tuple[int, int, int]) -> None:
         self.args = args
         self.api = api
-        self.verbs = verbs
-        self.permits = permits
+        self.verbs, self.permits, self.metrics = ports
         # Built before any phase: compressing a GiB of zeros takes seconds of this process.
         self.permit_bomb = gzip_of_zeros(args.bomb_mib * 2**20)
         self.filter_bomb = gzip_of_zeros(63 * 2**20)
@@ -484,6 +487,26 @@ async def attack_slowloris(bench: Bench, deadline: float) -> Obj:
     return await _hold(bench.permits, bench.args.connections // 2, deadline, drip=True)
 
 
+async def attack_metrics_idle_flood(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.metrics, bench.args.connections, deadline, drip=False)
+
+
+async def attack_metrics_slowloris(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.metrics, bench.args.connections // 2, deadline, drip=True)
+
+
+async def attack_metrics_token_churn(bench: Bench, deadline: float) -> Obj:
+    """Scrapes of the metrics port (served by the main process) with garbage tokens, each on a
+    connection of its own, as fast as eight workers go: 401 each, or refused connections."""
+    counter = iter(range(10**9))
+
+    def one() -> Awaitable[str]:
+        head = f"GET /metrics HTTP/1.1\nHost: x\nAuthorization: Bearer garbage-{next(counter)}\n"
+        return raw_request(bench.metrics, head, b"")
+
+    return await bench.repeat(deadline, 8, one)
+
+
 async def attack_token_flood(bench: Bench, deadline: float) -> Obj:
     body = json.dumps({"protocol": {"min": 1, "max": 2}, "node": AGENT_NODE, "requests": []})
     before = sum(1 for r in bench.api.requests if "tokenreviews" in r.path)
@@ -592,6 +615,9 @@ ATTACKS: Final[dict[str, Attack]] = {
     "slowloris_heads": attack_slowloris,
     "garbage_token_flood": attack_token_flood,
     "replayed_permit": attack_replay,
+    "metrics_idle_flood": attack_metrics_idle_flood,
+    "metrics_slowloris_heads": attack_metrics_slowloris,
+    "metrics_token_churn": attack_metrics_token_churn,
 }
 
 
@@ -664,11 +690,11 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         as_another_machine()
     api = build_cluster(args.nodes)
     api_url = await api.start()
-    verbs, permits = free_port(), free_port()
+    ports = (free_port(), free_port(), free_port())
     with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
         workdir = Path(tmp)
         config, kubeconfig = write_files(
-            workdir, api_url, verbs, permits, penalties=args.penalties == "on"
+            workdir, api_url, ports, penalties=args.penalties == "on"
         )
         names = [f"node-{i:05d}" for i in range(args.nodes)]
         pod = api.get_pod("vms", "vm-00000")
@@ -680,11 +706,11 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         write_json(body_file, {"Pod": pending, "Nodes": None, "NodeNames": names})
         extender = launch_extender(config, kubeconfig, workdir / "extender.log")
         try:
-            bench = Bench(args, api, verbs, permits)
+            bench = Bench(args, api, ports)
             async with aiohttp.ClientSession() as session:
                 for _ in range(200):
                     with contextlib.suppress(aiohttp.ClientError):
-                        async with session.get(f"http://{HOST}:{permits}/readyz") as r:
+                        async with session.get(f"http://{HOST}:{ports[1]}/readyz") as r:
                             if r.status == 200:
                                 break
                     await asyncio.sleep(0.1)
@@ -830,8 +856,9 @@ def main() -> None:
         choices=["on", "off"],
         default="on",
         help="on (default): the extender's defaults, where an address that keeps offending has"
-        " its new connections dropped by the kernel for a while; off: penalty_seconds 0 on both"
-        " listeners, so every attack runs its whole phase against the accept path",
+        " its new connections dropped by the kernel for a while; off: penalty_seconds 0 on the"
+        " permit and metrics listeners (the guarded ones), so every attack runs its whole phase"
+        " against the accept path",
     )
     args = parser.parse_args()
     if args.role == "prober":

@@ -3,7 +3,7 @@
 Shell. ``request_middleware`` clears structlog's contextvars, binds ``request_id`` (from
 ``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
 canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
-``reason``). It turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's
+``reason``), and marks the connection busy meanwhile (``connections.serving``). It turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's
 413 into ``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with
 the request id: the boundary where ``except Exception`` belongs.
 
@@ -26,6 +26,7 @@ from protocol import codec
 from protocol.permits import ErrorBody
 from scheduler_extender.errors import BodyTooLarge, ExtenderError, ProtocolError
 from scheduler_extender.http.bodies import BODIES
+from scheduler_extender.http.connections import serving
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger("scheduler_extender.http")
@@ -114,6 +115,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     loop = asyncio.get_running_loop()  # its clock: monotonic, and virtual under looptime
     start = loop.time()
     status = 500
+    # A request in progress on a guarded connection: not evicted, no header timeout.
+    connection = serving(request)
     try:
         response = await _answer_errors(request, handler)
         status = response.status
@@ -123,6 +126,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = e.status
         raise
     finally:
+        if connection is not None:
+            connection.ended()
         end_call(
             request.app[METRICS],
             route or "",
