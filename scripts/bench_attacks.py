@@ -693,9 +693,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
     ports = (free_port(), free_port(), free_port())
     with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
         workdir = Path(tmp)
-        config, kubeconfig = write_files(
-            workdir, api_url, ports, penalties=args.penalties == "on"
-        )
+        config, kubeconfig = write_files(workdir, api_url, ports, penalties=args.penalties == "on")
         names = [f"node-{i:05d}" for i in range(args.nodes)]
         pod = api.get_pod("vms", "vm-00000")
         pending = json.loads(json.dumps(pod))

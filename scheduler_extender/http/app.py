@@ -66,6 +66,8 @@ from scheduler_extender.sync import follow_cluster
 log = structlog.get_logger(__name__)
 
 KubeConnector = Callable[[], Awaitable[KubeClient]]
+# The verbs listener's (aiohttp's own) or a guarded one's.
+Site = web.TCPSite | GuardedSite
 # How long teardown waits for pending permit writes before cancelling them (the agents'
 # lastPermit covers anything lost).
 _FLUSH_SECONDS: Final = 2.0
@@ -305,12 +307,12 @@ async def start_listeners(
     verbs_app: web.Application,
     permits_app: web.Application | PermitFront,
     metrics_app: web.Application | None = None,
-) -> list[tuple[web.AppRunner, web.BaseSite]]:
+) -> list[tuple[web.AppRunner, Site]]:
     """Start the listeners, verbs first (it owns the lifecycle); each with its guards (the
     verbs: aiohttp's options alone, see ``connections``). A ``PermitFront`` only binds its
     socket here (in the listeners' order, so a port in use fails the start the same way);
     ``serve`` starts its process."""
-    started: list[tuple[web.AppRunner, web.BaseSite]] = []
+    started: list[tuple[web.AppRunner, Site]] = []
     apps: list[tuple[web.Application | PermitFront, Listen]] = [
         (verbs_app, config.listen.verbs),
         (permits_app, config.listen.permits),
@@ -331,7 +333,7 @@ async def start_listeners(
                 **server_options(listen),
             )
             await runner.setup()
-            site: web.BaseSite
+            site: Site
             if isinstance(listen, GuardedListen):
                 site = GuardedSite(runner, listen)
             else:  # kube-scheduler's, on loopback
@@ -354,17 +356,16 @@ async def start_listeners(
     return started
 
 
-def bound_port(site: web.BaseSite) -> int:
+def bound_port(site: Site) -> int:
     """The port a started site listens on (the one the OS picked for port 0)."""
-    if isinstance(site, GuardedSite):
-        return site.bound_port
-    assert isinstance(site, web.TCPSite)
-    return site.port
+    return site.bound_port if isinstance(site, GuardedSite) else site.port
 
 
-async def stop_listeners(started: list[tuple[web.AppRunner, web.BaseSite]]) -> None:
+async def stop_listeners(started: list[tuple[web.AppRunner, Site]]) -> None:
     # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
-    for runner, _ in reversed(started):
+    for runner, site in reversed(started):
+        if isinstance(site, GuardedSite):
+            await site.stop()  # a TCPSite is the runner's to stop
         await runner.cleanup()
 
 

@@ -146,7 +146,7 @@ class _Guarded(asyncio.Protocol):
         if self._inner is not None:
             self._inner.resume_writing()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._site.forget(self)
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -217,8 +217,10 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
     return sockets
 
 
-class GuardedSite(web.BaseSite):
-    """A TCP listener whose connections are guarded (see the module docstring)."""
+class GuardedSite:
+    """A TCP listener whose connections are guarded (see the module docstring): what
+    aiohttp's ``TCPSite`` does, through public API only (``runner.server`` is the handler
+    factory). Stop it before ``runner.cleanup()``, which closes the connections."""
 
     def __init__(
         self,
@@ -227,10 +229,11 @@ class GuardedSite(web.BaseSite):
         *,
         sock: socket.socket | None = None,
     ) -> None:
-        super().__init__(runner, backlog=listen.accept_backlog)
+        self._runner = runner
         self._listen = listen
         # A listening socket bound elsewhere (the permit front inherits its own).
         self._sock = sock
+        self._server: asyncio.Server | None = None
         self._open: set[_Guarded] = set()
         self._stopping = False
         self._rates = AddressBuckets(
@@ -295,27 +298,22 @@ class GuardedSite(web.BaseSite):
         self._open.discard(conn)
 
     async def start(self) -> None:
-        await super().start()
         loop = asyncio.get_running_loop()
         factory: Callable[[], _Guarded] = lambda: _Guarded(self)  # noqa: E731
+        backlog = self._listen.accept_backlog
         if self._sock is not None:
-            self._server = await loop.create_server(
-                factory, sock=self._sock, backlog=self._backlog
-            )
+            self._server = await loop.create_server(factory, sock=self._sock, backlog=backlog)
         else:
             resolve(self._listen.host, self._listen.port)
             self._server = await loop.create_server(
-                factory,
-                self._listen.host,
-                self._listen.port,
-                backlog=self._backlog,
-                reuse_address=True,
+                factory, self._listen.host, self._listen.port, backlog=backlog, reuse_address=True
             )
         self.penalties.reset()
         self.bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Stop listening (the connections are the runner's: ``runner.cleanup()``)."""
         self._stopping = True
         self.penalties.close()
-        await super().stop()
-
+        if self._server is not None:
+            self._server.close()

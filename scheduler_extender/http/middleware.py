@@ -3,9 +3,10 @@
 Shell. ``request_middleware`` clears structlog's contextvars, binds ``request_id`` (from
 ``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
 canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
-``reason``), and marks the connection busy meanwhile (``connections.serving``). It turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's
-413 into ``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with
-the request id: the boundary where ``except Exception`` belongs.
+``reason``), and marks a guarded connection busy meanwhile (``connections.serving``). It
+turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's 413 into
+``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with the
+request id: the boundary where ``except Exception`` belongs.
 
 One middleware, not two: kube-scheduler waits on every filter call, and each aiohttp
 middleware layer is another coroutine per request.

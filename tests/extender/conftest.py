@@ -202,8 +202,9 @@ async def _front_over_channel(
 class Start:
     """The listeners exactly as ``serve`` starts them (``start_listeners``: aiohttp's
     ``TCPSite`` for the verbs, ``GuardedSite`` for the permit port, the server options), on
-    loopback ports the OS picks; ``await start(**listen)`` gives the (verbs, permits) sites, ``await start.stop()`` stops them as
-    ``serve`` does (the fixture stops whatever is still running)."""
+    loopback ports the OS picks; ``await start(**listen)`` gives the (verbs, permits) sites,
+    ``await start.stop()`` stops them as ``serve`` does (the fixture stops whatever is still
+    running)."""
 
     def __init__(self, kube_api: FakeKubeApi) -> None:
         self._kube_api = kube_api
