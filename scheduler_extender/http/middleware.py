@@ -80,39 +80,13 @@ def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:
         raise ProtocolError(f"{type_.__name__}: {e}") from e
 
 
-def begin_call(request_id: str | None) -> str:
-    """A new request's log context: cleared, then its ``request_id`` (the caller's or new)."""
-    structlog.contextvars.clear_contextvars()
-    # 32 hex digits, like a uuid4's, for a tenth of the cost.
-    request_id = request_id or os.urandom(16).hex()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
-    return request_id
-
-
-def end_call(
-    metrics: Metrics, route: str, *, method: str, path: str, status: int, seconds: float
-) -> None:
-    """A finished call's duration histogram (verbs and permits) and its one log line."""
-    if route in TIMED_ROUTES:
-        metrics.observe_verb(route, seconds, is_error=status != 200)
-    # filter and prioritize change nothing and run for every pod kube-scheduler tries: their
-    # lines are debug (the histogram counts them); what changes state, and errors, is info.
-    level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
-    level("request", method=method, path=path, status=status, duration_seconds=round(seconds, 6))
-
-
-def unexpected() -> ExtenderError:
-    """A bug in a handler (call it in the ``except``): its traceback logged with the request
-    id, and a generic 500 for the caller."""
-    # Task boundary: a bug must cost one request, not the process; a human must see it.
-    log.exception("internal_error")
-    return ExtenderError("internal error; see the extender's log")
-
-
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = begin_call(request.headers.get("X-Request-Id"))
-    route = request.match_info.route.name
+    structlog.contextvars.clear_contextvars()
+    # 32 hex digits, like a uuid4's, for a tenth of the cost.
+    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    route = request.match_info.route.name or ""
     loop = asyncio.get_running_loop()  # its clock: monotonic, and virtual under looptime
     start = loop.time()
     status = 500
@@ -129,13 +103,19 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         if connection is not None:
             connection.ended()
-        end_call(
-            request.app[METRICS],
-            route or "",
+        seconds = loop.time() - start
+        if route in TIMED_ROUTES:
+            request.app[METRICS].observe_verb(route, seconds, is_error=status != 200)
+        # filter and prioritize change nothing and run for every pod kube-scheduler tries:
+        # their lines are debug (the histogram counts them); what changes state, and errors,
+        # is info.
+        level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
+        level(
+            "request",
             method=request.method,
             path=request.path,
             status=status,
-            seconds=loop.time() - start,
+            duration_seconds=round(seconds, 6),
         )
 
 
@@ -150,4 +130,6 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException:
         raise  # aiohttp's own answers (404 for unknown routes, 405)
     except Exception:
-        return error_response(unexpected())
+        # Task boundary: a bug must cost one request, not the process; a human must see it.
+        log.exception("internal_error")
+        return error_response(ExtenderError("internal error; see the extender's log"))
