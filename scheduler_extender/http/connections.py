@@ -21,22 +21,28 @@ servers alike:
 
 ``GuardedSite`` adds what aiohttp has no option for, each in ``_Guarded``, a protocol that
 forwards every callback to aiohttp's request handler (made only once a connection is
-admitted) and reads nothing of it:
+admitted) and reads nothing of it. Each guard, the threat it answers and what measures it
+(``scripts/bench_attacks.py``: the filter p99 while hostile clients work the permit and metrics
+ports; the figures are in its output and docs/DEPLOY.md):
 
 * the header timeout: once the first bytes of a request arrive, its whole head must follow
-  within ``header_timeout_seconds`` (a slowloris head is closed then, long before the idle
-  timeout). Whether a request is in progress comes from the middleware (``serving``), not
-  from aiohttp's handler;
+  within ``header_timeout_seconds``. A slowloris head from any pod is otherwise kept until the
+  idle timeout. Whether a request is in progress comes from the middleware (``serving``).
+  The benchmark's phases are shorter than the timeout, so it does not measure this one;
+  ``tests/extender/test_hostile_connections.py`` fails without it;
 * new connections per client address (``new_connections_per_second``, a token bucket per
   address, ``penalties.AddressBuckets``): over it a connection is answered a canned 503 and
   closed before aiohttp makes anything for it, and the flooder spends its own allowance,
-  never the kubelet's or another node's agent's;
+  never the kubelet's or another node's agent's. It is what makes a connection flood an
+  offence for the penalties below (``metrics_token_churn``, ``garbage_token_flood``);
 * ``max_connections``: a new connection evicts the one that has been quiet longest among
   those with no request in progress (an idle keep-alive or a head still dribbling in), and is
   refused with a canned 503 only when every connection is busy; each listener has its own
-  cap, so one cannot take the other's file descriptors;
+  cap, so one cannot take the other's file descriptors (``idle_connection_flood``,
+  ``slowloris_heads`` and their metrics-port twins open more connections than the process
+  has descriptors, while the kubelet's probe keeps getting in);
 * penalties (``penalties``): an address that keeps offending has its new connections dropped
-  by the kernel for a while.
+  by the kernel for a while (kept by ``--penalties off``, see there).
 """
 
 from __future__ import annotations

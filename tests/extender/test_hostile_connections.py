@@ -151,3 +151,19 @@ def test_a_listener_binds_every_address_its_host_resolves_to() -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+async def test_oversized_heads_get_a_400_on_every_listener(listeners: Start) -> None:
+    # aiohttp's own head bounds (``connections.server_options``), on both kinds of site.
+    verbs, permits = await listeners()
+    heads = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8200 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Many: 1\r\n" * 130 + b"\r\n",
+        b"GET /healthz?" + b"q" * 8200 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    for port in (verbs.port, permits.bound_port):
+        for head in heads:
+            async with _connections(port, 1, head) as ((reader, _),):
+                async with asyncio.timeout(WITHIN):
+                    status = await reader.readline()
+            assert status.split(b" ")[1] == b"400", (port, head[:40], status)
