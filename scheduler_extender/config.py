@@ -92,6 +92,9 @@ class GuardedListen(Listen, frozen=True):
     # or another node's agent's. The agents keep their connections alive and open few.
     new_connections_per_second: Rate = 20.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 40
+    # asyncio's server accepts at most the backlog's worth of connections per turn of the
+    # event loop: a small one bounds what a connect flood adds to each turn, between the
+    # other listeners' requests.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     # Offences, per client address: what no well-behaved client does (a connection over the
     # rate above; a head that times out). Beyond this allowance (a token bucket, as the rate
