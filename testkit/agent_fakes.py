@@ -45,7 +45,9 @@ async def serving(app: web.Application, port: int = 0) -> AsyncIterator[str]:
     try:
         site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
-        yield f"http://127.0.0.1:{site.port}"
+        server = site._server
+        assert server is not None and server.sockets
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
 
