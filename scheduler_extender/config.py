@@ -45,73 +45,74 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class Listen(_Section, frozen=True):
-    """One listener, and the guards on its connections.
+    """One listener, and aiohttp's guards on it (``http.connections.server_options``).
 
     ``idle_timeout_seconds``: a connection that has not sent a complete request head within
-    this time (after it opened, or after its last answer) is closed; it bounds idle keep-alive
-    connections. ``header_timeout_seconds`` is shorter, and counts from a request's first
-    byte. Keep it above the clients' own idle timeout (Go's
-    90 s for kube-scheduler, aiohttp's 15 s for the agents) so the server rarely closes a
-    connection a client is about to reuse. ``max_connections``: above it, a new connection
-    first evicts the one that has been quiet longest (so a flood of idle connections cannot
-    lock out kube-scheduler or the kubelet's probes); when every connection is busy it is
-    refused. Each listener has its own cap, so one listener's flood never takes another's
-    file descriptors.
+    this time (after it opened, or after its last answer) is closed (aiohttp's
+    ``keepalive_timeout``); it bounds idle keep-alive connections. Keep it above the clients'
+    own idle timeout (Go's 90 s for kube-scheduler, aiohttp's 15 s for the agents) so the
+    server rarely closes a connection a client is about to reuse.
     """
 
     port: Port
     host: NonEmpty = "127.0.0.1"
-    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 256
     idle_timeout_seconds: PositiveSeconds = 120.0
+    # The kernel's queue of connections not yet accepted.
+    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
+
+
+class VerbsListen(Listen, frozen=True):
+    """kube-scheduler's listener: loopback by default (``/bind`` is unauthenticated and writes
+    Bindings with the extender's credentials; kube-scheduler runs in the same pod). Its only
+    client is kube-scheduler, so it has aiohttp's guards only: a per-client limit here could
+    only ever limit kube-scheduler (docs/DEPLOY.md, "Who reaches which listener")."""
+
+    host: NonEmpty = "127.0.0.1"
+
+
+class GuardedListen(Listen, frozen=True):
+    """A listener other pods reach (permits, metrics): aiohttp's guards, and the connection
+    guards of ``http.connections.GuardedSite``.
+
+    ``header_timeout_seconds`` counts from a request's first byte: its whole head must follow
+    within it. ``max_connections``: above it, a new connection first evicts the one that has
+    been quiet longest among those with no request in progress (so a flood of idle connections
+    cannot lock out the agents or the kubelet's probes); when every connection is busy it is
+    refused. Each listener has its own cap, so one listener's flood never takes another's file
+    descriptors.
+    """
+
+    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 256
     # Once a request's first bytes arrive, its whole head (request line and headers) must
     # arrive within this; a head dribbled in byte by byte is closed then.
     header_timeout_seconds: PositiveSeconds = 10.0
     # New connections accepted per second *from one client address* on average, in bursts of
-    # up to the burst; above it a connection is closed at once (503) before any of it is read.
+    # up to the burst; above it a connection is closed at once (503) before aiohttp sees it.
     # Per address, so that a flooder spends its own allowance and not the kubelet's probes'
-    # or another node's agent's. Clients that keep their connections alive (kube-scheduler,
-    # the agents) open few.
-    new_connections_per_second: Rate = 1000.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1000
-    # The kernel's queue of connections not yet accepted. Each turn of the event loop takes at
-    # most this many of them, and never more than 16 (``connections._ACCEPTS_PER_TURN``): a
-    # flood of connects to one listener delays every other listener's requests by up to that
-    # many connections' handling per turn.
-    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
-    # Offences, per client address: what no well-behaved client does (a verb body refused as
-    # malformed, compressed or oversized: 400, 413, 415; a connection over the rate above; a
-    # head that times out). Beyond this allowance (a token bucket, as the rate above) the
-    # address is penalized: for ``penalty_seconds`` the kernel drops its new connections at
-    # the listener (a socket filter: its SYNs never become connections, so its flood costs
-    # the event loop nothing), while its connections already open go on (``penalties``).
-    # ``penalty_seconds: 0`` turns penalties off.
+    # or another node's agent's. The agents keep their connections alive and open few.
+    new_connections_per_second: Rate = 20.0
+    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 40
+    # asyncio's server accepts at most the backlog's worth of connections per turn of the
+    # event loop: a small one bounds what a connect flood adds to each turn, between the
+    # other listeners' requests.
+    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
+    # Offences, per client address: what no well-behaved client does (a connection over the
+    # rate above; a head that times out). Beyond this allowance (a token bucket, as the rate
+    # above) the address is penalized: for ``penalty_seconds`` the kernel drops its new
+    # connections at the listener (a socket filter: its SYNs never become connections, so
+    # its flood costs the event loop nothing), while its connections already open go on
+    # (``http.penalties``). ``penalty_seconds: 0`` turns penalties off.
     offences_per_second: Rate = 10.0
     offence_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 20
     penalty_seconds: Annotated[float, msgspec.Meta(ge=0.0, le=86_400.0)] = 10.0
 
 
-class VerbsListen(Listen, frozen=True):
-    """kube-scheduler's listener: loopback by default (``/bind`` is unauthenticated and writes
-    Bindings with the extender's credentials; kube-scheduler runs in the same pod)."""
-
-    host: NonEmpty = "127.0.0.1"
-    max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 64
-
-
-class PermitsListen(Listen, frozen=True):
+class PermitsListen(GuardedListen, frozen=True):
     """The agents' listener: every node's agent (and the kubelet's probes) must reach it."""
 
     host: NonEmpty = "0.0.0.0"
     max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 512
     idle_timeout_seconds: PositiveSeconds = 30.0
-    # An address is one node (the agent and the kubelet's probes) or one pod: a handful of
-    # connections a minute. A small burst: hundreds of hostile connections accepted at once
-    # stall the loop (and kube-scheduler's calls with it).
-    new_connections_per_second: Rate = 20.0
-    new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 40
-    # Agents keep their connections: a few new ones a turn is plenty, and a connect flood
-    # here then costs kube-scheduler's filter calls a few connections' handling, not 16.
-    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
 
 
 class MetricsAuth(enum.StrEnum):
@@ -119,7 +120,7 @@ class MetricsAuth(enum.StrEnum):
     NONE = "none"
 
 
-class MetricsListen(Listen, frozen=True):
+class MetricsListen(GuardedListen, frozen=True):
     """Prometheus's listener: ``/metrics`` and the probes, nothing else.
 
     ``auth: kubernetes`` (the default) lets a caller read ``/metrics`` only if its bearer token
@@ -133,7 +134,6 @@ class MetricsListen(Listen, frozen=True):
     max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 32
     new_connections_per_second: Rate = 10.0
     new_connections_burst: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 20
-    accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     auth: MetricsAuth = MetricsAuth.KUBERNETES
     # How long a scraper's allowed token is trusted without reviewing it again, and a refused
     # one refused; reviews of new tokens are limited like the agents' (with a budget of their

@@ -15,10 +15,14 @@ extender's child process that serves the permit port) inherits the extender's co
 ``--front-cpus all``; its CPU and RSS are reported apart (``front_*``), and the container's
 peak RSS is both processes' together.
 
-Attacks: unauthenticated gzip bombs to /v1/permits; gzip bodies to /filter; declared-huge
-bodies; JSON nested 1,000 deep and bodies labelled gzip that are not; idle connections and
-slowloris heads (2,000 by default); 1,000 distinct garbage tokens (half forged JWTs); a
-replayed permit request.
+Attacks on the permit port: unauthenticated gzip bombs; declared-huge bodies; JSON nested 1,000
+deep and bodies labelled gzip that are not; idle connections and slowloris heads (2,000 by
+default); 1,000 distinct garbage tokens (half forged JWTs); a replayed permit request. On the
+metrics port (served by the main process, open to every pod): idle connections, slowloris
+heads, scrapes with garbage tokens on connections of their own. ``worst_p99_ratio_to_idle``
+is the worst of these. The ``verbs_*`` attacks (gzip, declared-huge and deeply nested filter
+bodies) are outside the threat model (docs/DEPLOY.md: the verbs listener is loopback in the
+scheduler's pod) and reported apart.
 
 Each attack phase comes from a loopback address of its own (``Attacker``), so each starts
 from an address in good standing: the extender penalizes an address that keeps offending
@@ -185,14 +189,18 @@ def build_cluster(nodes: int) -> Any:
 
 
 def write_files(
-    workdir: Path, api_url: str, verbs: int, permits: int, *, penalties: bool = True
+    workdir: Path, api_url: str, ports: tuple[int, int, int], *, penalties: bool = True
 ) -> tuple[Path, Path]:
     # Without penalties: what each offending connection costs the extender, all phase long.
     guards = {} if penalties else {"penalty_seconds": 0}
+    verbs, permits, metrics = ports
     config = {
         "listen": {
-            "verbs": {"host": HOST, "port": verbs, **guards},
+            "verbs": {"host": HOST, "port": verbs},
             "permits": {"host": HOST, "port": permits, **guards},
+            # As the manifests have it: in the main process, open to every pod, tokens
+            # reviewed (the fake API server knows none of the attackers').
+            "metrics": {"host": HOST, "port": metrics, "auth": "kubernetes", **guards},
         },
         "auth": {"mode": "tokenreview"},
         "durability": {"write_annotations": False, "resize_pods": False},
@@ -365,11 +373,10 @@ Attack = Callable[["Bench", float], Awaitable[Obj]]
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, api: Any, verbs: int, permits: int) -> None:
+    def __init__(self, args: argparse.Namespace, api: Any, ports: tuple[int, int, int]) -> None:
         self.args = args
         self.api = api
-        self.verbs = verbs
-        self.permits = permits
+        self.verbs, self.permits, self.metrics = ports
         # Built before any phase: compressing a GiB of zeros takes seconds of this process.
         self.permit_bomb = gzip_of_zeros(args.bomb_mib * 2**20)
         self.filter_bomb = gzip_of_zeros(63 * 2**20)
@@ -395,7 +402,7 @@ async def attack_gzip_unauthenticated(bench: Bench, deadline: float) -> Obj:
     return {**result, "body_bytes": len(bomb), "expands_to_bytes": bench.args.bomb_mib * 2**20}
 
 
-async def attack_gzip_filter(bench: Bench, deadline: float) -> Obj:
+async def attack_verbs_gzip_bodies(bench: Bench, deadline: float) -> Obj:
     bomb = bench.filter_bomb
     head = post_head("/filter", len(bomb), encoding="gzip")
     result = await bench.repeat(deadline, 8, lambda: raw_request(bench.verbs, head, bomb))
@@ -403,29 +410,36 @@ async def attack_gzip_filter(bench: Bench, deadline: float) -> Obj:
 
 
 async def attack_declared_huge(bench: Bench, deadline: float) -> Obj:
-    def one(port: int, path: str) -> Callable[[], Awaitable[str]]:
-        head = post_head(path, 2**30, token=AGENT_TOKEN)
-        return lambda: raw_request(port, head, b"{" * 1024, drip=0.05)
-
-    a, b = await asyncio.gather(
-        bench.repeat(deadline, 4, one(bench.verbs, "/filter")),
-        bench.repeat(deadline, 4, one(bench.permits, "/v1/permits")),
+    head = post_head("/v1/permits", 2**30, token=AGENT_TOKEN)
+    return await bench.repeat(
+        deadline, 4, lambda: raw_request(bench.permits, head, b"{" * 1024, drip=0.05)
     )
-    return {"filter": a, "permits": b}
+
+
+async def attack_verbs_declared_huge(bench: Bench, deadline: float) -> Obj:
+    head = post_head("/filter", 2**30)
+    return await bench.repeat(
+        deadline, 4, lambda: raw_request(bench.verbs, head, b"{" * 1024, drip=0.05)
+    )
+
+
+NESTED: Final = b'{"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
 
 
 async def attack_bad_bodies(bench: Bench, deadline: float) -> Obj:
-    nested = b'{"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
     not_gzip = b"this is not gzip" * 64
-    filter_head = post_head("/filter", len(nested))
-    permit_head = post_head("/v1/permits", len(nested), token=AGENT_TOKEN)
+    permit_head = post_head("/v1/permits", len(NESTED), token=AGENT_TOKEN)
     gzip_head = post_head("/v1/permits", len(not_gzip), token=AGENT_TOKEN, encoding="gzip")
-    a, b, c = await asyncio.gather(
-        bench.repeat(deadline, 2, lambda: raw_request(bench.verbs, filter_head, nested)),
-        bench.repeat(deadline, 2, lambda: raw_request(bench.permits, permit_head, nested)),
+    a, b = await asyncio.gather(
+        bench.repeat(deadline, 2, lambda: raw_request(bench.permits, permit_head, NESTED)),
         bench.repeat(deadline, 2, lambda: raw_request(bench.permits, gzip_head, not_gzip)),
     )
-    return {"deep_filter": a, "deep_permits": b, "bad_gzip_permits": c}
+    return {"deep_permits": a, "bad_gzip_permits": b}
+
+
+async def attack_verbs_deep_nesting(bench: Bench, deadline: float) -> Obj:
+    head = post_head("/filter", len(NESTED))
+    return await bench.repeat(deadline, 2, lambda: raw_request(bench.verbs, head, NESTED))
 
 
 async def _hold(port: int, count: int, deadline: float, *, drip: bool) -> Obj:
@@ -482,6 +496,26 @@ async def attack_idle_flood(bench: Bench, deadline: float) -> Obj:
 
 async def attack_slowloris(bench: Bench, deadline: float) -> Obj:
     return await _hold(bench.permits, bench.args.connections // 2, deadline, drip=True)
+
+
+async def attack_metrics_idle_flood(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.metrics, bench.args.connections, deadline, drip=False)
+
+
+async def attack_metrics_slowloris(bench: Bench, deadline: float) -> Obj:
+    return await _hold(bench.metrics, bench.args.connections // 2, deadline, drip=True)
+
+
+async def attack_metrics_token_churn(bench: Bench, deadline: float) -> Obj:
+    """Scrapes of the metrics port (served by the main process) with garbage tokens, each on a
+    connection of its own, as fast as eight workers go: 401 each, or refused connections."""
+    counter = iter(range(10**9))
+
+    def one() -> Awaitable[str]:
+        head = f"GET /metrics HTTP/1.1\nHost: x\nAuthorization: Bearer garbage-{next(counter)}\n"
+        return raw_request(bench.metrics, head, b"")
+
+    return await bench.repeat(deadline, 8, one)
 
 
 async def attack_token_flood(bench: Bench, deadline: float) -> Obj:
@@ -585,14 +619,27 @@ ATTACKS: Final[dict[str, Attack]] = {
     "connection_churn_control": attack_churn_elsewhere,
     "dribbled_bodies_control": attack_drip_elsewhere,
     "gzip_bombs_unauthenticated_permits": attack_gzip_unauthenticated,
-    "gzip_bodies_to_filter": attack_gzip_filter,
     "declared_huge_bodies": attack_declared_huge,
     "deep_nesting_and_bad_gzip": attack_bad_bodies,
     "idle_connection_flood": attack_idle_flood,
     "slowloris_heads": attack_slowloris,
     "garbage_token_flood": attack_token_flood,
     "replayed_permit": attack_replay,
+    "metrics_idle_flood": attack_metrics_idle_flood,
+    "metrics_slowloris_heads": attack_metrics_slowloris,
+    "metrics_token_churn": attack_metrics_token_churn,
+    # Outside the threat model (docs/DEPLOY.md, "Who reaches which listener"): the verbs
+    # listener is loopback in the scheduler's pod, and whoever reaches it can already bind
+    # pods. Reported apart, left out of ``worst_p99_ratio_to_idle``: what a hostile client
+    # there costs, for the record.
+    "verbs_gzip_bodies": attack_verbs_gzip_bodies,
+    "verbs_declared_huge_bodies": attack_verbs_declared_huge,
+    "verbs_deep_nesting": attack_verbs_deep_nesting,
 }
+# Attacks on the permit and metrics ports: the ones the guarantee is about.
+IN_MODEL: Final = frozenset(
+    n for n in ATTACKS if not n.endswith("_control") and not n.startswith("verbs_")
+)
 
 
 # --- the orchestrator --------------------------------------------------------------------------
@@ -664,12 +711,10 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         as_another_machine()
     api = build_cluster(args.nodes)
     api_url = await api.start()
-    verbs, permits = free_port(), free_port()
+    ports = (free_port(), free_port(), free_port())
     with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
         workdir = Path(tmp)
-        config, kubeconfig = write_files(
-            workdir, api_url, verbs, permits, penalties=args.penalties == "on"
-        )
+        config, kubeconfig = write_files(workdir, api_url, ports, penalties=args.penalties == "on")
         names = [f"node-{i:05d}" for i in range(args.nodes)]
         pod = api.get_pod("vms", "vm-00000")
         pending = json.loads(json.dumps(pod))
@@ -680,11 +725,11 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         write_json(body_file, {"Pod": pending, "Nodes": None, "NodeNames": names})
         extender = launch_extender(config, kubeconfig, workdir / "extender.log")
         try:
-            bench = Bench(args, api, verbs, permits)
+            bench = Bench(args, api, ports)
             async with aiohttp.ClientSession() as session:
                 for _ in range(200):
                     with contextlib.suppress(aiohttp.ClientError):
-                        async with session.get(f"http://{HOST}:{permits}/readyz") as r:
+                        async with session.get(f"http://{HOST}:{ports[1]}/readyz") as r:
                             if r.status == 200:
                                 break
                     await asyncio.sleep(0.1)
@@ -759,8 +804,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                 extender.wait()
             await api.stop()
     worst = max(
-        (p["p99_ratio_to_idle"] or 0 for n, p in phases.items() if not n.endswith("_control")),
-        default=None,
+        (p["p99_ratio_to_idle"] or 0 for n, p in phases.items() if n in IN_MODEL), default=None
     )
     return {
         "nodes": args.nodes,
@@ -830,8 +874,9 @@ def main() -> None:
         choices=["on", "off"],
         default="on",
         help="on (default): the extender's defaults, where an address that keeps offending has"
-        " its new connections dropped by the kernel for a while; off: penalty_seconds 0 on both"
-        " listeners, so every attack runs its whole phase against the accept path",
+        " its new connections dropped by the kernel for a while; off: penalty_seconds 0 on the"
+        " permit and metrics listeners (the guarded ones), so every attack runs its whole phase"
+        " against the accept path",
     )
     args = parser.parse_args()
     if args.role == "prober":

@@ -27,8 +27,8 @@ the extender (ours or the floor) has a CPU of its own and the control plane (etc
 kube-apiserver, kube-scheduler) and this script share the others; ``unpinned`` runs leave
 every process free on every CPU, so the extender's CPU competes with kube-scheduler's, and
 their ratio to the floor measures the CPU each pod costs. ``--pin both`` interleaves them.
-The verbs fast path (``scheduler_extender/http/fast.py``) has no switch; measure the code
-without it as a ``--baseline`` checkout.
+A change to the extender's shell is measured against the code before it with ``--baseline``
+(a checkout of it, run interleaved with ours in every round).
 
 Per run the pods are created first, then the scheduler (and extender) started; throughput is
 pods bound per second between the first and the last bind seen on a pod watch (start-up not

@@ -7,10 +7,8 @@
 ``middleware``       request context (request id, canonical log line, latency) and error
                      mapping.
 ``verbs``            filter, prioritize, bind, preempt: decode, call the core, encode.
-``fast``             kube-scheduler's plain filter, prioritize and bind calls answered straight
-                     off the connection, with ``verbs``' functions.
-``connections``      aiohttp's server options for every listener, the accept loop with its
-                     caps, and the connections that hand over to ``fast`` or aiohttp.
+``connections``      aiohttp's server options for every listener, and the guards of the
+                     listeners other pods reach (permits, metrics).
 ``penalties``        client addresses whose new connections the kernel drops for a while.
 ``bodies``           reading request bodies within their size and time limits and the
                      process-wide in-flight budget, inflating gzip within the size limit.

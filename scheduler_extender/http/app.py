@@ -31,6 +31,7 @@ from scheduler_extender.config import (
     Config,
     ConfigError,
     FrontMode,
+    GuardedListen,
     Listen,
     MetricsAuth,
     MetricsListen,
@@ -38,8 +39,7 @@ from scheduler_extender.config import (
 )
 from scheduler_extender.http import ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
-from scheduler_extender.http.connections import GuardedSite, server_options
-from scheduler_extender.http.fast import FastVerbs
+from scheduler_extender.http.connections import GuardedSite, resolve, server_options
 from scheduler_extender.http.front import PermitFront, authenticator, make_front_app
 from scheduler_extender.http.keys import (
     AUTHENTICATOR,
@@ -66,6 +66,8 @@ from scheduler_extender.sync import follow_cluster
 log = structlog.get_logger(__name__)
 
 KubeConnector = Callable[[], Awaitable[KubeClient]]
+# The verbs listener's (aiohttp's own) or a guarded one's.
+Site = web.TCPSite | GuardedSite
 # How long teardown waits for pending permit writes before cancelling them (the agents'
 # lastPermit covers anything lost).
 _FLUSH_SECONDS: Final = 2.0
@@ -305,11 +307,12 @@ async def start_listeners(
     verbs_app: web.Application,
     permits_app: web.Application | PermitFront,
     metrics_app: web.Application | None = None,
-) -> list[tuple[web.AppRunner, GuardedSite]]:
-    """Start the listeners, verbs first (it owns the lifecycle); each with its guards. A
-    ``PermitFront`` only binds its socket here (in the listeners' order, so a port in use
-    fails the start the same way); ``serve`` starts its process."""
-    started: list[tuple[web.AppRunner, GuardedSite]] = []
+) -> list[tuple[web.AppRunner, Site]]:
+    """Start the listeners, verbs first (it owns the lifecycle); each with its guards (the
+    verbs: aiohttp's options alone, see ``connections``). A ``PermitFront`` only binds its
+    socket here (in the listeners' order, so a port in use fails the start the same way);
+    ``serve`` starts its process."""
+    started: list[tuple[web.AppRunner, Site]] = []
     apps: list[tuple[web.Application | PermitFront, Listen]] = [
         (verbs_app, config.listen.verbs),
         (permits_app, config.listen.permits),
@@ -330,16 +333,21 @@ async def start_listeners(
                 **server_options(listen),
             )
             await runner.setup()
-            site = GuardedSite(
-                runner,
-                listen,
-                # kube-scheduler's per-pod calls skip aiohttp (see ``fast``).
-                fast=FastVerbs(app) if app is verbs_app else None,
-                shutdown_timeout=config.shutdown_timeout_seconds,
-            )
+            site: Site
+            if isinstance(listen, GuardedListen):
+                site = GuardedSite(runner, listen)
+            else:  # kube-scheduler's, on loopback
+                resolve(listen.host, listen.port)
+                site = web.TCPSite(
+                    runner,
+                    listen.host,
+                    listen.port,
+                    backlog=listen.accept_backlog,
+                    reuse_address=True,
+                )
             started.append((runner, site))
             await site.start()
-            log.info("listening", host=listen.host, port=site.bound_port)
+            log.info("listening", host=listen.host, port=bound_port(site))
     except BaseException:
         await stop_listeners(started)
         if isinstance(permits_app, PermitFront):
@@ -348,9 +356,16 @@ async def start_listeners(
     return started
 
 
-async def stop_listeners(started: list[tuple[web.AppRunner, GuardedSite]]) -> None:
+def bound_port(site: Site) -> int:
+    """The port a started site listens on (the one the OS picked for port 0)."""
+    return site.bound_port if isinstance(site, GuardedSite) else site.port
+
+
+async def stop_listeners(started: list[tuple[web.AppRunner, Site]]) -> None:
     # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
-    for runner, _ in reversed(started):
+    for runner, site in reversed(started):
+        if isinstance(site, GuardedSite):
+            await site.stop()  # a TCPSite is the runner's to stop
         await runner.cleanup()
 
 

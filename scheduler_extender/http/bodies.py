@@ -47,8 +47,7 @@ def refused_unread(
     encoding: str, declared: int | None, limit: int, *, inflate: bool = False
 ) -> ExtenderError | None:
     """Steps 1 and 2 of ``Bodies.read``: what a body is refused for before a byte of it is
-    read (``encoding`` stripped and lower-case, ``declared`` its Content-Length); the fast
-    path answers the same from a head."""
+    read (``encoding`` stripped and lower-case, ``declared`` its Content-Length)."""
     if encoding not in _IDENTITY and not (inflate and encoding in _INFLATABLE):
         takes = "gzip, deflate or identity" if inflate else "identity only"
         return UnsupportedEncoding(f"Content-Encoding {encoding!r} is not accepted here ({takes})")
@@ -63,16 +62,6 @@ class Bodies:
     def __init__(self, limits: LimitsConfig) -> None:
         self.limits = limits
         self.in_flight = 0
-
-    def try_take(self, size: int) -> bool:
-        """A share of the budget for a body held elsewhere (``fast``); ``release`` it after."""
-        if self.in_flight + size > self.limits.bodies_in_flight_bytes:
-            return False
-        self.in_flight += size
-        return True
-
-    def release(self, size: int) -> None:
-        self.in_flight -= size
 
     def _take(self, size: int) -> None:
         if self.in_flight + size > self.limits.bodies_in_flight_bytes:

@@ -647,6 +647,7 @@ async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> Non
     stopping.cancel()
     # SIGTERM: the main process is still there to answer the calls in flight. End of the
     # channel: it is gone, and those calls have failed already.
+    await site.stop()
     await runner.cleanup()
     serving.cancel()
     await asyncio.gather(serving, return_exceptions=True)

@@ -3,9 +3,10 @@
 Shell. ``request_middleware`` clears structlog's contextvars, binds ``request_id`` (from
 ``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
 canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
-``reason``). It turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's
-413 into ``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with
-the request id: the boundary where ``except Exception`` belongs.
+``reason``), and marks a guarded connection busy meanwhile (``connections.serving``). It
+turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's 413 into
+``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with the
+request id: the boundary where ``except Exception`` belongs.
 
 One middleware, not two: kube-scheduler waits on every filter call, and each aiohttp
 middleware layer is another coroutine per request.
@@ -26,6 +27,7 @@ from protocol import codec
 from protocol.permits import ErrorBody
 from scheduler_extender.errors import BodyTooLarge, ExtenderError, ProtocolError
 from scheduler_extender.http.bodies import BODIES
+from scheduler_extender.http.connections import serving
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger("scheduler_extender.http")
@@ -78,42 +80,18 @@ def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:
         raise ProtocolError(f"{type_.__name__}: {e}") from e
 
 
-def begin_call(request_id: str | None) -> str:
-    """A new request's log context: cleared, then its ``request_id`` (the caller's or new)."""
-    structlog.contextvars.clear_contextvars()
-    # 32 hex digits, like a uuid4's, for a tenth of the cost.
-    request_id = request_id or os.urandom(16).hex()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
-    return request_id
-
-
-def end_call(
-    metrics: Metrics, route: str, *, method: str, path: str, status: int, seconds: float
-) -> None:
-    """A finished call's duration histogram (verbs and permits) and its one log line."""
-    if route in TIMED_ROUTES:
-        metrics.observe_verb(route, seconds, is_error=status != 200)
-    # filter and prioritize change nothing and run for every pod kube-scheduler tries: their
-    # lines are debug (the histogram counts them); what changes state, and errors, is info.
-    level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
-    level("request", method=method, path=path, status=status, duration_seconds=round(seconds, 6))
-
-
-def unexpected() -> ExtenderError:
-    """A bug in a handler (call it in the ``except``): its traceback logged with the request
-    id, and a generic 500 for the caller."""
-    # Task boundary: a bug must cost one request, not the process; a human must see it.
-    log.exception("internal_error")
-    return ExtenderError("internal error; see the extender's log")
-
-
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = begin_call(request.headers.get("X-Request-Id"))
-    route = request.match_info.route.name
+    structlog.contextvars.clear_contextvars()
+    # 32 hex digits, like a uuid4's, for a tenth of the cost.
+    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    route = request.match_info.route.name or ""
     loop = asyncio.get_running_loop()  # its clock: monotonic, and virtual under looptime
     start = loop.time()
     status = 500
+    # A request in progress on a guarded connection: not evicted, no header timeout.
+    connection = serving(request)
     try:
         response = await _answer_errors(request, handler)
         status = response.status
@@ -123,13 +101,21 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = e.status
         raise
     finally:
-        end_call(
-            request.app[METRICS],
-            route or "",
+        if connection is not None:
+            connection.ended()
+        seconds = loop.time() - start
+        if route in TIMED_ROUTES:
+            request.app[METRICS].observe_verb(route, seconds, is_error=status != 200)
+        # filter and prioritize change nothing and run for every pod kube-scheduler tries:
+        # their lines are debug (the histogram counts them); what changes state, and errors,
+        # is info.
+        level = log.info if route in STATEFUL_ROUTES or status >= 400 else log.debug
+        level(
+            "request",
             method=request.method,
             path=request.path,
             status=status,
-            seconds=loop.time() - start,
+            duration_seconds=round(seconds, 6),
         )
 
 
@@ -144,4 +130,6 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException:
         raise  # aiohttp's own answers (404 for unknown routes, 405)
     except Exception:
-        return error_response(unexpected())
+        # Task boundary: a bug must cost one request, not the process; a human must see it.
+        log.exception("internal_error")
+        return error_response(ExtenderError("internal error; see the extender's log"))

@@ -1,12 +1,11 @@
 """Penalties: client addresses whose new connections the kernel drops, for a while.
 
-A connection the extender accepts costs its event loop (the one kube-scheduler's calls run on)
-an accept, a read, an answer and a close even when it is refused at once, most of it in the
-kernel. A client with a core to spare opens thousands a second, and no refusal made
-after the accept makes that cheaper. So an address that keeps sending what no well-behaved client
-sends (offences: malformed, compressed or oversized verb bodies, connections over its rate,
-heads that time out) is penalized: for ``penalty_seconds`` a classic BPF socket filter on the
-listening sockets drops its packets, so its SYNs never become connections (its connect waits
+A connection the extender accepts costs its event loop an accept, a transport, an answer and a
+close even when it is refused at once. A client with a core to spare opens thousands a second,
+and no refusal made after the accept makes that cheaper. So an address that keeps doing what
+no well-behaved client does (offences: connections over its rate, heads that time out) is
+penalized: for ``penalty_seconds`` a classic BPF socket filter on the listening sockets drops
+its packets, so its SYNs never become connections (its connect waits
 for the kernel's SYN retries, and the flood with it) and the event loop never hears of them.
 
 * Only new connections: a child socket keeps the filter its listener had when it was made, and
@@ -17,6 +16,13 @@ for the kernel's SYN retries, and the flood with it) and the event loop never he
 * A kernel that refuses socket filters (a seccomp profile, say) leaves the listener as it was:
   the refusal is logged once and the offender's connections are refused after their accept, as
   before.
+
+Kept by a measurement against the threat model (docs/DEPLOY.md, "Who reaches which
+listener"): on the guarded listeners only (permits, metrics; the verbs listener's one client is
+kube-scheduler). ``scripts/bench_attacks.py --penalties off`` against the default: without
+penalties, scrapes of the metrics port on connections of their own (``metrics_token_churn``,
+the main process's loop) and an idle-connection flood of the permit port push the filter p99
+past the 2x-idle guarantee; with them, every permit- and metrics-port attack stays under it.
 
 ``drop_program`` is pure (the filter's instructions); ``PenaltyBox`` is the shell.
 """

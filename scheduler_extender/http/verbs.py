@@ -276,17 +276,10 @@ def _waiting_answer(*, is_cache: bool, listed: msgspec.Raw, reason: str) -> byte
 
 
 async def filter_nodes(request: web.Request) -> web.Response:
-    request.app[EXTENDER].require_synced()  # before the body is read: a 503 costs no body
-    return web.Response(
-        body=filter_answer(request.app, await read_body(request)), content_type=JSON
-    )
-
-
-def filter_answer(app: web.Application, body: bytes) -> bytes:
-    """filter, from the request body to the encoded answer (both listeners' paths call it)."""
+    app = request.app
     extender = app[EXTENDER]
-    extender.require_synced()
-    args = decode(FilterArgs, body)
+    extender.require_synced()  # before the body is read: a 503 costs no body
+    args = decode(FilterArgs, await read_body(request))
     info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
     decision = extender.admit(info) if info.vm_error is None else None
@@ -327,21 +320,16 @@ def filter_answer(app: web.Application, body: bytes) -> bytes:
                 nodes=_listed_names(is_cache, listed),
             )
     structlog.contextvars.bind_contextvars(reason=reason)
-    return encoded
+    return web.Response(body=encoded, content_type=JSON)
 
 
 async def prioritize(request: web.Request) -> web.Response:
-    request.app[EXTENDER].require_synced()
-    body = await read_body(request)
-    return web.Response(body=prioritize_answer(request.app, body), content_type=JSON)
-
-
-def prioritize_answer(app: web.Application, body: bytes) -> bytes:
+    app = request.app
     extender = app[EXTENDER]
     extender.require_synced()
     # The same lean decode as filter: in non-cache mode the body carries every passing Node
     # object, and turning them all into structs cost more than the scoring (only names count).
-    args = decode(FilterArgs, body)
+    args = decode(FilterArgs, await read_body(request))
     info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
     names = _listed_names(is_cache, listed)
@@ -354,19 +342,15 @@ def prioritize_answer(app: web.Application, body: bytes) -> bytes:
             names, size, growth_millis=growth, strategy=extender.config.scoring.strategy
         )
     structlog.contextvars.bind_contextvars(reason=f"scored {len(scores)} nodes")
-    return codec.encode([HostPriority(host=name, score=score) for name, score in scores])
+    body = codec.encode([HostPriority(host=name, score=score) for name, score in scores])
+    return web.Response(body=body, content_type=JSON)
 
 
 async def bind(request: web.Request) -> web.Response:
-    request.app[EXTENDER].require_synced()
-    body = await read_body(request)
-    return web.Response(body=await bind_answer(request.app, body), content_type=JSON)
-
-
-async def bind_answer(app: web.Application, body: bytes) -> bytes:
+    app = request.app
     extender = app[EXTENDER]
     extender.require_synced()
-    args = decode(ExtenderBindingArgs, body)
+    args = decode(ExtenderBindingArgs, await read_body(request))
     structlog.contextvars.bind_contextvars(
         pod=f"{args.pod_namespace}/{args.pod_name}", node=args.node
     )
@@ -378,7 +362,7 @@ async def bind_answer(app: web.Application, body: bytes) -> bytes:
         filtered=app[POD_INFOS].latest(args.pod_uid),
     )
     structlog.contextvars.bind_contextvars(reason=error or "bound")
-    return codec.encode(ExtenderBindingResult(error=error))
+    return web.Response(body=codec.encode(ExtenderBindingResult(error=error)), content_type=JSON)
 
 
 async def preempt(request: web.Request) -> web.Response:

@@ -200,10 +200,11 @@ async def _front_over_channel(
 
 
 class Start:
-    """The listeners exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite``, the
-    server options and the verbs' fast path), on loopback ports the OS picks; ``await
-    start(**listen)`` gives the (verbs, permits) sites, ``await start.stop()`` stops them as
-    ``serve`` does (the fixture stops whatever is still running)."""
+    """The listeners exactly as ``serve`` starts them (``start_listeners``: aiohttp's
+    ``TCPSite`` for the verbs, ``GuardedSite`` for the permit port, the server options), on
+    loopback ports the OS picks; ``await start(**listen)`` gives the (verbs, permits) sites,
+    ``await start.stop()`` stops them as ``serve`` does (the fixture stops whatever is still
+    running)."""
 
     def __init__(self, kube_api: FakeKubeApi) -> None:
         self._kube_api = kube_api
@@ -211,7 +212,7 @@ class Start:
 
     async def __call__(
         self, *, limits: dict[str, Any] | None = None, wait_synced: bool = True, **listen: Any
-    ) -> tuple[GuardedSite, GuardedSite]:
+    ) -> tuple[web.TCPSite, GuardedSite]:
         config = make_config(listen=listen, limits=limits or {})
         # Ports the OS picks (0 is not a valid port in a config file).
         config = msgspec.structs.replace(
@@ -232,7 +233,9 @@ class Start:
         self._running.append(started)
         extender = verbs_app[EXTENDER]
         await wait_until(lambda: extender.is_synced if wait_synced else extender.has_nodes)
-        return started[0][1], started[1][1]
+        verbs, permits = started[0][1], started[1][1]
+        assert isinstance(verbs, web.TCPSite) and isinstance(permits, GuardedSite)
+        return verbs, permits
 
     async def stop(self) -> None:
         while self._running:
