@@ -300,9 +300,11 @@ class GuestMemoryWatch:
 
 # Sessions in the guest's PostgreSQL, each holding this many MiB in a PL/pgSQL variable (the
 # backend's own memory, anonymous, as a process's) until they all end together. The guest is
-# booted with 1Gi and PostgreSQL, its data and the image already use ~300 MiB of it: 10 x 64 MiB
-# do not fit without growing. One a second, so the use rises as a trend the agent sees coming.
-HOG_SESSIONS, HOG_MIB, HOG_HOLD_SECONDS = 10, 64, 8
+# booted with 1Gi and PostgreSQL, its data and the image already use ~450 MiB of it: 10 x 64 MiB
+# do not fit without growing. Two a second (~130 MiB/s), so the use rises as a trend the agent
+# sees coming, and they are held a few seconds past the last one.
+HOG_SESSIONS, HOG_MIB, HOG_EVERY_SECONDS, HOG_HOLD_SECONDS = 10, 64, 0.5, 4
+MEMORY_UNIT = 128 * 2**20  # the example's (the default memory-unit)
 
 
 def hog(ip: str, hold_seconds: float) -> subprocess.Popen[str]:
@@ -352,17 +354,20 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     started = time.time()
     sessions = []
     for i in range(HOG_SESSIONS):
-        sessions.append(hog(ip, HOG_HOLD_SECONDS + HOG_SESSIONS - 1 - i))
-        time.sleep(1)
+        sessions.append(hog(ip, HOG_HOLD_SECONDS + HOG_EVERY_SECONDS * (HOG_SESSIONS - 1 - i)))
+        time.sleep(HOG_EVERY_SECONDS)
     outputs = [p.communicate(timeout=120)[0] for p in sessions]
     held = time.time()
     grown = max(v for _, v in limit.samples)
     # After the sessions, back to the minimum: the agent's shrink window, the unplug, the
-    # extender's notice, the kubelet's resize.
+    # extender's notice, the kubelet's resize. Back within a memory-unit of it: the guest may
+    # keep a few virtio-mem blocks it cannot give back (kernel memory landed in them, see
+    # vm_runner/cmdline.py); the agent then reports the size it really has, and the container
+    # keeps room for exactly that.
     shrunk = True
     try:
         wait_for(
-            lambda: limit.samples[-1][1] == written,
+            lambda: limit.samples[-1][1] < written + MEMORY_UNIT,
             timeout_seconds=120,
             what="the VM container's memory limit back at its minimum",
             interval=0.5,
@@ -406,7 +411,12 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
         if 0 < after < before:
             (last,) = [e for e in events if e["event"].startswith("memory_resize_")
                        and e["t"] <= t][-1:]  # fmt: skip
-            assert last["event"] == "memory_resize_succeeded", (last, t)
+            # Finished: all given back, or as much as the guest could (the extender is told
+            # the real size either way).
+            assert last["event"] in ("memory_resize_succeeded", "memory_resize_incomplete"), (
+                last,
+                t,
+            )
             assert last["current_memory_bytes"] + overhead <= after, (last, t, after)
     for e in grows:
         raised = next(u for u, v in limit.samples if v >= e["to_bytes"] + overhead)
@@ -420,6 +430,23 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     print(
         f"memory: sessions started -> limit raised {first - started:.1f}s; "
         f"peak {int(grown) >> 20} MiB (limit); load ended -> "
-        + (f"back at minimum {limit.samples[-1][0] - held:.1f}s" if shrunk else "NOT SHRUNK")
+        + (f"limit back down {limit.samples[-1][0] - held:.1f}s" if shrunk else "NOT SHRUNK")
     )
+    finished = ("memory_resize_succeeded", "memory_resize_incomplete")
+    shrinks = [e for e in starts if e["to_bytes"] < e["from_bytes"]]
+    for e in shrinks:
+        end = next((d for d in events if d["event"] in finished and d["t"] >= e["t"]), None)
+        if end is None:
+            continue
+        lowered = [
+            u for u, v in limit.samples if u >= end["t"] and 0 < v < e["from_bytes"] + overhead
+        ]
+        print(
+            f"memory {e['from_bytes'] >> 20} -> {end['current_memory_bytes'] >> 20} MiB "
+            f"({end['event']}) in {end['t'] - e['t']:.2f}s; limit lowered "
+            f"{(lowered[0] - end['t']) if lowered else float('nan'):+.2f}s after"
+        )
     assert shrunk, limit.samples
+    # The container keeps room for what the guest kept, no less.
+    kept = [e for e in events if e["event"] in finished][-1]
+    assert limit.samples[-1][1] == kept["current_memory_bytes"] + overhead, (kept, limit.samples)
