@@ -125,7 +125,7 @@ SAMPLER_PID=""
 cleanup() {
   [[ -n "$WATCH_PID" ]] && kill "$WATCH_PID" 2>/dev/null
   # Only a run that failed gets here with the sampler running: no plot, the error stays last.
-  [[ -n "$SAMPLER_PID" ]] && kill -KILL "$SAMPLER_PID" 2>/dev/null
+  [[ -n "$SAMPLER_PID" ]] && { kill -KILL "$SAMPLER_PID"; wait "$SAMPLER_PID" || true; } 2>/dev/null
   [[ -n "$PF_PID" ]] && kill "$PF_PID" 2>/dev/null
   [[ -n "$AGENT_PF_PID" ]] && kill "$AGENT_PF_PID" 2>/dev/null
   "${KUBECTL[@]}" -n "$VM_NAMESPACE" delete pod "$BENCH_POD" --ignore-not-found --wait=false \
