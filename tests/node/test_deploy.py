@@ -169,8 +169,8 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
         "VM_NAME": VM,
         "PGBENCH_IMAGE": PGBENCH_IMAGE,
         # The VM grows ~9 s after run-bench starts (the pgbench pod's start, the agent's 3 s
-        # grow window, the permit, the resize): 25 s of load sustain it well past that.
-        "DURATION": os.environ.get("VMA_NODE_BENCH_SECONDS", "25"),
+        # grow window, the permit, the resize): 20 s of load sustain it well past that.
+        "DURATION": os.environ.get("VMA_NODE_BENCH_SECONDS", "20"),
         "WATCH_INTERVAL": "2",
         # 8 clients (the default) leave the 1-vCPU guest 70-87% busy on a contended host (its
         # network goes through QEMU's main loop, which the host schedules late): not saturated,
