@@ -12,7 +12,8 @@
 # port-forward to the extender's /state). The VM runs the postgres guest image
 # (vm_runner/Dockerfile): PostgreSQL 15 with role bench, password bench and database pgbench,
 # filled at scale 5 when the guest boots. After the load the script waits for the VM to shrink
-# back and ends with a verdict line: grew to N, pgbench's tps, shrank in Y s.
+# back and ends with a verdict line (grew to N, pgbench's tps, shrank in Y s) and a plot of the run
+# (OUT below), as the local path does.
 #
 # Environment (cluster path):
 #   VM_NAME          the VM pod, e.g. pg-vm-0 (required)
@@ -29,6 +30,11 @@
 #                    guest fills its database at boot, tens of seconds under TCG (default: 300)
 #   COOLDOWN         seconds to wait after the load for the VM to shrink back (default: 120)
 #   STATE_PORT       local port for the extender's /state (default: 10298)
+#   AGENT_PORT       local port for the VM's node's agent /metrics (default: 10301)
+#   OUT              directory for bench.png and bench.json, the samples the plot draws: the
+#                    VM's vCPUs, permit and wanted size, the node's free CPU and pgbench's tps
+#                    each second, as the local path draws them (default: out/cluster-bench;
+#                    needs the virtualenv of scripts/setup, or there is no plot)
 #   WATCH_INTERVAL   seconds between the VM's rows shown during the load (default: 5)
 #
 # Exit status: 0 when the VM grew under the load and shrank back after it; 1 when a tool or
@@ -84,6 +90,8 @@ DURATION="${DURATION:-120}"
 PG_WAIT="${PG_WAIT:-300}"
 COOLDOWN="${COOLDOWN:-120}"
 STATE_PORT="${STATE_PORT:-10298}"
+AGENT_PORT="${AGENT_PORT:-10301}"
+OUT="${OUT:-$ROOT/out/cluster-bench}"
 WATCH_INTERVAL="${WATCH_INTERVAL:-5}"
 
 command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed or not on PATH"
@@ -103,13 +111,23 @@ say "waiting for $VM_NAMESPACE/$VM_NAME to run"
   "pod/$VM_NAME" --timeout=300s >/dev/null
 VM_IP="$("${KUBECTL[@]}" -n "$VM_NAMESPACE" get pod "$VM_NAME" -o 'jsonpath={.status.podIP}')"
 [[ -n "$VM_IP" ]] || die "pod $VM_NAMESPACE/$VM_NAME has no IP yet"
+VM_NODE="$("${KUBECTL[@]}" -n "$VM_NAMESPACE" get pod "$VM_NAME" -o 'jsonpath={.spec.nodeName}')"
+VCPU_MODE=hotplug
+[[ "$("${KUBECTL[@]}" -n "$VM_NAMESPACE" get pod "$VM_NAME" \
+  -o 'jsonpath={.metadata.annotations.vm-autoscaling\.io/hypervisor}')" == qmp+qga:* ]] \
+  && VCPU_MODE=online
 
 BENCH_POD="pgbench-${VM_NAME}"
 PF_PID=""
+AGENT_PF_PID=""
 WATCH_PID=""
+SAMPLER_PID=""
 cleanup() {
   [[ -n "$WATCH_PID" ]] && kill "$WATCH_PID" 2>/dev/null
+  # Only a run that failed gets here with the sampler running: no plot, the error stays last.
+  [[ -n "$SAMPLER_PID" ]] && { kill -KILL "$SAMPLER_PID"; wait "$SAMPLER_PID" || true; } 2>/dev/null
   [[ -n "$PF_PID" ]] && kill "$PF_PID" 2>/dev/null
+  [[ -n "$AGENT_PF_PID" ]] && kill "$AGENT_PF_PID" 2>/dev/null
   "${KUBECTL[@]}" -n "$VM_NAMESPACE" delete pod "$BENCH_POD" --ignore-not-found --wait=false \
     >/dev/null 2>&1
   return 0
@@ -130,6 +148,29 @@ for _ in $(seq 1 20); do
     >/dev/null 2>&1 && break
   sleep 0.5
 done
+
+# The plot's samples (scripts/cluster_bench.py): the agent of the VM's node has the VM's
+# vCPUs, online count and wanted size; the extender's /state its permit and the node's room.
+PHASE_FILE="$(mktemp)"
+BENCH_LOG="$(mktemp)"
+echo idle >"$PHASE_FILE"
+AGENT_POD=$("${KUBECTL[@]}" -n vm-autoscaling get pod -l app.kubernetes.io/name=autoscaler-agent \
+  --field-selector "spec.nodeName=$VM_NODE" -o name | head -n 1)
+if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
+  say "no virtualenv at $ROOT/.venv (scripts/setup): no plot"
+elif [[ -z "$AGENT_POD" ]]; then
+  say "no autoscaler-agent pod on $VM_NODE: no plot"
+else
+  "${KUBECTL[@]}" -n vm-autoscaling port-forward "$AGENT_POD" "$AGENT_PORT:10301" \
+    >/dev/null 2>&1 &
+  AGENT_PF_PID=$!
+  "$ROOT/.venv/bin/python" "$ROOT/scripts/cluster_bench.py" \
+    --state-url "http://127.0.0.1:$STATE_PORT/state" \
+    --agent-url "http://127.0.0.1:$AGENT_PORT/metrics" --vm "$VM_NAMESPACE/$VM_NAME" \
+    --node "$VM_NODE" --vcpu-mode "$VCPU_MODE" --phase-file "$PHASE_FILE" \
+    --bench-log "$BENCH_LOG" --out "$OUT" &
+  SAMPLER_PID=$!
+fi
 
 say "before the load:"
 python3 "$ROOT/scripts/watch-vcpus" --once --url "http://127.0.0.1:$STATE_PORT/state" \
@@ -175,7 +216,7 @@ if [ -n "$SCALE" ]; then pgbench -h "$VM_IP" -i -s "$SCALE" --quiet || exit 1; f
 echo "pgbench-starts"
 pgbench -h "$VM_IP" -c "$CLIENTS" -j "$CLIENTS" -T "$DURATION" -P 5 -b "$BUILTIN" --no-vacuum
 '
-BENCH_LOG="$(mktemp)"
+echo load >"$PHASE_FILE"
 set +e
 "${KUBECTL[@]}" -n "$VM_NAMESPACE" run "$BENCH_POD" --rm -i --restart=Never --quiet \
   --image="$PGBENCH_IMAGE" \
@@ -186,6 +227,7 @@ set +e
 bench_status=${PIPESTATUS[0]}
 set -e
 LOAD_ENDED=$SECONDS
+echo cool >"$PHASE_FILE"
 
 kill "$WATCH_PID" 2>/dev/null || true
 WATCH_PID=""
@@ -204,7 +246,12 @@ while (( SECONDS - LOAD_ENDED < COOLDOWN )); do
   sleep 2
 done
 python3 "$ROOT/scripts/watch-vcpus" --once --url "http://127.0.0.1:$STATE_PORT/state" || true
-rm -f "$BENCH_LOG" "$WATCH_LOG"
+if [[ -n "$SAMPLER_PID" ]]; then
+  kill "$SAMPLER_PID" 2>/dev/null || true
+  wait "$SAMPLER_PID" || say "(the plot could not be drawn; see above)"
+  SAMPLER_PID=""
+fi
+rm -f "$BENCH_LOG" "$WATCH_LOG" "$PHASE_FILE"
 grew="DID NOT GROW"
 [[ -n "$PEAK" && "$PEAK" -gt "$MIN_VCPUS" ]] && grew="grew to $PEAK"
 shrank="DID NOT SHRINK within ${COOLDOWN}s"

@@ -72,6 +72,14 @@ def test_there_are_three_example_vms():
     assert sorted(IDS) == ["pg-vm", "pg-vm-a", "pg-vm-b"]
 
 
+def test_the_single_example_vm_scales_memory():
+    """docs/DEPLOY.md promises an example whose memory grows and shrinks live (the node tier
+    runs it): ``max-memory`` above ``min-memory``."""
+    (sts,) = [s for s in VMS if s["metadata"]["name"] == "pg-vm"]
+    spec = parse_vm_spec(_pod(sts)["annotations"], pod_memory_bytes=0)
+    assert spec.max_memory_bytes > spec.min_memory_bytes
+
+
 @pytest.mark.parametrize("sts", VMS, ids=IDS)
 def test_example_is_a_vm_for_our_scheduler(sts):
     pod = _pod(sts)
@@ -91,8 +99,9 @@ def test_annotations_parse_and_match_the_pod_resources(sts):
     # Placed at its minimum, Guaranteed QoS (resize keeps requests == limits).
     assert requests == limits
     assert int(requests["cpu"]) == spec.min_vcpus
-    # The guest's memory fits in the pod with room for QEMU itself.
-    assert spec.max_memory_bytes < memory_bytes(limits["memory"])
+    # The container is written at the guest's minimum plus room for QEMU itself, which a VM
+    # whose memory scales keeps above every permitted size (the extender's memory-overhead).
+    assert memory_bytes(limits["memory"]) - spec.min_memory_bytes >= 256 * 2**20
     assert vm["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
 
 

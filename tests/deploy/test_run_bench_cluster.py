@@ -10,6 +10,7 @@ PostgreSQL never became ready).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -23,6 +24,10 @@ port, state_file = int(sys.argv[1]), sys.argv[2]
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         vcpus = int(open(state_file).read())
+        if self.path == "/metrics":  # the agent's, for the plot
+            body = f'vmautoscale_agent_vm_current_vcpus{{vm="default/pg-vm-0"}} {vcpus}\n'.encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+            return
         body = json.dumps({"nodes": [{"name": "w1", "free": {"cpuMillis": (4 - vcpus) * 1000},
             "allocations": [{"pod": "default/pg-vm-0", "resources": {"cpuMillis": vcpus * 1000},
                              "vm": {"vcpus": vcpus, "minVcpus": 1, "maxVcpus": 4}}]}]}).encode()
@@ -43,6 +48,9 @@ case "$args" in
   *"extender-role=leader"*) echo pod/scheduler-extender-0 ;;
   *" wait "*) ;;
   *"podIP"*) echo 10.1.2.3 ;;
+  *"jsonpath={.spec.nodeName}"*) echo w1 ;;
+  *"hypervisor}"*) echo "qmp+qga:///run/vm-autoscaling/default/pg-vm-0/qmp.sock" ;;
+  *"autoscaler-agent"*"spec.nodeName=w1"*) echo pod/autoscaler-agent-x ;;
   *" run "*)
     for a in "$@"; do case "$a" in --env=*) echo "${a#--env=}" ;; esac; done > "$FAKE_DIR/pod.env"
     if [ "$FAKE_PG_READY" != 1 ]; then
@@ -77,6 +85,8 @@ def _run_bench(tmp_path: Path, *, pg_ready: bool, shrink: bool) -> subprocess.Co
         "FAKE_SHRINK": "1" if shrink else "0",
         "VM_NAME": "pg-vm-0",
         "STATE_PORT": str(free_port()),
+        "AGENT_PORT": str(free_port()),
+        "OUT": str(tmp_path / "out"),
         "COOLDOWN": "3",
         "WATCH_INTERVAL": "1",
     }
@@ -103,6 +113,15 @@ def test_grows_and_shrinks_gives_a_verdict_and_uses_the_image_credentials(tmp_pa
     assert "SCALE=" in pod_env
     # The pgbench pod is removed on exit.
     assert " delete pod pgbench-pg-vm-0 " in (tmp_path / "calls.log").read_text()
+    # The plot, as the local path draws it, from samples of the agent on the VM's node and of
+    # the extender's ledger.
+    assert f"==> plot {tmp_path / 'out' / 'bench.png'}" in result.stderr
+    assert (tmp_path / "out" / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    samples = json.loads((tmp_path / "out" / "bench.json").read_text())["samples"]
+    assert {s["phase"] for s in samples} >= {"load", "cool"}
+    assert max(s["vcpus"] or 0 for s in samples) == 3
+    assert max(s["reserved_after"] or 0 for s in samples) == 3
+    assert " port-forward pod/autoscaler-agent-x " in (tmp_path / "calls.log").read_text()
 
 
 def test_a_vm_that_does_not_shrink_back_exits_3(tmp_path):

@@ -6,9 +6,15 @@ pgbench on this machine against the forwarded port, the agent scaling the VM fro
 node_exporter only. The load is the guest's own work (every transaction runs in the guest's
 PostgreSQL), so what the test asserts is caused by the system's inputs, not by this machine's
 load: 8 clients saturate a 1-vCPU guest, which then asks for more vCPUs than the node has room
-for; once pgbench stops the guest is idle and returns to its minimum. Twice: the second burst
-grows the same guest again after its shrink (the runner's online vCPU mode; the hot-plug mode
-loses the VM there on this QEMU).
+for; once pgbench stops the guest is idle and returns to its minimum.
+
+One burst, of 12 s: the VM grows a few seconds into the load (the test config's 2 s grow
+window, then the permit and the onlining), so 12 s sustain it well past that. What a second
+burst showed is shown elsewhere, cheaper: growing the same guest again after a shrink, through
+the agent in the runner's online vCPU mode, is ``tests/e2e/test_guest_scaling.py``'s first test
+(twice) and its last (30 cycles); the bench's judging of several bursts (one that did not
+shrink, a QEMU dying in the second) is ``tests/bench/test_local_bench_verdict.py``'s, from
+samples. The bench's default stays 2 bursts for people.
 
 No timing is asserted: the bounds are the bench's own (``--cooldown`` is how long it waits for
 the shrink, far beyond the agent's 4 s ``shrink_after_seconds``), and the test's timeout only
@@ -59,8 +65,8 @@ def test_pgbench_in_the_guest_grows_the_vm_then_it_shrinks_back(tmp_path: Path):
     agent_config.write_text(yaml.safe_dump(AGENT_CONFIG))
     out = tmp_path / "out"
     result = subprocess.run(
-        ["bash", str(REPO / "scripts/run-bench.sh"), "--local", "--duration", "25",
-         "--bursts", "2", "--clients", "8", "--warmup", "3", "--cooldown", "150",
+        ["bash", str(REPO / "scripts/run-bench.sh"), "--local", "--duration", "12",
+         "--bursts", "1", "--clients", "8", "--warmup", "2", "--cooldown", "150",
          "--boot-timeout", "400",
          "--agent-config", str(agent_config), "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=880, check=False,
@@ -78,8 +84,8 @@ def test_pgbench_in_the_guest_grows_the_vm_then_it_shrinks_back(tmp_path: Path):
     # The live table and the verdict line went to the terminal.
     assert "online" in result.stdout and "node free" in result.stdout
     assert verdict["line"] in result.stderr
-    assert "cycles survived 2/2" in verdict["line"]
-    assert verdict["cycles_survived"] == 2 and verdict["is_vm_alive"]
+    assert "cycles survived 1/1" in verdict["line"]
+    assert verdict["cycles_survived"] == 1 and verdict["is_vm_alive"]
 
     before = [s for s in samples if s["phase"] == "idle"]
     assert before

@@ -1,0 +1,84 @@
+"""The tier's overlay of ``manifests/``: what a 2-CPU, one-node cluster needs, and shorter waits.
+
+``manifests/`` stays what users apply (``test_the_system_comes_up_with_kubectl_apply`` applies
+it as is); the tests that scale a VM re-apply it through this overlay, built the way an
+operator would write one (kustomize patches and a replaced ConfigMap), so what it changes is
+written down here and nowhere else:
+
+- no CPU requests on the system pods and no extender reserve: the manifests' pods request 400m
+  and the extender keeps 20% of a node for the host, so a VM placed at 1 vCPU on a 2-CPU node
+  has 200m to grow into and can never reach 2 (docs/DEPLOY.md tells small-node operators);
+- one extender replica: on one node the second can never be placed (required anti-affinity),
+  and with ``maxSurge: 0`` a rollout of two would wait forever for the new pod, which cannot
+  share the node with the old one that must stay available;
+- the agent's shrink windows (``policy.shrink_after_seconds`` and
+  ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
+  a shrink is still decided the same way, on a window of scrapes that all ask for less, only
+  sooner, which is what the tier's wall time pays for. Growing is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+# Several scrapes (one a second) of a guest that wants less: a shrink is a window's decision,
+# not one sample's, as in the manifests, just shorter than their 30 s.
+SHRINK_AFTER_SECONDS = 8.0
+
+
+def tier_overlay(directory: Path) -> Path:
+    """Writes the overlay into ``directory`` (kustomize wants its files beside it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
+    config["system_reserve"]["cpu_fraction"] = 0
+    (directory / "extender.yaml").write_text(yaml.safe_dump(config))
+    agent = yaml.safe_load((ROOT / "manifests" / "config" / "agent.yaml").read_text())
+    agent.setdefault("policy", {})["shrink_after_seconds"] = SHRINK_AFTER_SECONDS
+    agent.setdefault("memory", {})["shrink_after_seconds"] = SHRINK_AFTER_SECONDS
+    (directory / "agent.yaml").write_text(yaml.safe_dump(agent))
+
+    def one_replica() -> dict[str, Any]:
+        ops = [{"op": "replace", "path": "/spec/replicas", "value": 1}]
+        return {"target": {"kind": "Deployment", "name": "scheduler-extender"},
+                "patch": yaml.safe_dump(ops)}  # fmt: skip
+
+    def zero_cpu(kind: str, name: str, containers: int) -> dict[str, Any]:
+        ops = [
+            {
+                "op": "replace",
+                "value": "0",
+                "path": f"/spec/template/spec/containers/{i}/resources/requests/cpu",
+            }
+            for i in range(containers)
+        ]
+        return {"target": {"kind": kind, "name": name}, "patch": yaml.safe_dump(ops)}
+
+    def replaced(name: str, file: str) -> dict[str, Any]:
+        return {"name": name, "namespace": "vm-autoscaling", "behavior": "replace",
+                "files": [file]}  # fmt: skip
+
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # kustomize refuses absolute paths to a base.
+                "resources": [os.path.relpath(ROOT / "manifests", directory)],
+                "configMapGenerator": [
+                    replaced("scheduler-extender-config", "extender.yaml"),
+                    replaced("autoscaler-agent-config", "agent.yaml"),
+                ],
+                "patches": [
+                    zero_cpu("Deployment", "scheduler-extender", 2),
+                    zero_cpu("DaemonSet", "autoscaler-agent", 1),
+                    one_replica(),
+                ],
+            }
+        )
+    )
+    return directory

@@ -1,0 +1,34 @@
+"""The tier's overlay of ``manifests/`` changes only what ``tests/node/overlay.py`` says (fast,
+no node): the configs it writes load with the components' own parsers, and differ from the
+manifests' only in the keys it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from autoscaler_agent.config import parse_config
+from scheduler_extender.config import load_config as load_extender_config
+from tests.node.overlay import ROOT, SHRINK_AFTER_SECONDS, tier_overlay
+
+
+def test_the_agent_config_differs_only_in_its_shrink_windows(tmp_path: Path) -> None:
+    directory = tier_overlay(tmp_path / "overlay")
+    ours = yaml.safe_load((directory / "agent.yaml").read_text())
+    theirs = yaml.safe_load((ROOT / "manifests" / "config" / "agent.yaml").read_text())
+    config = parse_config((directory / "agent.yaml").read_text())
+    assert config.policy.shrink_after_seconds == SHRINK_AFTER_SECONDS
+    assert config.memory.shrink_after_seconds == SHRINK_AFTER_SECONDS
+    del ours["policy"]["shrink_after_seconds"], ours["memory"]["shrink_after_seconds"]
+    assert {k: v for k, v in ours.items() if v} == theirs
+
+
+def test_the_extender_config_differs_only_in_its_reserve(tmp_path: Path) -> None:
+    directory = tier_overlay(tmp_path / "overlay")
+    config = load_extender_config(directory / "extender.yaml")
+    assert config.system_reserve.cpu_fraction == 0
+    ours = yaml.safe_load((directory / "extender.yaml").read_text())
+    theirs = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
+    ours["system_reserve"]["cpu_fraction"] = theirs["system_reserve"]["cpu_fraction"]
+    assert ours == theirs
