@@ -43,6 +43,19 @@ CFS_PERIOD_US = 100_000
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+def wait_postgres(ip: str) -> None:
+    """Until the guest's PostgreSQL accepts connections (it fills its database at boot)."""
+    wait_for(
+        lambda: (
+            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
+            == 0
+        ),
+        timeout_seconds=300,
+        what="PostgreSQL in the guest",
+        interval=2,
+    )
+
+
 def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:
     ds = deployed.kubectl(
         "-n", "vm-autoscaling", "get", "ds/autoscaler-agent", "-o", "jsonpath={.status.numberReady}"
@@ -149,15 +162,7 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
     # The guest is busy while it fills its database at boot, and may grow for that: the
     # benchmark starts from a quiet VM at its minimum, so a growth is the load's doing.
     ip = vm["status"]["podIP"]
-    wait_for(
-        lambda: (
-            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
-            == 0
-        ),
-        timeout_seconds=300,
-        what="PostgreSQL in the guest",
-        interval=2,
-    )
+    wait_postgres(ip)
     wait_for(
         lambda: watch.samples and watch.samples[-1][1] == 1,
         timeout_seconds=180,
@@ -339,15 +344,7 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     threads = [threading.Thread(target=w.run, daemon=True) for w in (limit, guest)]
     for thread in threads:
         thread.start()
-    wait_for(
-        lambda: (
-            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
-            == 0
-        ),
-        timeout_seconds=300,
-        what="PostgreSQL in the guest",
-        interval=2,
-    )
+    wait_postgres(ip)
     wait_for(
         lambda: limit.samples and limit.samples[-1][1] == written,
         timeout_seconds=120,
