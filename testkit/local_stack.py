@@ -41,7 +41,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -235,11 +235,18 @@ class GuestImage:
     initrd: Path
 
 
+# Where guest images are built and cached: ``vm_image/build`` (the build's own default), or
+# ``$VMA_IMAGE_ROOT``, which scripts/test points at the user's cache so that a fresh clone
+# reuses the images an earlier run built (the build is keyed by its manifest, and takes a lock
+# per output directory).
+IMAGE_ROOT: Final = Path(os.environ.get("VMA_IMAGE_ROOT") or REPO / "vm_image/build")
+
+
 def build_image(variant: str = "minimal") -> GuestImage:
-    """``python -m vm_image VARIANT`` (cached under vm_image/build: seconds when built)."""
+    """``python -m vm_image VARIANT`` (cached under ``IMAGE_ROOT``: seconds when built)."""
     result = subprocess.run(
-        [sys.executable, "-m", "vm_image", variant, "--out", str(REPO / "vm_image/build"),
-         "--cache", str(REPO / "vm_image/build/debs")],
+        [sys.executable, "-m", "vm_image", variant, "--out", str(IMAGE_ROOT),
+         "--cache", str(IMAGE_ROOT / "debs")],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip

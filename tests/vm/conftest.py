@@ -1,7 +1,7 @@
 """Fixtures for the VM tests: the minimal guest image, built once per session and cached on disk.
 
-The build itself caches (``vm_image/build/``, keyed by the manifest), so a second session only
-resolves package versions and checks hashes: a few seconds.
+The build itself caches (under ``testkit.local_stack.IMAGE_ROOT``, keyed by the manifest), so a
+second session only resolves package versions and checks hashes: a few seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.local_stack import IMAGE_ROOT
 from tests.support import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def build_minimal(out: Path, cache: Path, variant: str = "minimal") -> Path:
 def minimal_image() -> MinimalImage:
     require_binary("apt-get")
     require_binary("dpkg-deb")
-    out = build_minimal(REPO / "vm_image/build", REPO / "vm_image/build/debs")
+    out = build_minimal(IMAGE_ROOT, IMAGE_ROOT / "debs")
     return MinimalImage(
         kernel=out / "vmlinuz", initrd=out / "initramfs.cpio.gz", manifest=out / "manifest.txt"
     )
@@ -53,7 +54,7 @@ def postgres_image() -> MinimalImage:
     """The postgres variant (minimal plus PostgreSQL 15); ~25 s to build, then cached."""
     require_binary("apt-get")
     require_binary("dpkg-deb")
-    out = build_minimal(REPO / "vm_image/build", REPO / "vm_image/build/debs", "postgres")
+    out = build_minimal(IMAGE_ROOT, IMAGE_ROOT / "debs", "postgres")
     return MinimalImage(
         kernel=out / "vmlinuz", initrd=out / "initramfs.cpio.gz", manifest=out / "manifest.txt"
     )

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from testkit.local_stack import IMAGE_ROOT
 from tests.support import require_binary
-from tests.vm.conftest import REPO, MinimalImage, build_minimal
+from tests.vm.conftest import MinimalImage, build_minimal
 from vm_image import cpio, manifest
 from vm_image.elf import read_dynamic_info
 from vm_image.minimal import MODULES
@@ -143,7 +144,7 @@ def test_minimal_image_contents(minimal_image: MinimalImage):
 def test_minimal_build_is_cached_and_reproducible(minimal_image: MinimalImage, tmp_path):
     """A second build with the same versions gives the same bytes; an unchanged one is reused."""
     require_binary("apt-get")
-    debs = REPO / "vm_image/build/debs"  # shared with the session fixture: no new downloads
+    debs = IMAGE_ROOT / "debs"  # shared with the session fixture: no new downloads
     first = build_minimal(tmp_path / "one", debs)
     first_mtime = (first / "initramfs.cpio.gz").stat().st_mtime_ns
     assert build_minimal(tmp_path / "one", debs) == first
@@ -190,6 +191,6 @@ def test_postgres_image_is_the_minimal_guest_plus_postgresql(
 @pytest.mark.slow
 def test_postgres_build_is_reproducible(postgres_image: MinimalImage, tmp_path):
     require_binary("apt-get")
-    again = build_minimal(tmp_path, REPO / "vm_image/build/debs", "postgres")
+    again = build_minimal(tmp_path, IMAGE_ROOT / "debs", "postgres")
     for name in ("initramfs.cpio.gz", "vmlinuz", "manifest.txt"):
         assert (again / name).read_bytes() == postgres_image.initrd.with_name(name).read_bytes()
