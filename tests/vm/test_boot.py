@@ -5,11 +5,9 @@ guest is reachable through the user-net forward and sees 1 CPU; a raw QMP ``devi
 guest's onliner makes it 2 CPUs; SIGTERM makes the runner power the guest down through ACPI and
 exit 0. (Load inside the guest, and the agent growing it, is tests/e2e/test_guest_scaling.py.)
 
-Every wait is bounded. Timings measured on the 2-core development machine when quiet: build 3-6 s
-cached (about 10 s with downloads), boot 7 s, hot-plug to online CPU 13 s (the guest kernel's
-``cpu_up`` is slow under TCG), SIGTERM to exit 3-8 s; about 25 s in all.
-The bounds (90 s per step) are generous because the same machine, shared with other test runs
-at a load average of 12, made TCG several times slower.
+Every wait is bounded, generously (90 s per step): the same machine shared with other test runs
+makes TCG several times slower. The hot-plug waits until the guest is 10 s past its boot, by its
+own clock (see ``SETTLED_SECONDS``).
 """
 
 from __future__ import annotations
@@ -34,6 +32,20 @@ from tests.vm.conftest import REPO, MinimalImage
 T = TypeVar("T")
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+# A vCPU hot-added in the guest's first seconds sometimes hangs the whole guest under TCG (the
+# kernel stops at "smpboot: Booting Node 0 Processor 1"; node_exporter and ACPI powerdown go
+# unanswered): 1 of 6 runs of this test, 3 of 10 of a bare QEMU hot-adding at once (with and
+# without tsc=unstable and single-threaded TCG); none of 14 hot-adding 10 s after boot. The
+# hot-plug vCPU mode is not the runner's default (online), and the agent grows a VM only after
+# its grow window of load; this test waits the same way.
+SETTLED_SECONDS = 10.0
+
+
+def guest_uptime(samples: Samples) -> float:
+    """Seconds since the guest booted, by its own clock: the boot vCPU's time in every mode."""
+    return sum(v for labels, v in samples.get("node_cpu_seconds_total", []) if labels["cpu"] == "0")
 
 
 def online_cpus(samples: Samples) -> int:
@@ -144,6 +156,12 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             )
             timings["boot"] = time.monotonic() - started
             assert online_cpus(samples) == 1
+            samples = await eventually(
+                scrape,
+                lambda s: guest_uptime(s) >= SETTLED_SECONDS,
+                timeout_seconds=90,
+                what=f"the guest {SETTLED_SECONDS} s past its boot",
+            )
 
             mark = time.monotonic()
             await hotplug_one_vcpu(qmp_socket)
