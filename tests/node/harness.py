@@ -808,3 +808,16 @@ def wipe_node_state() -> None:
         if tag in body or CNI_NETWORK in body:
             subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True, check=False)
             subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True, check=False)
+
+
+def wait_postgres(ip: str) -> None:
+    """Until the guest's PostgreSQL accepts connections (it fills its database at boot)."""
+    wait_for(
+        lambda: (
+            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
+            == 0
+        ),
+        timeout_seconds=300,
+        what="PostgreSQL in the guest",
+        interval=2,
+    )

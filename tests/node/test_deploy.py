@@ -34,26 +34,13 @@ from protocol import annotations as ann
 from protocol.quantity import memory_bytes
 from testkit.controlplane import wait_for
 from testkit.ports import free_port
-from tests.node.harness import VM, Node, Obj, container_cgroup
+from tests.node.harness import VM, Node, Obj, container_cgroup, wait_postgres
 from tests.node.images import PGBENCH_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CFS_PERIOD_US = 100_000
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def wait_postgres(ip: str) -> None:
-    """Until the guest's PostgreSQL accepts connections (it fills its database at boot)."""
-    wait_for(
-        lambda: (
-            subprocess.run(["pg_isready", "-q", "-h", ip, "-U", "bench"], check=False).returncode
-            == 0
-        ),
-        timeout_seconds=300,
-        what="PostgreSQL in the guest",
-        interval=2,
-    )
 
 
 def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:

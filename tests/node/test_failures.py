@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from protocol.annotations import MIN_VCPUS
 from testkit.controlplane import wait_for
-from tests.node.harness import VM, Node, Obj, container_cgroup
+from tests.node.harness import VM, Node, Obj, container_cgroup, wait_postgres
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,17 @@ AGENT = "app.kubernetes.io/name=autoscaler-agent"
 EXTENDER = "app.kubernetes.io/name=scheduler-extender"
 
 
+CFS_PERIOD_US = 100_000  # the kubelet's cpu.cfs_period_us: a quota of one CPU
+
+
 def _quota(pod: Obj) -> int:
     return int((container_cgroup(pod, "cpu") / "cpu.cfs_quota_us").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _on_the_tuned_system(tuned: Node) -> None:
+    """Every case runs on the system as the tier's overlay leaves it (one extender replica, room
+    on the 2-CPU node for two 1-vCPU VMs), whether or not test_deploy ran first."""
 
 
 def _pods(node: Node, selector: str) -> list[str]:
@@ -57,6 +67,14 @@ def _replaced(node: Node, selector: str, kind_name: str) -> float:
 
 
 def test_a_deleted_agent_pod_is_replaced_and_the_vm_keeps_its_size(deployed: Node, vm: Obj) -> None:
+    # A quiet VM at its minimum first: the guest fills its database at boot, and may grow for
+    # that (the agent's doing, not the replacement's).
+    wait_postgres(vm["status"]["podIP"])
+    minimum = int(vm["metadata"]["annotations"][MIN_VCPUS])
+    wait_for(
+        lambda: _quota(deployed.pod("default", VM)) == CFS_PERIOD_US * minimum,
+        timeout_seconds=120, what=f"{VM} back at its minimum", interval=0.5,
+    )  # fmt: skip
     pod = deployed.pod("default", VM)
     quota = _quota(pod)
     since = time.time()
@@ -111,36 +129,44 @@ def test_a_kubelet_restart_leaves_the_vm_running(deployed: Node, vm: Obj) -> Non
 
 
 def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -> None:
-    """The 2-CPU node holds two 1-vCPU VMs: pg-vm-0 and pg-vm-a-0 fill it, pg-vm-b-0 waits;
-    deleting pg-vm-0 (its StatefulSet, so nothing recreates it) lets pg-vm-b-0 in."""
+    """The 2-CPU node holds two 1-vCPU VMs: pg-vm-0 and one of pg-vm-a-0 and pg-vm-b-0 fill it
+    (whichever kube-scheduler takes first: both StatefulSets are applied at once), the other
+    waits; deleting pg-vm-0 (its StatefulSet, so nothing recreates it) lets the waiting one in."""
     double = str(ROOT / "manifests" / "examples" / "double")
     deployed.kubectl("apply", "-k", double)
     try:
 
-        def waiting() -> bool:
-            a = deployed.pod_or_none("default", "pg-vm-a-0")
-            b = deployed.pod_or_none("default", "pg-vm-b-0")
-            if a is None or b is None:  # the StatefulSet controller has not made them yet
-                return False
-            return (
-                bool(a["spec"].get("nodeName"))
-                and not b["spec"].get("nodeName")
-                and any(
-                    c["type"] == "PodScheduled" and c["status"] == "False"
-                    for c in b.get("status", {}).get("conditions", [])
-                )
+        def is_waiting(pod: Obj) -> bool:
+            return not pod["spec"].get("nodeName") and any(
+                c["type"] == "PodScheduled" and c["status"] == "False"
+                for c in pod.get("status", {}).get("conditions", [])
             )
 
-        wait_for(waiting, timeout_seconds=90, what="pg-vm-a-0 placed, pg-vm-b-0 waiting")
+        def one_placed_one_waiting() -> str | None:
+            """The name of the waiting VM, once the other is placed."""
+            pods = {n: deployed.pod_or_none("default", n) for n in ("pg-vm-a-0", "pg-vm-b-0")}
+            if None in pods.values():  # the StatefulSet controller has not made them yet
+                return None
+            (a, pa), (b, pb) = pods.items()
+            assert pa is not None and pb is not None
+            if pa["spec"].get("nodeName") and is_waiting(pb):
+                return b
+            if pb["spec"].get("nodeName") and is_waiting(pa):
+                return a
+            return None
+
+        waiting: str = wait_for(
+            one_placed_one_waiting, timeout_seconds=90, what="one double VM placed, one waiting"
+        )
         started = time.monotonic()
         deployed.kubectl("delete", "-k", str(ROOT / "manifests" / "examples"), "--wait=false")
 
-        def b_running() -> bool:
-            b = deployed.pod_or_none("default", "pg-vm-b-0") or {}
-            statuses = b.get("status", {}).get("containerStatuses") or []
+        def waiting_running() -> bool:
+            pod = deployed.pod_or_none("default", waiting) or {}
+            statuses = pod.get("status", {}).get("containerStatuses") or []
             return bool(statuses and statuses[0].get("state", {}).get("running"))
 
-        wait_for(b_running, timeout_seconds=120, what="pg-vm-b-0 running", interval=0.5)
+        wait_for(waiting_running, timeout_seconds=120, what=f"{waiting} running", interval=0.5)
         print(f"VM deleted -> waiting VM running: {time.monotonic() - started:.1f}s")
     finally:
         deployed.kubectl("delete", "-k", double, "--wait=false", check=False)
