@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import random
 import subprocess
@@ -27,14 +26,13 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from autoscaler_agent.core import CoreConfig
 from autoscaler_agent.discovery import VmTarget
 from autoscaler_agent.extender_client import ExtenderClient, PermitBatcher, TokenFile
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from protocol.annotations import VmSpec
+from testkit import bench as kit
 from testkit.agent_fakes import FakeExtender, FakeHypervisor, SyntheticMetrics
 from testkit.ports import free_port
 
@@ -173,33 +171,25 @@ async def run_agent(
         ):
             await asyncio.sleep(0.01)
         cpu_step = time.process_time() - cpu1
-        latencies = sorted(
+        latencies = [
             h.resized_at[-1][0] - stepped_at
             for h in hypervisors.values()
             if h.resized_at and h.current == 6
-        )
+        ]
         batches = batcher.batches_sent - batches_before
         await sup.close()
         await batcher.close()
 
-    def pct(p: float) -> float | None:
-        if not latencies:
-            return None
-        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 4)
-
     target_s = args.interval + 0.2
+    step = kit.summary(latencies, unit="s", percentiles=(50, 95), digits=4)
     return {
         "vms": args.vms,
         "scrape_interval_seconds": args.interval,
         "extender": "real" if args.extender_url else "fake",
         "resized_vms": len(latencies),
-        "step_to_resize_seconds": {
-            "p50": pct(0.5),
-            "p95": pct(0.95),
-            "max": round(latencies[-1], 4) if latencies else None,
-        },
+        "step_to_resize_seconds": step,
         "target_seconds": target_s,
-        "meets_target_p95": bool(latencies) and (pct(0.95) or 1e9) <= target_s,
+        "meets_target_p95": bool(latencies) and step["p95_s"] <= target_s,
         "permit_batches_for_step": batches,
         "steady_cpu_seconds_per_vm_per_tick": round(cpu_steady / (args.vms * ticks), 7),
         "steady_cpu_fraction_of_one_core": round(cpu_steady / wall_steady, 4),
@@ -208,7 +198,7 @@ async def run_agent(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = kit.command(__doc__)
     p.add_argument("--vms", type=int, default=200, help="VMs managed by the one agent")
     p.add_argument("--interval", type=float, default=1.0, help="scrape interval, seconds")
     p.add_argument(
@@ -231,8 +221,8 @@ def main() -> None:
         asyncio.run(serve_fakes(ext_port, metrics_port, capacity))
         return
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    print(json.dumps(asyncio.run(bench(args)), indent=2))
+    kit.emit(asyncio.run(bench(args)))
 
 
 if __name__ == "__main__":
-    main()
+    kit.main(main)

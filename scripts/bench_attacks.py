@@ -35,7 +35,7 @@ Controls (named ``*_control``, left out of ``worst_p99_ratio_to_idle``), which s
 extender nothing and measure what the machine does to the filter p99 by itself: the
 attacker's core kept busy; connections churned as fast as the floods churn them, and
 connections dribbled as ``declared_huge_bodies`` dribbles them, both to a listener of the
-attacker's own. (Until ``cpus`` was fixed every process here ran on one core, and the
+attacker's own. (Until the CPU split was fixed every process here ran on one core, and the
 dribbled control alone raised p99 2.3-3x; on separate cores it is about 1x.)
 
 With ``--rounds N`` each attack runs N times, each after its own idle phase, and the ratio
@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import resource
@@ -68,16 +67,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
+
+from testkit import bench as kit
+from testkit.controlplane import Extender
+from testkit.kube_api import fake_jwt, kubeconfig_for
+from testkit.ports import free_port
+from testkit.procfs import children, children_cpu_seconds, cpu_seconds, status_mib
+
 SCRIPT: Final = str(Path(__file__).resolve())
-REPO: Final = Path(SCRIPT).parents[1]
-# The fake API server is in the test kit (testkit/), which is not installed.
-sys.path.insert(0, str(REPO))
-
-import aiohttp  # noqa: E402
-
-from testkit.kube_api import fake_jwt, kubeconfig_for  # noqa: E402
-from testkit.ports import free_port  # noqa: E402
-from testkit.procfs import cpu_seconds, status_mib  # noqa: E402
 
 Obj = dict[str, Any]
 HOST: Final = "127.0.0.1"
@@ -188,9 +186,10 @@ def build_cluster(nodes: int) -> Any:
     return api
 
 
-def write_files(
+def new_extender(
     workdir: Path, api_url: str, ports: tuple[int, int, int], *, penalties: bool = True
-) -> tuple[Path, Path]:
+) -> Extender:
+    """The extender as the manifests run it, its open files limited to ``FD_LIMIT``."""
     # Without penalties: what each offending connection costs the extender, all phase long.
     guards = {} if penalties else {"penalty_seconds": 0}
     verbs, permits, metrics = ports
@@ -207,44 +206,9 @@ def write_files(
         "kube": {"post_events": False},
         "recommender": {"auto_publish": False},
     }
-    kubeconfig = kubeconfig_for(api_url, user="bench")
-    config_path, kube_path = workdir / "extender.yaml", workdir / "kubeconfig"
-    config_path.write_text(json.dumps(config))  # JSON is YAML
-    kube_path.write_text(json.dumps(kubeconfig))
-    return config_path, kube_path
-
-
-@functools.cache
-def cpus() -> tuple[frozenset[int], frozenset[int]]:
-    """(the extender's and the prober's CPU, the attacker's): apart when there are two.
-
-    The prober is mostly waiting; sharing the extender's core costs it what it cost in the idle
-    phase too. The attacker (this process, also the fake API server) must not take the
-    extender's core: a flood from another machine would not.
-
-    Read once, from the CPUs this process was started with, before it narrows itself to the
-    attacker's: the children's ``preexec_fn`` run after that, in a fork that inherits this
-    answer. (Read again there, it was the attacker's core alone, and until this was found the
-    extender, the prober and the attacker all shared that one core: see ``cpus_in_force``.)
-    """
-    mine = sorted(os.sched_getaffinity(0))
-    if len(mine) < 2:
-        return frozenset(mine), frozenset(mine)
-    return frozenset(mine[:1]), frozenset(mine[1:])
-
-
-def cpus_in_force(pid: int) -> list[int]:
-    """The CPUs a process may run on now, as the kernel has them (reported, not assumed)."""
-    try:
-        return sorted(os.sched_getaffinity(pid))
-    except OSError:  # gone
-        return []
-
-
-def _extender_child() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, min(hard, FD_LIMIT)))
-    os.sched_setaffinity(0, cpus()[0])
+    kube_path = workdir / "kubeconfig"
+    kube_path.write_text(json.dumps(kubeconfig_for(api_url, user="bench")))
+    return Extender(workdir, kube_path, config, log_level="warning", fd_limit=FD_LIMIT)
 
 
 def as_another_machine() -> None:
@@ -254,7 +218,7 @@ def as_another_machine() -> None:
     other processes) off its core and onto the extender's: a process that only spins on the
     attacker's core, sending nothing (``busy_neighbour_control`` with ``--attacker-sched
     normal``), raised filter p99 1.42x (median of 2.25, 1.42, 0.93). (The 5x first measured
-    here was with every process on one core, before ``cpus`` was fixed.) The kernel counts a
+    here was with every process on one core, before the CPU split was fixed.) The kernel counts a
     core that runs only ``SCHED_IDLE`` work as idle when it places woken tasks, so that work
     stays where it was, as it would with the attacker on another machine; the attacker still
     has its core to itself (the statuses it got say how hard it pushed).
@@ -265,60 +229,19 @@ def as_another_machine() -> None:
 
 
 def _attacker_child() -> None:
-    os.sched_setaffinity(0, cpus()[1])
+    """The spinner of ``busy_neighbour_control``: on the attacker's core (inherited), at
+    ``SCHED_IDLE`` when the attacker is."""
     if os.sched_getscheduler(os.getppid()) & ~os.SCHED_RESET_ON_FORK == os.SCHED_IDLE:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _prober_child() -> None:
-    os.sched_setaffinity(0, cpus()[0])
 
 
 def write_json(path: Path, value: Obj) -> None:
     path.write_text(json.dumps(value))
 
 
-def launch_extender(config: Path, kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """``python -m scheduler_extender serve``, its output in ``log_path``."""
-    with log_path.open("w") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "scheduler_extender",
-                "serve",
-                "--config",
-                str(config),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO,
-            stdout=log_file,
-            stderr=log_file,
-            preexec_fn=_extender_child,  # noqa: PLW1509 (this process starts no threads)
-        )
-
-
-def fronts(pid: int) -> list[int]:
-    """The extender's children (its permit front; none when it serves the port inline)."""
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
-def front_cpu_seconds(pid: int) -> float:
-    total = 0.0
-    for child in fronts(pid):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            total += cpu_seconds(child)
-    return total
-
-
 def front_rss_mib(pid: int, field: str) -> float | None:
-    found = fronts(pid)
+    """The extender's permit front's (its children's) RSS; None when it serves inline."""
+    found = children(pid)
     return round(sum(status_mib(c, field) for c in found), 1) if found else None
 
 
@@ -373,8 +296,15 @@ Attack = Callable[["Bench", float], Awaitable[Obj]]
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, api: Any, ports: tuple[int, int, int]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        api: Any,
+        ports: tuple[int, int, int],
+        extender_cpus: frozenset[int],
+    ) -> None:
         self.args = args
+        self.extender_cpus = extender_cpus
         self.api = api
         self.verbs, self.permits, self.metrics = ports
         # Built before any phase: compressing a GiB of zeros takes seconds of this process.
@@ -656,17 +586,6 @@ def median_of(rounds: list[Obj], key: str) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def summary(latencies: list[float]) -> Obj:
-    if len(latencies) < 2:
-        return {"calls": len(latencies)}
-    q = statistics.quantiles(latencies, n=100)
-    return {
-        "calls": len(latencies),
-        "p50_ms": round(q[49] * 1000, 2),
-        "p99_ms": round(q[98] * 1000, 2),
-    }
-
-
 async def probe_during(
     bench: Bench, body_file: Path, seconds: float, attack: Attack | None
 ) -> tuple[Obj, Obj]:
@@ -679,16 +598,15 @@ async def probe_during(
         f"--seconds={seconds}",
         f"--rate={bench.args.rate}",
     ]
-    prober = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        limit=2**26,
-        preexec_fn=_prober_child,
-    )
+    # The prober shares the extender's CPU: mostly waiting, it costs it what it cost in the
+    # idle phase too.
+    with kit.spawning_on(bench.extender_cpus):
+        prober = await asyncio.create_subprocess_exec(
+            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=2**26
+        )
     assert prober.stdin is not None and prober.stdout is not None
     assert (await prober.stdout.readline()).strip() == b"ready"
-    bench.prober_cpus = cpus_in_force(prober.pid)
+    bench.prober_cpus = kit.cpus_in_force(prober.pid)
     prober.stdin.write(b"go\n")
     await prober.stdin.drain()
     deadline = time.monotonic() + seconds
@@ -698,14 +616,17 @@ async def probe_during(
         detail = {**await attack(bench, deadline), "from_address": Attacker.address}
     out = json.loads(await prober.stdout.readline())
     await prober.wait()
-    return {**summary(out["latencies"]), "filter_errors": out["errors"]}, detail
+    latency = kit.summary(out["latencies"], unit="ms", digits=2)
+    return {**latency, "filter_errors": out["errors"]}, detail
 
 
 async def orchestrate(args: argparse.Namespace) -> Obj:
     # Room for the flood's sockets on this side (the extender keeps its 1,024).
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    extender_cpus, attacker_cpus = cpus()
+    # The extender (and the prober) on a CPU of their own; the attacker (this process, also the
+    # fake API server) must not take it: a flood from another machine would not.
+    extender_cpus, attacker_cpus = kit.split_cpus()
     os.sched_setaffinity(0, attacker_cpus)
     if args.attacker_sched == "idle":
         as_another_machine()
@@ -714,7 +635,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
     ports = (free_port(), free_port(), free_port())
     with tempfile.TemporaryDirectory(prefix="bench-attacks-") as tmp:
         workdir = Path(tmp)
-        config, kubeconfig = write_files(workdir, api_url, ports, penalties=args.penalties == "on")
+        extender = new_extender(workdir, api_url, ports, penalties=args.penalties == "on")
         names = [f"node-{i:05d}" for i in range(args.nodes)]
         pod = api.get_pod("vms", "vm-00000")
         pending = json.loads(json.dumps(pod))
@@ -723,20 +644,12 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
         pending["status"] = {"phase": "Pending"}
         body_file = workdir / "filter.json"
         write_json(body_file, {"Pod": pending, "Nodes": None, "NodeNames": names})
-        extender = launch_extender(config, kubeconfig, workdir / "extender.log")
         try:
-            bench = Bench(args, api, ports)
-            async with aiohttp.ClientSession() as session:
-                for _ in range(200):
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with session.get(f"http://{HOST}:{ports[1]}/readyz") as r:
-                            if r.status == 200:
-                                break
-                    await asyncio.sleep(0.1)
-                else:
-                    raise SystemExit("the extender did not become ready; see its log")
+            # In a thread: the fake API server the extender lists from runs on this loop.
+            await asyncio.to_thread(kit.start_extender, extender, cpus=extender_cpus)
+            bench = Bench(args, api, ports, extender_cpus)
             if args.front_cpus == "all":
-                for child in fronts(extender.pid):
+                for child in children(extender.pid):
                     os.sched_setaffinity(child, extender_cpus | attacker_cpus)
             await probe_during(bench, body_file, 1.0, None)  # warm-up: caches, connections
             idles: list[float] = []
@@ -750,14 +663,14 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                     # An idle phase right before each attack phase: the machine's load drifts
                     # (other processes share it), and the ratio compares like with like.
                     cpu_before = cpu_seconds(extender.pid)
-                    front_before = front_cpu_seconds(extender.pid)
+                    front_before = children_cpu_seconds(extender.pid)
                     idle, _ = await probe_during(bench, body_file, args.seconds, None)
                     idles.append(idle.get("p99_ms", 0.0))
                     cpu_idle = cpu_seconds(extender.pid)
-                    front_idle = front_cpu_seconds(extender.pid)
+                    front_idle = children_cpu_seconds(extender.pid)
                     probed, detail = await probe_during(bench, body_file, args.seconds, attack)
                     cpu_attack = cpu_seconds(extender.pid)
-                    front_attack = front_cpu_seconds(extender.pid)
+                    front_attack = children_cpu_seconds(extender.pid)
                     rounds.append(
                         {
                             "filter": probed,
@@ -786,22 +699,18 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                     "p99_ratio_to_idle_per_round": [r["p99_ratio_to_idle"] for r in rounds],
                     "rounds": rounds,
                 }
-            alive = extender.poll() is None
+            assert extender.process is not None
+            alive = extender.process.popen.poll() is None
             in_force = {
-                "extender": cpus_in_force(extender.pid),
-                "front": sorted({c for f in fronts(extender.pid) for c in cpus_in_force(f)}),
+                "extender": kit.cpus_in_force(extender.pid),
+                "front": sorted({c for f in children(extender.pid) for c in kit.cpus_in_force(f)}),
                 "prober": bench.prober_cpus,
-                "attacker": cpus_in_force(0),
+                "attacker": kit.cpus_in_force(0),
             }
             peak = status_mib(extender.pid, "VmHWM") if alive else None
             front_peak = front_rss_mib(extender.pid, "VmHWM") if alive else None
         finally:
-            extender.terminate()
-            try:
-                extender.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                extender.kill()
-                extender.wait()
+            await asyncio.to_thread(extender.stop)
             await api.stop()
     worst = max(
         (p["p99_ratio_to_idle"] or 0 for n, p in phases.items() if n in IN_MODEL), default=None
@@ -829,7 +738,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--role", choices=["prober"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--body-file", type=Path, help=argparse.SUPPRESS)
@@ -882,8 +791,8 @@ def main() -> None:
     if args.role == "prober":
         asyncio.run(run_prober(args.url, args.body_file.read_bytes(), args.seconds, args.rate))
         return
-    print(json.dumps(asyncio.run(orchestrate(args)), indent=2))
+    kit.emit(asyncio.run(orchestrate(args)))
 
 
 if __name__ == "__main__":
-    main()
+    kit.main(main)

@@ -12,7 +12,8 @@ Three processes, so that the extender has a core of its own:
   *bare* aiohttp app in the same process and loop. The bare app decodes the same body with the
   same msgspec types as the extender's handler and answers a constant empty body: it is the
   floor that aiohttp + decoding set, so ``extender p99 / bare p99`` is what the extender adds.
-  Pinned to one CPU (the first of this process's affinity) when there are at least two.
+  Pinned to one CPU (the last of this process's affinity, ``testkit.bench.split_cpus``) when
+  there are at least two; the fake API server and the load generator get the others.
 * the orchestrator (no ``--role``): generates the cluster deterministically (seeded), starts the
   other two, waits for ``/readyz``, runs the phases as the load generator, prints one JSON
   object.
@@ -48,26 +49,22 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-REPO: Final = Path(__file__).resolve().parents[1]
-# The fake API server is in the test kit (testkit/), which is not installed.
-sys.path.insert(0, str(REPO))
+import aiohttp
+import msgspec
+from aiohttp import web
 
-import aiohttp  # noqa: E402
-import msgspec  # noqa: E402
-from aiohttp import web  # noqa: E402
-
-from testkit.ports import free_port  # noqa: E402
-from testkit.procfs import cpu_seconds  # noqa: E402
+from testkit import bench as kit
+from testkit.ports import free_port
+from testkit.procfs import children_cpu_seconds, cpu_seconds
 
 Obj = dict[str, Any]
 SCHEDULER: Final = "vm-scheduler"
@@ -182,7 +179,7 @@ def generate(*, nodes: int, pods: int, batch: int, binds: int, seed: int) -> Clu
     n_permit = max(1, min(20, nodes // 250))
     n_pending = max(8, min(binds, pods // 10))
     if nodes < n_permit + 2 or pods < n_permit * batch + n_pending:
-        raise SystemExit("too few nodes or pods for the permit batches and pending pods")
+        raise kit.BenchError("too few nodes or pods for the permit batches and pending pods")
     uid = iter(range(10**9))
 
     def vm(name: str, *, namespace: str, node: str | None, vcpus: int, growth: int = 6) -> Obj:
@@ -461,7 +458,13 @@ class Child:
             self.process.wait()
 
 
-def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = None) -> Child:
+def start_child(
+    args: argparse.Namespace,
+    role: str,
+    *extra: str,
+    cpus: Collection[int],
+    stderr: Any = None,
+) -> Child:
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -478,21 +481,16 @@ def start_child(args: argparse.Namespace, role: str, *extra: str, stderr: Any = 
         ),
         *extra,
     ]
-    process = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
-    )
+    with kit.spawning_on(cpus):
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     assert process.stdout is not None
     line = process.stdout.readline()
     if not line:
         process.wait()
-        raise SystemExit(f"{role} did not start (exit {process.returncode})")
+        raise kit.BenchError(f"{role} did not start (exit {process.returncode})")
     return Child(process, json.loads(line))
-
-
-def front_cpu_seconds(pid: int) -> float:
-    """The server's children's (its permit front's, with ``--permit-front process``)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return sum(cpu_seconds(int(c)) for c in children)
 
 
 def progress(message: str) -> None:
@@ -500,19 +498,7 @@ def progress(message: str) -> None:
 
 
 def summary(samples: list[float]) -> Obj:
-    ordered = sorted(samples)
-
-    def q(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 3)
-
-    return {
-        "n": len(ordered),
-        "p50_ms": q(0.50),
-        "p90_ms": q(0.90),
-        "p99_ms": q(0.99),
-        "max_ms": round(ordered[-1] * 1000, 3),
-        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
-    }
+    return kit.summary(samples, unit="ms", percentiles=(50, 90, 99))
 
 
 async def timed_post(
@@ -541,7 +527,7 @@ async def compare(
         for i in range(warmup):
             _, status, data = await timed_post(session, url, bodies[i % len(bodies)])
             if status != 200:
-                raise SystemExit(f"{name} {url}: HTTP {status}: {data[:300]!r}")
+                raise kit.BenchError(f"{name} {url}: HTTP {status}: {data[:300]!r}")
             if name == "extender":
                 check(data)
     done = 0
@@ -551,7 +537,7 @@ async def compare(
             for i in range(done, done + n):
                 took, status, data = await timed_post(session, url, bodies[i % len(bodies)])
                 if status != 200:
-                    raise SystemExit(f"{name} {url}: HTTP {status}: {data[:300]!r}")
+                    raise kit.BenchError(f"{name} {url}: HTTP {status}: {data[:300]!r}")
                 samples[name].append(took)
         done += n
     return {name: summary(s) for name, s in samples.items()}
@@ -583,7 +569,7 @@ def filter_check(*, is_cache: bool, total: int) -> Callable[[bytes], None]:
         passed = answer["NodeNames"] if is_cache else answer["Nodes"]["items"]
         failed = len(answer["FailedNodes"]) + len(answer["FailedAndUnresolvableNodes"])
         if not passed or not failed or len(passed) + failed != total:
-            raise SystemExit(f"unexpected filter answer: {len(passed)} passed, {failed} failed")
+            raise kit.BenchError(f"unexpected filter answer: {len(passed)} passed, {failed} failed")
 
     return check
 
@@ -600,7 +586,7 @@ async def bench_filter(
         for pod, body in zip(cluster.pending, bodies, strict=False):
             _, status, answer = await timed_post(session, extender_url, body)
             if status != 200:
-                raise SystemExit(f"filter: HTTP {status}: {answer[:300]!r}")
+                raise kit.BenchError(f"filter: HTTP {status}: {answer[:300]!r}")
             headers = {"X-Pod-Uid": pod["metadata"]["uid"]}
             _, status, _ = await timed_post(session, f"{bare_url}/answer", answer, headers)
         result = await compare(
@@ -644,7 +630,7 @@ async def bench_bind(session: aiohttp.ClientSession, port: int, cluster: Cluster
         ).encode()
         took, status, data = await timed_post(session, url, body)
         if status != 200 or json.loads(data).get("Error"):
-            raise SystemExit(f"bind failed: HTTP {status}: {data[:300]!r}")
+            raise kit.BenchError(f"bind failed: HTTP {status}: {data[:300]!r}")
         samples.append(took)
     return {"binding_post": "fake API server (real HTTP)", **summary(samples)}
 
@@ -707,12 +693,12 @@ async def permit_load(
                 took, status, data = await timed_post(session, url, bodies[turn % 2], headers)
                 latencies.append(took)
                 if status != 200:
-                    raise SystemExit(f"permits: HTTP {status}: {data[:300]!r}")
+                    raise kit.BenchError(f"permits: HTTP {status}: {data[:300]!r}")
                 if check:
                     permits = json.loads(data)["permits"]
                     bad = [p for p in permits if p.get("error") or p.get("status") is None]
                     if bad:
-                        raise SystemExit(f"permit errors: {bad[:2]}")
+                        raise kit.BenchError(f"permit errors: {bad[:2]}")
                 counts["batches"] += 1
                 counts["vms"] += n
             turn += 1
@@ -720,11 +706,11 @@ async def permit_load(
     start = time.perf_counter()
     deadline = start + seconds
     cpu_before = cpu_seconds(server_pid)
-    front_before = front_cpu_seconds(server_pid)
+    front_before = children_cpu_seconds(server_pid)
     await asyncio.gather(*(agent(s) for s in shares if s))
     elapsed = time.perf_counter() - start
     main_cpu = cpu_seconds(server_pid) - cpu_before
-    front_cpu = front_cpu_seconds(server_pid) - front_before
+    front_cpu = children_cpu_seconds(server_pid) - front_before
     # Both processes' (the permit front's too): what the permits cost the pod.
     cpu = main_cpu + front_cpu
     return {
@@ -775,7 +761,7 @@ async def wait_ready(session: aiohttp.ClientSession, port: int, limit_seconds: f
                 if r.status == 200:
                     return time.perf_counter() - start
         await asyncio.sleep(0.1)
-    raise SystemExit(f"the extender was not ready after {limit_seconds} s")
+    raise kit.BenchError(f"the extender was not ready after {limit_seconds} s")
 
 
 async def orchestrate(args: argparse.Namespace) -> Obj:
@@ -787,20 +773,19 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
     # passes in the middle of a timed call.
     gc.freeze()
     affinity = sorted(os.sched_getaffinity(0))
-    server_cpus = affinity[:1] if len(affinity) >= 2 else affinity
-    others = affinity[1:] if len(affinity) >= 2 else affinity
+    server_cpus, others = kit.split_cpus()
     with tempfile.TemporaryDirectory(prefix="bench-extender-") as tmp:
         log_path = Path(tmp) / "server.log"
         children: list[Child] = []
         try:
-            api = start_child(args, "fake-api", f"--cpus={','.join(map(str, others))}")
+            api = start_child(args, "fake-api", cpus=others)
             children.append(api)
             with log_path.open("w") as log_file:
                 server = start_child(
                     args,
                     "server",
                     f"--api-url={api.hello['url']}",
-                    f"--cpus={','.join(map(str, server_cpus))}",
+                    cpus=server_cpus,
                     stderr=log_file,
                 )
             children.append(server)
@@ -872,7 +857,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=5000, help="nodes in the fake API server")
     parser.add_argument(
         "--pods", type=int, default=50_000, help="pods already bound across those nodes"
@@ -919,15 +904,12 @@ def main() -> None:
     )
     parser.add_argument("--role", choices=("fake-api", "server"), help=argparse.SUPPRESS)
     parser.add_argument("--api-url", help=argparse.SUPPRESS)
-    parser.add_argument("--cpus", help=argparse.SUPPRESS)
     args = parser.parse_args()
     unknown = set(args.phases) - {"filter", "bind", "permits"}
     if unknown:
         parser.error(f"--phases: unknown {', '.join(sorted(unknown))}")
     if args.nocache_iterations is None:
         args.nocache_iterations = args.iterations
-    if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     if args.role == "fake-api":
         asyncio.run(run_fake_api(args))
         return
@@ -941,12 +923,8 @@ def main() -> None:
             asyncio.run(run_server(args))
         profile.dump_stats(args.profile_server)
         return
-    result = asyncio.run(orchestrate(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.write is not None:
-        args.write.write_text(text + "\n")
+    kit.emit(asyncio.run(orchestrate(args)), write=args.write)
 
 
 if __name__ == "__main__":
-    main()
+    kit.main(main)

@@ -28,7 +28,6 @@ JSON object with every round and the medians.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import signal
@@ -38,22 +37,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-REPO: Final = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from testkit import controlplane  # noqa: E402
-from testkit.cluster import Names  # noqa: E402
-from testkit.controlplane import (  # noqa: E402
+from testkit import bench as kit
+from testkit import controlplane
+from testkit.cluster import Names
+from testkit.controlplane import (
     RBAC_KINDS,
     ControlPlane,
     extender_identity,
     pod_path,
     wait_for,
 )
-from testkit.manifests import MANIFESTS, render  # noqa: E402
-from testkit.pairs import (  # noqa: E402
+from testkit.manifests import MANIFESTS, render
+from testkit.pairs import (
     Agents,
     Leases,
     SchedulerPod,
@@ -171,7 +168,7 @@ def one_round(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode (default 3)")
     parser.add_argument(
         "--lease-seconds",
@@ -215,9 +212,9 @@ def main() -> int:
                 for key in ("leads_s", "first_bind_s", "first_grant_s")
             },
         }
-    print(json.dumps(out, indent=2))
+    kit.emit(out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

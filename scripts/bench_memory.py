@@ -28,12 +28,9 @@ Prints one JSON object. A couple of minutes on a 2-core machine.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -41,9 +38,8 @@ from pathlib import Path
 
 import structlog
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from autoscaler_agent.hypervisor.qmp import QmpClient
+from testkit import bench as kit
 from testkit.local_stack import (
     Guest,
     VmPod,
@@ -57,24 +53,6 @@ from testkit.local_stack import (
 )
 
 MiB = 2**20
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    return {
-        "n": len(values),
-        "p50_s": round(statistics.median(values), 3),
-        "p99_s": round(percentile(values, 99), 3),
-        "max_s": round(max(values), 3),
-        "mean_s": round(statistics.fmean(values), 3),
-    }
 
 
 def mem_total(guest: Guest) -> float:
@@ -146,11 +124,7 @@ def baseline(guest: Guest, step: int, rounds: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="scripts/bench_memory.py",
-        description="Time from memory pressure in a real TCG guest to memory online (and the "
-        "shrink after it) under the real agent and extender; prints JSON.",
-    )
+    parser = kit.command(__doc__, prog="scripts/bench_memory.py")
     parser.add_argument("--rounds", type=int, default=6, help="allocations (default: %(default)s)")
     parser.add_argument(
         "--step-mib",
@@ -234,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         samples = agent.metrics()
         count = value(samples, "vmautoscale_agent_memory_grow_to_online_seconds_count") or 0
         total = value(samples, "vmautoscale_agent_memory_grow_to_online_seconds_sum") or 0.0
-        p = summary(pressure)
-        b = summary(plug_times)
+        p = kit.summary(pressure, unit="s")
+        b = kit.summary(plug_times, unit="s")
         result = {
             "config": {
                 "rounds": args.rounds,
@@ -250,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
             "boot_seconds": round(boot_seconds, 1),
             "baseline_plug_to_online": b,
             "pressure_to_online": p,
-            "write_to_online": summary(write_to_online),
+            "write_to_online": kit.summary(write_to_online, unit="s"),
             "agent_decision_to_online_mean_s": round(total / count, 3) if count else None,
-            "shrink": summary(shrink),
+            "shrink": kit.summary(shrink, unit="s"),
             "shrink_minus_window_p50_s": round(
-                statistics.median(shrink) - args.shrink_after_seconds, 3
+                kit.percentile(shrink, 50) - args.shrink_after_seconds, 3
             ),
             "oom_kills": int(found.group(1)) if found else None,
             # pressure_to_online is often 0 (the agent grew first): the ratios that say what
@@ -266,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pressure_to_online_p99_vs_plug_p99": round(p["p99_s"] / b["p99_s"], 2),
             },
         }
-        print(json.dumps(result, indent=2))
+        kit.emit(result)
         if args.log_dir:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
             for log in workdir.glob("*.log"):
@@ -275,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

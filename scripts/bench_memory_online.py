@@ -35,7 +35,6 @@ Prints one JSON object. Several minutes per policy on a 2-core machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -43,8 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from testkit import bench as kit
 from testkit.local_stack import stopping, value
 from testkit.memory_workloads import WORKLOADS, Sizes, boot, oom_kills
 
@@ -89,11 +87,7 @@ def run_policy(name: str, sizes: Sizes, ratio: int, workdir: Path) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     defaults = Sizes()
-    parser = argparse.ArgumentParser(
-        prog="scripts/bench_memory_online.py",
-        description="OOMs, PSI stalls and give-back of hot-plugged memory under each onlining "
-        "policy, on a real TCG guest with the real agent and extender; prints JSON.",
-    )
+    parser = kit.command(__doc__, prog="scripts/bench_memory_online.py")
     parser.add_argument(
         "--policies",
         default="movable,auto-movable,normal",
@@ -152,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                 keep.mkdir(parents=True, exist_ok=True)
                 for log in Path(tmp).glob("*.log"):
                     shutil.copy(log, keep / log.name)
-    print(json.dumps(result, indent=2))
+    kit.emit(result)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

@@ -1,6 +1,6 @@
 """Benchmark: do recommendations delay kube-scheduler's filter calls?
 
-Starts the extender as ``__main__`` does (``serve --standalone``, a generated cluster of
+Starts the extender process (``serve --standalone``, a generated cluster of
 ``--nodes`` nodes with pods on them, logging at warning into a file), once per worker mode
 (``recommender.worker: inline`` and ``process``), and for each measures, over real HTTP from
 this process:
@@ -8,12 +8,13 @@ this process:
 * ``idle``: filter calls one after another (a VM pod against ``--filter-nodes`` node names),
   nothing else running;
 * ``busy``: the same filter calls while another client posts ``POST /v1/recommend`` back to
-  back (``scripts/bench_recommender.py``'s snapshot scaled to ``--pending`` pending pods, at
+  back (the benchmark snapshot of ``testkit/recommender_snapshot.py``, which
+  ``scripts/bench_recommender.py`` times, scaled to ``--pending`` pending pods, at
   ``--diagnostics``), so that a recommendation is always running;
 * ``idle`` again, so that drift shows.
 
 Prints one JSON object: per mode, the filter latency p50/p99/max in milliseconds for each phase,
-the busy p99 over the idle p99 of the same server (``busyToIdleP99Ratio``, the figure that
+the busy p99 over the idle p99 of the same server (``busy_to_idle_p99_ratio``, the figure that
 matters), how many recommendations ran during the busy phase and their mean time as the client
 saw it.
 
@@ -24,34 +25,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib.util
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
 import msgspec
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the test kit (testkit/) is not installed
-
-from testkit.ports import free_port  # noqa: E402
-
-
-def bench_recommender() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts/bench_recommender.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from testkit import bench as kit
+from testkit.controlplane import Extender
+from testkit.ports import free_port
+from testkit.recommender_snapshot import generate
 
 
 def cluster(nodes: int) -> dict[str, Any]:
@@ -101,16 +89,6 @@ def filter_body(node_names: list[str]) -> bytes:
     return msgspec.json.encode({"Pod": pod, "Nodes": None, "NodeNames": node_names})
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "calls": len(ordered),
-        "p50Millis": round(statistics.median(ordered) * 1000, 3),
-        "p99Millis": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 3),
-        "maxMillis": round(ordered[-1] * 1000, 3),
-    }
-
-
 async def filters(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
     samples: list[float] = []
     for _ in range(n):
@@ -123,39 +101,22 @@ async def filters(session: aiohttp.ClientSession, url: str, body: bytes, n: int)
 
 
 async def measure(args: argparse.Namespace, mode: str, snapshot: bytes, workdir: Path) -> Any:
-    port = free_port()
-    config = workdir / f"config-{mode}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "listen": {
-                    "verbs": {"host": "127.0.0.1", "port": port},
-                    "permits": {"host": "127.0.0.1", "port": free_port()},
-                },
-                "auth": {"mode": "static", "static_token": "bench"},
-                "kube": {"post_events": False},
-                "recommender": {"worker": mode, "auto_publish": False},
-            }
-        )
-    )
-    cluster_file = workdir / "cluster.yaml"
-    log = (workdir / f"server-{mode}.log").open("w")
-    server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "scheduler_extender", "serve", "--standalone", str(cluster_file),
-        "--config", str(config), "--log-level", "warning",
-        cwd=REPO, stdout=log, stderr=log,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    work = workdir / mode
+    work.mkdir()
+    config = {
+        "listen": {
+            "verbs": {"host": "127.0.0.1", "port": free_port()},
+            "permits": {"host": "127.0.0.1", "port": free_port()},
+        },
+        "auth": {"mode": "static", "static_token": "bench"},
+        "kube": {"post_events": False},
+        "recommender": {"worker": mode, "auto_publish": False},
+    }
+    server = Extender(work, None, config, log_level="warning", standalone=workdir / "cluster.yaml")
+    await asyncio.to_thread(kit.start_extender, server)
+    base = f"http://127.0.0.1:{server.verbs_port}"
     try:
         async with aiohttp.ClientSession() as session:
-            for _ in range(600):
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(f"{base}/readyz") as r:
-                        if r.status == 200:
-                            break
-                await asyncio.sleep(0.05)
-            else:
-                raise SystemExit(f"{mode}: the extender did not get ready")
             body = filter_body([f"node-{i:04d}" for i in range(args.filter_nodes)])
             url = f"{base}/filter"
             recommend_url = f"{base}/v1/recommend?diagnostics={args.diagnostics}"
@@ -185,59 +146,61 @@ async def measure(args: argparse.Namespace, mode: str, snapshot: bytes, workdir:
             await background
             idle_again = await filters(session, url, body, args.calls)
     finally:
-        server.terminate()
-        await asyncio.wait_for(server.wait(), 30)
-        log.close()
-    idle_p99 = summary(idle)["p99Millis"]
+        await asyncio.to_thread(server.stop)
+    phases = {
+        "idle": kit.summary(idle, unit="ms"),
+        "busy": kit.summary(busy, unit="ms"),
+        "idle_again": kit.summary(idle_again, unit="ms"),
+    }
+    idle_p99 = phases["idle"]["p99_ms"]
     return {
-        "idle": summary(idle),
-        "busy": summary(busy),
-        "idleAgain": summary(idle_again),
-        "busyToIdleP99Ratio": round(summary(busy)["p99Millis"] / idle_p99, 2),
-        "idleAgainToIdleP99Ratio": round(summary(idle_again)["p99Millis"] / idle_p99, 2),
-        "recommendationsDuringBusy": len(took),
-        "recommendationMeanMillis": round(statistics.mean(took) * 1000, 1) if took else None,
+        **phases,
+        "busy_to_idle_p99_ratio": round(phases["busy"]["p99_ms"] / idle_p99, 2),
+        "idle_again_to_idle_p99_ratio": round(phases["idle_again"]["p99_ms"] / idle_p99, 2),
+        "recommendations_during_busy": len(took),
+        "recommendation_mean_ms": round(statistics.mean(took) * 1000, 1) if took else None,
     }
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    bench = bench_recommender()
-    doc = bench.generate()
-    if args.pending != 1000:
-        doc = bench.generate(pending=args.pending)
-    snapshot = msgspec.json.encode(doc)
-    with tempfile.TemporaryDirectory() as tmp:
+    snapshot = msgspec.json.encode(generate(pending=args.pending))
+    with tempfile.TemporaryDirectory(prefix="bench-hotpath-") as tmp:
         workdir = Path(tmp)
         (workdir / "cluster.yaml").write_text(yaml.safe_dump(cluster(args.nodes)))
         results = {mode: await measure(args, mode, snapshot, workdir) for mode in args.modes}
-    print(
-        json.dumps(
-            {
-                "nodes": args.nodes,
-                "filterNodeNames": args.filter_nodes,
-                "pendingPods": args.pending,
-                "snapshotBytes": len(snapshot),
-                "diagnostics": args.diagnostics,
-                "cpus": os.cpu_count(),
-                "results": results,
-            },
-            indent=2,
-        )
+    kit.emit(
+        {
+            "nodes": args.nodes,
+            "filter_node_names": args.filter_nodes,
+            "pending_pods": args.pending,
+            "snapshot_bytes": len(snapshot),
+            "diagnostics": args.diagnostics,
+            "cpus": os.cpu_count(),
+            "results": results,
+        }
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=500, help="nodes in the extender's cluster")
     parser.add_argument("--filter-nodes", type=int, default=100, help="NodeNames per filter")
     parser.add_argument("--calls", type=int, default=2000, help="filter calls per phase")
     parser.add_argument("--pending", type=int, default=1000, help="pending pods to recommend for")
-    parser.add_argument("--diagnostics", choices=["summary", "full"], default="summary")
-    parser.add_argument("--modes", nargs="+", default=["inline", "process"])
+    parser.add_argument(
+        "--diagnostics",
+        choices=["summary", "full"],
+        default="summary",
+        help="the recommendations' diagnostics level (default: summary)",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["inline", "process"],
+        help="recommender.worker modes, one extender each (default: inline process)",
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 
 if __name__ == "__main__":
-    main()
+    kit.main(main)

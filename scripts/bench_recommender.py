@@ -26,9 +26,6 @@ the order controllers would have created them.
 
 from __future__ import annotations
 
-import argparse
-import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,10 +34,6 @@ from typing import Any
 import msgspec
 
 from scheduler_extender.recommender import (
-    API_VERSION,
-    KIND,
-    POOL_LABEL,
-    ZONE_LABEL,
     ClusterSnapshot,
     DiagnosticsLevel,
     RecommenderConfig,
@@ -49,157 +42,8 @@ from scheduler_extender.recommender import (
     load_snapshot,
     recommend,
 )
-
-ZONES = ["zone-a", "zone-b", "zone-c"]
-GI = 2**30
-# (cpu cores, GiB per core, price per hour)
-POOL_SHAPES = [
-    (4, 4, 0.19),
-    (8, 4, 0.38),
-    (16, 4, 0.76),
-    (32, 4, 1.52),
-    (8, 8, 0.50),
-    (16, 8, 1.00),
-    (32, 8, 2.00),
-    (64, 4, 3.04),
-    (16, 2, 0.68),
-    (8, 2, 0.34),
-]
-POD_SHAPES = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1", "4Gi"), ("2", "4Gi"),
-              ("2", "8Gi"), ("4", "8Gi"), ("4", "16Gi"), ("8", "16Gi")]  # fmt: skip
-
-
-def generate(
-    seed: int = 42,
-    *,
-    pending: int = 1000,
-    pools_count: int = 10,
-    nodes_count: int = 500,
-    controllers: bool = False,
-) -> dict[str, Any]:
-    """The benchmark's snapshot. The defaults are the one the golden test pins; other sizes
-    repeat the ten pool shapes (each repetition a little dearer, so that they differ) and the
-    same mix of pending pods.
-
-    The pending pods' creation times follow their index, so in scheduling order pods of one
-    shape (size, priority, constraints) are shuffled among the others: runs of 1.06 pods on
-    average. With ``controllers`` the same pods get the same times, handed out template by
-    template, as when each Deployment's replicas are created together: the same pods, in
-    runs of 8 in scheduling order."""
-    rng = random.Random(seed)
-    pools: list[dict[str, Any]] = []
-    for i in range(pools_count):
-        cores, gib, base_price = POOL_SHAPES[i % len(POOL_SHAPES)]
-        price = round(base_price * (1 + 0.03 * (i // len(POOL_SHAPES))), 4)
-        kind = i % len(POOL_SHAPES)
-        template: dict[str, Any] = {
-            "instanceType": f"t{i}-{cores}x{cores * gib}",
-            "allocatable": {"cpu": str(cores), "memory": f"{cores * gib}Gi"},
-            "labels": {"tier": "gpu" if kind == 7 else ("high-mem" if gib == 8 else "general")},
-        }
-        if kind == 7:
-            template["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
-        pools.append(
-            {
-                "name": f"pool-{i:02d}",
-                "zones": ZONES,
-                "template": template,
-                "currentCount": 50,
-                # Room grows with the pending pods, so that larger sizes are the same problem
-                # scaled rather than one where every pool is soon at its maximum.
-                "maxCount": 150 * max(1, pending // 1000),
-                "price": price,
-                "priority": rng.choice([0, 0, 5]),
-                **({"limits": {"cpu": str(2400 * max(1, pending // 1000))}} if kind == 3 else {}),
-            }
-        )
-    nodes = []
-    pods: list[dict[str, Any]] = []
-    for i in range(nodes_count):
-        pool = pools[i % len(pools)]
-        zone = ZONES[(i // 10) % 3]
-        t: dict[str, Any] = pool["template"]
-        name = f"node-{i:03d}"
-        nodes.append(
-            {
-                "name": name,
-                "labels": {**t["labels"], POOL_LABEL: pool["name"], ZONE_LABEL: zone},
-                "allocatable": t["allocatable"],
-                "taints": t.get("taints", []),
-            }
-        )
-        cores = int(t["allocatable"]["cpu"])
-        used = 0.0
-        for j in range(6):
-            cpu = max(0.25, round(cores * rng.uniform(0.05, 0.2), 2))
-            if used + cpu > cores * 0.78:
-                break
-            used += cpu
-            pods.append(
-                {
-                    "namespace": "running",
-                    "name": f"{name}-p{j}",
-                    "uid": f"uid-{name}-{j}",
-                    "nodeName": name,
-                    "requests": {"cpu": f"{int(cpu * 1000)}m", "memory": f"{int(cpu)}Gi"},
-                    "priority": 100,
-                    **(
-                        {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}
-                        if "taints" in t
-                        else {}
-                    ),
-                }
-            )
-    classes = [("critical", 1000), ("standard", 100), ("batch", 10)]
-    for i in range(pending):
-        shape, mem = rng.choice(POD_SHAPES)
-        pc, _ = rng.choices(classes, weights=[1, 3, 6])[0]
-        pod: dict[str, Any] = {
-            "namespace": f"team-{i % 7}",
-            "name": f"pending-{i:04d}",
-            "uid": f"uid-pending-{i:04d}",
-            "requests": {"cpu": shape, "memory": mem},
-            "priorityClassName": pc,
-            "creationTimestamp": f"2024-05-{1 + i // 3600:02d}T10:{i // 60 % 60:02d}:{i % 60:02d}Z",
-        }
-        r = rng.random()
-        if r < 0.10:
-            zone = rng.choice(ZONES)
-            pod["affinity"] = {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {"matchExpressions": [
-                                {"key": ZONE_LABEL, "operator": "In", "values": [zone]}]}
-                        ]
-                    }
-                }
-            }  # fmt: skip
-        elif r < 0.15:
-            pod["nodeSelector"] = {"tier": "gpu"}
-            pod["tolerations"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
-        elif r < 0.25:
-            pod["nodeSelector"] = {"tier": "high-mem"}
-        pods.append(pod)
-    if controllers:
-        waiting = [p for p in pods if "nodeName" not in p]
-        times = sorted(p["creationTimestamp"] for p in waiting)
-        for p, created in zip(sorted(waiting, key=_template), times, strict=True):
-            p["creationTimestamp"] = created
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "priorityClasses": [{"name": n, "value": v} for n, v in classes],
-        "nodePools": pools,
-        "nodes": nodes,
-        "pods": pods,
-    }
-
-
-def _template(pod: dict[str, Any]) -> str:
-    """What a controller's pods have in common: all but their name, uid and namespace."""
-    own = ("name", "uid", "namespace", "creationTimestamp")
-    return json.dumps({k: v for k, v in pod.items() if k not in own}, sort_keys=True)
+from testkit import bench as kit
+from testkit.recommender_snapshot import generate
 
 
 def best_millis(timers: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -226,7 +70,7 @@ def scaling(
             generate(pending=pending, pools_count=pools, nodes_count=nodes, controllers=controllers)
         )
         decoder = msgspec.json.Decoder(ClusterSnapshot)
-        row: dict[str, Any] = {"pendingPods": pending, "snapshotBytes": len(data)}
+        row: dict[str, Any] = {"pending_pods": pending, "snapshot_bytes": len(data)}
         chains = {
             "+".join(chain): RecommenderConfig(scorers=chain)
             for chain in (
@@ -244,33 +88,33 @@ def scaling(
                 recommend(load_snapshot(d), config=c)
             )
         best = best_millis(timers, repeat)
-        row["decodeMillis"] = best["decode"]
+        row["decode_ms"] = best["decode"]
         for name in chains:
             row[name] = {
-                "bytesToAnswerMillis": best[name],
-                "bytesToAnswerToDecodeRatio": round(best[name] / best["decode"], 2),
-                "microsPerPendingPod": round(best[name] * 1000 / pending, 1),
+                "bytes_to_answer_ms": best[name],
+                "bytes_to_answer_to_decode_ratio": round(best[name] / best["decode"], 2),
+                "us_per_pending_pod": round(best[name] * 1000 / pending, 1),
             }
         rows.append(row)
     per_pod = {
-        name: [row[name]["microsPerPendingPod"] for row in rows]
+        name: [row[name]["us_per_pending_pod"] for row in rows]
         for name in rows[0]
         if isinstance(rows[0][name], dict)
     }
     return {
         "pools": pools,
         "controllers": controllers,
-        "existingNodes": nodes,
+        "existing_nodes": nodes,
         "sizes": rows,
         # Time per pending pod at the largest size over the smallest: 1.0 is exactly linear.
-        "perPodLargestToSmallestRatio": {
+        "per_pod_largest_to_smallest_ratio": {
             name: round(values[-1] / values[0], 2) for name, values in per_pod.items()
         },
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = kit.command(__doc__)
     parser.add_argument(
         "--repeat", type=int, default=10, help="runs of each measurement; the best is kept"
     )
@@ -300,7 +144,7 @@ def main() -> None:
             repeat=args.repeat,
             controllers=args.controllers,
         )
-        print(json.dumps(report, indent=2))
+        kit.emit(report)
         return
     data = msgspec.json.encode(
         generate(
@@ -354,50 +198,47 @@ def main() -> None:
             best[f"{key}:{part}"] for part in ("recommend", "encode", "whole")
         )
         return {
-            "recommendMillis": rec_ms,
-            "encodeMillis": enc_ms,
-            "bytesToAnswerMillis": whole_ms,
-            "recommendToDecodeRatio": round(rec_ms / decode, 2),
-            "recommendToLoadRatio": round(rec_ms / load, 2),
-            "encodeToDecodeRatio": round(enc_ms / decode, 2),
-            "bytesToAnswerToDecodeRatio": round(whole_ms / decode, 2),
+            "recommend_ms": rec_ms,
+            "encode_ms": enc_ms,
+            "bytes_to_answer_ms": whole_ms,
+            "recommend_to_decode_ratio": round(rec_ms / decode, 2),
+            "recommend_to_load_ratio": round(rec_ms / load, 2),
+            "encode_to_decode_ratio": round(enc_ms / decode, 2),
+            "bytes_to_answer_to_decode_ratio": round(whole_ms / decode, 2),
         }
 
     for name, rec in recs.items():
         results[name] = {
-            "decodeMillis": decode,
-            "loadSnapshotMillis": load,
+            "decode_ms": decode,
+            "load_snapshot_ms": load,
             **timings(name),
-            "loadToDecodeRatio": round(load / decode, 2),
-            "newNodes": sum(s.increment_by for s in rec.scale_up),
+            "load_to_decode_ratio": round(load / decode, 2),
+            "new_nodes": sum(s.increment_by for s in rec.scale_up),
             "rounds": len(rec.diagnostics.rounds),
-            "placedOnExisting": len(rec.diagnostics.placed_on_existing),
+            "placed_on_existing": len(rec.diagnostics.placed_on_existing),
             "unscheduled": len(rec.unscheduled_pods),
-            "cost": msgspec.to_builtins(rec.diagnostics.cost),
-            "answerBytes": len(encode_recommendation(rec)),
+            "cost": kit.snake_keys(msgspec.to_builtins(rec.diagnostics.cost)),
+            "answer_bytes": len(encode_recommendation(rec)),
         }
         lean = lean_recs[name]
         results[name]["summary"] = {
             **timings(f"{name}:summary"),
             "rounds": len(lean.diagnostics.rounds),
-            "answerBytes": len(encode_recommendation(lean)),
+            "answer_bytes": len(encode_recommendation(lean)),
         }
-    print(
-        json.dumps(
-            {
-                "snapshotBytes": len(data),
-                "pendingPods": args.pending,
-                "existingNodes": args.nodes,
-                "pools": args.pools,
-                "controllers": args.controllers,
-                "zones": 3,
-                "repeat": args.repeat,
-                "results": results,
-            },
-            indent=2,
-        )
+    kit.emit(
+        {
+            "snapshot_bytes": len(data),
+            "pending_pods": args.pending,
+            "existing_nodes": args.nodes,
+            "pools": args.pools,
+            "controllers": args.controllers,
+            "zones": 3,
+            "repeat": args.repeat,
+            "results": results,
+        }
     )
 
 
 if __name__ == "__main__":
-    main()
+    kit.main(main)

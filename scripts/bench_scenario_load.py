@@ -13,21 +13,16 @@ ratio, and how long ``parse_scenario`` as a whole takes (YAML plus msgspec's che
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from protocol.strict_yaml import PyStrictLoader, StrictLoader
 from simulator import scenario as scenario_module
 from simulator.fleet import fleet
+from testkit import bench as kit
 
 
 def _best(repeat: int, run: Callable[[], object]) -> tuple[float, object]:
@@ -41,7 +36,7 @@ def _best(repeat: int, run: Callable[[], object]) -> tuple[float, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=1000, help="nodes in the fleet (1000)")
     parser.add_argument("--vms", type=int, default=20_000, help="VMs in the fleet (20000)")
     parser.add_argument(
@@ -60,26 +55,22 @@ def main() -> int:
     c_seconds, c_data = _best(args.repeat, lambda: yaml.load(text, Loader=StrictLoader))
     py_seconds, py_data = _best(args.repeat, lambda: yaml.load(text, Loader=PyStrictLoader))
     if c_data != py_data:
-        print("the two loaders disagree", file=sys.stderr)
-        return 1
+        raise kit.BenchError("the two loaders disagree")
     whole_seconds, _ = _best(args.repeat, lambda: scenario_module.parse_scenario(text))
-    print(
-        json.dumps(
-            {
-                "nodes": args.nodes,
-                "vms": args.vms,
-                "file_bytes": len(text),
-                "c_loader": StrictLoader.__mro__[1].__name__,
-                "python_yaml_seconds": round(py_seconds, 3),
-                "c_yaml_seconds": round(c_seconds, 3),
-                "speedup": round(py_seconds / c_seconds, 2),
-                "parse_scenario_seconds": round(whole_seconds, 3),
-            },
-            indent=2,
-        )
+    kit.emit(
+        {
+            "nodes": args.nodes,
+            "vms": args.vms,
+            "file_bytes": len(text),
+            "c_loader": StrictLoader.__mro__[1].__name__,
+            "python_yaml_seconds": round(py_seconds, 3),
+            "c_yaml_seconds": round(c_seconds, 3),
+            "speedup": round(py_seconds / c_seconds, 2),
+            "parse_scenario_seconds": round(whole_seconds, 3),
+        }
     )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

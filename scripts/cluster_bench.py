@@ -28,8 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from testkit import bench as kit
 from testkit.bench_plot import Sample, plot
 from testkit.local_stack import http_get, scrape, value
 
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     samples.append(take_sample(time.monotonic() - started, args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(
-        json.dumps({"vm": args.vm, "samples": [asdict(s) for s in samples]}, indent=1)
+        kit.to_json({"vm": args.vm, "samples": [asdict(s) for s in samples]}, indent=1)
     )
     path = args.out / "bench.png"
     plot(samples, path, vm=args.vm, vcpu_mode=args.vcpu_mode, setting="cluster run-bench",

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -46,8 +45,8 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from testkit import bench as kit
+from testkit.bench import BenchError
 from testkit.bench_plot import HEADER, Sample, plot, row
 from testkit.local_stack import (
     REPO,
@@ -67,10 +66,6 @@ from testkit.local_stack import (
 )
 
 EXAMPLES = REPO / "examples" / "local"
-
-
-class BenchError(Exception):
-    """Something the bench needs is missing or broken; the message says what to do."""
 
 
 # What the postgres guest creates (vm_image/guest/postgres-guest) and fills at boot.
@@ -628,20 +623,15 @@ def measure(
         "plot": str(plot_path),
         "samples": [asdict(s) for s in samples],
     }
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    (out / "bench.json").write_text(kit.to_json(result, indent=1))
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit statuses: 3 for a run whose verdict failed; otherwise as every benchmark's
+    (``testkit.bench.main``)."""
     args = parse_args(argv)
-    try:
-        result = run(args)
-    except BenchError as e:
-        print(f"run-bench --local: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("run-bench --local: interrupted; everything it started is stopped", file=sys.stderr)
-        return 130
+    result = run(args)
     print(f"==> plot {result['plot']}, samples {Path(result['plot']).with_name('bench.json')}",
           file=sys.stderr)  # fmt: skip
     print(f"==> {result['verdict']['line']}", file=sys.stderr)
@@ -649,4 +639,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.main(main, name="run-bench --local")

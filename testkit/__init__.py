@@ -8,8 +8,13 @@
 - ``memory_workloads``: page-cache and kernel-memory workloads for a guest under the agent;
 - ``manifests``: the deployment files read as ``kubectl apply -k`` would;
 - ``agent_fakes``: the agent's fake extender, hypervisors and guest metrics;
-- ``ports``: a free loopback port.
+- ``ports``: a free loopback port;
+- ``bench``: the benchmarks' kit (their command shape and exit statuses, the one percentile
+  rule, CPU pinning, JSON output in snake_case); ``procfs``: a process's CPU time and memory;
+  ``recommender_snapshot``: the recommender's benchmark snapshot; ``cpu_profile``: cProfile by
+  CPU time (``python -m testkit.cpu_profile``).
 
-Tests (``tests/``) and benchmarks (``scripts/``) import from here; this package imports from
-neither, and the product imports nothing of it (import-linter contracts in pyproject.toml).
+Tests (``tests/``) and benchmarks (``scripts/``) import from here: it is installed with the
+project (pyproject.toml), so no script edits ``sys.path``. It imports from neither, and the
+product imports nothing of it (import-linter contracts in pyproject.toml).
 """

@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import queue
+import resource
 import signal
 import socket
 import ssl
@@ -568,10 +569,12 @@ def extender_token(kubeconfig: Path) -> str:
 
 @dataclass
 class Extender:
-    """The real ``scheduler-extender`` process."""
+    """The real ``scheduler-extender serve`` process: the one way the tests and the benchmarks
+    (``testkit.bench``) start it. Against an API server with ``kubeconfig``, or with
+    ``kubeconfig=None`` and ``standalone`` from a cluster file (auth mode static)."""
 
     work: Path
-    kubeconfig: Path
+    kubeconfig: Path | None
     config: Obj
     process: Process | None = None
     # Before ``-m scheduler_extender`` (e.g. ``-m cProfile -o FILE`` in a benchmark).
@@ -582,6 +585,15 @@ class Extender:
     source: Path = ROOT
     # More environment (``POD_NAME``/``POD_NAMESPACE``: which pod a replica stands for).
     env: dict[str, str] = field(default_factory=dict)
+    # No API server: nodes and pods from this cluster file (``serve --standalone FILE``).
+    standalone: Path | None = None
+    # The process's limit on open files (RLIMIT_NOFILE), as a container's may be.
+    fd_limit: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.popen.pid
 
     @property
     def verbs_port(self) -> int:
@@ -601,17 +613,26 @@ class Extender:
     def start(self, *, wait_ready: bool = True) -> None:
         config_path = self.work / "extender.yaml"
         config_path.write_text(yaml.safe_dump(self.config))
+        if self.standalone is not None:
+            source = ["--standalone", str(self.standalone)]
+        else:
+            assert self.kubeconfig is not None, "an API server's kubeconfig, or standalone"
+            source = ["--kubeconfig", str(self.kubeconfig)]
         self.process = _spawn(
             "extender",
             [
-                sys.executable, *self.python_args, "-m", "scheduler_extender",
-                "--kubeconfig", str(self.kubeconfig),
+                sys.executable, *self.python_args, "-m", "scheduler_extender", "serve",
+                *source,
                 "--config", str(config_path),
                 "--log-level", self.log_level,
             ],
             self.work,
             env={"PYTHONPATH": str(self.source), **self.env},
         )  # fmt: skip
+        if self.fd_limit is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            limit = (self.fd_limit, min(hard, self.fd_limit))
+            resource.prlimit(self.process.popen.pid, resource.RLIMIT_NOFILE, limit)
         if wait_ready:
             self.wait_ready()
 

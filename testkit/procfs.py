@@ -20,3 +20,23 @@ def status_mib(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started and that still run (its main thread's children), e.g.
+    the extender's permit front; none once it is gone."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU seconds of ``pid``'s running children (``cpu_seconds`` of each)."""
+    total = 0.0
+    for child in children(pid):
+        try:
+            total += cpu_seconds(child)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended between the two reads
+    return total

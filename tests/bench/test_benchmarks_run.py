@@ -3,9 +3,10 @@
 Benchmark runs, not tests of the product (which the suite tests directly): they take minutes
 together and their figures depend on the machine, so they are marked ``bench`` and run only
 with ``--bench`` (the second step of ``scripts/test``; ``scripts/test --bench -n 0`` alone).
-Each run must exit 0 and print one JSON object with the keys its readers use; no figure is
-asserted. ``scripts/bench_memory.py`` boots a guest for minutes: its --help is in test_help.py,
-and what it measures runs in tests/e2e/test_memory_scaling.py.
+Each run must exit 0 and print one JSON object with the keys its readers use, every key in
+snake_case (``testkit.bench.emit``); no figure is asserted. ``scripts/bench_memory.py`` boots
+a guest for minutes: its --help is in test_help.py, and what it measures runs in
+tests/e2e/test_memory_scaling.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.bench import camel_keys
 from testkit.controlplane import KUBE_BIN_HINT, kube_bin_dir
 
 pytestmark = [pytest.mark.bench, pytest.mark.slow]
@@ -48,9 +50,9 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
             "alone+pinned",
             "cache+pinned",
             "cache@floor+pinned",
-            "toFloor",
-            "deleteToBind",
-            "runSeconds",
+            "to_floor",
+            "delete_to_bind",
+            "run_seconds",
         },
     ),
     "bench_agent.py": (
@@ -67,7 +69,7 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     ),
     "bench_recommender.py": (
         ["--repeat=1", "--pending=10", "--pools=2", "--nodes=10"],
-        {"pendingPods", "results"},
+        {"pending_pods", "results"},
     ),
     "bench_recommend_hotpath.py": (
         ["--nodes=20", "--filter-nodes=5", "--calls=20", "--pending=10"],
@@ -95,3 +97,4 @@ def test_benchmark_runs_and_prints_its_json(script: str) -> None:
     result = json.loads(done.stdout)
     assert isinstance(result, dict)
     assert keys <= result.keys(), sorted(result)
+    assert not camel_keys(result)

@@ -42,13 +42,12 @@ PYTHON = {
     "vm_image/build.sh": ["-m:vm_image"],
     "scripts/run-bench.sh --local": ["scripts/local_bench.py"],
     "scripts/watch-vcpus": ["scripts/watch-vcpus"],
-    "scripts/bench_simulator.py": ["scripts/bench_simulator.py"],
-    "scripts/bench_extender.py": ["scripts/bench_extender.py"],
-    "scripts/bench_agent.py": ["scripts/bench_agent.py"],
-    "scripts/bench_memory.py": ["scripts/bench_memory.py"],
-    "scripts/bench_memory_online.py": ["scripts/bench_memory_online.py"],
-    "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
-    "scripts/bench_failover.py": ["scripts/bench_failover.py"],
+    "scripts/cluster_bench.py": ["scripts/cluster_bench.py"],
+    # Every benchmark (their shape: testkit/bench.py).
+    **{
+        f"scripts/{bench.name}": [f"scripts/{bench.name}"]
+        for bench in sorted((ROOT / "scripts").glob("bench_*.py"))
+    },
 }
 
 
@@ -146,6 +145,8 @@ def test_python_command_help(name, monkeypatch, capsys):
         for option in action["options"]:
             if not action["hidden"]:
                 assert option in out.out, f"{name} --help does not mention {option}"
+    if name.startswith("scripts/bench_"):
+        assert "Exit status" in out.out, f"{name} --help does not end with its exit statuses"
 
 
 def test_python_simulator_names_itself(monkeypatch, capsys):

@@ -29,7 +29,7 @@ from scheduler_extender.recommender import (
     load_snapshot,
     recommend,
 )
-from tests.recommender.test_golden import bench_module
+from testkit.recommender_snapshot import generate
 from tests.recommender.test_recommender import affinity, node, pod, pool, snap, snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_summary_is_the_default():
     ids=["priority+least-waste+most-pods", "least-cost"],
 )
 def test_bench_snapshot_summary_is_the_full_answer_without_candidates(chain):
-    data = msgspec.json.encode(bench_module().generate())
+    data = msgspec.json.encode(generate())
     full = assert_summary_is_the_full_answer_without_candidates(
         load_snapshot(data), RecommenderConfig(scorers=chain)
     )

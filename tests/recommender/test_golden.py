@@ -10,9 +10,7 @@ commit.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import msgspec
 import pytest
@@ -26,17 +24,10 @@ from scheduler_extender.recommender import (
     load_snapshot,
     recommend,
 )
+from testkit.recommender_snapshot import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
-
-
-def bench_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts/bench_recommender.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_basic_example_answer_is_the_golden_bytes():
@@ -71,7 +62,7 @@ def test_prepared_and_plain_snapshots_give_the_same_bytes():
     ids=["default-chain", "least-cost"],
 )
 def test_benchmark_snapshot_answer_is_unchanged(chain, digest):
-    prepared = load_snapshot(msgspec.json.encode(bench_module().generate()))
+    prepared = load_snapshot(msgspec.json.encode(generate()))
     answer = encode_recommendation(
         recommend(
             prepared, config=RecommenderConfig(scorers=chain, diagnostics=DiagnosticsLevel.FULL)

@@ -20,9 +20,9 @@ from scheduler_extender.recommender import (
     recommend,
 )
 from testkit.kube_api import FakeKubeApi, node_object
+from testkit.recommender_snapshot import generate
 from tests.extender.conftest import StartExtender, make_config
 from tests.extender.helpers import filter_body, vm_pod
-from tests.recommender.test_golden import bench_module
 from tests.recommender.test_http import BASIC
 
 FULL = RecommenderConfig(diagnostics=DiagnosticsLevel.FULL)
@@ -63,7 +63,7 @@ async def test_filter_calls_are_answered_while_a_recommendation_runs(
     pod = kube_api.add_pod(vm_pod("probe", uid="u-probe", min_vcpus=1))
     running = await start_extender(make_config(recommender={"worker": "process"}))
     # The benchmark's snapshot with the full trace: far more work than a few filter calls.
-    snapshot = msgspec.json.encode(bench_module().generate())
+    snapshot = msgspec.json.encode(generate())
     recommendation = asyncio.create_task(
         running.verbs.post("/v1/recommend?diagnostics=full", data=snapshot)
     )

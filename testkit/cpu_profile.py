@@ -1,5 +1,5 @@
-"""Run a module under cProfile timed by CPU time, not wall time: ``python cpu_profile.py -o
-FILE -m MODULE ARGS...`` (the stats are written when the module returns or raises).
+"""Run a module under cProfile timed by CPU time, not wall time: ``python -m testkit.cpu_profile
+-o FILE -m MODULE ARGS...`` (the stats are written when the module returns or raises).
 
 ``python -m cProfile`` times by the wall clock: on a busy machine a ``send()`` that wakes the
 receiver and loses the CPU to it is charged the whole time the process waited, and so is
@@ -19,7 +19,7 @@ import time
 def main() -> int:
     argv = sys.argv[1:]
     if len(argv) < 4 or argv[0] != "-o" or argv[2] != "-m":
-        print("usage: cpu_profile.py -o FILE -m MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m testkit.cpu_profile -o FILE -m MODULE [ARGS...]", file=sys.stderr)
         return 2
     out, module, rest = argv[1], argv[3], argv[4:]
     sys.argv = [module, *rest]
