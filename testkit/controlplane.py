@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -567,6 +567,29 @@ def extender_token(kubeconfig: Path) -> str:
     return token
 
 
+def extender_command(
+    config: Path,
+    *,
+    kubeconfig: Path | None = None,
+    standalone: Path | None = None,
+    log_level: str = "info",
+    python_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of the real extender process, ``scheduler-extender serve`` (as
+    ``python -m scheduler_extender``, after ``python_args``): against the API server of
+    ``kubeconfig``, or ``standalone`` from a cluster file. ``Extender`` below and the local
+    stack (``testkit.local_stack``) both start it so."""
+    if standalone is not None:
+        source = ["--standalone", str(standalone)]
+    else:
+        assert kubeconfig is not None, "an API server's kubeconfig, or standalone"
+        source = ["--kubeconfig", str(kubeconfig)]
+    return [
+        sys.executable, *python_args, "-m", "scheduler_extender", "serve", *source,
+        "--config", str(config), "--log-level", log_level,
+    ]  # fmt: skip
+
+
 @dataclass
 class Extender:
     """The real ``scheduler-extender serve`` process: the one way the tests and the benchmarks
@@ -613,22 +636,18 @@ class Extender:
     def start(self, *, wait_ready: bool = True) -> None:
         config_path = self.work / "extender.yaml"
         config_path.write_text(yaml.safe_dump(self.config))
-        if self.standalone is not None:
-            source = ["--standalone", str(self.standalone)]
-        else:
-            assert self.kubeconfig is not None, "an API server's kubeconfig, or standalone"
-            source = ["--kubeconfig", str(self.kubeconfig)]
         self.process = _spawn(
             "extender",
-            [
-                sys.executable, *self.python_args, "-m", "scheduler_extender", "serve",
-                *source,
-                "--config", str(config_path),
-                "--log-level", self.log_level,
-            ],
+            extender_command(
+                config_path,
+                kubeconfig=self.kubeconfig,
+                standalone=self.standalone,
+                log_level=self.log_level,
+                python_args=self.python_args,
+            ),
             self.work,
             env={"PYTHONPATH": str(self.source), **self.env},
-        )  # fmt: skip
+        )
         if self.fd_limit is not None:
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             limit = (self.fd_limit, min(hard, self.fd_limit))

@@ -46,6 +46,7 @@ from typing import Any, Final, TypeVar
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.controlplane import extender_command
 from testkit.ports import free_port
 from vm_runner.cmdline import qga_socket_beside
 
@@ -573,10 +574,9 @@ def start_extender(
     config_path.write_text(yaml.safe_dump(config))
     service = spawn(
         "extender",
-        [sys.executable, "-m", "scheduler_extender", "serve", "--standalone", str(cluster),
-         "--config", str(config_path)],
+        extender_command(config_path, standalone=cluster),
         log_path=workdir / "extender.log",
-    )  # fmt: skip
+    )
     extender = Extender(
         service=service,
         permits_port=permits_port,
