@@ -9,8 +9,8 @@ thing and nothing else differs between them.
   and 1; ^C is 130.
 - **The output.** ``emit(result)`` prints the one JSON object on stdout (``to_json``: indented,
   every key in snake_case, checked: ``camel_keys``). Keys that are data (a mode such as
-  ``cache@floor+pinned``, an API verb and resource, a process's name) keep their own
-  spelling; what is refused is a key in camelCase. ``snake_keys`` converts the product's wire
+  ``cache@floor+pinned``, an API verb and resource, a process's or an exception's name) keep
+  their own spelling; what is refused is a key in camelCase. ``snake_keys`` converts the product's wire
   structs (camelCase, as the API speaks) for a benchmark that reports one.
 - **The figures.** ``percentile(values, q)`` by the nearest-rank rule, the one rule every
   benchmark uses (below); ``summary(samples, unit=...)`` is the latency block built on it:
@@ -92,7 +92,10 @@ def main(run: Callable[[], int | None], *, name: str | None = None) -> NoReturn:
 
 # --- the output --------------------------------------------------------------------------------
 
-_CAMEL = re.compile(r"[a-z0-9][A-Z]")
+# camelCase: a key that starts as a lowercase word and goes on in capitals (``podsPerSecond``,
+# ``p99Millis``). Data keys are not field names and may be spelt otherwise: an exception's name
+# (``ConnectionResetError``), ``connect:TimeoutError``, an API verb (``POST pods/binding``).
+_CAMEL = re.compile(r"^[a-z][a-z0-9_]*[A-Z]")
 _CAMEL_BREAK = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
 

@@ -104,10 +104,16 @@ def test_summary_reports_in_its_unit():
 
 
 def test_output_keys_are_snake_case():
-    data_keys = {"cache@floor+pinned": {"POST pods/binding": 1.0}, "kube-scheduler": [1, 2]}
+    data_keys = {
+        "cache@floor+pinned": {"POST pods/binding": 1.0},
+        "kube-scheduler": [1, 2],
+        "statuses": {"ConnectionResetError": 1, "connect:TimeoutError": 2, "401": 3},
+    }
     kit.to_json({"pods_per_second": [1.0], "modes": data_keys})  # data keys keep their spelling
     with pytest.raises(ValueError, match=r"\$\.results\[0\]\.podsPerSecond"):
         kit.to_json({"results": [{"podsPerSecond": 1.0}]})
+    for camel in ("p99Millis", "idleAgain", "pods_perSecond"):
+        assert kit.camel_keys({camel: 1}) == [f"$.{camel}"]
 
 
 def test_snake_keys_converts_the_products_wire_casing():
