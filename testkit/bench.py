@@ -10,8 +10,8 @@ thing and nothing else differs between them.
 - **The output.** ``emit(result)`` prints the one JSON object on stdout (``to_json``: indented,
   every key in snake_case, checked: ``camel_keys``). Keys that are data (a mode such as
   ``cache@floor+pinned``, an API verb and resource, a process's or an exception's name) keep
-  their own spelling; what is refused is a key in camelCase. ``snake_keys`` converts the product's wire
-  structs (camelCase, as the API speaks) for a benchmark that reports one.
+  their own spelling; what is refused is a key in camelCase. ``snake_keys`` converts the
+  product's wire structs (camelCase, as the API speaks) for a benchmark that reports one.
 - **The figures.** ``percentile(values, q)`` by the nearest-rank rule, the one rule every
   benchmark uses (below); ``summary(samples, unit=...)`` is the latency block built on it:
   ``n``, ``p50_<unit>``, ``p99_<unit>`` (or the percentiles asked for), ``max_<unit>``,

@@ -180,3 +180,22 @@ def test_every_benchmark_uses_the_kit(script):
         or (isinstance(node, ast.Attribute) and node.attr == "ArgumentParser")
     ]
     assert not own, f"{script.name} builds a parser of its own on lines {own}"
+
+
+def test_main_turns_a_bench_error_into_one_line_and_exit_1(capsys):
+    def run() -> int:
+        raise kit.BenchError("pgbench is not installed (scripts/setup installs it)")
+
+    with pytest.raises(SystemExit) as exited:
+        kit.main(run, name="bench_x")
+    assert exited.value.code == 1
+    assert (
+        capsys.readouterr().err == "bench_x: pgbench is not installed (scripts/setup installs it)\n"
+    )
+
+
+@pytest.mark.parametrize(("returned", "code"), [(None, 0), (0, 0), (1, 1), (3, 3)])
+def test_main_exits_with_what_the_benchmark_returns(returned, code):
+    with pytest.raises(SystemExit) as exited:
+        kit.main(lambda: returned)
+    assert exited.value.code == code
