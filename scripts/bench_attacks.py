@@ -39,7 +39,7 @@ attacker's own. (Until the CPU split was fixed every process here ran on one cor
 dribbled control alone raised p99 2.3-3x; on separate cores it is about 1x.)
 
 With ``--rounds N`` each attack runs N times, each after its own idle phase, and the ratio
-reported is the median of the N (a single phase's p99 is its 8th-worst call: a neighbour's
+reported is the median of the N (a single phase's p99 is its 9th-worst of 800 calls: a neighbour's
 burst on a shared machine moves it as much as an attack does).
 
 Everything is on loopback and bounded in count and time (about ``23 * --seconds * --rounds``
@@ -692,7 +692,7 @@ async def orchestrate(args: argparse.Namespace) -> Obj:
                         }
                     )
                     await asyncio.sleep(0.5)  # let closed connections settle
-                # The median over rounds: one phase's p99 is its 8th-worst call, and a
+                # The median over rounds: one phase's p99 is its 9th-worst call of 800, and a
                 # neighbour's burst on a shared machine moves it as much as an attack does.
                 phases[name] = {
                     "p99_ratio_to_idle": median_of(rounds, "p99_ratio_to_idle"),
