@@ -198,3 +198,25 @@ async def test_a_deposed_leader_sends_none_of_its_queued_touches(
     # Nothing queues while it is the standby either.
     extender.notices.admitted([PodKey(namespace="vms", name="vm-3", uid="u-3")])
     assert extender.notices.pending_touches == 0
+
+
+async def test_healthz_fails_on_every_listener_while_the_pair_is_stalled(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """The leader's hold ran out unrenewed while its kube-scheduler leads: liveness fails
+    (kube-scheduler's probe too), and passes again once its kube-scheduler no longer leads."""
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    running = await start_extender()
+    extender = running.extender
+    now = extender.clock()
+    elector = leads("ha-a_1", now - 30, transitions=1)  # renewed last 30 s ago
+    elector.candidacy_changed(now - 30, is_candidate=True)
+    extender.elector = elector
+    assert elector.stalled(now)
+    for client in (running.verbs, running.permits):
+        answer = await client.get("/healthz")
+        assert answer.status == 503
+        assert (await answer.text()).startswith("stalled: this pod's kube-scheduler leads")
+    elector.candidacy_changed(extender.clock(), is_candidate=False)
+    for client in (running.verbs, running.permits):
+        assert (await client.get("/healthz")).status == 200
