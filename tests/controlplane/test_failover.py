@@ -365,7 +365,7 @@ def test_an_extender_cut_off_while_its_scheduler_leads_makes_the_pair_step_down(
         f"stalled after {stalled_after:.2f} s, h leads {took:.2f} s after the cut,"
         f" {restarts} restart(s) of g's kube-scheduler"
     )
-    assert restarts in (1, 2)
+    assert 1 <= restarts <= 3
     names.wait_bound("vm-1")
     assert took <= TAKEOVER_BOUND_SECONDS + (restarts - 1) * 2 * LEASE_SECONDS, (
         stalled_after,
