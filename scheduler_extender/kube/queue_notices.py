@@ -154,7 +154,8 @@ class QueueNotices:
             del self._versions[uid]
 
     def relisted(self) -> None:
-        """A new list replaced the watch's view: it is at least as new as our writes."""
+        """A new list replaced the watch's view, and the watch follows on from it: its versions
+        are the pods' again (a write of ours that the list missed costs one 409 at most)."""
         self._versions.clear()
 
     def version(self, uid: str) -> str | None:
