@@ -52,11 +52,16 @@ class Listen(_Section, frozen=True):
     ``keepalive_timeout``); it bounds idle keep-alive connections. Keep it above the clients'
     own idle timeout (Go's 90 s for kube-scheduler, aiohttp's 15 s for the agents) so the
     server rarely closes a connection a client is about to reuse.
+
+    ``header_timeout_seconds``: a new connection's first request head, and every later head
+    from its first byte, must arrive whole within this; a connection that opens and says
+    nothing is closed then (``http.connections.GuardedSite``), on every listener.
     """
 
     port: Port
     host: NonEmpty = "127.0.0.1"
     idle_timeout_seconds: PositiveSeconds = 120.0
+    header_timeout_seconds: PositiveSeconds = 10.0
     # The kernel's queue of connections not yet accepted.
     accept_backlog: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
 
@@ -74,8 +79,7 @@ class GuardedListen(Listen, frozen=True):
     """A listener other pods reach (permits, metrics): aiohttp's guards, and the connection
     guards of ``http.connections.GuardedSite``.
 
-    ``header_timeout_seconds`` counts from a request's first byte: its whole head must follow
-    within it. ``max_connections``: above it, a new connection first evicts the one that has
+    ``max_connections``: above it, a new connection first evicts the one that has
     been quiet longest among those with no request in progress (so a flood of idle connections
     cannot lock out the agents or the kubelet's probes); when every connection is busy it is
     refused. Each listener has its own cap, so one listener's flood never takes another's file
@@ -83,9 +87,6 @@ class GuardedListen(Listen, frozen=True):
     """
 
     max_connections: Annotated[int, msgspec.Meta(ge=2, le=INT32_MAX)] = 256
-    # Once a request's first bytes arrive, its whole head (request line and headers) must
-    # arrive within this; a head dribbled in byte by byte is closed then.
-    header_timeout_seconds: PositiveSeconds = 10.0
     # New connections accepted per second *from one client address* on average, in bursts of
     # up to the burst; above it a connection is closed at once (503) before aiohttp sees it.
     # Per address, so that a flooder spends its own allowance and not the kubelet's probes'

@@ -31,7 +31,6 @@ from scheduler_extender.config import (
     Config,
     ConfigError,
     FrontMode,
-    GuardedListen,
     Listen,
     MetricsAuth,
     MetricsListen,
@@ -39,7 +38,7 @@ from scheduler_extender.config import (
 )
 from scheduler_extender.http import ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
-from scheduler_extender.http.connections import GuardedSite, resolve, server_options
+from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.front import PermitFront, authenticator, make_front_app
 from scheduler_extender.http.keys import (
     AUTHENTICATOR,
@@ -67,7 +66,7 @@ log = structlog.get_logger(__name__)
 
 KubeConnector = Callable[[], Awaitable[KubeClient]]
 # The verbs listener's (aiohttp's own) or a guarded one's.
-Site = web.TCPSite | GuardedSite
+Site = GuardedSite
 # How long teardown waits for pending permit writes before cancelling them (the agents'
 # lastPermit covers anything lost).
 _FLUSH_SECONDS: Final = 2.0
@@ -309,9 +308,9 @@ async def start_listeners(
     metrics_app: web.Application | None = None,
 ) -> list[tuple[web.AppRunner, Site]]:
     """Start the listeners, verbs first (it owns the lifecycle); each with its guards (the
-    verbs: aiohttp's options alone, see ``connections``). A ``PermitFront`` only binds its
-    socket here (in the listeners' order, so a port in use fails the start the same way);
-    ``serve`` starts its process."""
+    verbs: aiohttp's options and the header timeout alone, see ``connections``). A
+    ``PermitFront`` only binds its socket here (in the listeners' order, so a port in use
+    fails the start the same way); ``serve`` starts its process."""
     started: list[tuple[web.AppRunner, Site]] = []
     apps: list[tuple[web.Application | PermitFront, Listen]] = [
         (verbs_app, config.listen.verbs),
@@ -333,18 +332,8 @@ async def start_listeners(
                 **server_options(listen),
             )
             await runner.setup()
-            site: Site
-            if isinstance(listen, GuardedListen):
-                site = GuardedSite(runner, listen)
-            else:  # kube-scheduler's, on loopback
-                resolve(listen.host, listen.port)
-                site = web.TCPSite(
-                    runner,
-                    listen.host,
-                    listen.port,
-                    backlog=listen.accept_backlog,
-                    reuse_address=True,
-                )
+            # The verbs' (a plain ``Listen``) gets the header timeout only (``connections``).
+            site = GuardedSite(runner, listen)
             started.append((runner, site))
             await site.start()
             log.info("listening", host=listen.host, port=bound_port(site))
@@ -358,14 +347,13 @@ async def start_listeners(
 
 def bound_port(site: Site) -> int:
     """The port a started site listens on (the one the OS picked for port 0)."""
-    return site.bound_port if isinstance(site, GuardedSite) else site.port
+    return site.bound_port
 
 
 async def stop_listeners(started: list[tuple[web.AppRunner, Site]]) -> None:
     # Permits first: agents retry elsewhere-in-time; the verbs app owns the watches.
     for runner, site in reversed(started):
-        if isinstance(site, GuardedSite):
-            await site.stop()  # a TCPSite is the runner's to stop
+        await site.stop()
         await runner.cleanup()
 
 

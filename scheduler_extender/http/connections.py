@@ -3,9 +3,10 @@ other pods reach.
 
 Shell. Who reaches which listener is the threat model in docs/DEPLOY.md ("Who reaches which
 listener"): the verbs listener is loopback in the scheduler's pod and its only client is
-kube-scheduler, so it runs with aiohttp's options alone (``web.TCPSite``); the permit port
-(every agent, behind the NetworkPolicy; every pod without one) and the metrics port (every
-pod: it authenticates) run as ``GuardedSite``.
+kube-scheduler, so it runs with aiohttp's options and the header timeout alone (a
+``GuardedSite`` of a plain ``Listen``); the permit port (every agent, behind the
+NetworkPolicy; every pod without one) and the metrics port (every pod: it authenticates) run
+as ``GuardedSite`` of a ``GuardedListen``, with every guard below.
 
 ``server_options(listen)`` are aiohttp's public settings, for every listener and the tests'
 servers alike:
@@ -15,7 +16,10 @@ servers alike:
 * ``lingering_time=0``: a body the handler refused without reading (401, 413, 415) is not
   drained; the connection is closed after the answer instead;
 * ``keepalive_timeout``: aiohttp closes a connection that has no complete request head this
-  long after it opened or after its last answer: the idle timeout;
+  long after it opened or after its last answer: the idle timeout. One timer for both, so it
+  cannot be short: it must stay above the clients' own keep-alive idle (Go's 90 s for
+  kube-scheduler), or the server closes a connection just as kube-scheduler reuses it for a
+  POST, which Go does not retry, and a scheduling cycle fails;
 * ``max_line_size``, ``max_field_size``, ``max_headers``: aiohttp's own bounds on a head (400
   beyond them), written out so that they are ours to read.
 
@@ -25,11 +29,16 @@ admitted) and reads nothing of it. Each guard, the threat it answers and what me
 (``scripts/bench_attacks.py``: the filter p99 while hostile clients work the permit and metrics
 ports; the figures are in its output and docs/DEPLOY.md):
 
-* the header timeout: once the first bytes of a request arrive, its whole head must follow
-  within ``header_timeout_seconds``. A slowloris head from any pod is otherwise kept until the
-  idle timeout. Whether a request is in progress comes from the middleware (``serving``).
+* the header timeout, on every listener: a new connection's first request head, and every
+  later one from its first bytes, must arrive whole within ``header_timeout_seconds``. A
+  slowloris head from any pod, or a connection that opens and says nothing, is otherwise kept
+  until the idle timeout (120 s on the verbs listener, held above kube-scheduler's keep-alive
+  idle, see above). Whether a request is in progress comes from the middleware (``serving``).
   The benchmark's phases are shorter than the timeout, so it does not measure this one;
-  ``tests/extender/test_hostile_connections.py`` fails without it;
+  ``tests/extender/test_hostile_connections.py`` fails without it. It is the only guard of
+  the verbs listener: its one client, kube-scheduler, sends its request as soon as it
+  connects, so nothing it does is cut; what it reaps there is a connection leaked by
+  whatever else reaches the pod's loopback (an operator's port-forward), not an attacker;
 * new connections per client address (``new_connections_per_second``, a token bucket per
   address, ``penalties.AddressBuckets``): over it a connection is answered a canned 503 and
   closed before aiohttp makes anything for it, and the flooder spends its own allowance,
@@ -111,6 +120,10 @@ class _Guarded(asyncio.Protocol):
             return
         self._inner = self._site.handler()
         self._inner.connection_made(transport)
+        # Its first request head must arrive whole within the timeout, as every later one.
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self._site.header_timeout, self._head_due
+        )
 
     def data_received(self, data: bytes) -> None:
         inner = self._inner
@@ -127,7 +140,8 @@ class _Guarded(asyncio.Protocol):
         # No request began since the head's first bytes (``began`` cancels the timer).
         self._head_timer = None
         self._site.heads_timed_out += 1
-        self._site.penalties.offence(self.address)
+        if self._site.penalties is not None:
+            self._site.penalties.offence(self.address)
         self.close()
 
     def began(self) -> None:
@@ -226,12 +240,14 @@ def listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]
 class GuardedSite:
     """A TCP listener whose connections are guarded (see the module docstring): what
     aiohttp's ``TCPSite`` does, through public API only (``runner.server`` is the handler
-    factory). Stop it before ``runner.cleanup()``, which closes the connections."""
+    factory). A plain ``Listen`` (the verbs) gets the header timeout only; a
+    ``GuardedListen`` every guard. Stop it before ``runner.cleanup()``, which closes the
+    connections."""
 
     def __init__(
         self,
         runner: web.BaseRunner,
-        listen: GuardedListen,
+        listen: Listen,
         *,
         sock: socket.socket | None = None,
     ) -> None:
@@ -242,22 +258,27 @@ class GuardedSite:
         self._server: asyncio.Server | None = None
         self._open: set[_Guarded] = set()
         self._stopping = False
-        self._rates = AddressBuckets(
-            per_second=listen.new_connections_per_second, burst=listen.new_connections_burst
-        )
         self.header_timeout = listen.header_timeout_seconds
         self.evicted = 0
         self.refused = 0
         self.heads_timed_out = 0
         self.bound_port = listen.port
-        self.penalties = PenaltyBox(
-            listener=lambda: self.name,
-            seconds=listen.penalty_seconds,
-            offences=AddressBuckets(
-                per_second=listen.offences_per_second, burst=listen.offence_burst
-            ),
-            sockets=lambda: self._server.sockets if self._server is not None else (),
-        )
+        # The admission guards: only where other pods connect.
+        self._guarded = listen if isinstance(listen, GuardedListen) else None
+        self._rates: AddressBuckets | None = None
+        self.penalties: PenaltyBox | None = None
+        if isinstance(listen, GuardedListen):
+            self._rates = AddressBuckets(
+                per_second=listen.new_connections_per_second, burst=listen.new_connections_burst
+            )
+            self.penalties = PenaltyBox(
+                listener=lambda: self.name,
+                seconds=listen.penalty_seconds,
+                offences=AddressBuckets(
+                    per_second=listen.offences_per_second, burst=listen.offence_burst
+                ),
+                sockets=lambda: self._server.sockets if self._server is not None else (),
+            )
 
     @property
     def name(self) -> str:
@@ -274,14 +295,20 @@ class GuardedSite:
 
     def admit(self, conn: _Guarded) -> bool:
         """Whether a new connection gets in: not penalized, within its address's rate, and
-        under ``max_connections`` (none once the site is stopping)."""
-        if self._stopping or self.penalties.holds(conn.address):
-            return False  # penalized: in the kernel's queue before its filter was attached
-        if not self._rates.take(conn.address, asyncio.get_running_loop().time()):
-            self._refuse("connections_over_rate")
-            self.penalties.offence(conn.address)
+        under ``max_connections`` (none once the site is stopping); on the verbs, any."""
+        if self._stopping:
             return False
-        if len(self._open) >= self._listen.max_connections:
+        guarded, rates, penalties = self._guarded, self._rates, self.penalties
+        if guarded is None or rates is None or penalties is None:
+            self._open.add(conn)
+            return True
+        if penalties.holds(conn.address):
+            return False  # penalized: in the kernel's queue before its filter was attached
+        if not rates.take(conn.address, asyncio.get_running_loop().time()):
+            self._refuse("connections_over_rate")
+            penalties.offence(conn.address)
+            return False
+        if len(self._open) >= guarded.max_connections:
             idle = [c for c in self._open if not c.busy]
             if not idle:
                 self._refuse("connections_refused")
@@ -314,12 +341,14 @@ class GuardedSite:
             self._server = await loop.create_server(
                 factory, self._listen.host, self._listen.port, backlog=backlog, reuse_address=True
             )
-        self.penalties.reset()
+        if self.penalties is not None:
+            self.penalties.reset()
         self.bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         """Stop listening (the connections are the runner's: ``runner.cleanup()``)."""
         self._stopping = True
-        self.penalties.close()
+        if self.penalties is not None:
+            self.penalties.close()
         if self._server is not None:
             self._server.close()

@@ -25,6 +25,7 @@ from scheduler_extender.config import Config, Listen, parse_config
 from scheduler_extender.http.app import (
     Deps,
     make_app,
+    make_metrics_app,
     make_permits_app,
     start_listeners,
     stop_listeners,
@@ -200,27 +201,31 @@ async def _front_over_channel(
 
 
 class Start:
-    """The listeners exactly as ``serve`` starts them (``start_listeners``: aiohttp's
-    ``TCPSite`` for the verbs, ``GuardedSite`` for the permit port, the server options), on
-    loopback ports the OS picks; ``await start(**listen)`` gives the (verbs, permits) sites,
+    """The listeners exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite``
+    with the header timeout only for the verbs, with every guard for the permit port, the
+    server options), on loopback ports the OS picks; ``await start(**listen)`` gives the
+    (verbs, permits) sites (``metrics=...`` starts that listener too: ``self.metrics``),
     ``await start.stop()`` stops them as ``serve`` does (the fixture stops whatever is still
     running)."""
 
     def __init__(self, kube_api: FakeKubeApi) -> None:
         self._kube_api = kube_api
         self._running: list[Any] = []
+        self.metrics: GuardedSite | None = None
 
     async def __call__(
         self, *, limits: dict[str, Any] | None = None, wait_synced: bool = True, **listen: Any
-    ) -> tuple[web.TCPSite, GuardedSite]:
+    ) -> tuple[GuardedSite, GuardedSite]:
         config = make_config(listen=listen, limits=limits or {})
         # Ports the OS picks (0 is not a valid port in a config file).
+        metrics = config.listen.metrics
         config = msgspec.structs.replace(
             config,
             listen=msgspec.structs.replace(
                 config.listen,
                 verbs=msgspec.structs.replace(config.listen.verbs, port=0),
                 permits=msgspec.structs.replace(config.listen.permits, port=0),
+                metrics=msgspec.structs.replace(metrics, port=0) if metrics else None,
             ),
         )
         kube_api = self._kube_api
@@ -229,12 +234,16 @@ class Start:
             return KubeClient.for_url(kube_api.url)
 
         verbs_app = make_app(config, Deps(registry=CollectorRegistry(), connect_kube=connect))
-        started = await start_listeners(config, verbs_app, make_permits_app(config, verbs_app))
+        metrics_app = make_metrics_app(config, verbs_app) if metrics else None
+        started = await start_listeners(
+            config, verbs_app, make_permits_app(config, verbs_app), metrics_app
+        )
         self._running.append(started)
         extender = verbs_app[EXTENDER]
         await wait_until(lambda: extender.is_synced if wait_synced else extender.has_nodes)
         verbs, permits = started[0][1], started[1][1]
-        assert isinstance(verbs, web.TCPSite) and isinstance(permits, GuardedSite)
+        if metrics_app is not None:
+            self.metrics = started[2][1]
         return verbs, permits
 
     async def stop(self) -> None:

@@ -2,9 +2,9 @@
 time and by count, without locking out kube-scheduler or the kubelet's probes.
 
 The listeners run exactly as ``serve`` starts them (``start_listeners``: ``GuardedSite`` for
-the permit port, the server options), on loopback ports the OS picks. The verbs listener has
-aiohttp's guards only: its one client is kube-scheduler (docs/DEPLOY.md, "Who reaches which
-listener").
+each, the server options), on loopback ports the OS picks. The verbs listener has aiohttp's
+guards and the header timeout only: its one client is kube-scheduler (docs/DEPLOY.md, "Who
+reaches which listener").
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def test_an_idle_flood_evicts_itself_and_probes_still_get_in(listeners: St
         assert permits.open_connections <= 8 and permits.evicted >= 12
         # The kubelet's probe and kube-scheduler's next call still get in.
         assert await _get(permits.bound_port, "/readyz") == 200
-        assert await _get(verbs.port, "/healthz") == 200  # the caps are the listener's own
+        assert await _get(verbs.bound_port, "/healthz") == 200  # the caps are the listener's own
 
 
 async def test_slowloris_heads_are_closed_after_the_header_timeout(listeners: Start) -> None:
@@ -76,6 +76,45 @@ async def test_slowloris_heads_are_closed_after_the_header_timeout(listeners: St
                 assert response.status == 200
             await asyncio.sleep(0.4)
     assert permits.heads_timed_out == 3 and permits.evicted == 0
+
+
+async def test_silent_connections_are_closed_after_the_header_timeout_on_every_listener(
+    listeners: Start,
+) -> None:
+    """A connection that opens and never sends a request is closed once its header timeout
+    runs out, long before the idle timeout, on the verbs listener as on the others."""
+    quick = {"idle_timeout_seconds": 3600, "header_timeout_seconds": 0.3}
+    verbs, permits = await listeners(
+        verbs={"port": 1, **quick},
+        permits={"port": 1, **quick},
+        # Its own loopback address: the OS picks every port, and two listeners may not share
+        # a host and port in a config.
+        metrics={"port": 2, "host": "127.0.0.2", "auth": "none", **quick},
+    )
+    assert listeners.metrics is not None
+    sites = ((verbs, "127.0.0.1"), (permits, "127.0.0.1"), (listeners.metrics, "127.0.0.2"))
+    silent = [
+        await asyncio.open_connection(host, site.bound_port) for site, host in sites for _ in "abc"
+    ]
+    try:
+        for reader, _ in silent:
+            assert await _closed_by_server(reader)
+    finally:
+        for _, writer in silent:
+            writer.close()
+    for site, _ in sites:
+        await wait_until(lambda site=site: site.open_connections == 0)
+        assert site.heads_timed_out == 3
+    # The verbs listener has no admission guards: nothing refused or evicted, no penalty.
+    assert verbs.penalties is None and verbs.refused == verbs.evicted == 0
+    # A client that speaks at once (kube-scheduler) is served, and kept across idle gaps
+    # longer than the header timeout (that is the idle timeout's business).
+    async with ClientSession() as session:
+        for pause in (0.4, 0.0):
+            async with session.get(f"http://127.0.0.1:{verbs.bound_port}/healthz") as answer:
+                assert answer.status == 200
+            await asyncio.sleep(pause)
+    assert verbs.heads_timed_out == 3
 
 
 async def test_idle_keepalives_are_closed_after_the_idle_timeout(listeners: Start) -> None:
@@ -137,7 +176,7 @@ async def test_new_connections_over_the_rate_are_closed_before_aiohttp_sees_them
         for _ in range(5):
             async with keeps_alive.get(url) as again:
                 assert again.status == 200
-    assert await _get(verbs.port, "/healthz") == 200
+    assert await _get(verbs.bound_port, "/healthz") == 200
 
 
 def test_a_listener_binds_every_address_its_host_resolves_to() -> None:
@@ -161,7 +200,7 @@ async def test_oversized_heads_get_a_400_on_every_listener(listeners: Start) -> 
         b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Many: 1\r\n" * 130 + b"\r\n",
         b"GET /healthz?" + b"q" * 8200 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     ]
-    for port in (verbs.port, permits.bound_port):
+    for port in (verbs.bound_port, permits.bound_port):
         for head in heads:
             async with _connections(port, 1, head) as ((reader, _),):
                 async with asyncio.timeout(WITHIN):
