@@ -40,8 +40,9 @@ from scheduler_extender.core import verbs
 from scheduler_extender.core.placement import FilterResult
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
+from scheduler_extender.http.answers import JSON
 from scheduler_extender.http.keys import EXTENDER
-from scheduler_extender.http.middleware import JSON, decode, json_response, read_body
+from scheduler_extender.http.middleware import decode, json_response, read_body
 
 
 class _RawNodeList(msgspec.Struct, kw_only=True):
