@@ -77,7 +77,6 @@ from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.core.refusals import Refused
-from scheduler_extender.core.verbs import BindOutcome
 from simulator import scenario as sc
 from simulator.extender_restarts import (
     epoch_seen_after,
@@ -464,7 +463,7 @@ class Simulation:
                 continue
             before = ext.ledger.nodes[choice.node].free.cpu_millis
             decided = bind(ext, info, choice.node, now=self.t)
-            if decided.outcome is not BindOutcome.RESERVED:
+            if not decided.is_reserved:
                 self.note("bind_failed", vm.spec.name, decided.error)
                 still.append(vm)
                 continue

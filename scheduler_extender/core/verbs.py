@@ -30,6 +30,20 @@ from scheduler_extender.core.placement import (
 )
 from scheduler_extender.core.podinfo import PodInfo
 
+# FilterResult: filter's answer, which the HTTP handler encodes.
+__all__ = [
+    "Admission",
+    "BindDecision",
+    "BindOutcome",
+    "FilterResult",
+    "Filtered",
+    "bind_pod",
+    "filter_pod",
+    "growth_millis",
+    "preempt",
+    "prioritize",
+]
+
 CPU_MILLIS_PER_VCPU: Final = 1000
 
 
@@ -126,6 +140,10 @@ class BindDecision(NamedTuple):
     event: AllocEvent | None = None  # RESERVED: the reservation, for the node's report
     # RESERVED with the version filter saw: the pod watch had not delivered the pod yet.
     is_before_watch: bool = False
+
+    @property
+    def is_reserved(self) -> bool:
+        return self.outcome is BindOutcome.RESERVED
 
 
 def bind_pod(

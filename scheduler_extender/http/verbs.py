@@ -37,7 +37,6 @@ from protocol.extender import (
 )
 from protocol.kube import Pod
 from scheduler_extender.core import verbs
-from scheduler_extender.core.placement import FilterResult
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.answers import JSON
@@ -238,7 +237,7 @@ def _listed_names(is_cache: bool, listed: msgspec.Raw) -> list[str]:
 
 
 def _encode(
-    result: FilterResult, *, is_cache: bool, listed: msgspec.Raw, names: list[str]
+    result: verbs.FilterResult, *, is_cache: bool, listed: msgspec.Raw, names: list[str]
 ) -> bytes:
     """Filter's answer in the field the request used; the passing Node objects echoed as sent."""
     answer = _FilterAnswer(
