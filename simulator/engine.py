@@ -846,7 +846,8 @@ class Simulation:
         check_step(vm, self.t)
 
     def _flush(self, batch_id: int) -> None:
-        """One batched POST /v1/permits for a node: every VM's request, one decide_batch."""
+        """One batched POST /v1/permits for a node: every VM's request, decided by the extender's
+        own batch rules (``scheduling.permit_batch``)."""
         node, batch = self.batches.pop(batch_id)
         if self._open_batches[node][0] == batch_id:
             del self._open_batches[node]
