@@ -47,17 +47,18 @@ class Bounds(msgspec.Struct, frozen=True, dict=True):
         """The smallest allowed size >= ``value``, at most ``top`` (default: ``self.top``) and
         never below ``min``. An int is rounded exactly; a float (a load's need) with a
         tolerance of ``_EPSILON`` of a step, and ``inf`` gives ``top``."""
+        low = self.min
+        if value <= low:
+            return low
         ceiling = self.top if top is None else top
-        if value <= self.min:
-            return self.min
         if not value < ceiling:
             return ceiling
-        span = value - self.min
-        if isinstance(span, int):
-            steps = -(-span // self.unit)
+        if type(value) is int:
+            steps = -((low - value) // self.unit)
         else:
-            steps = math.ceil(span / self.unit - _EPSILON)
-        return min(self._size(steps), ceiling)
+            steps = math.ceil((value - low) / self.unit - _EPSILON)
+        size = self._size(steps)
+        return size if size < ceiling else ceiling
 
     def clamp(self, value: int) -> int:
         """``value`` held within ``[min, top]`` (not rounded to a step)."""
