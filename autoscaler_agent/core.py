@@ -80,6 +80,7 @@ from autoscaler_agent.policy import (
     memory_used_fraction,
 )
 from protocol.annotations import VmSpec
+from protocol.sizes import Bounds
 
 
 class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,20 +172,6 @@ class PermitOutcome(enum.StrEnum):
     REJECTED = "rejected"
 
 
-class Bounds(msgspec.Struct, frozen=True, gc=False):
-    """A resource's allowed sizes: ``low + k * unit``, at most ``high`` (the VM's spec)."""
-
-    low: int
-    high: int
-    unit: int
-
-    def round_down(self, value: int) -> int:
-        """The largest allowed size <= ``value`` (never below ``low``)."""
-        if value <= self.low:
-            return self.low
-        return self.low + (min(value, self.high) - self.low) // self.unit * self.unit
-
-
 class _Words(NamedTuple):
     """How a reason names a resource: "grow" + ``verb_suffix``, "give back N ``unused``"."""
 
@@ -244,7 +231,7 @@ class Scaled:
         self.resource = resource
         self.bounds = bounds
         # The largest allowed size: the bounds' top, lowered to the hypervisor's maximum.
-        self.top = bounds.round_down(bounds.high)
+        self.top = bounds.top
         # The hypervisor's side.
         self.current: int | None = None
         self.changed_at: float | None = None  # when ``current`` last changed
@@ -267,7 +254,7 @@ class Scaled:
         self.room: int | None = room
 
     def hypervisor_max_is(self, value: int | None) -> None:
-        top = self.bounds.round_down(self.bounds.high)
+        top = self.bounds.top
         self.top = top if value is None else min(top, self.bounds.round_down(value))
 
     def seen(self, now: float, current: int) -> None:
@@ -413,14 +400,14 @@ class VmState:
         self._explain = explain
         self.vcpus = Scaled(
             Resource.VCPUS,
-            Bounds(spec.min_vcpus, spec.max_vcpus, spec.scaling_unit),
+            spec.vcpu_bounds,
             now=now,
             permitted=permit_vcpus,
             room=vcpu_room,
         )
         self.memory = Scaled(
             Resource.MEMORY,
-            Bounds(spec.min_memory_bytes, spec.max_memory_bytes, spec.memory_unit_bytes),
+            spec.memory_bounds,
             now=now,
             permitted=permit_memory,
             room=memory_room,
@@ -817,7 +804,7 @@ class VmState:
         mem = call.memory
         if mem is not None:
             is_valid = is_valid and (
-                memory_bytes is not None and self.memory.bounds.low <= memory_bytes <= mem.requested
+                memory_bytes is not None and self.memory.bounds.min <= memory_bytes <= mem.requested
             )
         if not is_valid:
             self._extender_failed(now, jitter)

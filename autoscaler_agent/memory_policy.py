@@ -130,13 +130,7 @@ def headroom(used: float, fraction: float, config: MemoryPolicyConfig) -> float:
 
 def round_memory_up(value: float, spec: VmSpec, *, top_bytes: int) -> int:
     """The smallest allowed size >= ``value``, clamped to ``[min, top]``."""
-    low = spec.min_memory_bytes
-    if value <= low:
-        return low
-    if not value < math.inf:
-        return top_bytes
-    steps = math.ceil((value - low) / spec.memory_unit_bytes - 1e-9)
-    return min(low + steps * spec.memory_unit_bytes, top_bytes)
+    return spec.memory_bounds.round_up(value, top=top_bytes)
 
 
 def _usable(value: float | None) -> float | None:
@@ -342,7 +336,6 @@ def couple(
     if memory_per_vcpu_bytes <= 0:
         return vcpus, memory_bytes
     units = max(vcpus, math.ceil(memory_bytes / memory_per_vcpu_bytes - 1e-9))
-    low, unit = spec.min_vcpus, spec.scaling_unit
-    v = low if units <= low else low - (low - units) // unit * unit  # rounded up to the unit
+    v = spec.vcpu_bounds.round_up(units, top=top_vcpus)
     m = round_memory_up(units * memory_per_vcpu_bytes, spec, top_bytes=top_memory_bytes)
-    return min(v, top_vcpus), m
+    return v, m

@@ -78,6 +78,7 @@ import math
 import msgspec
 
 from protocol.annotations import VmSpec
+from protocol.sizes import Bounds
 
 # How many of the pressure window's per-scrape demand estimates the grow size is taken from (the
 # second largest): enough to outvote a noisy run-queue sample, few enough to follow a rising load.
@@ -171,26 +172,13 @@ class Goal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reason: str
 
 
-def round_up_to_unit(vcpus: int, spec: VmSpec, *, top_vcpus: int) -> int:
-    """The smallest allowed size >= ``vcpus``, clamped to ``[min, top]``."""
-    if vcpus <= spec.min_vcpus:
-        return spec.min_vcpus
-    steps = -(-(vcpus - spec.min_vcpus) // spec.scaling_unit)
-    return min(spec.min_vcpus + steps * spec.scaling_unit, top_vcpus)
-
-
-def _size_for(load: float, load_per_vcpu: float, min_vcpus: int, unit: int, top_vcpus: int) -> int:
-    # ``round_up_to_unit(max(1, need))`` on plain ints, with max() and min() spelled out as
-    # in their own definitions: this runs a few times per scrape of every VM.
-    # A tiny epsilon keeps 1.8 / 0.9 == 2.0000000000000004 from becoming 3 vCPUs.
-    # A load beyond any VM (1e308 / 0.9 is inf, which math.ceil refuses) needs "very many".
+def _size_for(load: float, load_per_vcpu: float, bounds: Bounds, top_vcpus: int) -> int:
+    """The smallest allowed size that carries ``load`` at ``load_per_vcpu`` (at least one vCPU),
+    clamped to ``[min, top_vcpus]``. A load beyond any VM (1e308 / 0.9 is inf, which math.ceil
+    refuses) needs "very many"."""
     ratio = load / load_per_vcpu
     need = math.ceil(ratio - 1e-9) if ratio < _HUGE_VCPUS else _HUGE_VCPUS
-    need = need if need > 1 else 1
-    if need <= min_vcpus:
-        return min_vcpus
-    size = min_vcpus - (min_vcpus - need) // unit * unit
-    return top_vcpus if size > top_vcpus else size
+    return bounds.round_up(need if need > 1 else 1, top=top_vcpus)
 
 
 def _busy_fraction(
@@ -206,7 +194,7 @@ def _busy_fraction(
     if total <= 0 or idle < 0:
         return None  # counters reset (guest reboot) or no time passed
     busy = 1.0 - idle / total
-    # min(1.0, max(0.0, busy)), spelled out (see _size_for)
+    # min(1.0, max(0.0, busy)), spelled out: this runs a few times per scrape of every VM
     busy = busy if busy > 0.0 else 0.0
     return 1.0 if busy > 1.0 else busy
 
@@ -258,7 +246,7 @@ def goal_vcpus(
             reason="hold: no usable node_load1 in the samples",
         )
     c = current_vcpus
-    min_vcpus, unit = spec.min_vcpus, spec.scaling_unit
+    min_vcpus, bounds = spec.min_vcpus, spec.vcpu_bounds
     if busy is None and cpu is not None and min_vcpus <= c <= top_vcpus:
         # The counters are there but give no fraction this time: hold for one interval, with
         # the windows as they were (a hot-plug must neither open nor close one).
@@ -290,7 +278,7 @@ def goal_vcpus(
     is_saturated = False
     pressed_for = 0.0
     if busy is None:
-        grow = _size_for(load1, target, min_vcpus, unit, top_vcpus)
+        grow = _size_for(load1, target, bounds, top_vcpus)
         slow = load1
         is_grow_due = grow > c
     else:
@@ -302,7 +290,7 @@ def goal_vcpus(
         if is_saturated:
             runnable = _usable(samples.procs_running)
             demand = max(used, load1, 0.0 if runnable is None else max(0.0, runnable - 1))
-        need_now = _size_for(demand, target, min_vcpus, unit, top_vcpus)
+        need_now = _size_for(demand, target, bounds, top_vcpus)
         grow = need_now
         if need_now > c:
             # A window opened at another size is no evidence for this one: after a grow, the
@@ -314,17 +302,17 @@ def goal_vcpus(
             kept = [
                 d
                 for d in (state.pressure_demands if is_same_size else ())
-                if _size_for(d, target, min_vcpus, unit, top_vcpus) > c
+                if _size_for(d, target, bounds, top_vcpus) > c
             ]
             kept.append(demand)
             demands = tuple(kept[-DEMAND_WINDOW_SAMPLES:])
-            grow = _size_for(_second_largest(demands), target, min_vcpus, unit, top_vcpus)
+            grow = _size_for(_second_largest(demands), target, bounds, top_vcpus)
             pressed_for = now - pressure_since
         slow = used  # the shrink size follows the busy time (see the module docstring)
         is_grow_due = pressure_since is not None and pressed_for >= config.grow_after_seconds
     # max() with grow: with a sane config it is already >= grow; this guards a misordered one,
     # and keeps a shrink from going below what the fast estimate needs now.
-    shrink = _size_for(slow, config.shrink_load_per_vcpu, min_vcpus, unit, top_vcpus)
+    shrink = _size_for(slow, config.shrink_load_per_vcpu, bounds, top_vcpus)
     shrink = shrink if shrink > grow else grow  # max(grow, shrink)
 
     # The decision: the size, the state to carry, and its verdict (formatted only if asked).

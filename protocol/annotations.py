@@ -35,12 +35,14 @@ resize of the container keeps and the extender holds on top of the permitted mem
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
 import msgspec
 
 from protocol import bounds
 from protocol.quantity import QuantityError, memory_bytes
+from protocol.sizes import Bounds
 
 if TYPE_CHECKING:
     from protocol.kube import Pod
@@ -81,8 +83,9 @@ class AnnotationError(ValueError):
         self.key = key
 
 
-class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A VM's bounds, as its pod's annotations declare them."""
+class VmSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """A VM's bounds, as its pod's annotations declare them (``vcpu_bounds``, ``memory_bounds``:
+    the same as ``protocol.sizes.Bounds``, which rounds)."""
 
     min_vcpus: int
     max_vcpus: int
@@ -93,29 +96,22 @@ class VmSpec(msgspec.Struct, frozen=True, kw_only=True):
     hypervisor: str | None = None
     metrics_url: str | None = None
 
-    def round_vcpus_down(self, vcpus: int) -> int:
-        """The largest allowed size <= ``vcpus`` (never below min)."""
-        if vcpus <= self.min_vcpus:
-            return self.min_vcpus
-        steps = (min(vcpus, self.max_vcpus) - self.min_vcpus) // self.scaling_unit
-        return self.min_vcpus + steps * self.scaling_unit
+    @cached_property
+    def vcpu_bounds(self) -> Bounds:
+        return Bounds(self.min_vcpus, self.max_vcpus, self.scaling_unit)
 
-    def round_memory_down(self, value: int) -> int:
-        if value <= self.min_memory_bytes:
-            return self.min_memory_bytes
-        steps = (
-            min(value, self.max_memory_bytes) - self.min_memory_bytes
-        ) // self.memory_unit_bytes
-        return self.min_memory_bytes + steps * self.memory_unit_bytes
+    @cached_property
+    def memory_bounds(self) -> Bounds:
+        return Bounds(self.min_memory_bytes, self.max_memory_bytes, self.memory_unit_bytes)
 
     @property
     def top_vcpus(self) -> int:
         """The largest allowed vCPU count (max rounded down to the scaling unit)."""
-        return self.round_vcpus_down(self.max_vcpus)
+        return self.vcpu_bounds.top
 
     @property
     def top_memory_bytes(self) -> int:
-        return self.round_memory_down(self.max_memory_bytes)
+        return self.memory_bounds.top
 
 
 def is_vm(labels: dict[str, str] | None) -> bool:

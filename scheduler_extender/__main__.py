@@ -4,8 +4,9 @@ Shell: parse arguments, load the config (exit 3 on any config error, naming ``$.
 check that the API server answers with the credentials given (before binding any port),
 configure logging once, serve until SIGTERM. Every operator mistake ends in one line and the
 exit code of its class (``observability.exits``); only a bug gets a traceback.
-Subcommands leave room for offline tools (``simulate``, ``recommend``) next to ``serve``, which
-is the default when none is named, so ``scheduler-extender --config FILE`` keeps working.
+Subcommands leave room for offline tools (``recommend``) next to ``serve``, which is the default
+when none is named, so ``scheduler-extender --config FILE`` keeps working. The simulator is not
+one of them: it is its own command (``vm-simulator``), so the extender never imports it.
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ Commands:
           print the scale-up recommendation for a ClusterSnapshot (YAML or JSON) as JSON,
           or with --scale-down which nodes could be removed; exit 3 naming each bad $.path
           (see examples/snapshots/basic.yaml and docs/RECOMMENDER.md).
-  simulate [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]
-          run the extender's and the agent's cores against a simulated fleet in virtual
-          time (no cluster); without a file, the built-in scenario. Prints a summary, writes
-          a JSON report and a PNG plot; exit 1 if an invariant broke, 3 for a bad scenario.
-          `scheduler-extender simulate --help` lists its flags.
   permit-front
           internal: the permit port's process, which `serve` starts itself (see
           docs/DEPLOY.md); never run it by hand.
@@ -204,17 +200,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(args)
 
 
-def simulate_command(argv: Sequence[str]) -> int:
-    # Imported here: the simulator is an offline tool, and ``serve`` must not depend on it.
-    from simulator.cli import main as simulate_main  # noqa: PLC0415
-
-    return simulate_main(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["simulate"]:
-        return simulate_command(argv[1:])
     if argv[:1] == [FRONT_COMMAND]:
         return run_front(argv[1:])
     args = parse_args(argv)

@@ -41,9 +41,9 @@ from scheduler_extender.admission import queue as admission
 from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
-from scheduler_extender.core import batches
+from scheduler_extender.core import batches, verbs
 from scheduler_extender.core.leadership import Elector
-from scheduler_extender.core.ledger import Ledger, LedgerError
+from scheduler_extender.core.ledger import Ledger
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import Decision
 from scheduler_extender.core.placement import FitIndex, ScoreIndex
@@ -55,6 +55,7 @@ from scheduler_extender.core.podinfo import (
 )
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
 from scheduler_extender.core.sequences import SequenceBook
+from scheduler_extender.core.verbs import BindOutcome
 from scheduler_extender.errors import NotLeader, NotSynced
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -431,57 +432,33 @@ class Extender:
         node: str,
         filtered: PodInfo | None = None,
     ) -> str:
-        """Reserve, then POST the Binding; returns "" or the error for kube-scheduler.
+        """Decide (``core.verbs.bind_pod``: which version of the pod, admission, the fit),
+        then POST the Binding; returns "" or the error for kube-scheduler.
 
-        ``filtered``: the pod as kube-scheduler last sent it to filter. kube-scheduler binds
-        within milliseconds of a pod's creation, often before our pod watch delivers it; that
-        version is then what to reserve for (the Binding's UID precondition still guards a pod
-        deleted meanwhile, and the watch confirms or corrects the hold when it catches up).
+        ``filtered``: the pod as kube-scheduler last sent it to filter (see ``bind_pod``).
         """
         key = f"{namespace}/{name}"
         log_ = log.bind(pod=key, node=node)
-        held = self.ledger.pods.get(uid)
-        info = self.unbound.get(key)
-        if (
-            held is None
-            and (info is None or info.uid != uid)
-            and filtered is not None
-            and filtered.uid == uid
-            and filtered.key == key
-            and filtered.is_ours
-            and filtered.node_name is None
-            and not filtered.is_terminated
-        ):
+        decided = verbs.bind_pod(
+            self.ledger,
+            key=key,
+            uid=uid,
+            node=node,
+            known=self.unbound.get(key),
+            filtered=filtered,
+            is_in_flight=uid in self.binds_in_flight,
+            admit=self.admit,
+            at=self.wall_clock(),
+        )
+        if decided.outcome is BindOutcome.REFUSED:
+            self.metrics.binds.labels("refused").inc()
+            log_.info("bind_refused", reason=decided.error)
+        if decided.outcome is not BindOutcome.RESERVED:
+            return decided.error
+        info, event = decided.info, decided.event
+        assert info is not None
+        if decided.is_before_watch:
             log_.info("bind_before_watch", uid=uid)
-            info = filtered
-        if held is None and (info is None or info.uid != uid):
-            self.metrics.binds.labels("refused").inc()
-            return (
-                f"pod {key} (uid {uid}) is not known to the extender yet: its pod watch has not"
-                " seen it; kube-scheduler will retry"
-            )
-        if held is not None and held.node == node:
-            if uid in self.binds_in_flight:
-                return f"pod {key} is already being bound to node {node}"
-            # A retried bind whose first attempt succeeded (or the watch was faster).
-            return ""
-        if info is None or info.uid != uid:
-            assert held is not None
-            self.metrics.binds.labels("refused").inc()
-            return f"pod {key} is already bound to node {held.node}"
-        # Again here, not only in filter: the admission may have expired since (TTL), or the
-        # pod grew; placing it anyway would take quota nobody reserved for it.
-        decision = self.admit(info)
-        if not decision.is_admitted:
-            self.metrics.binds.labels("refused").inc()
-            log_.info("bind_refused", reason=decision.reason)
-            return f"cannot bind {key} to {node}: {decision.reason}"
-        try:
-            event = self.ledger.reserve_for_bind(info, node, at=self.wall_clock())
-        except LedgerError as e:
-            self.metrics.binds.labels("refused").inc()
-            log_.info("bind_refused", reason=str(e))
-            return f"cannot bind {key} to {node}: {e}"
         self.reporter.report([event] if event is not None else [], is_announced=True)
         if self.binder is None:
             # Standalone: no API server to ask; the pod is bound as soon as it is reserved.

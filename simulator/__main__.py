@@ -1,4 +1,4 @@
-"""``python -m simulator``: the same as ``scheduler-extender simulate``."""
+"""``python -m simulator``: the same as ``vm-simulator``."""
 
 import sys
 

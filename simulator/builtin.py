@@ -1,4 +1,4 @@
-"""The built-in scenario: what ``scheduler-extender simulate`` runs with no argument.
+"""The built-in scenario: what ``vm-simulator`` runs with no argument.
 
 Pure data. A small cluster over one simulated hour that shows every part at work: three nodes,
 a dozen VMs (three databases hit by pgbench-like bursts, web servers on a daily-ish sine, two

@@ -1,4 +1,4 @@
-"""``scheduler-extender simulate [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]``.
+"""``vm-simulator [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]``.
 
 Shell: reads the scenario, shows a progress bar on a terminal, prints the summary table and
 writes the JSON report and the PNG plot, printing their paths. All decisions are in
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(prog: str = "scheduler-extender simulate") -> argparse.ArgumentParser:
+def build_parser(prog: str = "vm-simulator") -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=prog,
         description="Run the extender's and the agent's pure cores against a simulated fleet"
@@ -130,6 +130,6 @@ def run(args: argparse.Namespace, *, stdout: TextIO, stderr: TextIO) -> int:
     return EXIT_OK if report.is_ok else EXIT_VIOLATION
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "scheduler-extender simulate") -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "vm-simulator") -> int:
     args = build_parser(prog).parse_args(sys.argv[1:] if argv is None else argv)
     return run(args, stdout=sys.stdout, stderr=sys.stderr)

@@ -8,10 +8,11 @@ values.
 
 What is real and what is simulated:
 
-* **Real:** the extender's ``Ledger`` (accounting), ``FitIndex`` + ``score_nodes`` (filter and
-  prioritize), ``Ledger.reserve_for_bind`` (bind), ``permits.decide_batch`` (one batch per node,
-  as the agent's batcher sends them), the admission queue (``admission.queue.admit`` / ``recheck``),
-  the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
+* **Real:** the extender's ``Ledger`` (accounting), its verbs as the server's handlers decide
+  them (``simulator.scheduling``: ``core.verbs`` filter, prioritize and bind, and
+  ``core.batches`` for one permit batch per node, as the agent's batcher sends them, with
+  version negotiation and sequence numbers), the admission queue (``admission.queue.admit`` /
+  ``recheck``), the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
   ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
   ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
   The memory of VMs whose memory scales is decided by the same ``VmState``, with the agent's
@@ -55,7 +56,6 @@ import math
 import zlib
 from collections import deque
 from collections.abc import Callable, Collection
-from functools import partial
 from typing import Final
 
 import msgspec
@@ -75,9 +75,6 @@ from autoscaler_agent.wire import resource_request
 from protocol.annotations import VmSpec
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
-from scheduler_extender.core.ledger import LedgerError
-from scheduler_extender.core.permits import decide_batch
-from scheduler_extender.core.placement import score_nodes
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.core.refusals import Refused
 from simulator import scenario as sc
@@ -117,6 +114,7 @@ from simulator.report import (
     Report,
     Violation,
 )
+from simulator.scheduling import bind, choose_node, permit_batch
 from simulator.settling import Settling
 from simulator.world import SEED_MIX, GuestLoad, given_back_to, memory_segments, mix64, used_at
 
@@ -240,6 +238,8 @@ class Simulation:
             sc.bytes_of(v.max_memory or v.memory) > sc.bytes_of(v.memory) for v in scenario.vms
         )
         self.extender: ExtenderLife | None = None
+        # The agents' last permit-request seq per VM uid (theirs: it survives the extender).
+        self.seqs: dict[str, int] = {}
         self.epoch = 0
         # Permit batches by id, each with its node; and each node's open one, with the time its
         # window closes (when its flush is queued).
@@ -478,35 +478,20 @@ class Simulation:
             if vm.is_deleted:
                 continue
             info = vm.info(node=None, permitted=None)
-            decision = adm.admit(ext.admission, info, now=self.t)
-            if not decision.is_admitted:
-                self._note_pending(vm, "waiting", decision.reason)
+            choice = choose_node(ext, info, self.node_names, now=self.t, strategy=self.s.strategy)
+            if choice.node is None:
+                assert choice.kind is not None
+                self._note_pending(vm, choice.kind, choice.reason)
                 still.append(vm)
                 continue
-            size = info.initial_demand()
-            result = ext.fit.filter(size, self.node_names)
-            if not result.passed:
-                reasons = sorted({*result.failed.values(), *result.unresolvable.values()})
-                self._note_pending(vm, "unschedulable", "; ".join(reasons[:2]))
+            before = ext.ledger.nodes[choice.node].free.cpu_millis
+            decided = bind(ext, info, choice.node, now=self.t)
+            if not decided.is_reserved:
+                self.note("bind_failed", vm.spec.name, decided.error)
                 still.append(vm)
                 continue
-            growth = (vm.spec.max_vcpus - vm.spec.min_vcpus) * 1000
-            scores = score_nodes(
-                ext.ledger, result.passed, size, growth_millis=growth, strategy=self.s.strategy
-            )
-            best = min(scores, key=lambda ns: (-ns[1], ns[0]))[0]
-            if not adm.admit(ext.admission, info, now=self.t).is_admitted:
-                still.append(vm)
-                continue
-            before = ext.ledger.nodes[best].free.cpu_millis
-            try:
-                ext.ledger.reserve_for_bind(info, best, at=self.t)
-            except LedgerError as e:
-                self.note("bind_failed", vm.spec.name, str(e))
-                still.append(vm)
-                continue
-            check_decision(ext.ledger, best, before, f"bind of {vm.spec.name}")
-            self._bind(vm, best, decided=True)
+            check_decision(ext.ledger, choice.node, before, f"bind of {vm.spec.name}")
+            self._bind(vm, choice.node, decided=True)
         self.pending = still
         adm.recheck(ext.admission, now=self.t)
         self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
@@ -884,7 +869,8 @@ class Simulation:
         check_step(vm, self.t)
 
     def _flush(self, batch_id: int) -> None:
-        """One batched POST /v1/permits for a node: every VM's request, one decide_batch."""
+        """One batched POST /v1/permits for a node: every VM's request, decided by the extender's
+        own batch rules (``scheduling.permit_batch``)."""
         node, batch = self.batches.pop(batch_id)
         if self._open_batches[node][0] == batch_id:
             del self._open_batches[node]
@@ -913,11 +899,9 @@ class Simulation:
         ]
         before = ext.ledger.nodes[node].free.cpu_millis
         before_memory = ext.ledger.nodes[node].free.memory_bytes
-        # Upscales are limited by namespace quotas as in the extender (a namespace
-        # without one is unlimited, answered without a refresh).
-        decisions = decide_batch(
-            ext.ledger, node, requests, quota_room=partial(adm.quota_room, ext.admission)
-        )
+        # As the extender decides it: negotiation, seqs, then each VM's decision (upscales
+        # limited by namespace quotas; a namespace without one is unlimited).
+        decisions = permit_batch(ext, node, requests, self.seqs)
         if isinstance(decisions, Refused):
             raise InvariantViolation("permit batch refused", decisions.message)
         check_decision(ext.ledger, node, before, f"permit batch for {node}")

@@ -17,8 +17,9 @@ from protocol.permits import PodRef
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.ledger import Ledger, SystemReserve
-from scheduler_extender.core.placement import FitIndex
+from scheduler_extender.core.placement import FitIndex, ScoreIndex
 from scheduler_extender.core.podinfo import Demand, PodInfo
+from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.recommender import POOL_LABEL, ZONE_LABEL
 from simulator import scenario as sc
 from simulator.report import StepResult
@@ -223,4 +224,7 @@ class ExtenderLife:
         self.epoch = epoch
         self.ledger = Ledger()
         self.fit = FitIndex(self.ledger)
+        self.scores = ScoreIndex(self.ledger)
         self.admission = adm.AdmissionState(self.ledger, quotas)
+        # The last applied seq per VM, in memory only: a restarted extender starts empty.
+        self.sequences = SequenceBook()

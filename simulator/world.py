@@ -213,11 +213,7 @@ MemorySegments = tuple[tuple[float, int], ...]  # (from_seconds, used_bytes), so
 
 def round_up_memory(spec: VmSpec, value: int) -> int:
     """The smallest allowed size >= ``value`` (``min + k * unit``), at most the top size."""
-    if value <= spec.min_memory_bytes:
-        return spec.min_memory_bytes
-    unit = spec.memory_unit_bytes
-    steps = -(-(value - spec.min_memory_bytes) // unit)
-    return min(spec.top_memory_bytes, spec.min_memory_bytes + steps * unit)
+    return spec.memory_bounds.round_up(value)
 
 
 def given_back_to(spec: VmSpec, *, asked: int, used: int) -> int:

@@ -1,8 +1,10 @@
 """The capacity core: who holds what on every node, and what may be placed or granted there.
 
 ``podinfo`` turns a Pod into the facts the ledger needs; ``ledger`` is the per-node account of
-every pod (ours and foreign) with its invariants; ``placement`` answers filter, prioritize and
-preempt (and keeps the fit index); ``permits`` answers agents' ResourceRequests; ``sequences``
+every pod (ours and foreign) with its invariants; ``placement`` holds the fit, score and
+victim rules (and the fit and score indexes); ``verbs`` decides each of kube-scheduler's verbs
+(filter, prioritize, bind, preempt) over them, for the HTTP handlers and the simulator
+alike; ``permits`` answers agents' ResourceRequests; ``sequences``
 refuses replayed and reordered ones (protocol v2); ``batches`` runs a permit batch's rules in
 order (who may send it, the version, the seqs, ``decide_batch``); ``refusals`` types what they
 refuse, with no HTTP status (the edge picks those).

@@ -16,7 +16,7 @@ of its pod's requests and its permitted size:
   is the largest size the node can hold for this VM after giving back what it holds now, and
   ``round_down`` goes to ``min + k * unit``. So ``current <= permit <= requested``, and a grant
   never makes the node over-committed. ``current`` is reality and is always counted, except
-  for memory above what the VM holds (``_decide_memory``): memory only grows through a permit,
+  for memory above what the VM holds (``_decide_resource``): memory only grows through a permit,
   so such a claim is believed only where it fits, and the permit answered is then below it.
 
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
@@ -42,6 +42,7 @@ from protocol.permits import (
     ResourceRequest,
     Resources,
 )
+from protocol.sizes import Bounds
 from scheduler_extender.core.ledger import Allocation, Ledger, Owner
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.core.refusals import Refusal, Refused
@@ -154,27 +155,29 @@ def decide(
     if growth_cap_bytes is not None:
         grow_mem = min(grow_mem, max(held_mem, req.current.memory_bytes) + growth_cap_bytes)
     last = req.last_permit
-    vcpus, answer_vcpus = _decide_one(
+    vcpus, answer_vcpus = _decide_resource(
         req.current.vcpus,
         want.vcpus,
         held_vcpus,
         last=last.vcpus if last is not None else None,
         fit=grow_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= grow_cpu else 0,
-        round_down=vm.round_vcpus_down,
+        bounds=vm.vcpu_bounds,
+        is_claim_checked=False,
     )
     current_mem = req.current.memory_bytes
     if want.memory_bytes == current_mem == held_mem:
         # Steady memory at what the VM holds (agents that resize CPU only): what
-        # ``_decide_one`` answers for it, whatever lastPermit says, without the call.
+        # ``_decide_resource`` answers for it, whatever lastPermit says, without the call.
         memory = answer_memory = current_mem
     else:
-        memory, answer_memory = _decide_memory(
+        memory, answer_memory = _decide_resource(
             current_mem,
             want.memory_bytes,
             held_mem,
             last=last.memory_bytes if last is not None else None,
             fit=grow_mem if entry.requests.memory_bytes <= grow_mem + entry.memory_extra else 0,
-            round_down=vm.round_memory_down,
+            bounds=vm.memory_bounds,
+            is_claim_checked=True,
         )
     ledger.resize_vm(entry.uid, vcpus=vcpus, memory_bytes=memory)
     quota = None
@@ -273,16 +276,14 @@ class _QuotaLimit(NamedTuple):
 
 def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
     want = req.requested
-    if not vm.min_vcpus <= want.vcpus <= vm.max_vcpus:
-        return (
-            f"requested {want.vcpus} vCPUs is outside this VM's bounds"
-            f" {vm.min_vcpus}..{vm.max_vcpus}"
-        )
-    if not vm.min_memory_bytes <= want.memory_bytes <= vm.max_memory_bytes:
-        return (
-            f"requested {want.memory_bytes} bytes of memory is outside this VM's bounds"
-            f" {vm.min_memory_bytes}..{vm.max_memory_bytes}"
-        )
+    for value, bounds, what in (
+        (want.vcpus, vm.vcpu_bounds, "vCPUs"),
+        (want.memory_bytes, vm.memory_bounds, "bytes of memory"),
+    ):
+        if not bounds.contains(value):
+            return (
+                f"requested {value} {what} is outside this VM's bounds {bounds.min}..{bounds.max}"
+            )
     return None
 
 
@@ -303,60 +304,41 @@ def _adopt_last_permit(
     return vcpus, mem
 
 
-def _decide_one(
+def _decide_resource(
     current: int,
     requested: int,
     held: int,
     *,
     last: int | None,
     fit: int,
-    round_down: Callable[[int], int],
+    bounds: Bounds,
+    is_claim_checked: bool,
 ) -> tuple[int, int]:
-    """One resource: ``(what the VM holds from now on, the permit answered)``."""
-    if requested < current:
-        return requested, requested
-    if requested == current:
-        claimed = held if last is None else min(held, last)
-        return max(current, claimed), current
-    limit = round_down(fit)
-    if limit > fit:  # not even the VM's minimum fits
-        limit = current
-    grant = max(current, min(round_down(requested), limit))
-    return grant, grant
+    """One resource: ``(what the VM holds from now on, the permit answered)``.
 
-
-def _decide_memory(
-    current: int,
-    requested: int,
-    held: int,
-    *,
-    last: int | None,
-    fit: int,
-    round_down: Callable[[int], int],
-) -> tuple[int, int]:
-    """Memory: ``(what the VM holds from now on, the permit answered)``.
-
-    Like ``_decide_one``, except that a size *above what the VM holds* is believed only as far
-    as the node has room for it: a VM's memory only grows through a permit (the agent plugs
-    memory after the grant), so an agent claiming more than it holds is wrong, and counting the
-    claim would over-commit the node's memory for real. So ``current`` (and a notice's
+    ``is_claim_checked`` (memory): a size *above what the VM holds* is believed only as far as
+    the node has room for it. A VM's memory only grows through a permit (the agent plugs memory
+    after the grant), so an agent claiming more than it holds is wrong, and counting the claim
+    would over-commit the node's memory for real. So ``current`` (and a notice's
     ``requested``) count up to ``ceiling`` (what the VM holds, or more where it fits), and the
-    permit answered may then be *below* ``current``: the agent must give the rest back.
-    A notice's ``requested`` is the size the guest really reached (a shrink the guest could
-    not complete is reported at what it gave back): the extender frees only down to that.
+    permit answered may then be *below* ``current``: the agent must give the rest back. A
+    notice's ``requested`` is the size the guest really reached (a shrink the guest could not
+    complete is reported at what it gave back): the extender frees only down to that.
+    Without it (vCPUs), ``current`` is reality and always counted.
     """
-    limit = round_down(fit)
-    if limit > fit:  # not even the VM's minimum fits: nothing above what it holds
-        limit = held
-    ceiling = max(held, limit)
+    limit = bounds.round_down(fit)
+    if limit > fit:  # not even the VM's minimum fits: nothing above what it has
+        limit = held if is_claim_checked else current
+    real, real_requested = current, requested
+    if is_claim_checked:
+        ceiling = max(held, limit)
+        real, real_requested = min(current, ceiling), min(requested, ceiling)
     if requested < current:
-        real = min(requested, ceiling)
-        return real, real
-    real = min(current, ceiling)
+        return real_requested, real_requested
     if requested == current:
         claimed = held if last is None else min(held, last)
         return max(real, claimed), real
-    grant = max(real, min(round_down(requested), limit))
+    grant = max(real, min(bounds.round_down(requested), limit))
     return grant, grant
 
 

@@ -10,8 +10,8 @@ and the next call for any size re-checks the marked nodes once for each cached s
 batch changes one node fifty times). A filter call is then a set intersection done in C; when no
 candidate is rejected (the common case) the request's own list is the answer.
 
-Scoring (prioritize), 0..10, for a pod needing ``d`` with growth ``g`` (a VM's
-``(max_vcpus - min_vcpus) * 1000`` millicores; 0 for other pods) on a node with usable capacity
+Scoring (prioritize), 0..10, for a pod needing ``d`` with growth ``g`` (a VM's top size in
+millicores less ``d``, ``verbs.growth_millis``; 0 for other pods) on a node with usable capacity
 ``U`` and, after placing the pod at ``d``, free room ``F``::
 
     headroom = 1                       if g == 0

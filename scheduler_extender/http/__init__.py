@@ -4,9 +4,10 @@
                      ``make_permits_app`` (the agents' permit port in this process),
                      ``make_metrics_app``, ``serve``.
 ``keys``             the typed ``AppKey``s the listeners share.
-``middleware``       request context (request id, canonical log line, latency) and error
-                     mapping.
-``verbs``            filter, prioritize, bind, preempt: decode, call the core, encode.
+``middleware``       request context (request id, canonical log line, latency); errors
+                     answered through ``answers``.
+``answers``          the one error boundary: an ``ExtenderError`` as status, headers, body.
+``verbs``            filter, prioritize, bind, preempt: decode, call ``core.verbs``, encode.
 ``connections``      aiohttp's server options for every listener, and the guards of the
                      listeners other pods reach (permits, metrics).
 ``penalties``        client addresses whose new connections the kernel drops for a while.

@@ -72,15 +72,15 @@ from scheduler_extender.config import (
     PermitFrontConfig,
 )
 from scheduler_extender.errors import ExtenderError, Unavailable
+from scheduler_extender.http.answers import DeskAnswer, error_answer, internal_error
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, listening_sockets, server_options
 from scheduler_extender.http.keys import AUTHENTICATOR
-from scheduler_extender.http.middleware import METRICS, error_body, request_middleware
+from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.permit_port import (
     BUDGETS,
     DESK,
     CallerBudgets,
-    DeskAnswer,
     LocalDesk,
     PermitDesk,
     Probe,
@@ -327,7 +327,7 @@ class ChannelDesk:
         try:
             return await self._ask(probe=name)
         except ExtenderError as e:
-            return DeskAnswer(status=e.status, body=f"{e.message}\n".encode(), reason=e.message)
+            return error_answer(e, is_text=True)
 
     async def _ask(
         self,
@@ -415,14 +415,11 @@ class MainSide:
                 raise ExtenderError("an ask with neither a probe nor a batch")
             return desk.answer_permits(Identity(ask.username, ask.node), ask.body)
         except ExtenderError as e:
-            return DeskAnswer(
-                status=e.status, body=error_body(e), headers=e.headers, reason=e.message
-            )
+            return error_answer(e)
         except Exception:
             # Task boundary: a bug costs one call, as it would in the handler.
             log.exception("internal_error", where="permit_desk")
-            bug = ExtenderError("internal error; see the extender's log")
-            return DeskAnswer(status=bug.status, body=error_body(bug), reason=bug.message)
+            return error_answer(internal_error())
 
     async def families(self) -> list[Metric]:
         ask_id = next(self._ids)

@@ -4,7 +4,7 @@ Shell. ``request_middleware`` clears structlog's contextvars, binds ``request_id
 ``X-Request-Id`` or new), times the call into ``..._verb_duration_seconds`` and writes the one
 canonical ``request`` log line, which carries whatever the handler bound (``pod``, ``node``,
 ``reason``), and marks a guarded connection busy meanwhile (``connections.serving``). It
-turns ``ExtenderError``s into JSON error bodies with their status, aiohttp's 413 into
+turns ``ExtenderError``s into their answers (``answers``), aiohttp's 413 into
 ``BodyTooLarge``, and anything else into a generic 500 whose traceback is logged with the
 request id: the boundary where ``except Exception`` belongs.
 
@@ -24,8 +24,8 @@ import structlog
 from aiohttp import web
 
 from protocol import codec
-from protocol.permits import ErrorBody
 from scheduler_extender.errors import BodyTooLarge, ExtenderError, ProtocolError
+from scheduler_extender.http.answers import JSON, error_response, internal_error
 from scheduler_extender.http.bodies import BODIES
 from scheduler_extender.http.connections import serving
 from scheduler_extender.metrics import Metrics
@@ -39,23 +39,10 @@ METRICS = web.AppKey("metrics", Metrics)
 # Routes named like this are timed per verb; the rest (probes, metrics) are not.
 TIMED_ROUTES: Final = frozenset({"filter", "prioritize", "bind", "preempt", "permits"})
 STATEFUL_ROUTES: Final = frozenset({"bind", "preempt", "permits"})
-JSON: Final = "application/json"
 
 
 def json_response(value: object, *, status: int = 200) -> web.Response:
     return web.Response(body=codec.encode(value), status=status, content_type=JSON)
-
-
-def error_body(error: ExtenderError) -> bytes:
-    return codec.encode(
-        ErrorBody(error=type(error).__name__, reason=error.reason, message=error.message)
-    )
-
-
-def error_response(error: ExtenderError) -> web.Response:
-    response = web.Response(body=error_body(error), status=error.status, content_type=JSON)
-    response.headers.update(error.headers)
-    return response
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -132,4 +119,4 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         # Task boundary: a bug must cost one request, not the process; a human must see it.
         log.exception("internal_error")
-        return error_response(ExtenderError("internal error; see the extender's log"))
+        return error_response(internal_error())

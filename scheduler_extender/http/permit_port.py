@@ -41,8 +41,9 @@ from scheduler_extender.errors import (
     WrongNode,
 )
 from scheduler_extender.http import ops
+from scheduler_extender.http.answers import DeskAnswer, error_answer, response
 from scheduler_extender.http.keys import AUTHENTICATOR
-from scheduler_extender.http.middleware import JSON, decode, error_body, read_body
+from scheduler_extender.http.middleware import decode, read_body
 from scheduler_extender.kube.auth import Identity, TokenBucket
 from scheduler_extender.service import Extender, PermitsDecided
 
@@ -106,19 +107,6 @@ class CallerBudgets:
         return len(self._buckets)
 
 
-class DeskAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """What the desk answers: the HTTP status, body and headers, and what the one ``request``
-    log line of the call says: its ``reason`` (the statuses counted, or the error), and the
-    batch's ``node`` and number of ``vms`` once it is decoded."""
-
-    status: int
-    body: bytes
-    headers: dict[str, str] = {}
-    reason: dict[str, int] | str | None = None
-    node: str | None = None
-    vms: int | None = None
-
-
 class PermitDesk(Protocol):
     """Where an authenticated, budgeted batch (its bytes, undecoded) is decided, and where the
     permit port's probes get their answer: the ``Extender``'s process. ``LocalDesk`` is that
@@ -148,10 +136,12 @@ class LocalDesk:
         try:
             batch = decode(ResourceRequestBatch, body)
             decided = self.extender.permits(batch, token_node=identity.node)
+            if isinstance(decided, Refused):
+                raise refusal_error(decided)
         except ExtenderError as e:
-            return _error_answer(e, batch)
-        if isinstance(decided, Refused):
-            return _error_answer(refusal_error(decided), batch)
+            if batch is None:
+                return error_answer(e)
+            return error_answer(e, node=batch.node, vms=len(batch.requests))
         return DeskAnswer(
             status=200,
             body=codec.encode(self._answer(batch, decided)),
@@ -200,33 +190,16 @@ async def permits(request: web.Request) -> web.Response:
     if answer.node is not None:
         structlog.contextvars.bind_contextvars(node=answer.node, vms=answer.vms)
     structlog.contextvars.bind_contextvars(reason=answer.reason)
-    return _response(answer, content_type=JSON)
+    return response(answer)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return _response(await request.app[DESK].probe("healthz"), content_type="text/plain")
+    return response(await request.app[DESK].probe("healthz"), content_type="text/plain")
 
 
 async def readyz(request: web.Request) -> web.Response:
     name: Probe = "readyz" if ops.is_leader_checked(request) else "warm"
-    return _response(await request.app[DESK].probe(name), content_type="text/plain")
-
-
-def _error_answer(error: ExtenderError, batch: ResourceRequestBatch | None) -> DeskAnswer:
-    return DeskAnswer(
-        status=error.status,
-        body=error_body(error),
-        headers=error.headers,
-        reason=error.message,
-        node=batch.node if batch is not None else None,
-        vms=len(batch.requests) if batch is not None else None,
-    )
-
-
-def _response(answer: DeskAnswer, *, content_type: str) -> web.Response:
-    response = web.Response(body=answer.body, status=answer.status, content_type=content_type)
-    response.headers.update(answer.headers)
-    return response
+    return response(await request.app[DESK].probe(name), content_type="text/plain")
 
 
 async def _spend_budget(request: web.Request, identity: Identity) -> None:

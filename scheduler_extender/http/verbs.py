@@ -36,12 +36,12 @@ from protocol.extender import (
     MetaVictims,
 )
 from protocol.kube import Pod
-from scheduler_extender.core.placement import choose_victims, reject_all
+from scheduler_extender.core import verbs
 from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
+from scheduler_extender.http.answers import JSON
 from scheduler_extender.http.keys import EXTENDER
-from scheduler_extender.http.middleware import JSON, decode, json_response, read_body
-from scheduler_extender.service import Extender
+from scheduler_extender.http.middleware import decode, json_response, read_body
 
 
 class _RawNodeList(msgspec.Struct, kw_only=True):
@@ -236,73 +236,52 @@ def _listed_names(is_cache: bool, listed: msgspec.Raw) -> list[str]:
     return [n.metadata.name for n in decode(_NamedNodeList, listed).items]
 
 
-def _answer(
-    extender: Extender, info: PodInfo, *, is_cache: bool, listed: msgspec.Raw
-) -> tuple[bytes, str, bool]:
-    """Decode the node list, filter, encode: the uncached path. (body, reason, has_room)."""
-    raw = None if is_cache else decode(_RawNodeList, listed)
-    names = _listed_names(is_cache, listed)
-    if info.vm_error is not None:
-        result = reject_all(names, f"VM pod {info.key} is invalid: {info.vm_error}")
-    else:
-        result = extender.index.filter(info.initial_demand(), names)
-    reason = f"{len(result.passed)} of {len(names)} nodes fit" + (
-        f" ({info.vm_error})" if info.vm_error else ""
-    )
+def _encode(
+    result: verbs.FilterResult, *, is_cache: bool, listed: msgspec.Raw, names: list[str]
+) -> bytes:
+    """Filter's answer in the field the request used; the passing Node objects echoed as sent."""
     answer = _FilterAnswer(
         failed_nodes=result.failed, failed_and_unresolvable_nodes=result.unresolvable
     )
-    if raw is None:
+    if is_cache:
         answer.node_names = result.passed
     else:
+        raw = decode(_RawNodeList, listed)
         passed = set(result.passed)
         answer.nodes = _RawNodeList(
             metadata=raw.metadata,
             items=[item for item, name in zip(raw.items, names, strict=True) if name in passed],
         )
-    return codec.encode(answer), reason, bool(result.passed)
-
-
-def _waiting_answer(*, is_cache: bool, listed: msgspec.Raw, reason: str) -> bytes:
-    """Every node failed (resolvable) for the pod's own reason: it waits for quota."""
-    answer = _FilterAnswer(failed_nodes={}, failed_and_unresolvable_nodes={})
-    names = _listed_names(is_cache, listed)
-    if is_cache:
-        answer.node_names = []
-    else:
-        answer.nodes = _RawNodeList(metadata=decode(_RawNodeList, listed).metadata, items=[])
-    answer.failed_nodes = dict.fromkeys(names, reason)
     return codec.encode(answer)
 
 
 async def filter_nodes(request: web.Request) -> web.Response:
+    """``verbs.filter_pod`` decides; this caches its encoded answers (``FilterAnswers``) for
+    admitted valid pods, and parks the pods no node has room for."""
     app = request.app
     extender = app[EXTENDER]
     extender.require_synced()  # before the body is read: a 503 costs no body
     args = decode(FilterArgs, await read_body(request))
     info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
-    decision = extender.admit(info) if info.vm_error is None else None
-    if decision is not None and not decision.is_admitted:
-        encoded = _waiting_answer(is_cache=is_cache, listed=listed, reason=decision.reason)
-        reason = decision.reason
-        # It waits for quota, not for capacity: more nodes would not help it.
-        has_room = True
-    elif info.vm_error is not None:
-        encoded, reason, has_room = _answer(extender, info, is_cache=is_cache, listed=listed)
-    else:
+    admission = extender.admit(info) if info.vm_error is None else None
+    found = key = version = None
+    if admission is not None and admission.is_admitted:
         size = info.initial_demand()
         version = extender.index.version(size)
         key = (size, is_cache, len(listed))
-        answers = app[FILTER_ANSWERS]
-        found = answers.get(key, listed, version)
-        if found is not None:
-            encoded, reason, has_room = found.body, found.reason, found.has_room
-        else:
-            encoded, reason, has_room = _answer(extender, info, is_cache=is_cache, listed=listed)
+        found = app[FILTER_ANSWERS].get(key, listed, version)
+    if found is not None:
+        encoded, reason, has_room = found.body, found.reason, found.has_room
+    else:
+        names = _listed_names(is_cache, listed)
+        filtered = verbs.filter_pod(extender.index, info, names, admission)
+        encoded = _encode(filtered.result, is_cache=is_cache, listed=listed, names=names)
+        reason, has_room = filtered.reason, filtered.has_room
+        if key is not None and version is not None:
             # A copy: the request's view would keep its whole body (the Pod too) alive.
             kept = msgspec.Raw(bytes(listed))
-            answers.put(key, _Cached(version, kept, encoded, reason, has_room))
+            app[FILTER_ANSWERS].put(key, _Cached(version, kept, encoded, reason, has_room))
     if info.is_ours:
         # Also on a cache hit: how long a pod has found no room is what auto-publish acts on.
         extender.capacity_waits.filter_answered(
@@ -333,14 +312,7 @@ async def prioritize(request: web.Request) -> web.Response:
     info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
     names = _listed_names(is_cache, listed)
-    if info.vm_error is not None:
-        scores = [(name, 0) for name in names]
-    else:
-        size = info.initial_demand()
-        growth = max(0, info.vm.top_vcpus * 1000 - size.cpu_millis) if info.vm else 0
-        scores = extender.scores.scores(
-            names, size, growth_millis=growth, strategy=extender.config.scoring.strategy
-        )
+    scores = verbs.prioritize(extender.scores, info, names, extender.config.scoring.strategy)
     structlog.contextvars.bind_contextvars(reason=f"scored {len(scores)} nodes")
     body = codec.encode([HostPriority(host=name, score=score) for name, score in scores])
     return web.Response(body=body, content_type=JSON)
@@ -378,18 +350,15 @@ async def preempt(request: web.Request) -> web.Response:
         for node, victims in args.node_name_to_victims.items():
             uids = [p.metadata.uid for p in victims.pods or ()]
             proposed[node] = (uids, victims.num_pdb_violations)
-    size = info.initial_demand()
-    answer: dict[str, MetaVictims] = {}
-    dropped = 0
-    for node, (uids, pdb) in proposed.items():
-        choice = choose_victims(extender.ledger, node, size, uids, pdb)
-        if choice.victims is None:
-            dropped += 1
-            continue
-        answer[node] = MetaVictims(
-            pods=[MetaPod(uid=uid) for uid in choice.victims],
+    kept = verbs.preempt(extender.ledger, info, proposed)
+    answer = {
+        node: MetaVictims(
+            pods=[MetaPod(uid=uid) for uid in choice.victims or ()],
             num_pdb_violations=choice.num_pdb_violations,
         )
+        for node, choice in kept.items()
+    }
+    dropped = len(proposed) - len(answer)
     structlog.contextvars.bind_contextvars(
         reason=f"{len(answer)} of {len(proposed)} nodes kept, {dropped} dropped"
     )

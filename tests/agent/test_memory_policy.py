@@ -191,7 +191,8 @@ def test_a_steady_use_with_noise_does_not_flap(base_mib, noise):
     s = spec(max_mem=8 * GiB)
     base = base_mib * MiB
     current = min(
-        s.top_memory_bytes, s.round_memory_down(int(base * 1.6 + OVERHEAD)) + s.memory_unit_bytes
+        s.top_memory_bytes,
+        s.memory_bounds.round_down(int(base * 1.6 + OVERHEAD)) + s.memory_unit_bytes,
     )
     state = MemoryPolicyState()
     changes: list[int] = []

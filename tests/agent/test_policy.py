@@ -144,7 +144,7 @@ specs = st.builds(
 def test_noisy_steady_load_never_reverses(s, load1, start, noise):
     """With 2% sampling noise the size may creep (a noisy peak needs one more vCPU), but it
     never goes back and forth: every change is in the same direction."""
-    current = s.round_vcpus_down(start)
+    current = s.vcpu_bounds.round_down(start)
     state = PolicyState()
     directions = set()
     for tick, n in enumerate(noise):
@@ -159,7 +159,7 @@ def test_noisy_steady_load_never_reverses(s, load1, start, noise):
 @settings(max_examples=150, deadline=None)
 @given(s=specs, load1=st.floats(0, 100, allow_nan=False), start=st.integers(1, 80))
 def test_exactly_steady_load_changes_size_at_most_once(s, load1, start):
-    current = s.round_vcpus_down(start)
+    current = s.vcpu_bounds.round_down(start)
     state = PolicyState()
     sizes = [current]
     for tick in range(100):
@@ -406,7 +406,7 @@ def test_a_noisy_load_that_stops_settles_then_is_back_at_the_minimum_within_a_mi
 
 
 def noisy_run(s, demand, start, *, demand_noise, runnable_noise, load1_noise):
-    start = s.round_vcpus_down(min(start, s.top_vcpus))
+    start = s.vcpu_bounds.round_down(min(start, s.top_vcpus))
     guest = Guest(start)
     goals = run(
         guest,
@@ -493,9 +493,9 @@ def assert_no_oscillation(sizes):
 @settings(max_examples=100, deadline=None)
 @given(s=specs, demand=st.floats(0, 40, allow_nan=False), start=st.integers(1, 80))
 def test_exactly_steady_demand_with_fast_signals_changes_size_at_most_once(s, demand, start):
-    guest = Guest(s.round_vcpus_down(start))
+    guest = Guest(s.vcpu_bounds.round_down(start))
     goals = run(guest, [demand] * 100, s=s)
-    sizes = [s.round_vcpus_down(start)] + [g.vcpus for g in goals]
+    sizes = [s.vcpu_bounds.round_down(start)] + [g.vcpus for g in goals]
     changes = [i for i in range(1, len(sizes)) if sizes[i] != sizes[i - 1]]
     assert len(changes) <= 1, sizes
 

@@ -153,3 +153,15 @@ def test_useradd_joins_only_groups_that_exist(dockerfile):
             elif argv[0] == "useradd":
                 missing = set(_groups_joined(argv)) - created
                 assert not missing, f"{dockerfile}: useradd joins {missing}, never created"
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.extender", "Dockerfile.agent"])
+def test_the_images_hold_no_simulator(dockerfile):
+    """The simulator is an offline tool with its own command: out of the build context, its
+    console script removed, and the build fails if the package is importable anyway."""
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert "simulator" in ignored
+    assert PYPROJECT["project"]["scripts"]["vm-simulator"] == "simulator.cli:main"
+    build = " ".join(arg for op, arg in _instructions(dockerfile) if op == "RUN")
+    assert "rm /opt/venv/bin/vm-simulator" in build
+    assert "! /opt/venv/bin/python -c 'import simulator'" in build

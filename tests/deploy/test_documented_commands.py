@@ -70,8 +70,14 @@ def _parse_extender(argv: list[str]) -> None:
 
 
 def _parse_run(argv: list[str]) -> None:
-    """``scripts/run ARGS`` is ``scheduler-extender ARGS`` (``simulate`` without any)."""
-    _parse_extender(argv or ["simulate"])
+    """``scripts/run ARGS`` is ``vm-simulator`` (without any, or ``simulate ARGS``), else
+    ``scheduler-extender ARGS``."""
+    if not argv or argv[0] == "simulate":
+        from simulator.cli import build_parser
+
+        build_parser().parse_args(argv[1:])
+    else:
+        _parse_extender(argv)
 
 
 def _parse_agent(argv: list[str]) -> None:

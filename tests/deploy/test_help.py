@@ -35,7 +35,7 @@ PYTHON = {
     "scheduler-extender": ["-m:scheduler_extender"],
     "scheduler-extender serve": ["-m:scheduler_extender", "serve"],
     "scheduler-extender recommend": ["-m:scheduler_extender", "recommend"],
-    "scheduler-extender simulate": ["-m:scheduler_extender", "simulate"],
+    "vm-simulator": ["-m:simulator"],
     "python -m simulator": ["-m:simulator"],
     "autoscaler-agent": ["-m:autoscaler_agent"],
     "python -m vm_runner": ["-m:vm_runner"],

@@ -111,7 +111,7 @@ class MemoryMachine(RuleBasedStateMachine):
         vm = self.ledger.pods[uid].vm
         assert vm is not None
         current, last = self.real[uid], self.ledger.pods[uid].memory_bytes
-        target = vm.round_memory_down(vm.min_memory_bytes + want * MI)
+        target = vm.memory_bounds.round_down(vm.min_memory_bytes + want * MI)
         if target > current:
             granted = self._ask(uid, current, target, last)
             assert current <= granted <= target
@@ -167,7 +167,7 @@ class MemoryMachine(RuleBasedStateMachine):
                     node=node,
                     current=Resources(vcpus=1, memory_bytes=current),
                     requested=Resources(
-                        vcpus=1, memory_bytes=max(current, vm.round_memory_down(want * MI))
+                        vcpus=1, memory_bytes=max(current, vm.memory_bounds.round_down(want * MI))
                     ),
                     last_permit=Resources(vcpus=1, memory_bytes=self.ledger.pods[uid].memory_bytes),
                 )

@@ -1,4 +1,4 @@
-"""``scheduler-extender simulate``: exit statuses, files written, paths printed."""
+"""``vm-simulator``: exit statuses, files written, paths printed."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from scheduler_extender.__main__ import main
+from simulator.cli import main
 from tests.simulator.helpers import SCENARIOS
 
 
 def test_simulate_a_scenario_writes_the_report_and_the_plot(tmp_path, capsys):
-    status = main(["simulate", str(SCENARIOS / "burst.yaml"), "--out", str(tmp_path)])
+    status = main([str(SCENARIOS / "burst.yaml"), "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0
     assert "scenario burst: 1500s of 1500s simulated, seed 1, OK" in out
@@ -23,7 +23,7 @@ def test_simulate_a_scenario_writes_the_report_and_the_plot(tmp_path, capsys):
 
 
 def test_simulate_without_a_file_runs_the_built_in_scenario(tmp_path, capsys):
-    assert main(["simulate", "--no-plot", "--seed", "3", "--out", str(tmp_path)]) == 0
+    assert main(["--no-plot", "--seed", "3", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "scenario default: 3600s of 3600s simulated, seed 3, OK" in out
     assert "recommender at 1500s: add general/zone-a x1" in out
@@ -33,19 +33,19 @@ def test_simulate_without_a_file_runs_the_built_in_scenario(tmp_path, capsys):
 def test_a_bad_scenario_exits_2_naming_the_path(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nduration_seconds: 10\nvms: [{name: a, min_vcpus: 0, max_vcpus: 2}]\n")
-    assert main(["simulate", str(bad), "--out", str(tmp_path)]) == 3
+    assert main([str(bad), "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert "simulate: scenario error: Expected `int` >= 1 - at `$.vms[0].min_vcpus`" in err
 
 
 def test_a_missing_scenario_exits_3(tmp_path, capsys):
-    assert main(["simulate", str(tmp_path / "nope.yaml")]) == 3
+    assert main([str(tmp_path / "nope.yaml")]) == 3
     assert "cannot read" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["simulate", "--help"]], ids=["help"])
+@pytest.mark.parametrize("argv", [["--help"]], ids=["help"])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 0
-    assert "scheduler-extender simulate" in capsys.readouterr().out
+    assert "vm-simulator" in capsys.readouterr().out

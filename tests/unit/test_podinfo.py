@@ -166,7 +166,20 @@ def test_vm_spec_rounding():
     spec = ann.VmSpec(
         min_vcpus=2, max_vcpus=9, scaling_unit=3, min_memory_bytes=1, max_memory_bytes=1
     )
-    assert [spec.round_vcpus_down(v) for v in range(0, 12)] == [2, 2, 2, 2, 2, 5, 5, 5, 8, 8, 8, 8]
+    assert [spec.vcpu_bounds.round_down(v) for v in range(0, 12)] == [
+        2,
+        2,
+        2,
+        2,
+        2,
+        5,
+        5,
+        5,
+        8,
+        8,
+        8,
+        8,
+    ]
     assert spec.top_vcpus == 8
 
 
