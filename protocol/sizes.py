@@ -47,17 +47,21 @@ class Bounds(msgspec.Struct, frozen=True, dict=True):
         """The smallest allowed size >= ``value``, at most ``top`` (default: ``self.top``) and
         never below ``min``. An int is rounded exactly; a float (a load's need) with a
         tolerance of ``_EPSILON`` of a step, and ``inf`` gives ``top``."""
+        # The agent's policy rounds every load it sizes through here, several times per scrape
+        # of every VM: attributes read once, min() spelled out.
         ceiling = self.top if top is None else top
-        if value <= self.min:
-            return self.min
+        low = self.min
+        if value <= low:
+            return low
         if not value < ceiling:
             return ceiling
-        span = value - self.min
+        span = value - low
         if isinstance(span, int):
             steps = -(-span // self.unit)
         else:
             steps = math.ceil(span / self.unit - _EPSILON)
-        return min(self._size(steps), ceiling)
+        size = self._size(steps)
+        return size if size < ceiling else ceiling
 
     def clamp(self, value: int) -> int:
         """``value`` held within ``[min, top]`` (not rounded to a step)."""

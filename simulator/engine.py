@@ -400,7 +400,9 @@ class Simulation:
             return
         state = ext.ledger.nodes.get(name)
         if state is not None:
-            node.peak_reserved = max(node.peak_reserved, state.allocated.cpu_millis)
+            # ``state.allocated.cpu_millis`` without making the Demand: every permit calls this.
+            cpu = state.own_total.cpu_millis + state.foreign_total.cpu_millis
+            node.peak_reserved = max(node.peak_reserved, cpu)
             if self.has_memory:
                 memory = state.own_total.memory_bytes + state.foreign_total.memory_bytes
                 node.peak_reserved_memory = max(node.peak_reserved_memory, memory)
