@@ -25,10 +25,12 @@ Runs the real cores, unchanged; what this module adds is processes and the join,
 
 from __future__ import annotations
 
+import gc
 import itertools
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Final
 
@@ -99,14 +101,37 @@ def _child(scenario: sc.Scenario, nodes: Sequence[str], conn: Connection) -> Non
     conn.close()
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a run goes (and in the parts forked then).
+
+    A run makes almost no cyclic garbage (its records refer to each other, and live as long as
+    it does): a 1,000-node hour left 550 objects for the collector. But the collector's passes
+    over the older generations visit every live record, millions at fleet size: a quarter of
+    the run's time at 5,000 nodes. Reference counting still frees everything else at once."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def simulate_split(scenario: sc.Scenario, *, parts: int | None = None) -> Report:
     """``engine.simulate(scenario)``, in ``parts`` processes (default: one per CPU this
-    process may use) when the scenario splits; else in this one."""
+    process may use) when the scenario splits; else in this one. Either way with the garbage
+    collector paused (``_collector_paused``)."""
     if parts is None:
         parts = len(os.sched_getaffinity(0))
-    split = node_parts(scenario, parts)
-    if split is None:
-        return simulate(scenario)
+    with _collector_paused():
+        split = node_parts(scenario, parts)
+        if split is None:
+            return simulate(scenario)
+        return _simulate_parts(scenario, split)
+
+
+def _simulate_parts(scenario: sc.Scenario, split: list[list[str]]) -> Report:
     # Forked: the children share the parsed scenario and import nothing again.
     ctx = multiprocessing.get_context("fork")
     children = []

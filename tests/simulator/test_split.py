@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import pytest
 
@@ -26,6 +28,7 @@ def test_a_split_fleet_reports_what_the_whole_run_does(nodes, vms, seed):
     whole = simulate(scenario)
     assert whole.is_ok and whole.counters.permit_batches > 0
     assert _json(simulate_split(scenario, parts=2)) == _json(whole)
+    assert gc.isenabled()  # paused for the run only
 
 
 def test_a_scenario_whose_nodes_share_something_runs_whole():
