@@ -16,7 +16,7 @@ of its pod's requests and its permitted size:
   is the largest size the node can hold for this VM after giving back what it holds now, and
   ``round_down`` goes to ``min + k * unit``. So ``current <= permit <= requested``, and a grant
   never makes the node over-committed. ``current`` is reality and is always counted, except
-  for memory above what the VM holds (``_decide_resource``): memory only grows through a permit,
+  for memory above what the VM holds (``_Side``): memory only grows through a permit,
   so such a claim is believed only where it fits, and the permit answered is then below it.
 
 After an extender restart the ledger starts from the pod's ``permitted-*`` annotations; if those
@@ -43,7 +43,7 @@ from protocol.permits import (
     Resources,
 )
 from protocol.sizes import Bounds
-from scheduler_extender.core.ledger import Allocation, Ledger, Owner
+from scheduler_extender.core.ledger import Ledger, Owner
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.core.refusals import Refusal, Refused
 
@@ -122,69 +122,51 @@ def decide(
         return _refuse(req, Refusal.OUT_OF_BOUNDS, bad)
     state = ledger.nodes[entry.node]
     free = state.free
-    # What this VM could hold at most, per resource, after giving back what it holds now.
-    # (An unverified VM's uncertainty is its own: it goes once this request settles its size.)
-    room_cpu = free.cpu_millis + entry.held.cpu_millis + entry.uncertain.cpu_millis
-    room_mem = free.memory_bytes + entry.held.memory_bytes + entry.uncertain.memory_bytes
-    held_vcpus = entry.vcpus if entry.vcpus is not None else vm.min_vcpus
-    held_mem = entry.memory_bytes if entry.memory_bytes is not None else vm.min_memory_bytes
-    if not entry.has_agent and req.last_permit is not None:
-        held_vcpus, held_mem = _adopt_last_permit(entry, req.last_permit, room_cpu, room_mem)
-    # What an increase may reach: the node's room, and the namespace's quota on top of what
-    # the VM holds now. Read before set_vm_size (the ledger, and so the room, moves with it),
-    # and only for increases: a steady or shrinking VM takes no new quota.
-    grow_cpu, grow_mem = room_cpu, room_mem
-    left = None
-    if quota_room is not None and (
-        req.requested.vcpus > req.current.vcpus
-        or req.requested.memory_bytes > req.current.memory_bytes
-    ):
-        left = quota_room(entry.namespace)
-        if left is not None:
-            # On top of the VM's recorded size (after adopting lastPermit), not of what it
-            # held: that is the quota it already uses.
-            base_cpu = max(entry.requests.cpu_millis, held_vcpus * CPU_MILLIS_PER_VCPU)
-            base_mem = max(entry.requests.memory_bytes, held_mem + entry.memory_extra)
-            grow_cpu = min(room_cpu, base_cpu + left.cpu_millis)
-            grow_mem = min(room_mem, base_mem + left.memory_bytes)
-    if growth_cap_millis is not None:
-        grow_cpu = min(grow_cpu, req.current.vcpus * CPU_MILLIS_PER_VCPU + growth_cap_millis)
-    # A memory-scaling VM's pod holds its memory plus the rest of the pod (QEMU's own memory,
-    # other containers): the guest may have what is left of the room after that.
-    grow_mem -= entry.memory_extra
-    if growth_cap_bytes is not None:
-        grow_mem = min(grow_mem, max(held_mem, req.current.memory_bytes) + growth_cap_bytes)
     last = req.last_permit
-    vcpus, answer_vcpus = _decide_resource(
-        req.current.vcpus,
-        want.vcpus,
-        held_vcpus,
-        last=last.vcpus if last is not None else None,
-        fit=grow_cpu // CPU_MILLIS_PER_VCPU if entry.requests.cpu_millis <= grow_cpu else 0,
+    cpu = _Side(
         bounds=vm.vcpu_bounds,
+        scale=CPU_MILLIS_PER_VCPU,
+        extra=0,
+        room=free.cpu_millis + entry.held.cpu_millis + entry.uncertain.cpu_millis,
+        requests=entry.requests.cpu_millis,
+        held=entry.vcpus if entry.vcpus is not None else vm.min_vcpus,
+        current=req.current.vcpus,
+        requested=want.vcpus,
+        last=last.vcpus if last is not None else None,
         is_claim_checked=False,
     )
-    current_mem = req.current.memory_bytes
-    if want.memory_bytes == current_mem == held_mem:
-        # Steady memory at what the VM holds (agents that resize CPU only): what
-        # ``_decide_resource`` answers for it, whatever lastPermit says, without the call.
-        memory = answer_memory = current_mem
-    else:
-        memory, answer_memory = _decide_resource(
-            current_mem,
-            want.memory_bytes,
-            held_mem,
-            last=last.memory_bytes if last is not None else None,
-            fit=grow_mem if entry.requests.memory_bytes <= grow_mem + entry.memory_extra else 0,
-            bounds=vm.memory_bounds,
-            is_claim_checked=True,
-        )
+    mem = _Side(
+        bounds=vm.memory_bounds,
+        scale=1,
+        extra=entry.memory_extra,
+        room=free.memory_bytes + entry.held.memory_bytes + entry.uncertain.memory_bytes,
+        requests=entry.requests.memory_bytes,
+        held=entry.memory_bytes if entry.memory_bytes is not None else vm.min_memory_bytes,
+        current=req.current.memory_bytes,
+        requested=want.memory_bytes,
+        last=last.memory_bytes if last is not None else None,
+        is_claim_checked=True,
+    )
+    if not entry.has_agent and last is not None:
+        assert entry.vcpus is not None and entry.memory_bytes is not None
+        cpu, mem = cpu.adopt_last_permit(), mem.adopt_last_permit()
+    # What an increase may reach: the node's room, and the namespace's quota on top of what
+    # the VM holds now. Read before resize_vm (the ledger, and so the room, moves with it),
+    # and only for increases: a steady or shrinking VM takes no new quota.
+    left = None
+    if quota_room is not None and (cpu.is_increase or mem.is_increase):
+        left = quota_room(entry.namespace)
+    cpu_fit = cpu.reach(left.cpu_millis if left is not None else None, growth_cap_millis)
+    mem_fit = mem.reach(left.memory_bytes if left is not None else None, growth_cap_bytes)
+    vcpus, answer_vcpus = cpu.decide(cpu_fit)
+    memory, answer_memory = mem.decide(mem_fit)
+    current_mem = mem.current
     ledger.resize_vm(entry.uid, vcpus=vcpus, memory_bytes=memory)
     quota = None
-    mem_short = grow_mem + entry.memory_extra < room_mem
-    if left is not None and (grow_cpu < room_cpu or mem_short):
+    cpu_short, mem_short = cpu_fit.is_below_room, mem_fit.is_below_room
+    if left is not None and (cpu_short or mem_short):
         # Name the resource the quota held back: CPU unless only memory was asked for.
-        is_cpu = grow_cpu < room_cpu and (want.vcpus > req.current.vcpus or not mem_short)
+        is_cpu = cpu_short and (cpu.is_increase or not mem_short)
         quota = _QuotaLimit(entry.namespace, left, is_cpu=is_cpu)
     status, reason = _status(req, vcpus, memory, free=free, node=state.name, quota=quota)
     if answer_memory < current_mem and want.memory_bytes >= current_mem:
@@ -287,34 +269,18 @@ def _bounds_error(vm: VmSpec, req: ResourceRequest) -> str | None:
     return None
 
 
-def _adopt_last_permit(
-    entry: Allocation, last: Resources, room_cpu: int, room_mem: int
-) -> tuple[int, int]:
-    """A rebuilt ledger meets the agent for the first time: keep the larger of our record and
-    the agent's last permit, where it fits (it did fit before the restart, unless the node
-    changed meanwhile)."""
-    assert entry.vm is not None and entry.vcpus is not None and entry.memory_bytes is not None
-    vm = entry.vm
-    vcpus, mem = entry.vcpus, entry.memory_bytes
-    if vcpus < last.vcpus <= vm.top_vcpus and last.vcpus * CPU_MILLIS_PER_VCPU <= room_cpu:
-        vcpus = last.vcpus
-    last_mem = last.memory_bytes
-    if mem < last_mem <= vm.top_memory_bytes and last_mem + entry.memory_extra <= room_mem:
-        mem = last_mem
-    return vcpus, mem
+class _Reach(NamedTuple):
+    fit: int  # the largest size the VM may reach (0: not even its pod's requests fit)
+    is_below_room: bool  # the quota or a fair share held it below the node's room
 
 
-def _decide_resource(
-    current: int,
-    requested: int,
-    held: int,
-    *,
-    last: int | None,
-    fit: int,
-    bounds: Bounds,
-    is_claim_checked: bool,
-) -> tuple[int, int]:
-    """One resource: ``(what the VM holds from now on, the permit answered)``.
+class _Side(NamedTuple):
+    """One resource of one VM's request: the permit rule, written once for vCPUs and memory.
+
+    Sizes (``held``, ``current``, ``requested``, ``last``) are in the resource's unit (vCPUs,
+    bytes); the pod's numbers (``room``, ``requests``, ``extra``) in the ledger's (millicores,
+    bytes), ``scale`` of them per size unit. ``extra``: what the pod holds beyond the VM's size
+    (memory: QEMU's own and other containers; CPU: nothing).
 
     ``is_claim_checked`` (memory): a size *above what the VM holds* is believed only as far as
     the node has room for it. A VM's memory only grows through a permit (the agent plugs memory
@@ -326,20 +292,75 @@ def _decide_resource(
     complete is reported at what it gave back): the extender frees only down to that.
     Without it (vCPUs), ``current`` is reality and always counted.
     """
-    limit = bounds.round_down(fit)
-    if limit > fit:  # not even the VM's minimum fits: nothing above what it has
-        limit = held if is_claim_checked else current
-    real, real_requested = current, requested
-    if is_claim_checked:
-        ceiling = max(held, limit)
-        real, real_requested = min(current, ceiling), min(requested, ceiling)
-    if requested < current:
-        return real_requested, real_requested
-    if requested == current:
-        claimed = held if last is None else min(held, last)
-        return max(real, claimed), real
-    grant = max(real, min(bounds.round_down(requested), limit))
-    return grant, grant
+
+    bounds: Bounds
+    scale: int
+    extra: int
+    room: int  # the most the VM's pod could hold: the node's free room plus what it holds now
+    requests: int
+    held: int
+    current: int
+    requested: int
+    last: int | None
+    is_claim_checked: bool
+
+    @property
+    def is_increase(self) -> bool:
+        return self.requested > self.current
+
+    def adopt_last_permit(self) -> _Side:
+        """A rebuilt ledger meets the agent for the first time: keep the larger of our record
+        and the agent's last permit, where it fits (it did fit before the restart, unless the
+        node changed meanwhile)."""
+        last = self.last
+        if (
+            last is not None
+            and self.held < last <= self.bounds.top
+            and last * self.scale + self.extra <= self.room
+        ):
+            return self._replace(held=last)
+        return self
+
+    def reach(self, quota_left: int | None, growth_cap: int | None) -> _Reach:
+        """How far an increase may go: the node's room, the namespace's quota (``quota_left``)
+        on top of the VM's recorded size, and its fair share of a contended node
+        (``growth_cap``, on top of what it has)."""
+        grow = self.room
+        if quota_left is not None:
+            # On top of the VM's recorded size (after adopting lastPermit), not of what it
+            # held: that is the quota it already uses.
+            base = max(self.requests, self.held * self.scale + self.extra)
+            grow = min(grow, base + quota_left)
+        # The pod holds the VM's size plus ``extra``: the VM may have what is left after that.
+        grow -= self.extra
+        if growth_cap is not None:
+            has = max(self.held, self.current) if self.is_claim_checked else self.current
+            grow = min(grow, has * self.scale + growth_cap)
+        below_room = grow + self.extra < self.room
+        if self.requests > grow + self.extra:
+            return _Reach(0, below_room)
+        return _Reach(grow // self.scale, below_room)
+
+    def decide(self, reach: _Reach) -> tuple[int, int]:
+        """``(what the VM holds from now on, the permit answered)``."""
+        current, requested, held = self.current, self.requested, self.held
+        if requested == current == held:
+            return current, current  # steady at what it holds: what the rule below answers
+        fit = reach.fit
+        limit = self.bounds.round_down(fit)
+        if limit > fit:  # not even the VM's minimum fits: nothing above what it has
+            limit = held if self.is_claim_checked else current
+        real, real_requested = current, requested
+        if self.is_claim_checked:
+            ceiling = max(held, limit)
+            real, real_requested = min(current, ceiling), min(requested, ceiling)
+        if requested < current:
+            return real_requested, real_requested
+        if requested == current:
+            claimed = held if self.last is None else min(held, self.last)
+            return max(real, claimed), real
+        grant = max(real, min(self.bounds.round_down(requested), limit))
+        return grant, grant
 
 
 def _status(

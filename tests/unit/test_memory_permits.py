@@ -196,3 +196,16 @@ def test_a_grow_leaves_room_for_the_pods_memory_beyond_the_guests(ledger):
     assert mem_held(ledger) == 4 * GI
     assert ledger.nodes["n1"].free.memory_bytes == 0
     ledger.check_invariants()
+
+
+def test_a_quota_counts_from_what_the_pods_requests_already_hold(ledger):
+    """A pod whose requests are above its VM's size already holds that much of its quota: with
+    none left, the VM may still grow into its own requests (and no further)."""
+    spec = ann.VmSpec(min_vcpus=1, max_vcpus=4, min_memory_bytes=GI, max_memory_bytes=GI)
+    pod = pod_info("v1", requests=Demand(3000, GI), vm=spec)
+    ledger.reserve_for_bind(pod, "n1", at=0)
+    ledger.observe_pod(msgspec.structs.replace(pod, node_name="n1"), at=1)
+    no_quota_left = lambda namespace: Demand(0, 0)  # noqa: E731
+    d = decide(ledger, ask("v1", GI, GI, vcpus=(1, 4)), no_quota_left)
+    assert d.permit.permit == Resources(vcpus=3, memory_bytes=GI)
+    assert d.permit.reason == "granted 3 of 4 vCPUs: namespace ns has 0m cpu of quota left"
