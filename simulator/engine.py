@@ -41,7 +41,9 @@ event costs no more calls than it must. What has another reason to change lives 
 ``simulator.records`` (the per-VM, pod, node and extender state), ``simulator.settling`` (which
 scrapes a settled VM may skip), ``simulator.extender_restarts`` (what a restarted extender
 rebuilds), ``simulator.provisioning`` (the recommender and new nodes), ``simulator.invariants``
-and ``simulator.measurements`` (step timings, plotted series, the ``Report``).
+and ``simulator.measurements`` (step timings, plotted series, the ``Report``);
+``simulator.split`` runs a scenario whose nodes share nothing as several of these, each over some
+of its nodes (``only_nodes``), in processes of their own.
 
 Invariants (``simulator.invariants``) are checked as the run goes, and a violation stops it
 with a ``Violation`` saying what broke, when, and what happened just before. The cheap checks
