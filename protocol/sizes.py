@@ -47,19 +47,16 @@ class Bounds(msgspec.Struct, frozen=True, dict=True):
         """The smallest allowed size >= ``value``, at most ``top`` (default: ``self.top``) and
         never below ``min``. An int is rounded exactly; a float (a load's need) with a
         tolerance of ``_EPSILON`` of a step, and ``inf`` gives ``top``."""
-        # The agent's policy rounds every load it sizes through here, several times per scrape
-        # of every VM: attributes read once, min() spelled out.
-        ceiling = self.top if top is None else top
         low = self.min
         if value <= low:
             return low
+        ceiling = self.top if top is None else top
         if not value < ceiling:
             return ceiling
-        span = value - low
-        if isinstance(span, int):
-            steps = -(-span // self.unit)
+        if type(value) is int:
+            steps = -((low - value) // self.unit)
         else:
-            steps = math.ceil(span / self.unit - _EPSILON)
+            steps = math.ceil((value - low) / self.unit - _EPSILON)
         size = self._size(steps)
         return size if size < ceiling else ceiling
 

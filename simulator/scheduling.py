@@ -7,7 +7,8 @@ the simulated extender's ledger, indexes, admission queue and sequence book; not
 decides anything the server would not. What is kube-scheduler's and not the extender's stays
 here: which node among the best-scored (kube-scheduler picks at random among equals; the
 simulator takes the first by name, to stay deterministic), and the agent's sequence numbers.
-``tests/simulator/test_same_answers.py`` feeds these and the real server the same inputs.
+``tests/extender/test_same_answers_as_simulator.py`` feeds these and the real server the same
+inputs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """kube-scheduler's extender verbs, decided: filter, prioritize, bind, preempt.
 
-Pure: no I/O, no clock, no HTTP. One function per verb, called by the HTTP handlers
-(``http/verbs.py``, through ``Extender.bind``) and by the simulator (``simulator.scheduling``)
-alike, so that a rule changed here changes both; ``tests/simulator/test_same_answers.py`` feeds
-both the same inputs and compares the answers. The permit batch, the fifth verb, is
-``core.batches`` (``admit`` then ``decide``). The shells keep what is theirs: decoding and
-encoding, the answer caches, parking, the capacity waits, the Binding's POST and its undo.
+Pure: no I/O, no clock, no HTTP. One function per verb, called by the server (the handlers
+of ``http/verbs.py``; bind through ``Extender.bind``) and by the simulator
+(``simulator.scheduling``) alike, so that a rule changed here changes both;
+``tests/extender/test_same_answers_as_simulator.py`` feeds both the same inputs and compares
+the answers. The permit batch, the fifth verb, is ``core.batches`` (``admit``, then
+``decide``). The shells keep what is theirs: decoding and encoding, the answer caches,
+parking, the capacity waits, the Binding's POST and its undo.
 
 Admission is the admission queue's (a layer above this one): the callers pass its decision
 for filter, and for bind a function that asks it (bind asks again right before reserving: an
