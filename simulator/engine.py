@@ -41,7 +41,9 @@ event costs no more calls than it must. What has another reason to change lives 
 ``simulator.records`` (the per-VM, pod, node and extender state), ``simulator.settling`` (which
 scrapes a settled VM may skip), ``simulator.extender_restarts`` (what a restarted extender
 rebuilds), ``simulator.provisioning`` (the recommender and new nodes), ``simulator.invariants``
-and ``simulator.measurements`` (step timings, plotted series, the ``Report``).
+and ``simulator.measurements`` (step timings, plotted series, the ``Report``);
+``simulator.split`` runs a scenario whose nodes share nothing as several of these, each over some
+of its nodes (``only_nodes``), in processes of their own.
 
 Invariants (``simulator.invariants``) are checked as the run goes, and a violation stops it
 with a ``Violation`` saying what broke, when, and what happened just before. The cheap checks
@@ -55,7 +57,7 @@ import heapq
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
 import msgspec
@@ -126,7 +128,7 @@ Hook = Callable[["Simulation", float], None]
 
 
 def _sent_order(entry: tuple[VmRecord, PermitCall, int, float]) -> tuple[float, int]:
-    return entry[3], entry[0].index
+    return entry[3], entry[0].rank
 
 
 class Simulation:
@@ -138,8 +140,12 @@ class Simulation:
         *,
         after_step: Hook | None = None,
         skip_settled: bool = True,
+        only_nodes: Collection[str] | None = None,
     ) -> None:
+        """``only_nodes``: simulate only these of the scenario's nodes and the VMs bound to
+        them, as they run in the whole scenario (``simulator.split`` says when that holds)."""
         self.s = scenario
+        self.only_nodes = None if only_nodes is None else frozenset(only_nodes)
         # Off only in the tests that show skipping changes no decision.
         self.skip_settled = skip_settled
         self.after_step = after_step
@@ -193,6 +199,9 @@ class Simulation:
         self._queued: dict[float, deque[tuple[float, Callable[[int], None], int]]] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.node_names: list[str] = []
+        ranked = list(enumerate(scenario.vms))
+        if self.only_nodes is not None:
+            ranked = [(r, v) for r, v in ranked if v.node in self.only_nodes]
         self.vms = [
             VmRecord(
                 i,
@@ -206,12 +215,13 @@ class Simulation:
                     memory_unit_bytes=sc.bytes_of(v.memory_unit),
                 ),
                 sc.bytes_of(v.memory),
+                rank=r,
             )
-            for i, v in enumerate(scenario.vms)
+            for i, (r, v) in enumerate(ranked)
         ]
         self.vm_by_name = {v.spec.name: v for v in self.vms}
         for vm in self.vms:
-            vm.jitter_mix = ((scenario.seed << 32) | vm.index) * SEED_MIX
+            vm.jitter_mix = ((scenario.seed << 32) | vm.rank) * SEED_MIX
         self.segments = [
             sc.segments(
                 sc.trace_of(scenario, v.spec),
@@ -225,8 +235,9 @@ class Simulation:
         self.annotations: dict[str, int] = {}
         # ... and uid -> permitted memory, for VMs whose memory scales.
         self.memory_annotations: dict[str, int] = {}
+        # Of the whole scenario: it shapes the report, which a part's must share.
         self.has_memory = any(
-            v.vm_spec.max_memory_bytes > v.vm_spec.min_memory_bytes for v in self.vms
+            sc.bytes_of(v.max_memory or v.memory) > sc.bytes_of(v.memory) for v in scenario.vms
         )
         self.extender: ExtenderLife | None = None
         # The agents' last permit-request seq per VM uid (theirs: it survives the extender).
@@ -246,10 +257,14 @@ class Simulation:
         # path (every grant, every resize) must not pay for f-strings nobody reads.
         self.recent: deque[tuple[float, str, str, str, tuple[object, ...]]] = deque(maxlen=RECENT)
         self.violation: Violation | None = None
-        self._last_full_check = -1.0
+        # The check intervals that had events (see _checks_between).
+        self.check_cells: list[int] = []
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
+        plotted = names[:MAX_PLOTTED]
+        if self.only_nodes is not None:
+            plotted = [n for n in plotted if n in self.vm_by_name]
         self.samples = PlotSamples(
-            [self.vm_by_name[n] for n in names[:MAX_PLOTTED]], has_memory=self.has_memory
+            [self.vm_by_name[n] for n in plotted], has_memory=self.has_memory
         )
         self._pending_reason: dict[str, str] = {}
         # Stable small ints for nodes (heap payloads); node_names is re-sorted as nodes join.
@@ -281,6 +296,8 @@ class Simulation:
     def run(self, *, progress: Callable[[float], None] | None = None) -> Report:
         s = self.s
         for n in s.nodes:
+            if self.only_nodes is not None and n.name not in self.only_nodes:
+                continue
             self._add_node(n.name, Demand(sc.milli(n.cpu), sc.bytes_of(n.memory)), n.pool, n.zone)
         for vm in self.vms:
             if vm.spec.node is not None and vm.spec.start_seconds == 0:
@@ -307,7 +324,7 @@ class Simulation:
                     # Only now: an event handled at t may still queue another one at t.
                     del queued[heapq.heappop(times)]
                 if t > self.t:
-                    self._checks_between()
+                    self._checks_between(t)
                 self.t = t
                 self.counts["events"] += 1
                 handler(arg)
@@ -317,8 +334,7 @@ class Simulation:
                     progress(t)
                     next_progress = t + end / 200
             self.t = max(self.t, end)
-            self._last_full_check = -1e18
-            self._checks_between()
+            self.full_check()
         except InvariantViolation as e:
             self.violation = violation_of(e, at=self.t, recent=self.recent)
         if progress is not None:
@@ -337,12 +353,21 @@ class Simulation:
             has_memory=self.has_memory,
         )
 
-    def _checks_between(self) -> None:
-        """Time is about to move on: every event of this instant has been handled."""
+    def _checks_between(self, t: float) -> None:
+        """Time is about to move on to ``t``: every event of this instant has been handled.
+        With a check interval, the full check runs as time leaves one interval of the grid
+        ``k * interval`` for a later one: which intervals had events, not how far apart
+        events were, decides when (so a part of a split run checks where the whole does)."""
         interval = self.timing.check_interval_seconds
-        if interval <= 0 or self.t - self._last_full_check >= interval:
+        if interval <= 0:
             self.full_check()
-            self._last_full_check = self.t
+            return
+        cell = int(t // interval)
+        if not self.check_cells:
+            self.check_cells.append(int(self.t // interval))
+        if cell != self.check_cells[-1]:
+            self.check_cells.append(cell)
+            self.full_check()
 
     def full_check(self) -> None:
         self.counts["full_checks"] += 1
@@ -377,7 +402,9 @@ class Simulation:
             return
         state = ext.ledger.nodes.get(name)
         if state is not None:
-            node.peak_reserved = max(node.peak_reserved, state.allocated.cpu_millis)
+            # ``state.allocated.cpu_millis`` without making the Demand: every permit calls this.
+            cpu = state.own_total.cpu_millis + state.foreign_total.cpu_millis
+            node.peak_reserved = max(node.peak_reserved, cpu)
             if self.has_memory:
                 memory = state.own_total.memory_bytes + state.foreign_total.memory_bytes
                 node.peak_reserved_memory = max(node.peak_reserved_memory, memory)
@@ -451,7 +478,7 @@ class Simulation:
             self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
             return
         still: list[VmRecord] = []
-        for vm in sorted(self.pending, key=lambda v: (-v.spec.priority, v.index)):
+        for vm in sorted(self.pending, key=lambda v: (-v.spec.priority, v.rank)):
             if vm.is_deleted:
                 continue
             info = vm.info(node=None, permitted=None)

@@ -58,6 +58,7 @@ class VmRecord:
         "peak",
         "permit_errors",
         "placed_at",
+        "rank",
         "ref",
         "resize_errors",
         "shrinks",
@@ -69,8 +70,14 @@ class VmRecord:
         "wake_token",
     )
 
-    def __init__(self, index: int, spec: sc.Vm, vm_spec: VmSpec, memory: int) -> None:
+    def __init__(
+        self, index: int, spec: sc.Vm, vm_spec: VmSpec, memory: int, *, rank: int | None = None
+    ) -> None:
+        # Its slot in the simulation's list of VMs; ``rank``, its place in the scenario, which
+        # orders VMs and seeds their agents' jitter. The two differ in a simulation of some of
+        # the scenario's nodes (``simulator.split``), where the same VM must act the same.
         self.index = index
+        self.rank = index if rank is None else rank
         self.spec = spec
         self.vm_spec = vm_spec
         self.memory = memory
@@ -124,7 +131,7 @@ class VmRecord:
             permitted_memory_bytes=permitted_memory
             if permitted_memory is not None
             else (self.memory if permitted is not None else None),
-            created=f"2026-01-01T00:00:00.{self.index:06d}Z",
+            created=f"2026-01-01T00:00:00.{self.rank:06d}Z",
         )
 
 
