@@ -463,9 +463,10 @@ def kubelet_config(
 
 def run_kubelet(cluster: Node, *, name: str, ip: str, args: list[str], logs: Path) -> Daemon:
     """Starts a kubelet (``args``: config, kubeconfig, root dir) and waits for its Node to be
-    Ready as reported by THIS kubelet: a heartbeat since it started. The control plane runs no
-    node-lifecycle controller, so a Node whose kubelet stopped stays Ready=True with an old
-    heartbeat, and a plain "Ready?" after a restart answers at once (multi-node.md, trap 8)."""
+    Ready as reported by THIS kubelet: a heartbeat since it started. A Node whose kubelet
+    stopped stays Ready=True with an old
+    heartbeat for the node-lifecycle controller's grace period (multi-node.md, trap 8, where the
+    controller did not run at all), and a plain "Ready?" after a restart answers at once."""
     started = time.monotonic()
     since = datetime.now(UTC).replace(microsecond=0)  # heartbeats have whole seconds
     daemon = spawn(
@@ -548,6 +549,18 @@ class Node:
         context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         context.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
         return Api("127.0.0.1", self.api_port, context, None)
+
+    def admin_get(self, path: str) -> Obj:
+        """GET ``path`` from the API server as the cluster admin."""
+        api = self.admin()
+        try:
+            return api.get(path)
+        finally:
+            api.close()
+
+    def ctr(self) -> list[str]:
+        """``ctr`` on node 1's containerd (``Worker.ctr``: a worker's)."""
+        return ctr_args()
 
     def kubectl_env(self) -> dict[str, str]:
         """The environment of ``kubectl`` and of the scripts that call it (run-bench.sh)."""
@@ -1072,6 +1085,13 @@ class Worker:
         if daemon is not None:
             daemon.stop()
 
+    def stop_containerd(self) -> None:
+        """containerd alone stopped: the pods' shims and processes go on running, and the
+        kubelet reports the node NotReady ("container runtime is down")."""
+        daemon = self.daemons.pop("containerd", None)
+        if daemon is not None:
+            daemon.stop()
+
     def kill_pods(self) -> None:
         """Every process of this node's pods killed (SIGKILL), as a node losing power would."""
         kill_pod_containers(self.ctr())
@@ -1084,7 +1104,8 @@ class Worker:
         if daemon is not None:
             daemon.stop()
         wipe_node_state(
-            mounts=(f"{self.kubelet_root}/", f"{self.state}/"),
+            # the kubelet bind-mounts its root dir onto itself: that mount too
+            mounts=(str(self.kubelet_root), f"{self.state}/"),
             pods=self.kubelet_root / "pods",
             ipam=self.state / "cni-ipam",
             network=self.network,

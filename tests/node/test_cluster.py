@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.node.harness import Node
+from tests.node.harness import Node, Obj
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -37,7 +37,7 @@ print("DNS", socket.gethostbyname(sys.argv[-1].split("/")[2].split(":")[0]))
 """
 
 
-def _pods(node: Node, selector: str) -> list[dict]:
+def _pods(node: Node, selector: str) -> list[Obj]:
     out = node.kubectl("-n", NS, "get", "pods", "-l", selector, "-o", "json").stdout
     return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
 

@@ -187,7 +187,7 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
             deployed.kubectl("uncordon", other)
         started = time.monotonic()
         deployed.kubectl("apply", "-k", examples)
-        placed: Obj = wait_for(
+        placed: str = wait_for(
             lambda: (deployed.pod_or_none("default", VM) or {}).get("spec", {}).get("nodeName"),
             timeout_seconds=90, what=f"{VM} placed again", interval=0.5,
         )  # fmt: skip

@@ -1,0 +1,406 @@
+"""Failures of one node of the cluster, with the deployment as written spread over the nodes.
+
+Each drill prints its figures and, all along, samples every reachable extender's ledger
+(``/state``, read inside its pod's network namespace: it listens on loopback) against the
+nodes' allocatable as the API shows it: never more allocated on a node than it has.
+
+- **an agent killed** (its container's processes, SIGKILL): the kubelet restarts it; the VMs on
+  the other nodes keep their size and their agent;
+- **a node made NotReady** (its containerd stopped: the kubelet reports Ready=False, "container
+  runtime is down"): the node-lifecycle controller taints it ``node.kubernetes.io/not-ready``,
+  kube-scheduler's TaintToleration filter keeps new VMs off it, and the ledger keeps its VMs
+  and its room as they were (docs/DEPLOY.md, "A node that fails");
+- **the leading extender's node stopped** (its kubelet stopped, its pods' processes killed):
+  the standby takes both Leases once they run out, and a VM created while no one led binds;
+- **a node deleted** (stopped, then its Node object deleted): its room leaves the ledger with
+  everything it held; it comes back when its kubelet registers again.
+
+The drills stop workers only (``Worker``): node 1 runs the control plane's neighbours (kube-proxy,
+the DNS) and is where the leader is moved away from first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from protocol.quantity import cpu_millis, memory_bytes
+from testkit.controlplane import wait_for
+from tests.node.harness import VM, Node, Obj, Worker
+
+pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(400)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "vm-autoscaling"
+EXTENDER = "app.kubernetes.io/name=scheduler-extender"
+AGENT = "app.kubernetes.io/name=autoscaler-agent"
+ROLE = "vm-autoscaling.io/extender-role"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/vm-scheduler-extender"
+VERBS_PORT = 10298  # manifests/config/extender.yaml listen.verbs: /state, loopback only
+DRILL = "vma-drill"  # label of the drills' own pods
+
+
+def _pods(node: Node, namespace: str, selector: str) -> list[Obj]:
+    out = node.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: Obj) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _leader(node: Node) -> Obj | None:
+    leaders = [p for p in _pods(node, NS, EXTENDER) if p["metadata"]["labels"].get(ROLE)]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def _container_pid(node: Node, pod: Obj, container: str) -> int | None:
+    """The host PID of ``container``'s task, from its node's containerd (None: not running)."""
+    member = node.members.get(pod["spec"].get("nodeName", ""))
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    ids = [s.get("containerID", "") for s in statuses if s["name"] == container]
+    if member is None or not ids or not ids[0]:
+        return None
+    cid = ids[0].split("://", 1)[1]
+    out = subprocess.run([*member.ctr(), "tasks", "ls"], capture_output=True, text=True,
+                         check=False).stdout  # fmt: skip
+    for line in out.splitlines()[1:]:
+        task, pid, status = line.split()
+        if task == cid and status == "RUNNING":
+            return int(pid)
+    return None
+
+
+def _state(node: Node, pod: Obj) -> Obj | None:
+    """The extender's ``/state`` in ``pod`` (None: unreachable)."""
+    pid = _container_pid(node, pod, "extender")
+    if pid is None:
+        return None
+    out = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "curl", "-sf", "-m", "2",
+         f"http://127.0.0.1:{VERBS_PORT}/state"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode:
+        return None
+    state: Obj = json.loads(out.stdout)
+    return state
+
+
+def _ledger_nodes(state: Obj) -> dict[str, Obj]:
+    return {n["name"]: n for n in state["nodes"]}
+
+
+@dataclass
+class OverCommitWatch:
+    """Every ``interval`` s: each reachable extender's ledger against the API's allocatable.
+    A sample is over-committed when a node's allocated + occupied CPU or memory exceeds it."""
+
+    node: Node
+    interval: float = 0.5
+    samples: int = 0
+    over: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        api = self.node.admin()
+        try:
+            while not self.stop.is_set():
+                nodes = api.get("/api/v1/nodes")["items"]
+                room = {
+                    n["metadata"]["name"]: (
+                        cpu_millis(n["status"]["allocatable"]["cpu"]),
+                        memory_bytes(n["status"]["allocatable"]["memory"]),
+                    )
+                    for n in nodes
+                }
+                for pod in _pods(self.node, NS, EXTENDER):
+                    state = _state(self.node, pod)
+                    if state is None:
+                        continue
+                    self.samples += 1
+                    for name, n in _ledger_nodes(state).items():
+                        cpu = n["allocated"]["cpuMillis"] + n["occupied"]["cpuMillis"]
+                        mem = n["allocated"]["memoryBytes"] + n["occupied"]["memoryBytes"]
+                        has = room.get(name)
+                        if has is not None and (cpu > has[0] or mem > has[1]):
+                            self.over.append(f"{pod['metadata']['name']}: {name} {cpu}m {mem}B")
+                self.stop.wait(self.interval)
+        finally:
+            api.close()
+
+    def __enter__(self) -> OverCommitWatch:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._thread.join()
+        print(f"over-commit samples: {self.samples}, over-committed: {len(self.over)}")
+        assert self.samples > 0
+        assert not self.over, self.over[:5]
+
+
+def _light_vm(node: Node, name: str, on: str, cpu: str = "1") -> None:
+    """A VM pod for vm-scheduler that boots nothing (the pause image): what the ledger and the
+    placement see of a VM, without a guest's CPU. ``on``: the only node it may go to."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"vm-autoscaling.io/vm": "true", DRILL: "true"},
+            "annotations": {
+                "vm-autoscaling.io/min-vcpus": cpu,
+                "vm-autoscaling.io/max-vcpus": cpu,
+            },
+        },
+        "spec": {
+            "schedulerName": "vm-scheduler",
+            "nodeSelector": {"kubernetes.io/hostname": on},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "vm",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {
+                        "requests": {"cpu": cpu, "memory": "64Mi"},
+                        "limits": {"cpu": cpu, "memory": "64Mi"},
+                    },
+                }
+            ],
+        },
+    }
+    node.kubectl("apply", "-f", "-", input_text=json.dumps(body))
+
+
+def _bound_to(node: Node, name: str) -> str | None:
+    pod = node.pod_or_none("default", name) or {}
+    bound: str | None = pod.get("spec", {}).get("nodeName")
+    return bound
+
+
+def _whole(node: Node) -> bool:
+    """Both extender replicas and every node's agent Ready, one leader."""
+    extenders = [p for p in _pods(node, NS, EXTENDER) if _ready(p)]
+    agents = {p["spec"]["nodeName"] for p in _pods(node, NS, AGENT) if _ready(p)}
+    return len(extenders) == 2 and agents == set(node.members) and _leader(node) is not None
+
+
+def _wait_whole(node: Node, what: str) -> float:
+    started = time.monotonic()
+    wait_for(lambda: _whole(node), timeout_seconds=180, what=what, interval=1)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def drills(tuned: Node) -> Iterator[Node]:
+    """The tuned system with the double VMs of test_failures gone, whole again."""
+    node = tuned
+    if not node.workers:
+        pytest.fail("the node-failure drills need a cluster of two or more nodes")
+    double = str(ROOT / "manifests" / "examples" / "double")
+    node.kubectl("delete", "-k", double, "--ignore-not-found", "--wait=true", timeout=180)
+    _wait_whole(node, "the system whole before the drills")
+    yield node
+    node.kubectl("delete", "pods", "-n", "default", "-l", DRILL, "--wait=false", check=False)
+
+
+def _time(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_an_agent_killed_leaves_the_other_nodes_vms_alone(drills: Node, vm: Obj) -> None:
+    node = drills
+    pod = node.pod("default", VM)
+    here = pod["spec"]["nodeName"]
+    there = next(n for n in node.members if n != here)
+    (victim,) = [p for p in _pods(node, NS, AGENT) if p["spec"]["nodeName"] == there]
+    (keeper,) = [p for p in _pods(node, NS, AGENT) if p["spec"]["nodeName"] == here]
+    leader = _leader(node)
+    assert leader is not None
+    before = _ledger_nodes(_state(node, leader) or {"nodes": []})[here]
+    with OverCommitWatch(node):
+        pid = _container_pid(node, victim, "agent")
+        assert pid is not None
+        started = time.monotonic()
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)
+
+        def restarted() -> bool:
+            p = node.pod(NS, victim["metadata"]["name"])
+            (s,) = p["status"]["containerStatuses"]
+            return s["restartCount"] > victim["status"]["containerStatuses"][0][
+                "restartCount"
+            ] and (_ready(p))
+
+        wait_for(restarted, timeout_seconds=120, what=f"the agent on {there} back", interval=0.5)
+        print(f"agent on {there} killed -> restarted and Ready: {time.monotonic() - started:.1f}s")
+    after_pod = node.pod("default", VM)
+    assert after_pod["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert [s["restartCount"] for s in after_pod["status"]["containerStatuses"]] == [
+        s["restartCount"] for s in pod["status"]["containerStatuses"]
+    ]
+    kept = node.pod(NS, keeper["metadata"]["name"])
+    assert (
+        kept["status"]["containerStatuses"][0]["restartCount"]
+        == (keeper["status"]["containerStatuses"][0]["restartCount"])
+    )
+    after = _ledger_nodes(_state(node, leader) or {"nodes": []})[here]
+    held = {e["pod"]: e["resources"] for e in before["allocations"]}
+    assert {e["pod"]: e["resources"] for e in after["allocations"]} == held, (before, after)
+    print(f"{here} (the VM's node) held before and after: {held}")
+
+
+def test_a_node_made_not_ready_is_tainted_and_keeps_its_vms_in_the_ledger(drills: Node) -> None:
+    node = drills
+    worker: Worker = node.workers[-1]
+    leader = _leader(node)
+    assert leader is not None
+    before = _ledger_nodes(_state(node, leader) or {"nodes": []})[worker.name]
+    with OverCommitWatch(node):
+        started = time.monotonic()
+        worker.stop_containerd()
+        try:
+
+            def tainted() -> list[str] | None:
+                n = node.admin_get(f"/api/v1/nodes/{worker.name}")
+                ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+                keys = [t["key"] for t in n["spec"].get("taints", [])]
+                if ready[0]["status"] != "True" and "node.kubernetes.io/not-ready" in keys:
+                    return keys
+                return None
+
+            taints = wait_for(tainted, timeout_seconds=90, what=f"{worker.name} NotReady, tainted")
+            print(f"{worker.name} containerd stopped -> NotReady and tainted {taints}: "
+                  f"{time.monotonic() - started:.1f}s")  # fmt: skip
+            # Kubernetes' rule: nothing new on a tainted node (TaintToleration filter, before
+            # the extender is asked); what runs there is not freed by NotReady.
+            _light_vm(node, "drill-not-ready", worker.name)
+
+            def refused() -> str | None:
+                out = node.kubectl("get", "events", "-n", "default", "--field-selector",
+                                   "involvedObject.name=drill-not-ready,reason=FailedScheduling",
+                                   "-o", "jsonpath={.items[*].message}").stdout  # fmt: skip
+                return out if "taint" in out else None
+
+            why = wait_for(refused, timeout_seconds=60, what="FailedScheduling on a taint")
+            print(f"a VM for the NotReady node: {why}")
+            assert _bound_to(node, "drill-not-ready") is None
+            now = _ledger_nodes(_state(node, _leader(node) or leader) or {"nodes": []})
+            during = now[worker.name]
+            assert during["known"] and during["capacity"] == before["capacity"], during
+            assert {e["pod"] for e in during["allocations"]} == {
+                e["pod"] for e in before["allocations"]
+            }
+        finally:
+            started = time.monotonic()
+            worker.start_containerd()
+        wait_for(
+            lambda: not [t for t in node.admin_get(f"/api/v1/nodes/{worker.name}")["spec"]
+                         .get("taints", []) if t["key"].startswith("node.kubernetes.io/not")],
+            timeout_seconds=90, what=f"{worker.name} Ready, untainted",
+        )  # fmt: skip
+        print(
+            f"{worker.name} containerd back -> Ready, untainted: {time.monotonic() - started:.1f}s"
+        )
+    node.kubectl("delete", "pod", "-n", "default", "drill-not-ready", "--wait=false")
+
+
+def test_the_leaders_node_stopped_the_standby_leads_and_a_waiting_vm_binds(drills: Node) -> None:
+    node = drills
+    leader = _leader(node)
+    assert leader is not None
+    if leader["spec"]["nodeName"] == node.name:
+        # The drill stops a worker: move the leader there (the standby takes over).
+        node.kubectl("-n", NS, "delete", "pod", leader["metadata"]["name"])
+        took = _wait_whole(node, "a leader on a worker, both replicas Ready")
+        print(f"leader on {node.name} deleted -> the system whole again: {took:.1f}s")
+        leader = _leader(node)
+        assert leader is not None and leader["spec"]["nodeName"] != node.name
+    worker = node.members[leader["spec"]["nodeName"]]
+    assert isinstance(worker, Worker)
+    with OverCommitWatch(node):
+        lease = node.admin_get(LEASE)["spec"]
+        worker.stop_kubelet()
+        worker.kill_pods()
+        stopped = time.time()
+        # Pending from here on: no one leads until both Leases run out.
+        _light_vm(node, "drill-failover", node.name)
+        try:
+            holder = wait_for(
+                lambda: (h := node.admin_get(LEASE)["spec"]).get("holderIdentity")
+                != lease["holderIdentity"] and h,
+                timeout_seconds=90, what="another extender holding the Lease", interval=0.2,
+            )  # fmt: skip
+            led = time.time()
+            bound = wait_for(lambda: _bound_to(node, "drill-failover"), timeout_seconds=60,
+                             what="the waiting VM bound", interval=0.2)  # fmt: skip
+            binds = time.time()
+            last_renew = _time(lease["renewTime"])
+            acquired = _time(holder["acquireTime"])
+            duration = lease["leaseDurationSeconds"]
+            print(
+                f"leader's node {worker.name} stopped -> new leader {holder['holderIdentity']}: "
+                f"{led - stopped:.1f}s (Lease acquired {acquired - last_renew:.1f}s after the "
+                f"old holder's last renewal, leaseDuration {duration}s); waiting VM bound on "
+                f"{bound}: {binds - stopped:.1f}s after the stop, {binds - led:.1f}s after"
+            )
+            # Not before the old Lease ran out; soon after: the standby retries every 2 s
+            # (manifests/config/extender.yaml), once its kube-scheduler leads too.
+            assert acquired >= last_renew + duration - 1
+            assert acquired <= last_renew + duration + 10
+            assert bound == node.name
+        finally:
+            restarted = time.monotonic()
+            worker.start_kubelet()
+        _wait_whole(node, "both replicas and every agent Ready again")
+        print(f"{worker.name}'s kubelet started again -> the system whole: "
+              f"{time.monotonic() - restarted:.1f}s")  # fmt: skip
+    node.kubectl("delete", "pod", "-n", "default", "drill-failover", "--wait=false")
+
+
+def test_a_deleted_node_leaves_the_ledger_with_all_it_held(drills: Node) -> None:
+    node = drills
+    worker: Worker = node.workers[-1]
+    with OverCommitWatch(node):
+        worker.stop_kubelet()
+        worker.kill_pods()
+        bound = {p["metadata"]["name"] for p in _pods(node, "default", "vm-autoscaling.io/vm=true")
+                 if p["spec"].get("nodeName") == worker.name}  # fmt: skip
+        started = time.monotonic()
+        node.kubectl("delete", "node", worker.name)
+
+        def forgotten() -> Obj | None:
+            leader = _leader(node)
+            state = _state(node, leader) if leader else None
+            if state is None or worker.name in _ledger_nodes(state):
+                return None
+            return state
+
+        try:
+            state = wait_for(forgotten, timeout_seconds=60, what=f"{worker.name} out of the ledger")
+            print(f"node {worker.name} deleted -> gone from the leader's ledger: "
+                  f"{time.monotonic() - started:.1f}s (its VMs then: {sorted(bound)})")  # fmt: skip
+            held = [e["pod"] for n in state["nodes"] for e in n["allocations"]]
+            assert not [p for p in held if p.split("/")[1] in bound], held
+        finally:
+            restarted = time.monotonic()
+            worker.start_kubelet()
+        _wait_whole(node, "the node registered again, the system whole")
+        print(f"{worker.name}'s kubelet started again -> registered, the system whole: "
+              f"{time.monotonic() - restarted:.1f}s")  # fmt: skip
+        leader = _leader(node)
+        assert leader is not None
+        wait_for(lambda: worker.name in _ledger_nodes(_state(node, leader) or {"nodes": []}),
+                 timeout_seconds=60, what=f"{worker.name} in the ledger again")  # fmt: skip
