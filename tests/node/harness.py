@@ -1,9 +1,13 @@
-"""A real single-node Kubernetes cluster for tests: what ``kubectl apply -k manifests/`` needs.
+"""A real Kubernetes cluster of several nodes on one machine, for tests: what
+``kubectl apply -k manifests/`` needs, and a second node for what only means something across
+nodes (two extender replicas, an agent per node, a node failing).
 
 etcd, kube-apiserver, kube-controller-manager and the default kube-scheduler (what places the
-DaemonSet's and the Deployment's pods, and pgbench's), then containerd + runc (Debian's), one
-kubelet, kube-proxy (the ``kubernetes`` Service, the extender's Service) and a cluster DNS
-(``tests/node/dns.py``). All binaries but containerd/runc come from ``$VMA_KUBE_BIN``.
+DaemonSet's and the Deployment's pods, and pgbench's); node 1 (``Node``: containerd + runc,
+Debian's, a kubelet, kube-proxy for the ``kubernetes`` Service and the project's, and a
+cluster DNS, ``tests/node/dns.py``); then the other nodes (``Worker``: a containerd and a
+kubelet each, with everything a node owns made its own; its docstring says what and why).
+All binaries but containerd/runc come from ``$VMA_KUBE_BIN``.
 
 What this machine demanded (each met on the first node, ../shared/reference/kube-node):
 
@@ -14,13 +18,19 @@ What this machine demanded (each met on the first node, ../shared/reference/kube
 - no registry: images are built and imported locally (``tests/node/images.py``), under fully
   qualified names, since the CRI looks short names up as ``docker.io/...``.
 
-The API server listens on all addresses and advertises the node's, so pods reach it through
+The traps met with more than one node (multi-node.md there, numbered) are written beside the
+code that avoids them: ``--kubelet-preferred-address-types`` (1), ``Worker`` (2-5),
+``CLUSTER_CIDR`` (6), ``nosnat_rule`` (7), ``run_kubelet`` (8), ``host_share`` (every kubelet
+reports the whole host).
+
+The API server listens on all addresses and advertises node 1's, so pods reach it through
 the ``kubernetes`` Service as in any cluster. Everything else keeps to loopback or fixed
-node-local ports (the kubelet's 10250/10248, kube-proxy's 10256/10249, DNS 53 on the node IP);
-the control plane takes free ports, as ``tests/controlplane`` does, so the two tiers coexist.
-Persistent state is containerd's image store (``/var/lib/vma-node``) and the image cache;
-``stop()`` kills every container the kubelet started and removes their mounts, network
-namespaces, IP reservations and NAT rules.
+node-local ports (node 1's kubelet 10250/10248, node k's 10250/10248 + 1000 (k - 1) on its own
+address; kube-proxy's 10256/10249, DNS 53 on node 1's IP); the control plane takes free ports,
+as ``tests/controlplane`` does, so the two tiers coexist. Persistent state is each node's
+containerd image store (``/var/lib/vma-node``) and the image cache; ``stop()`` kills every
+container the kubelets started and removes their mounts, network namespaces, IP reservations,
+NAT rules, interfaces and cgroups.
 """
 
 from __future__ import annotations
