@@ -13,7 +13,9 @@ nodes' allocatable as the API shows it: never more allocated on a node than it h
 - **the leading extender's node stopped** (its kubelet stopped, its pods' processes killed):
   the standby takes both Leases once they run out, and a VM created while no one led binds;
 - **a node deleted** (stopped, then its Node object deleted): its room leaves the ledger with
-  everything it held; it comes back when its kubelet registers again.
+  everything it held; it comes back when its kubelet registers again;
+- **the leading extender cut off from the API server** (a rule in its pod's network
+  namespace, for its container alone): the pair steps down and the standby pair leads.
 
 The drills stop workers only (``Worker``): node 1 runs the control plane's neighbours (kube-proxy,
 the DNS) and is where the leader is moved away from first.
@@ -430,3 +432,83 @@ def test_a_deleted_node_leaves_the_ledger_with_all_it_held(drills: Node) -> None
         assert leader is not None
         wait_for(lambda: worker.name in _ledger_nodes(_state(node, leader) or {"nodes": []}),
                  timeout_seconds=60, what=f"{worker.name} in the ledger again")  # fmt: skip
+
+
+def _cut(pid: int, action: str, path: str | None) -> None:
+    """``-I``/``-D`` the rule in the pod's network namespace that drops what goes to the API
+    server (the ``kubernetes`` Service, as pods reach it: kube-proxy translates it outside, in
+    the host's namespace), only from the cgroup v2 ``path`` when given."""
+    match = ["-m", "cgroup", "--path", path] if path else []
+    rule = ["OUTPUT", "-d", "10.0.0.1/32", "-p", "tcp", "--dport", "443", *match, "-j", "DROP"]
+    subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", action, *rule], check=True,
+                   capture_output=True)  # fmt: skip
+
+
+def _healthz(pid: int) -> str:
+    out = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "curl", "-s", "-m", "2", "-o", "/dev/null",
+         "-w", "%{http_code}", "http://127.0.0.1:10299/healthz"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return out.stdout
+
+
+def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
+    drills: Node,
+) -> None:
+    """Only the leading extender loses the API server, its kube-scheduler keeps it (a rule in
+    the pod's network namespace matching the extender container's cgroup): its /healthz fails
+    once its hold has run out, the kubelet restarts the pair's kube-scheduler (its liveness
+    probe is that /healthz), which lets its Lease go, and the standby pair leads."""
+    node = drills
+    _wait_whole(node, "the system whole before the cut")
+    leader = _leader(node)
+    assert leader is not None
+    pid = _container_pid(node, leader, "extender")
+    assert pid is not None
+    unified = [
+        line.split("::", 1)[1]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        if line.startswith("0::")
+    ]
+    path = unified[0] if unified and unified[0] != "/" else None
+    scheduler_lease = node.admin_get(LEASE.replace("vm-scheduler-extender", "vm-scheduler"))
+    with OverCommitWatch(node):
+        _cut(pid, "-I", path)
+        cut = time.time()
+        print(f"cut off: {'the extender container (cgroup ' + path + ')' if path else 'the pod'}")
+        _light_vm(node, "drill-cut-off", node.name, cpu="1")
+        try:
+            lease = node.admin_get(LEASE)["spec"]
+            holder = wait_for(
+                lambda: (h := node.admin_get(LEASE)["spec"]).get("holderIdentity")
+                != lease["holderIdentity"] and h,
+                timeout_seconds=120, what="the standby extender holding the Lease", interval=0.2,
+            )  # fmt: skip
+            led = time.time()
+            health = _healthz(pid)
+            bound = wait_for(lambda: _bound_to(node, "drill-cut-off"), timeout_seconds=60,
+                             what="the waiting VM bound", interval=0.2)  # fmt: skip
+            binds = time.time()
+            scheduler = node.admin_get(LEASE.replace("vm-scheduler-extender", "vm-scheduler"))
+            last_renew = _time(lease["renewTime"])
+            acquired = _time(holder["acquireTime"])
+            duration = lease["leaseDurationSeconds"]
+            print(
+                f"leader {leader['metadata']['name']} cut off -> extender Lease to "
+                f"{holder['holderIdentity']}: {led - cut:.1f}s (acquired "
+                f"{acquired - last_renew:.1f}s after the old holder's last renewal); "
+                f"kube-scheduler Lease {scheduler_lease['spec']['holderIdentity']} -> "
+                f"{scheduler['spec']['holderIdentity']}; the old extender's /healthz then: "
+                f"{health}; waiting VM bound on {bound} {binds - cut:.1f}s after the cut"
+            )
+            assert scheduler["spec"]["holderIdentity"] != scheduler_lease["spec"]["holderIdentity"]
+            assert acquired >= last_renew + duration - 1
+            # The hold runs out (one lease), the liveness probe fails twice 5 s apart (3 s
+            # timeout), kube-scheduler lets go on SIGTERM, each standby retries every 2 s.
+            assert acquired <= last_renew + duration + 2 * 5 + 3 + 2 * 2 + 10
+        finally:
+            if Path(f"/proc/{pid}").exists():  # the netns goes with the extender's process
+                _cut(pid, "-D", path)
+        _wait_whole(node, "the cut-off pair back as the standby")
+    node.kubectl("delete", "pod", "-n", "default", "drill-cut-off", "--wait=false")
