@@ -181,7 +181,8 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
         print(f"VM deleted -> waiting VM running: {time.monotonic() - started:.1f}s")
         if not others:
             return
-        wait_for(lambda: deployed.pod_or_none("default", VM) is None, timeout_seconds=60,
+        # its grace period is 40 s (QEMU's shutdown)
+        wait_for(lambda: deployed.pod_or_none("default", VM) is None, timeout_seconds=90,
                  what=f"{VM} gone")  # fmt: skip
         for other in others:
             deployed.kubectl("uncordon", other)
