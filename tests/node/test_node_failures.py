@@ -61,7 +61,9 @@ def _ready(pod: Obj) -> bool:
 
 
 def _leader(node: Node) -> Obj | None:
-    leaders = [p for p in _pods(node, NS, EXTENDER) if p["metadata"]["labels"].get(ROLE)]
+    leaders = [
+        p for p in _pods(node, NS, EXTENDER) if p["metadata"]["labels"].get(ROLE) == "leader"
+    ]
     return leaders[0] if len(leaders) == 1 else None
 
 
