@@ -36,7 +36,7 @@ import pytest
 
 from protocol.quantity import cpu_millis, memory_bytes
 from testkit.controlplane import wait_for
-from tests.node.harness import VM, Node, Obj, Worker
+from tests.node.harness import VM, Node, Obj, Worker, container_cgroup
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -68,20 +68,16 @@ def _leader(node: Node) -> Obj | None:
 
 
 def _container_pid(node: Node, pod: Obj, container: str) -> int | None:
-    """The host PID of ``container``'s task, from its node's containerd (None: not running)."""
-    member = node.members.get(pod["spec"].get("nodeName", ""))
+    """A host PID of ``container``'s processes, from its cgroup (None: not running). Not from
+    its node's containerd, which one drill stops while the containers run on."""
     statuses = pod.get("status", {}).get("containerStatuses") or []
-    ids = [s.get("containerID", "") for s in statuses if s["name"] == container]
-    if member is None or not ids or not ids[0]:
+    if not any(s["name"] == container and s.get("containerID") for s in statuses):
         return None
-    cid = ids[0].split("://", 1)[1]
-    out = subprocess.run([*member.ctr(), "tasks", "ls"], capture_output=True, text=True,
-                         check=False).stdout  # fmt: skip
-    for line in out.splitlines()[1:]:
-        task, pid, status = line.split()
-        if task == cid and status == "RUNNING":
-            return int(pid)
-    return None
+    try:
+        procs = (container_cgroup(pod, "cpu", container) / "cgroup.procs").read_text().split()
+    except OSError:
+        return None
+    return int(procs[0]) if procs else None
 
 
 def _state(node: Node, pod: Obj) -> Obj | None:
@@ -110,7 +106,7 @@ class OverCommitWatch:
     A sample is over-committed when a node's allocated + occupied CPU or memory exceeds it."""
 
     node: Node
-    interval: float = 0.5
+    interval: float = 1.0
     samples: int = 0
     over: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -127,7 +123,8 @@ class OverCommitWatch:
                     )
                     for n in nodes
                 }
-                for pod in _pods(self.node, NS, EXTENDER):
+                pods = api.get(f"/api/v1/namespaces/{NS}/pods?labelSelector={EXTENDER}")
+                for pod in pods["items"]:
                     state = _state(self.node, pod)
                     if state is None:
                         continue
