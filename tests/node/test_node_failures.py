@@ -451,6 +451,17 @@ def test_a_deleted_node_leaves_the_ledger_with_all_it_held(drills: Node) -> None
                  timeout_seconds=60, what=f"{worker.name} in the ledger again")  # fmt: skip
 
 
+def _sandbox_pid(node: Node, pod: Obj) -> int:
+    """The pod's pause process: it holds the pod's network namespace for the pod's whole life,
+    while its containers' processes come and go (a restarted one has another PID)."""
+    for group in container_cgroup(pod, "cpu", "extender").parent.iterdir():
+        procs = group / "cgroup.procs" if group.is_dir() else None
+        for pid in procs.read_text().split() if procs else []:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "pause":
+                return int(pid)
+    raise AssertionError(f"no pause process in {pod['metadata']['name']}")
+
+
 def _cut(pid: int, action: str, path: str | None) -> None:
     """``-I``/``-D`` the rule in the pod's network namespace that drops what goes to the API
     server (the ``kubernetes`` Service, as pods reach it: kube-proxy translates it outside, in
@@ -514,8 +525,9 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
             pytest.fail("the extender's processes are in no cgroup v2 group to match")
         path = unified[0]
     scheduler_lease = node.admin_get(LEASE.replace("vm-scheduler-extender", "vm-scheduler"))
+    sandbox = _sandbox_pid(node, leader)
     with OverCommitWatch(node):
-        _cut(pid, "-I", path)
+        _cut(sandbox, "-I", path)
         cut_at = time.time()
         print(f"cut off: {'the extender container (cgroup ' + path + ')' if path else 'the pod'}")
         _light_vm(node, f"drill-cut-off-{cut}", node.name, cpu="1")
@@ -529,10 +541,10 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
                     interval=0.2,
                 )  # fmt: skip
             except AssertionError:
-                _explain_cut(node, leader, pid)
+                _explain_cut(node, leader, sandbox)
                 raise
             led = time.time()
-            health = _healthz(pid)
+            health = _healthz(sandbox)
             bound = wait_for(lambda: _bound_to(node, f"drill-cut-off-{cut}"), timeout_seconds=60,
                              what="the waiting VM bound", interval=0.2)  # fmt: skip
             binds = time.time()
@@ -554,7 +566,6 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
             # timeout), kube-scheduler lets go on SIGTERM, each standby retries every 2 s.
             assert acquired <= last_renew + duration + 2 * 5 + 3 + 2 * 2 + 10
         finally:
-            if Path(f"/proc/{pid}").exists():  # the netns goes with the extender's process
-                _cut(pid, "-D", path)
+            _cut(sandbox, "-D", path)
         _wait_whole(node, "the cut-off pair back as the standby")
     node.kubectl("delete", "pod", "-n", "default", f"drill-cut-off-{cut}", "--wait=false")
