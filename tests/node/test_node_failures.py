@@ -15,8 +15,8 @@ nodes' allocatable as the API shows it: never more allocated on a node than it h
 - **a node deleted** (stopped, then its Node object deleted): its room leaves the ledger at
   once, and what it held as its pods are deleted; it comes back when its kubelet registers
   again;
-- **the leading extender cut off from the API server** (a rule in its pod's network
-  namespace, for its container alone): the pair steps down and the standby pair leads.
+- **the leading pod cut off from the API server** (a rule in its network namespace): the pair
+  steps down and the standby pair leads.
 
 The drills stop workers only (``Worker``): node 1 runs the control plane's neighbours (kube-proxy,
 the DNS) and is where the leader is moved away from first.
@@ -451,23 +451,22 @@ def test_a_deleted_node_leaves_the_ledger_with_all_it_held(drills: Node) -> None
                  timeout_seconds=60, what=f"{worker.name} in the ledger again")  # fmt: skip
 
 
-def _sandbox_pid(node: Node, pod: Obj) -> int:
-    """The pod's pause process: it holds the pod's network namespace for the pod's whole life,
-    while its containers' processes come and go (a restarted one has another PID)."""
+def _pod_pid(pod: Obj) -> int | None:
+    """A live process of the pod, any container's: they all share its network namespace, while
+    each container's processes come and go (a restarted one has another PID)."""
     for group in container_cgroup(pod, "cpu", "extender").parent.iterdir():
-        procs = group / "cgroup.procs" if group.is_dir() else None
-        for pid in procs.read_text().split() if procs else []:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "pause":
-                return int(pid)
-    raise AssertionError(f"no pause process in {pod['metadata']['name']}")
+        procs = group / "cgroup.procs"
+        pids = procs.read_text().split() if group.is_dir() and procs.exists() else []
+        if pids:
+            return int(pids[0])
+    return None
 
 
-def _cut(pid: int, action: str, path: str | None) -> None:
+def _cut(pid: int, action: str) -> None:
     """``-I``/``-D`` the rule in the pod's network namespace that drops what goes to the API
     server (the ``kubernetes`` Service, as pods reach it: kube-proxy translates it outside, in
-    the host's namespace), only from the cgroup v2 ``path`` when given."""
-    match = ["-m", "cgroup", "--path", path] if path else []
-    rule = ["OUTPUT", "-d", "10.0.0.1/32", "-p", "tcp", "--dport", "443", *match, "-j", "DROP"]
+    the host's namespace)."""
+    rule = ["OUTPUT", "-d", "10.0.0.1/32", "-p", "tcp", "--dport", "443", "-j", "DROP"]
     subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", action, *rule], check=True,
                    capture_output=True)  # fmt: skip
 
@@ -498,39 +497,24 @@ def _healthz(pid: int) -> str:
     return out.stdout
 
 
-@pytest.mark.parametrize("cut", ["pod", "extender"])
 def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
-    drills: Node, cut: str
+    drills: Node,
 ) -> None:
     """The leading pod cut off from the API server (a rule in its network namespace): both
-    its containers lose their Leases and the standby pair leads. Then only its extender (the
-    rule matches that container's cgroup), while its kube-scheduler keeps leading: the
-    extender's /healthz fails once its hold has run out, the kubelet restarts the pair's
-    kube-scheduler (its liveness probe is that /healthz), which lets its Lease go, and the
-    standby pair leads."""
+    its containers lose their Leases, the extender's /healthz fails, and the standby pair
+    leads once the Leases have run out; a VM created meanwhile binds. (Cutting the extender
+    container alone, the rule matching its cgroup, is not drilled here: docs/DEPLOY.md.)"""
     node = drills
     _wait_whole(node, "the system whole before the cut")
     leader = _leader(node)
     assert leader is not None
     pid = _container_pid(node, leader, "extender")
     assert pid is not None
-    unified = [
-        line.split("::", 1)[1]
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        if line.startswith("0::")
-    ]
-    path = None
-    if cut == "extender":
-        if not unified or unified[0] == "/":
-            pytest.fail("the extender's processes are in no cgroup v2 group to match")
-        path = unified[0]
     scheduler_lease = node.admin_get(LEASE.replace("vm-scheduler-extender", "vm-scheduler"))
-    sandbox = _sandbox_pid(node, leader)
     with OverCommitWatch(node):
-        _cut(sandbox, "-I", path)
+        _cut(pid, "-I")
         cut_at = time.time()
-        print(f"cut off: {'the extender container (cgroup ' + path + ')' if path else 'the pod'}")
-        _light_vm(node, f"drill-cut-off-{cut}", node.name, cpu="1")
+        _light_vm(node, "drill-cut-off", node.name, cpu="1")
         try:
             lease = node.admin_get(LEASE)["spec"]
             try:
@@ -541,11 +525,11 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
                     interval=0.2,
                 )  # fmt: skip
             except AssertionError:
-                _explain_cut(node, leader, sandbox)
+                _explain_cut(node, leader, _pod_pid(leader) or pid)
                 raise
             led = time.time()
-            health = _healthz(sandbox)
-            bound = wait_for(lambda: _bound_to(node, f"drill-cut-off-{cut}"), timeout_seconds=60,
+            health = _healthz(_pod_pid(leader) or pid)
+            bound = wait_for(lambda: _bound_to(node, "drill-cut-off"), timeout_seconds=60,
                              what="the waiting VM bound", interval=0.2)  # fmt: skip
             binds = time.time()
             scheduler = node.admin_get(LEASE.replace("vm-scheduler-extender", "vm-scheduler"))
@@ -566,6 +550,8 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_for_the_standby_pair(
             # timeout), kube-scheduler lets go on SIGTERM, each standby retries every 2 s.
             assert acquired <= last_renew + duration + 2 * 5 + 3 + 2 * 2 + 10
         finally:
-            _cut(sandbox, "-D", path)
+            alive = _pod_pid(node.pod(NS, leader["metadata"]["name"]))
+            if alive is not None:
+                _cut(alive, "-D")
         _wait_whole(node, "the cut-off pair back as the standby")
-    node.kubectl("delete", "pod", "-n", "default", f"drill-cut-off-{cut}", "--wait=false")
+    node.kubectl("delete", "pod", "-n", "default", "drill-cut-off", "--wait=false")
