@@ -26,9 +26,11 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Protocol
 
 import aiohttp
+import msgspec
 import structlog
 
 from autoscaler_agent.core import (
@@ -51,7 +53,7 @@ from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResiz
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
-from autoscaler_agent.scrape import ScrapeError, fetch_samples
+from autoscaler_agent.scrape import ScrapeError, fetch_samples, read_cfs_counters
 from autoscaler_agent.wire import resource_request
 from protocol.permits import Permit, ResourceRequest
 
@@ -85,6 +87,7 @@ class RunnerDeps:
         stagger_scrapes: bool = True,
         epochs: EpochWatch | None = None,
         stuck_after_seconds: float = 60.0,
+        cgroup_root: Path | None = None,
     ) -> None:
         self.core = core
         self.node = node
@@ -101,6 +104,9 @@ class RunnerDeps:
         self.epochs = epochs
         # A wanted size change pending this long marks the VM stuck (progress.py).
         self.stuck_after_seconds = stuck_after_seconds
+        # The host's cgroup filesystem, where each scrape also reads the VM container's CPU
+        # throttling (None: not read, the policy goes by the guest's own signs).
+        self.cgroup_root = cgroup_root
 
 
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
@@ -327,6 +333,12 @@ class VmRunner:
                 reason="holding the current size",
             )
         else:
+            root = self._deps.cgroup_root
+            cfs = read_cfs_counters(root, self.target.cgroup_dirs) if root is not None else None
+            if cfs is not None:
+                samples = msgspec.structs.replace(
+                    samples, cfs_periods_total=cfs[0], cfs_throttled_periods_total=cfs[1]
+                )
             mem = self.state.memory.current
             total = samples.memory_total_bytes
             if (
