@@ -23,19 +23,20 @@ The estimates, per scrape (``c`` = current vCPUs):
   container's CPU quota: a guest that wants more than the quota does not read busier, it reads
   *less* busy (on the real node, under 8 pgbench clients, "busy 0.39 of 1 vCPUs" with load1
   7.70), because the time its vCPU threads sit throttled passes in the guest as time not run.
-  Below saturation the busy time is then no measure of the demand. Three signs say so, each
+  Below saturation the busy time is then no measure of the demand. Two signs say so, each
   over the last scrape interval: the VM container was throttled in at least
   ``throttled_fraction`` (0.1) of its CFS periods (its cgroup's ``cpu.stat``, which the agent
-  reads on its node: ``Samples.cfs_*``); the hypervisor stole at least ``steal_fraction``
-  (0.1) of the guest's CPU time (``mode="steal"``, reported by KVM guests, not TCG ones); or,
-  from the guest alone, both its run queue (``runnable``, now) and ``load1`` (the last
-  minute) exceed its online vCPUs: tasks have queued for CPU for a while. Then the demand is
-  the run queue and the load average, as neondatabase/autoscaling sizes on them alone
-  (``pkg/agent/core/goalcu.go``: ``load average / LoadAverageFractionTarget``, 0.9), and the
-  VM does not shrink (below). Each sign needs the evidence to last like any other pressure
-  (the grow window); once it has, every scrape that still shows the sign keeps asking for
-  the same size, so a request denied for lack of room is made again at its retry time
-  rather than dropped by a scrape that reads the throttled guest as idle.
+  reads on its node: ``Samples.cfs_*``), or the hypervisor stole at least ``steal_fraction``
+  (0.1) of the guest's CPU time (``mode="steal"``, reported by KVM guests, not TCG ones).
+  Then the demand is the run queue and the load average, as neondatabase/autoscaling sizes
+  on them alone (``pkg/agent/core/goalcu.go``: ``load average / LoadAverageFractionTarget``,
+  0.9), and the VM does not shrink (below). The guest's own run queue and load1 are not a
+  sign by themselves: after a load drops, load1 stays above the vCPUs for minutes, and one
+  scrape's burst of short-lived tasks joined to it asked idle VMs to grow and closed their
+  shrink windows (the simulator's fleet showed it). Each sign needs the evidence to last
+  like any other pressure (the grow window); once it has, every scrape that still shows the
+  sign keeps asking for the same size, so a request denied for lack of room is made again
+  at its retry time rather than dropped by a scrape that reads the throttled guest as idle.
 
 The rule, and why it neither lags nor oscillates:
 
@@ -73,7 +74,7 @@ The rule, and why it neither lags nor oscillates:
   busy time is the demand. The window is the price: a load that pauses for longer than it (a batch
   every 2 minutes) gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also
   held every VM a few minutes too big after every real stop.
-  A VM held back (throttled, stolen from, or queued) never shrinks: its shrink size is at
+  A VM held back (throttled or stolen from) never shrinks: its shrink size is at
   least its size, and such a scrape closes the shrink window like any busy one. Its busy time
   is a floor of its demand, not a measure of it.
 * **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
@@ -384,8 +385,6 @@ def goal_vcpus(
             held_back = f"throttled in {throttled:.0%} of CFS periods"
         elif steal is not None and steal >= config.steal_fraction:
             held_back = f"{steal:.0%} of CPU time stolen"
-        elif queued > online and load1 > online:
-            held_back = f"{queued:.0f} runnable and load1 above {online} vCPUs"
         is_saturated = busy >= config.saturated_busy_fraction or held_back is not None
         demand = used
         if is_saturated:

@@ -639,15 +639,21 @@ HELD_BACK = [
     ),
     pytest.param(
         1,
-        {"busy": 0.7, "load1": 2.5, "runnable": 2},
+        {"busy": 0.7, "load1": 2.5, "runnable": 2, "throttled": 0.1},
         3,
-        id="no-cgroup-run-queue-and-load1-above-the-vcpus",
+        id="throttled-at-the-threshold-sizes-on-load1",
     ),
     pytest.param(
         1,
         {"busy": 0.7, "load1": 2.5, "runnable": 2, "throttled": 0.05},
-        3,
-        id="throttled-below-the-threshold-the-guest-signs-still-count",
+        None,
+        id="throttled-below-the-threshold-is-the-busy-time",
+    ),
+    pytest.param(
+        2,
+        {"busy": 0.7, "load1": 4.0, "runnable": 4},
+        None,
+        id="no-cgroup-run-queue-and-load1-alone-are-a-load-that-dropped",
     ),
     pytest.param(
         4,
