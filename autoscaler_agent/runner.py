@@ -443,8 +443,8 @@ class VmRunner:
                 to_bytes=resize.target,
                 current_memory_bytes=e.state.current,
                 error=str(e),
-                reason="the VM keeps the memory the guest did not give back; the extender is"
-                " told the real size",
+                reason="the VM keeps the memory the guest did not give back, and is held there"
+                " until its goal changes; the extender is told the real size",
             )
         except HypervisorError as e:
             duration.labels(direction=direction).observe(self._now() - started)
