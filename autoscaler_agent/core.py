@@ -41,7 +41,10 @@ The rules the actions obey, per resource:
   reports a hot-plug device (``memory.current`` is then known).
 * **Memory's own facts:** a shrink the guest cannot complete (memory in use) ends where the
   guest stopped: the VM's memory is then that size, and the notice that follows gives the
-  extender back only what was really unplugged. A permit *below* the memory the VM has is an
+  extender back only what was really unplugged, and the VM is held at what it kept
+  (``Scaled.residue``), without retrying the same shrink every window (each retry stalls the
+  hypervisor for seconds and ends where the last did), until its goal really changes. A
+  permit *below* the memory the VM has is an
   order to give the rest back (``Scaled.ceiling``). Growth stays within the room the pod's
   applied container limit leaves (``Scaled.room``). A memory resize that lands while a scrape
   is in flight makes that scrape's numbers stale for memory (MemAvailable from before, the
