@@ -53,7 +53,7 @@ from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResiz
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
-from autoscaler_agent.scrape import ScrapeError, fetch_samples, read_cfs_counters
+from autoscaler_agent.scrape import ScrapeError, fetch_samples, find_cpu_stat, read_cfs_counters
 from autoscaler_agent.wire import resource_request
 from protocol.permits import Permit, ResourceRequest
 
@@ -110,6 +110,8 @@ class RunnerDeps:
 
 
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
+# How often a VM loop looks again for its container's cpu.stat while it has not found it.
+_FIND_CPU_STAT_SECONDS = 30.0
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
@@ -146,6 +148,9 @@ class VmRunner:
         self._is_memory_stuck = False
         self._memory_changes = 0  # memory resizes finished, to tell a scrape that overlapped one
         self._memory_overhead: int | None = None
+        # The VM container's cpu.stat once found, and when to look again while it is not.
+        self._cpu_stat: Path | None = None
+        self._find_cpu_stat_at = self._loop.time()
 
     def _now(self) -> float:
         return self._loop.time()
@@ -333,8 +338,7 @@ class VmRunner:
                 reason="holding the current size",
             )
         else:
-            root = self._deps.cgroup_root
-            cfs = read_cfs_counters(root, self.target.cgroup_dirs) if root is not None else None
+            cfs = self._cfs_counters()
             if cfs is not None:
                 samples = msgspec.structs.replace(
                     samples, cfs_periods_total=cfs[0], cfs_throttled_periods_total=cfs[1]
@@ -373,6 +377,25 @@ class VmRunner:
                 )
         finally:
             self._changed.set()
+
+    def _cfs_counters(self) -> tuple[float, float] | None:
+        """The VM container's CFS counters, None while its cgroup is unknown. Its cpu.stat is
+        looked for once, and again at most every ``_FIND_CPU_STAT_SECONDS`` while not found or
+        gone (a search reads directories; a scrape should read one file)."""
+        root = self._deps.cgroup_root
+        if root is None or not self.target.cgroup_dirs:
+            return None
+        now = self._now()
+        if self._cpu_stat is None and now >= self._find_cpu_stat_at:
+            self._find_cpu_stat_at = now + _FIND_CPU_STAT_SECONDS
+            self._cpu_stat = find_cpu_stat(root, self.target.cgroup_dirs)
+            log.info("vm_cgroup", cpu_stat=str(self._cpu_stat) if self._cpu_stat else None)
+        if self._cpu_stat is None:
+            return None
+        cfs = read_cfs_counters(self._cpu_stat)
+        if cfs is None:
+            self._cpu_stat = None
+        return cfs
 
     async def _read(self, hypervisor: Hypervisor) -> None:
         try:

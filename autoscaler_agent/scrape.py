@@ -170,14 +170,28 @@ def parse_cpu_stat(text: str) -> tuple[float, float] | None:
     return values["nr_periods"], values["nr_throttled"]
 
 
-def read_cfs_counters(root: Path, dirs: tuple[str, ...]) -> tuple[float, float] | None:
-    """The VM container's CFS counters: ``cpu.stat`` in the first of ``dirs`` (below the
-    host's cgroup filesystem, ``root``) that has one; None if none can be read. One small
-    file of a virtual filesystem, read in place: it never blocks on a disk."""
+def find_cpu_stat(root: Path, dirs: tuple[str, ...]) -> Path | None:
+    """The VM container's ``cpu.stat``: in the first of ``dirs`` (below the host's cgroup
+    filesystem, ``root``) that has one, or else one directory further down, where a kubelet
+    run with a ``cgroupRoot`` of its own (one path component, ``/kubelet`` say) puts its
+    ``kubepods``. None if there is none (yet). Looks at a few directories: the caller keeps
+    the answer rather than asking at every scrape."""
     for d in dirs:
-        try:
-            text = (root / d / "cpu.stat").read_text()
-        except OSError:
-            continue
-        return parse_cpu_stat(text)
+        path = root / d / "cpu.stat"
+        if path.is_file():
+            return path
+    for d in dirs:
+        controller, found, below = d.partition("kubepods")
+        if found:
+            for path in (root / controller).glob(f"*/kubepods{below}/cpu.stat"):
+                return path
     return None
+
+
+def read_cfs_counters(path: Path) -> tuple[float, float] | None:
+    """The counters of a ``cpu.stat`` (``parse_cpu_stat``); None if it cannot be read (the
+    container is gone). One small file of a virtual filesystem: it never blocks on a disk."""
+    try:
+        return parse_cpu_stat(path.read_text())
+    except OSError:
+        return None

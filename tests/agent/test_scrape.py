@@ -13,6 +13,7 @@ from aiohttp import web
 from autoscaler_agent.scrape import (
     ScrapeError,
     fetch_samples,
+    find_cpu_stat,
     parse_cpu_stat,
     parse_samples,
     read_cfs_counters,
@@ -245,9 +246,22 @@ def test_parse_cpu_stat_without_the_counters(text):
     assert parse_cpu_stat(text) is None
 
 
-def test_read_cfs_counters_takes_the_first_directory_that_has_them(tmp_path):
-    (tmp_path / "cpu" / "pod" / "c").mkdir(parents=True)
-    (tmp_path / "cpu" / "pod" / "c" / "cpu.stat").write_text(CPU_STAT_V1)
-    assert read_cfs_counters(tmp_path, ("pod/c", "cpu/pod/c")) == (1200.0, 300.0)
-    assert read_cfs_counters(tmp_path, ("pod/c",)) is None
-    assert read_cfs_counters(tmp_path, ()) is None
+def test_the_containers_cpu_stat_is_the_first_directory_that_has_one(tmp_path):
+    v1 = tmp_path / "cpu" / "kubepods" / "podu" / "c"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text(CPU_STAT_V1)
+    dirs = ("kubepods/podu/c", "cpu/kubepods/podu/c")
+    assert find_cpu_stat(tmp_path, dirs) == v1 / "cpu.stat"
+    assert read_cfs_counters(v1 / "cpu.stat") == (1200.0, 300.0)
+    assert find_cpu_stat(tmp_path, ("kubepods/other/c",)) is None
+    assert find_cpu_stat(tmp_path, ()) is None
+    assert read_cfs_counters(tmp_path / "gone" / "cpu.stat") is None
+
+
+def test_the_containers_cpu_stat_below_a_kubelets_own_cgroup_root(tmp_path):
+    # kubelet --cgroup-root=/vma-node2: kubepods one directory down, in each hierarchy.
+    v1 = tmp_path / "cpu" / "vma-node2" / "kubepods" / "podu" / "c"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text(CPU_STAT_V2)
+    dirs = ("kubepods/podu/c", "cpu/kubepods/podu/c")
+    assert find_cpu_stat(tmp_path, dirs) == v1 / "cpu.stat"
