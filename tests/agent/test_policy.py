@@ -765,3 +765,29 @@ def test_a_vm_throttled_at_its_quota_grows_and_never_turns_back(demand, top, see
             sizes.append(g.vcpus)
     assert sizes[-1] >= min(s.top_vcpus, math.ceil(demand - 0.05 * demand)), sizes
     assert_no_oscillation(sizes)
+
+
+def test_throttling_now_and_then_neither_shrinks_nor_grows_the_vm():
+    # 4 vCPUs reading idle, its container throttled in one interval of every ten (a burst of
+    # QEMU's own work): each throttled interval closes the shrink window, and none of them asks
+    # for more (load1 and the run queue are low). The size stays; no flapping either way.
+    guest, state, periods = Guest(4), FRESH, (0.0, 0.0)
+    sizes = set()
+    for i in range(120):
+        samples = held_back_samples(
+            guest,
+            None,
+            busy=0.1,
+            load1=0.3,
+            runnable=0,
+            throttled=0.3 if i % 10 == 9 else 0.0,
+            periods=periods,
+        )
+        periods = (samples.cfs_periods_total, samples.cfs_throttled_periods_total)
+        g = goal_vcpus(
+            samples, spec(), state, current_vcpus=4, top_vcpus=16, config=CFG, now=1000.0 + i
+        )
+        state = g.state
+        sizes.add(g.vcpus)
+        assert g.state.pressure_since is None
+    assert sizes == {4}
