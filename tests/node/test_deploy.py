@@ -161,12 +161,13 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     thread = threading.Thread(target=quota.run, daemon=True)
     thread.start()
     wait_postgres(ip)
-    wait_for(
-        lambda: quota.samples and quota.samples[-1][1] == 1,
-        timeout_seconds=180,
-        what="the VM at its minimum before the load",
-        interval=1,
-    )
+
+    def wants() -> int:
+        goals = [e for e in deployed.agent_events(0) if e["event"] == "goal"]
+        return int(goals[-1]["desired_vcpus"]) if goals else 0
+
+    # Quiet first (the guest fills its database at boot): the agent wants its minimum.
+    wait_for(lambda: wants() == 1, timeout_seconds=240, what="a quiet VM", interval=2)
     periods_before, throttled_before = cfs_counters(vm)
     started = time.time()
     bench = subprocess.run(
@@ -184,31 +185,32 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     goals = [e for e in events if e["event"] == "goal"]
     asks = [e for e in events if e["event"] == "permit_requested" and e["kind"] == "request"]
     answers = [e for e in events if e["event"] == "permit_answered"]
-    for e in goals + asks + answers:
+    for e in sorted(goals + asks + answers, key=lambda e: e["t"]):
         print(
             f"{e['t'] - started:6.1f}s {e['event']}",
             e.get("desired_vcpus", e.get("requested_vcpus", e.get("outcome"))),
-            e.get("reason", e.get("extender_reason", ""))[:200],
+            e.get("reason", e.get("extender_reason", ""))[:220],
         )
     print(f"throttled in {throttled:.0%} of the VM container's CFS periods under load")
     print(bench.stdout[-600:], bench.stderr[-600:])
     assert bench.returncode == 0, bench.stderr
     assert throttled >= 0.1, (periods_before, periods_after, throttled_before, throttled_after)
-    # No room: the quota never moved, every request was denied.
+    # No room: the quota never moved, and no answer permitted more than the 1 vCPU it has.
     assert {c for _, c in quota.samples} == {1}, quota.samples
-    assert answers and {a["outcome"] for a in answers} == {"denied"}, answers
+    assert answers and {a["permit_vcpus"] for a in answers} == {1}, answers
     # The agent saw the demand through the throttling and asked, again at each retry...
-    wanting = [g for g in goals if g["desired_vcpus"] > 1]
-    assert wanting and "held back: throttled" in wanting[0]["reason"], goals
-    first = wanting[0]["t"]
     during = [a for a in asks if a["t"] <= ended]
     assert len(during) >= 3 and all(a["requested_vcpus"] > 1 for a in during), asks
-    # ... and no scrape between the first wish and the end of the load held it back to 1.
-    assert [g for g in goals if first < g["t"] <= ended and g["desired_vcpus"] == 1] == [], goals
+    assert any("held back: throttled" in a["reason"] for a in during), during
+    # ... and no scrape from its first request to the last seconds of the load (pgbench winding
+    # down) held it back to its size.
+    first = during[0]["t"]
+    holds = [g for g in goals if first < g["t"] <= ended - 2 and g["desired_vcpus"] == 1]
+    assert holds == [], goals
     gaps = [round(b["t"] - a["t"], 1) for a, b in itertools.pairwise(during)]
     print(
-        f"load -> first wish for more {first - started:.1f}s; requests while loaded "
-        f"{len(during)}, {gaps} s apart; all denied; no hold in {ended - first:.1f}s"
+        f"load -> first request {first - started:.1f}s; requests while loaded {len(during)}, "
+        f"{gaps} s apart; none permitted; no hold in the {ended - 2 - first:.1f}s after the first"
     )
 
 
