@@ -210,7 +210,7 @@ class Goal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # throttled in, and the fraction of CPU time stolen from the guest; None if unknown.
     throttled_fraction: float | None = None
     steal_fraction: float | None = None
-    # Why the guest's demand counts as hidden (throttled, stolen, run queue), or None.
+    # Why the guest's demand counts as hidden (its container throttled, time stolen), or None.
     held_back: str | None = None
 
 
