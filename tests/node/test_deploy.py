@@ -163,14 +163,14 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     its container sits at its 1-core quota, throttled, and its guest reads less busy, not more.
     The agent sees the throttling and keeps asking for more, every permit retry, with no
     scrape in between that holds. Runs before the tier's overlay gives the VM room."""
-    ip = vm["status"]["podIP"]
+    ip, node = vm["status"]["podIP"], vm["spec"]["nodeName"]
     quota = CgroupWatch(container_cgroup(vm, "cpu") / "cpu.cfs_quota_us", cores)
     thread = threading.Thread(target=quota.run, daemon=True)
     thread.start()
     wait_postgres(ip)
 
     def wants() -> int:
-        goals = [e for e in deployed.agent_events(0) if e["event"] == "goal"]
+        goals = [e for e in deployed.agent_events(0, node) if e["event"] == "goal"]
         return int(goals[-1]["desired_vcpus"]) if goals else 0
 
     # Quiet first (the guest fills its database at boot): the agent wants its minimum.
@@ -188,7 +188,7 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     quota.stop.set()
     thread.join()
     throttled = (throttled_after - throttled_before) / max(1, periods_after - periods_before)
-    events = deployed.agent_events(started - 1)
+    events = deployed.agent_events(started - 1, node)
     goals = [e for e in events if e["event"] == "goal"]
     asks = [e for e in events if e["event"] == "permit_requested" and e["kind"] == "request"]
     answers = [e for e in events if e["event"] == "permit_answered"]
