@@ -176,6 +176,7 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             metrics=metrics,
             scrape_timeout_seconds=config.scrape.timeout_seconds,
             stuck_after_seconds=config.metrics.stuck_after_seconds,
+            cgroup_root=Path(config.scrape.cgroup_root) if config.scrape.cgroup_root else None,
             epochs=epochs,
             memory_signal_socket=memory_signal_socket if config.memory.guest_signals else None,
         )

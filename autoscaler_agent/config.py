@@ -11,6 +11,9 @@ Every key and its default (all optional; an empty file is a valid config)::
     scrape:
       interval_seconds: 1.0          # how often each VM's node_exporter is read
       timeout_seconds: 0.8           # a slower scrape counts as failed; the VM keeps its size
+      cgroup_root: null              # the host's cgroup filesystem (mounted read-only in the
+                                     # agent's pod): each scrape also reads the VM container's
+                                     # CPU throttling (cpu.stat) below it; null: not read
     policy:
       target_load_per_vcpu: 0.9      # demand (runnable tasks) one vCPU should carry; grow to
                                      # ceil(demand / this) (formula: autoscaler_agent/policy.py)
@@ -19,6 +22,9 @@ Every key and its default (all optional; an empty file is a valid config)::
       saturated_busy_fraction: 0.9   # busy fraction (0..1, over one scrape interval) from
                                      # which the VM counts as saturated and the run queue
                                      # (node_procs_running) is read to size the grow
+      throttled_fraction: 0.1        # ... or from this share of CFS periods in which the VM
+                                     # container was throttled (demand hidden by its quota)
+      steal_fraction: 0.1            # ... or from this share of CPU time stolen from the guest
       grow_after_seconds: 3.0        # how long the fast demand estimate must need more vCPUs
                                      # before growing (0: on the first such scrape)
     memory:                          # VMs with a virtio-mem device (max-memory > min-memory);
@@ -101,6 +107,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class ScrapeSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     interval_seconds: Seconds = 1.0
     timeout_seconds: Seconds = 0.8
+    cgroup_root: str | None = None
 
 
 class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -109,6 +116,8 @@ class PolicySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     shrink_after_seconds: NonNegativeSeconds = 30.0
     saturated_busy_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.9
     grow_after_seconds: NonNegativeSeconds = 3.0
+    throttled_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.1
+    steal_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.1
 
     def __post_init__(self) -> None:
         if self.shrink_load_per_vcpu >= self.target_load_per_vcpu:
@@ -209,6 +218,8 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 shrink_after_seconds=self.policy.shrink_after_seconds,
                 saturated_busy_fraction=self.policy.saturated_busy_fraction,
                 grow_after_seconds=self.policy.grow_after_seconds,
+                throttled_fraction=self.policy.throttled_fraction,
+                steal_fraction=self.policy.steal_fraction,
             ),
             permit_retry_seconds=self.extender.permit_retry_seconds,
             backoff_initial_seconds=self.retry.backoff_initial_seconds,

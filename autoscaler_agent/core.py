@@ -41,7 +41,10 @@ The rules the actions obey, per resource:
   reports a hot-plug device (``memory.current`` is then known).
 * **Memory's own facts:** a shrink the guest cannot complete (memory in use) ends where the
   guest stopped: the VM's memory is then that size, and the notice that follows gives the
-  extender back only what was really unplugged. A permit *below* the memory the VM has is an
+  extender back only what was really unplugged, and the VM is held at what it kept
+  (``Scaled.residue``), without retrying the same shrink every window (each retry stalls the
+  hypervisor for seconds and ends where the last did), until its goal really changes. A
+  permit *below* the memory the VM has is an
   order to give the rest back (``Scaled.ceiling``). Growth stays within the room the pod's
   applied container limit leaves (``Scaled.room``). A memory resize that lands while a scrape
   is in flight makes that scrape's numbers stale for memory (MemAvailable from before, the
@@ -176,6 +179,15 @@ class PermitOutcome(enum.StrEnum):
     REJECTED = "rejected"
 
 
+class Residue(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A shrink the guest stopped short of: asked ``target``, the VM kept ``size`` (memory
+    the guest could not give back), while its use was ``used_bytes`` (None if unknown)."""
+
+    target: int
+    size: int
+    used_bytes: float | None
+
+
 class _Words(NamedTuple):
     """How a reason names a resource: "grow" + ``verb_suffix``, "give back N ``unused``"."""
 
@@ -216,6 +228,7 @@ class Scaled:
         "failed_target",
         "in_flight",
         "permitted",
+        "residue",
         "resize_failures",
         "resource",
         "retry_at",
@@ -256,6 +269,9 @@ class Scaled:
         # moment later: plugging memory the guest then touches before that would run QEMU into
         # the old limit and the OOM killer. Growth waits for it; the permit is not asked again.
         self.room: int | None = room
+        # The last shrink the guest could not finish, while the VM still has what it kept:
+        # the VM is held there until its goal really changes (``VmState._memory_scraped``).
+        self.residue: Residue | None = None
 
     def hypervisor_max_is(self, value: int | None) -> None:
         top = self.bounds.top
@@ -266,6 +282,8 @@ class Scaled:
         if current != self.current:
             self.changed_at = now
         self.current = current
+        if self.residue is not None and current != self.residue.size:
+            self.residue = None  # the VM has another size now: what it kept is history
         if self.ceiling is not None and current <= self.ceiling:
             self.ceiling = None  # given back: the permit covers the VM again
         if self.ceiling is None and (self.permitted is None or self.permitted < current):
@@ -685,6 +703,35 @@ class VmState:
             stalled_seconds_total=samples.memory_stalled_seconds_total,
         )
         self._memory_policy_state = self.memory_goal.state
+        self._hold_residue(mem)
+
+    def _hold_residue(self, mem: Scaled) -> None:
+        """A VM whose guest could not give back its last blocks is held at what it kept, with
+        no retry, while the goal is the shrink that stopped short (or one between it and the
+        size kept): each retry stalls the hypervisor for seconds and ends where the last one
+        did (a guest that keeps two 2 MiB blocks off its memory grid keeps them). The goal
+        really changes when it asks for a grow, for less than the shrink that stopped, or
+        when the guest's use has fallen by a memory unit since (what held the blocks may be
+        gone). One line says so: the warning of the shrink that stopped short."""
+        res, goal, c = mem.residue, self.memory_goal, mem.current
+        if res is None or goal is None or c is None or goal.memory_bytes == c:
+            return
+        used = goal.used_bytes
+        has_freed = (
+            used is not None
+            and res.used_bytes is not None
+            and used <= res.used_bytes - self.spec.memory_unit_bytes
+        )
+        if res.target <= goal.memory_bytes < c and not has_freed:
+            mib = 2**20
+            self.memory_goal = msgspec.structs.replace(
+                goal,
+                memory_bytes=c,
+                reason=f"hold at {c / mib:.0f} MiB, what the guest kept of the shrink to"
+                f" {res.target / mib:.0f} MiB, until the goal changes: {goal.reason}",
+            )
+        else:
+            mem.residue = None
 
     def memory_signalled(self, now: float) -> None:
         """The guest says its workload crossed its memory.high (vm_image/guest/memory-watch):
@@ -788,6 +835,14 @@ class VmState:
         )
         r.retry_at = now + hold
         if current is not None:
+            target = r.failed_target
+            if target is not None and target < current:
+                goal = self.memory_goal if r is self.memory else None
+                r.residue = Residue(
+                    target=target,
+                    size=current,
+                    used_bytes=goal.used_bytes if goal is not None else None,
+                )
             r.seen(now, current)
         else:
             r.current = None

@@ -65,6 +65,9 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     # vCPUs the VM container's CPU limit, as the kubelet reports it applied, has room for
     # (``vcpu_room``); None when no limit is known.
     vcpu_room: int | None = None
+    # Where the VM container's cgroup may be, relative to the host's cgroup filesystem
+    # (``container_cgroup_dirs``): the agent reads its CPU throttling there. () when unknown.
+    cgroup_dirs: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -163,6 +166,37 @@ def vcpu_room(pod: Pod) -> int | None:
         return None
 
 
+# The runtime's name for a container's scope under the systemd cgroup driver, by the scheme of
+# its containerID.
+_SCOPE_PREFIXES = {"containerd": "cri-containerd-", "cri-o": "crio-", "docker": "docker-"}
+
+
+def container_cgroup_dirs(pod: Pod) -> tuple[str, ...]:
+    """Where the VM container's cgroup is, relative to the cgroup filesystem's root: one
+    directory per kubelet cgroup driver (``cgroupfs``: ``kubepods[/<qos>]/pod<uid>/<id>``;
+    ``systemd``: ``kubepods.slice/[kubepods-<qos>.slice/]kubepods[-<qos>]-pod<uid>.slice/
+    <runtime>-<id>.scope``, pkg/kubelet/cm/cgroup_manager_linux.go) and hierarchy (v2: at
+    the root; v1: below the ``cpu`` controller's mount). The agent reads whichever exists.
+    () when the container has no ID yet."""
+    name = vm_container_name(pod)
+    status = next((s for s in pod.status.container_statuses or () if s.name == name), None)
+    if status is None or not status.container_id or "://" not in status.container_id:
+        return ()
+    runtime, cid = status.container_id.split("://", 1)
+    uid = pod.metadata.uid
+    qos = (pod.status.qos_class or "").lower()
+    is_guaranteed = qos in ("guaranteed", "")
+    cgroupfs = f"kubepods/pod{uid}/{cid}" if is_guaranteed else f"kubepods/{qos}/pod{uid}/{cid}"
+    slice_uid = uid.replace("-", "_")
+    scope = f"{_SCOPE_PREFIXES.get(runtime, runtime + '-')}{cid}.scope"
+    systemd = (
+        f"kubepods.slice/kubepods-pod{slice_uid}.slice/{scope}"
+        if is_guaranteed
+        else f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/{scope}"
+    )
+    return tuple(prefix + d for prefix in ("", "cpu/", "cpu,cpuacct/") for d in (cgroupfs, systemd))
+
+
 def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
     """The VM a pod describes, None if it is not one of ours to manage now.
 
@@ -201,6 +235,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         permitted_memory=permitted_memory,
         memory_room_bytes=memory_room(pod, spec),
         vcpu_room=vcpu_room(pod),
+        cgroup_dirs=container_cgroup_dirs(pod),
     )
 
 

@@ -19,6 +19,24 @@ The estimates, per scrape (``c`` = current vCPUs):
 * ``saturated``: ``busy >= saturated_busy_fraction`` (0.9). Then the demand may be anything
   above ``c``, and only the run queue says how far: ``runnable = procs_running - 1``.
 * ``demand_now = max(used, runnable, load1)`` when saturated, else ``used``.
+* **Demand hidden by throttling** also counts as saturated. The VM's QEMU threads share its
+  container's CPU quota: a guest that wants more than the quota does not read busier, it reads
+  *less* busy (on the real node, under 8 pgbench clients, "busy 0.39 of 1 vCPUs" with load1
+  7.70), because the time its vCPU threads sit throttled passes in the guest as time not run.
+  Below saturation the busy time is then no measure of the demand. Two signs say so, each
+  over the last scrape interval: the VM container was throttled in at least
+  ``throttled_fraction`` (0.1) of its CFS periods (its cgroup's ``cpu.stat``, which the agent
+  reads on its node: ``Samples.cfs_*``), or the hypervisor stole at least ``steal_fraction``
+  (0.1) of the guest's CPU time (``mode="steal"``, reported by KVM guests, not TCG ones).
+  Then the demand is the run queue and the load average, as neondatabase/autoscaling sizes
+  on them alone (``pkg/agent/core/goalcu.go``: ``load average / LoadAverageFractionTarget``,
+  0.9), and the VM does not shrink (below). The guest's own run queue and load1 are not a
+  sign by themselves: after a load drops, load1 stays above the vCPUs for minutes, and one
+  scrape's burst of short-lived tasks joined to it asked idle VMs to grow and closed their
+  shrink windows (the simulator's fleet showed it). Each sign needs the evidence to last
+  like any other pressure (the grow window); once it has, every scrape that still shows the
+  sign keeps asking for the same size, so a request denied for lack of room is made again
+  at its retry time rather than dropped by a scrape that reads the throttled guest as idle.
 
 The rule, and why it neither lags nor oscillates:
 
@@ -56,6 +74,9 @@ The rule, and why it neither lags nor oscillates:
   busy time is the demand. The window is the price: a load that pauses for longer than it (a batch
   every 2 minutes) gets a shrink and a grow per pause; the 1-minute load1 hid such pauses, and also
   held every VM a few minutes too big after every real stop.
+  A VM held back (throttled or stolen from) never shrinks: its shrink size is at
+  least its size, and such a scrape closes the shrink window like any busy one. Its busy time
+  is a floor of its demand, not a measure of it.
 * **Without a busy fraction for one interval** (first scrape, counters reset, CPUs hot-plugged
   since the last scrape) the policy holds, and keeps its windows as they were. **Without CPU
   counters at all** (an exporter with the cpu collector off) it is the load1-only rule: grow
@@ -102,6 +123,14 @@ class Samples(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cpu_idle_seconds_total: float | None = None
     # How many CPUs the counters cover (online CPUs): a change means a hot-plug.
     cpu_count: int | None = None
+    # Of cpu_seconds_total, the time the hypervisor ran something else while a vCPU wanted to
+    # run (mode="steal"); only guests with a paravirtual clock report it (KVM, not TCG).
+    cpu_steal_seconds_total: float | None = None
+    # Not the guest's: the VM container's CFS bandwidth counters (its cgroup's ``cpu.stat``),
+    # which the agent reads on its node: scheduling periods, and those in which the container
+    # ran out of its quota. None when the agent cannot read them.
+    cfs_periods_total: float | None = None
+    cfs_throttled_periods_total: float | None = None
     memory_available_bytes: float | None = None
     memory_total_bytes: float | None = None
     # PSI (node_exporter's pressure collector), seconds since boot: time in which some task
@@ -126,6 +155,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
     # 1 s scrapes in a row: with three, a VM sitting on the target under ±5% noise crept one
     # vCPU further now and then (1 in 3,000 random runs in tests/agent/test_policy.py).
     grow_after_seconds: float = 3.0
+    # Demand hidden by throttling (see the module docstring): from this fraction of CFS periods
+    # in which the VM container was throttled, or of CPU time stolen from the guest, over one
+    # scrape interval, the guest's demand counts as above what its busy time shows.
+    throttled_fraction: float = 0.1
+    steal_fraction: float = 0.1
 
 
 class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -151,6 +185,9 @@ class PolicyState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cpu_seconds_total: float | None = None
     cpu_idle_seconds_total: float | None = None
     cpu_count: int | None = None
+    cpu_steal_seconds_total: float | None = None
+    cfs_periods_total: float | None = None
+    cfs_throttled_periods_total: float | None = None
 
     @property
     def is_quiet(self) -> bool:
@@ -170,6 +207,12 @@ class Goal(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     shrink_vcpus: int | None  # the size a shrink would go to (at the lower load), or None
     state: PolicyState
     reason: str
+    # Over the last scrape interval: the fraction of CFS periods the VM container was
+    # throttled in, and the fraction of CPU time stolen from the guest; None if unknown.
+    throttled_fraction: float | None = None
+    steal_fraction: float | None = None
+    # Why the guest's demand counts as hidden (its container throttled, time stolen), or None.
+    held_back: str | None = None
 
 
 def _size_for(load: float, load_per_vcpu: float, bounds: Bounds, top_vcpus: int) -> int:
@@ -197,6 +240,22 @@ def _busy_fraction(
     # min(1.0, max(0.0, busy)), spelled out: this runs a few times per scrape of every VM
     busy = busy if busy > 0.0 else 0.0
     return 1.0 if busy > 1.0 else busy
+
+
+def _delta_fraction(
+    part_before: float | None,
+    part_after: float | None,
+    whole_before: float | None,
+    whole_after: float | None,
+) -> float | None:
+    # What share of the growth of one counter (``whole``) the growth of another was, between
+    # two scrapes; None when either is unknown, no time passed, or the counters were reset.
+    if part_before is None or part_after is None or whole_before is None or whole_after is None:
+        return None
+    part, whole = part_after - part_before, whole_after - whole_before
+    if whole <= 0 or part < 0:
+        return None
+    return part / whole if part < whole else 1.0
 
 
 def _usable(value: float | None) -> float | None:
@@ -231,8 +290,22 @@ def goal_vcpus(
     load1 = _usable(samples.load1)
     # The state after this scrape carries its counters, for the next busy fraction.
     cpu, idle, count = samples.cpu_seconds_total, samples.cpu_idle_seconds_total, samples.cpu_count
+    carried = PolicyState(
+        cpu_seconds_total=cpu,
+        cpu_idle_seconds_total=idle,
+        cpu_count=count,
+        cpu_steal_seconds_total=samples.cpu_steal_seconds_total,
+        cfs_periods_total=samples.cfs_periods_total,
+        cfs_throttled_periods_total=samples.cfs_throttled_periods_total,
+    )
     busy = _busy_fraction(
         state.cpu_seconds_total, state.cpu_idle_seconds_total, state.cpu_count, samples
+    )
+    throttled = _delta_fraction(
+        state.cfs_throttled_periods_total,
+        samples.cfs_throttled_periods_total,
+        state.cfs_periods_total,
+        samples.cfs_periods_total,
     )
     if load1 is None:
         return Goal(
@@ -242,8 +315,9 @@ def goal_vcpus(
             busy_fraction=busy,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count),
+            state=carried,
             reason="hold: no usable node_load1 in the samples",
+            throttled_fraction=throttled,
         )
     c = current_vcpus
     min_vcpus, bounds = spec.min_vcpus, spec.vcpu_bounds
@@ -256,7 +330,8 @@ def goal_vcpus(
             load1=load1,
             grow_vcpus=None,
             shrink_vcpus=None,
-            state=PolicyState(
+            state=msgspec.structs.replace(
+                carried,
                 low_since=state.low_since,
                 low_peak_vcpus=state.low_peak_vcpus,
                 low_peak_at=state.low_peak_at,
@@ -265,17 +340,17 @@ def goal_vcpus(
                 pressure_since=state.pressure_since,
                 pressure_demands=state.pressure_demands,
                 pressure_vcpus=state.pressure_vcpus,
-                cpu_seconds_total=cpu,
-                cpu_idle_seconds_total=idle,
-                cpu_count=count,
             ),
             reason="hold: no busy fraction this interval (first scrape, hot-plug or reset)",
+            throttled_fraction=throttled,
         )
     target = config.target_load_per_vcpu
     demand: float | None = None
     pressure_since: float | None = None
     demands: tuple[float, ...] = ()
     is_saturated = False
+    held_back: str | None = None
+    steal: float | None = None
     pressed_for = 0.0
     if busy is None:
         grow = _size_for(load1, target, bounds, top_vcpus)
@@ -284,12 +359,24 @@ def goal_vcpus(
     else:
         # busy is a fraction of the CPUs the counters cover: those online in the guest. A
         # vCPU plugged but not (yet) online ran nothing, and counting it would ask for more.
-        used = busy * (count if count is not None else c)
-        is_saturated = busy >= config.saturated_busy_fraction
+        online = count if count is not None else c
+        used = busy * online
+        steal = _delta_fraction(
+            state.cpu_steal_seconds_total,
+            samples.cpu_steal_seconds_total,
+            state.cpu_seconds_total,
+            cpu,
+        )
+        runnable = _usable(samples.procs_running)
+        queued = 0.0 if runnable is None else max(0.0, runnable - 1)  # the exporter is one
+        if throttled is not None and throttled >= config.throttled_fraction:
+            held_back = f"throttled in {throttled:.0%} of CFS periods"
+        elif steal is not None and steal >= config.steal_fraction:
+            held_back = f"{steal:.0%} of CPU time stolen"
+        is_saturated = busy >= config.saturated_busy_fraction or held_back is not None
         demand = used
         if is_saturated:
-            runnable = _usable(samples.procs_running)
-            demand = max(used, load1, 0.0 if runnable is None else max(0.0, runnable - 1))
+            demand = max(used, load1, queued)
         need_now = _size_for(demand, target, bounds, top_vcpus)
         grow = need_now
         if need_now > c:
@@ -314,32 +401,32 @@ def goal_vcpus(
     # and keeps a shrink from going below what the fast estimate needs now.
     shrink = _size_for(slow, config.shrink_load_per_vcpu, bounds, top_vcpus)
     shrink = shrink if shrink > grow else grow  # max(grow, shrink)
+    if held_back is not None and shrink < c:
+        shrink = c  # a guest held back shows less than it wants: it never shrinks on that
 
     # The decision: the size, the state to carry, and its verdict (formatted only if asked).
     verdict = "hold"
     if c < min_vcpus:
         vcpus = max(grow, min_vcpus)
-        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+        new_state = carried
         if explain:
             verdict = f"grow to min {min_vcpus}"
     elif c > top_vcpus:
         # Above max (bounds lowered under a running VM): back to max now, without waiting;
         # any further shrink goes through the usual hysteresis from there.
         vcpus = top_vcpus
-        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+        new_state = carried
         if explain:
             verdict = f"shrink to max {top_vcpus}"
     elif grow > c:
         # The window stays open, also once the grow is due: the scrapes until the resize lands
         # must keep asking for this size (a "hold" would drop a permit request still in
         # flight), and if the new size is still short, the next grow needs no second wait.
-        new_state = PolicyState(
+        new_state = msgspec.structs.replace(
+            carried,
             pressure_since=pressure_since,
             pressure_demands=demands,
             pressure_vcpus=c if pressure_since is not None else None,
-            cpu_seconds_total=cpu,
-            cpu_idle_seconds_total=idle,
-            cpu_count=count,
         )
         if is_grow_due:
             vcpus = grow
@@ -350,7 +437,7 @@ def goal_vcpus(
             verdict = "hold: grow pending"
     elif shrink >= c:
         vcpus = c
-        new_state = PolicyState(cpu_seconds_total=cpu, cpu_idle_seconds_total=idle, cpu_count=count)
+        new_state = carried
     else:
         low_since = state.low_since if state.low_since is not None else now
         peak, peak_at = state.low_peak_vcpus, state.low_peak_at
@@ -367,27 +454,23 @@ def goal_vcpus(
             # under way at the new size. A load that stops while a window is open (its busy
             # seconds set the peak) is at the minimum one window after it stopped, not after a
             # first shrink to the peak and then a whole second window.
-            new_state = PolicyState(
+            new_state = msgspec.structs.replace(
+                carried,
                 low_since=after_since,
                 low_peak_vcpus=after_peak,
                 low_peak_at=now if after_since is not None else None,
-                cpu_seconds_total=cpu,
-                cpu_idle_seconds_total=idle,
-                cpu_count=count,
             )
             if explain:
                 verdict = f"shrink {c} -> {peak} after {low_for:.0f}s low"
         else:
             vcpus = c
-            new_state = PolicyState(
+            new_state = msgspec.structs.replace(
+                carried,
                 low_since=low_since,
                 low_peak_vcpus=peak,
                 low_peak_at=peak_at,
                 low_after_peak_since=after_since,
                 low_after_peak_vcpus=after_peak,
-                cpu_seconds_total=cpu,
-                cpu_idle_seconds_total=idle,
-                cpu_count=count,
             )
             if explain:
                 verdict = (
@@ -408,8 +491,15 @@ def goal_vcpus(
                 if pressure_since is not None and not is_grow_due
                 else ""
             )
+            saturated = (
+                f" (held back: {held_back})"
+                if held_back is not None
+                else " (saturated)"
+                if is_saturated
+                else ""
+            )
             reason = (
-                f"{verdict}: busy {busy:.2f} of {c} vCPUs{' (saturated)' if is_saturated else ''},"
+                f"{verdict}: busy {busy:.2f} of {c} vCPUs{saturated},"
                 f" demand {demand:.2f} at {target} per vCPU needs {grow}{pressure},"
                 f" load1 {load1:.2f} (shrink size {shrink} at {config.shrink_load_per_vcpu})"
             )
@@ -423,6 +513,9 @@ def goal_vcpus(
         shrink_vcpus=shrink,
         state=new_state,
         reason=reason,
+        throttled_fraction=throttled,
+        steal_fraction=steal,
+        held_back=held_back,
     )
 
 

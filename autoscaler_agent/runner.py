@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 import aiohttp
+import msgspec
 import structlog
 
 from autoscaler_agent.core import (
@@ -53,7 +54,7 @@ from autoscaler_agent.hypervisor import signals as memory_signals
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
-from autoscaler_agent.scrape import ScrapeError, fetch_samples
+from autoscaler_agent.scrape import ScrapeError, fetch_samples, find_cpu_stat, read_cfs_counters
 from autoscaler_agent.wire import resource_request
 from protocol.permits import Permit, ResourceRequest
 
@@ -90,6 +91,7 @@ class RunnerDeps:
         epochs: EpochWatch | None = None,
         stuck_after_seconds: float = 60.0,
         memory_signal_socket: MemorySignalSocket | None = None,
+        cgroup_root: Path | None = None,
     ) -> None:
         self.core = core
         self.node = node
@@ -108,9 +110,14 @@ class RunnerDeps:
         self.stuck_after_seconds = stuck_after_seconds
         # Where each VM's guest signals memory pressure; None: the agent does not listen.
         self.memory_signal_socket = memory_signal_socket
+        # The host's cgroup filesystem, where each scrape also reads the VM container's CPU
+        # throttling (None: not read, the policy goes by the guest's own signs).
+        self.cgroup_root = cgroup_root
 
 
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
+# How often a VM loop looks again for its container's cpu.stat while it has not found it.
+_FIND_CPU_STAT_SECONDS = 30.0
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:
@@ -147,6 +154,9 @@ class VmRunner:
         self._is_memory_stuck = False
         self._memory_changes = 0  # memory resizes finished, to tell a scrape that overlapped one
         self._memory_overhead: int | None = None
+        # The VM container's cpu.stat once found, and when to look again while it is not.
+        self._cpu_stat: Path | None = None
+        self._find_cpu_stat_at = self._loop.time()
 
     def _now(self) -> float:
         return self._loop.time()
@@ -348,6 +358,11 @@ class VmRunner:
                 reason="holding the current size",
             )
         else:
+            cfs = self._cfs_counters()
+            if cfs is not None:
+                samples = msgspec.structs.replace(
+                    samples, cfs_periods_total=cfs[0], cfs_throttled_periods_total=cfs[1]
+                )
             mem = self.state.memory.current
             total = samples.memory_total_bytes
             if (
@@ -382,6 +397,25 @@ class VmRunner:
                 )
         finally:
             self._changed.set()
+
+    def _cfs_counters(self) -> tuple[float, float] | None:
+        """The VM container's CFS counters, None while its cgroup is unknown. Its cpu.stat is
+        looked for once, and again at most every ``_FIND_CPU_STAT_SECONDS`` while not found or
+        gone (a search reads directories; a scrape should read one file)."""
+        root = self._deps.cgroup_root
+        if root is None or not self.target.cgroup_dirs:
+            return None
+        now = self._now()
+        if self._cpu_stat is None and now >= self._find_cpu_stat_at:
+            self._find_cpu_stat_at = now + _FIND_CPU_STAT_SECONDS
+            self._cpu_stat = find_cpu_stat(root, self.target.cgroup_dirs)
+            log.info("vm_cgroup", cpu_stat=str(self._cpu_stat) if self._cpu_stat else None)
+        if self._cpu_stat is None:
+            return None
+        cfs = read_cfs_counters(self._cpu_stat)
+        if cfs is None:
+            self._cpu_stat = None
+        return cfs
 
     async def _read(self, hypervisor: Hypervisor) -> None:
         try:
@@ -452,8 +486,8 @@ class VmRunner:
                 to_bytes=resize.target,
                 current_memory_bytes=e.state.current,
                 error=str(e),
-                reason="the VM keeps the memory the guest did not give back; the extender is"
-                " told the real size",
+                reason="the VM keeps the memory the guest did not give back, and is held there"
+                " until its goal changes; the extender is told the real size",
             )
         except HypervisorError as e:
             duration.labels(direction=direction).observe(self._now() - started)

@@ -11,6 +11,7 @@ size and moves on.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -55,6 +56,7 @@ def parse_samples(text: str) -> Samples:
     cpus: set[str] = set()
     cpu_total: float | None = None
     cpu_idle: float | None = None
+    cpu_steal: float | None = None
     mem_avail: float | None = None
     mem_total: float | None = None
     waiting: float | None = None
@@ -74,8 +76,11 @@ def parse_samples(text: str) -> Samples:
                         continue
                     cpu_total = (cpu_total or 0.0) + s.value
                     cpus.add(s.labels.get("cpu", ""))
-                    if s.labels.get("mode") in _IDLE_MODES:
+                    mode = s.labels.get("mode")
+                    if mode in _IDLE_MODES:
                         cpu_idle = (cpu_idle or 0.0) + s.value
+                    elif mode == "steal":
+                        cpu_steal = (cpu_steal or 0.0) + s.value
             elif name == "node_memory_MemAvailable_bytes":
                 for s in family.samples:
                     mem_avail = s.value
@@ -102,6 +107,7 @@ def parse_samples(text: str) -> Samples:
         cpu_seconds_total=cpu_total,
         cpu_idle_seconds_total=cpu_idle,
         cpu_count=len(cpus) if cpus else None,
+        cpu_steal_seconds_total=cpu_steal,
         memory_available_bytes=mem_avail,
         memory_total_bytes=mem_total,
         memory_waiting_seconds_total=waiting,
@@ -141,3 +147,51 @@ async def fetch_samples(
     except (UnicodeDecodeError, LookupError) as e:
         raise ScrapeError("malformed", f"GET {url}: {e}") from e
     return parse_samples(text)
+
+
+def parse_cpu_stat(text: str) -> tuple[float, float] | None:
+    """(CFS periods, throttled periods) from a cgroup's ``cpu.stat``, or None without them.
+
+    The two keys are the same in cgroup v1 (``cpu`` controller) and v2
+    (Documentation/admin-guide/cgroup-v2.rst, "cpu.stat": ``nr_periods``, ``nr_throttled``);
+    the throttled *time* is not (v1 ``throttled_time`` in ns, v2 ``throttled_usec``), and the
+    policy needs only the share of periods, so it reads these two.
+    """
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("nr_periods", "nr_throttled"):
+            try:
+                values[key] = float(value)
+            except ValueError:
+                return None
+    if len(values) != 2:
+        return None
+    return values["nr_periods"], values["nr_throttled"]
+
+
+def find_cpu_stat(root: Path, dirs: tuple[str, ...]) -> Path | None:
+    """The VM container's ``cpu.stat``: in the first of ``dirs`` (below the host's cgroup
+    filesystem, ``root``) that has one, or else one directory further down, where a kubelet
+    run with a ``cgroupRoot`` of its own (one path component, ``/kubelet`` say) puts its
+    ``kubepods``. None if there is none (yet). Looks at a few directories: the caller keeps
+    the answer rather than asking at every scrape."""
+    for d in dirs:
+        path = root / d / "cpu.stat"
+        if path.is_file():
+            return path
+    for d in dirs:
+        controller, found, below = d.partition("kubepods")
+        if found:
+            for path in (root / controller).glob(f"*/kubepods{below}/cpu.stat"):
+                return path
+    return None
+
+
+def read_cfs_counters(path: Path) -> tuple[float, float] | None:
+    """The counters of a ``cpu.stat`` (``parse_cpu_stat``); None if it cannot be read (the
+    container is gone). One small file of a virtual filesystem: it never blocks on a disk."""
+    try:
+        return parse_cpu_stat(path.read_text())
+    except OSError:
+        return None

@@ -105,6 +105,8 @@ class PodSpec(_Obj):
 
 class ContainerStatus(_Obj):
     name: str = ""
+    # "<runtime>://<id>" (containerd://..., cri-o://...): names the container's cgroup.
+    container_id: str | None = msgspec.field(default=None, name="containerID")
     # In-place resize (KEP-1287): what the kubelet has admitted, and what it has actuated (its
     # ``requests`` read back from the container's cgroup); either may differ from the spec.
     allocated_resources: StrMap | None = None
@@ -120,6 +122,7 @@ class PodCondition(_Obj):
 class PodStatus(_Obj):
     phase: str | None = None
     pod_ip: str | None = msgspec.field(default=None, name="podIP")
+    qos_class: str | None = None  # Guaranteed, Burstable, BestEffort: the cgroup's parent
     conditions: list[PodCondition] | None = None
     container_statuses: list[ContainerStatus] | None = None
     init_container_statuses: list[ContainerStatus] | None = None

@@ -151,12 +151,17 @@ class SyntheticMetrics:
 
     With ``online[name]`` set it also serves the guest's CPU counters as node_exporter does:
     ``node_cpu_seconds_total`` for CPUs 0..online-1 only (the guest lists only online CPUs in
-    /proc/stat), integrated over loop time with ``loads[name]`` of them busy.
+    /proc/stat), integrated over loop time with ``loads[name]`` of them busy,
+    or ``busy[name]`` when set (a guest throttled at its container's quota shows less busy
+    time than its load). With ``runnable[name]`` set it serves node_procs_running (the
+    exporter counted, as the kernel does).
     """
 
     def __init__(self) -> None:
         self.loads: dict[str, float] = {}
         self.online: dict[str, int] = {}
+        self.busy: dict[str, float] = {}
+        self.runnable: dict[str, int] = {}
         self.broken: set[str] = set()
         # Per VM, if set: () -> (MemTotal, MemAvailable) in bytes, read at every scrape.
         self.memory: dict[str, Callable[[], tuple[float, float]]] = {}
@@ -171,7 +176,7 @@ class SyntheticMetrics:
         now = asyncio.get_running_loop().time()
         at, busy, idle = self._counters.get(name, (now, 1000.0, 1000.0))
         dt = max(0.0, now - at)
-        used = min(float(online), load)
+        used = min(float(online), self.busy.get(name, load))
         busy, idle = busy + used * dt, idle + (online - used) * dt
         self._counters[name] = (now, busy, idle)
         lines = ["# TYPE node_cpu_seconds_total counter"]
@@ -202,6 +207,8 @@ class SyntheticMetrics:
             "# TYPE node_memory_MemAvailable_bytes gauge\n"
             f"node_memory_MemAvailable_bytes {available}\n"
         ) + self._cpu_lines(name, load)
+        if name in self.runnable:
+            text += f"node_procs_running {self.runnable[name] + 1}\n"
         return web.Response(text=text, content_type="text/plain")
 
 

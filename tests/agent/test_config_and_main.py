@@ -228,3 +228,44 @@ def test_vcpu_room_is_the_applied_cpu_limit_in_whole_cores():
 def test_no_memory_room_without_an_applied_limit_or_scaling_memory():
     assert vm_target_from_pod(scaling_pod(applied=None), node="n1").memory_room_bytes is None
     assert vm_target_from_pod(pod(), node="n1").memory_room_bytes is None  # memory fixed
+
+
+@pytest.mark.parametrize(
+    ("qos", "container_id", "expected"),
+    [
+        pytest.param(
+            "Guaranteed",
+            "containerd://abc",
+            (
+                "kubepods/podu-1/abc",
+                "kubepods.slice/kubepods-podu_1.slice/cri-containerd-abc.scope",
+            ),
+            id="guaranteed-containerd",
+        ),
+        pytest.param(
+            "Burstable",
+            "cri-o://abc",
+            (
+                "kubepods/burstable/podu-1/abc",
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu_1.slice/"
+                "crio-abc.scope",
+            ),
+            id="burstable-cri-o",
+        ),
+    ],
+)
+def test_the_vm_containers_cgroup_is_looked_for_under_both_drivers(qos, container_id, expected):
+    p = scaling_pod(applied="2Gi")
+    p.metadata = msgspec.structs.replace(p.metadata, uid="u-1")
+    vm_status = msgspec.structs.replace(p.status.container_statuses[0], container_id=container_id)
+    p.status = msgspec.structs.replace(
+        p.status, qos_class=qos, container_statuses=[vm_status, *p.status.container_statuses[1:]]
+    )
+    dirs = vm_target_from_pod(p, node="n1").cgroup_dirs
+    # cgroup v2 at the root first, then v1 below the cpu controller's mount (either name).
+    assert dirs == (
+        *expected,
+        *(f"cpu/{d}" for d in expected),
+        *(f"cpu,cpuacct/{d}" for d in expected),
+    )
+    assert vm_target_from_pod(scaling_pod(applied="2Gi"), node="n1").cgroup_dirs == ()  # no ID yet

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from autoscaler_agent.core import (
     Actions,
@@ -508,8 +510,13 @@ def test_a_shrink_the_guest_cannot_finish_reports_the_real_size_and_holds(clock)
     config = msgspec.structs.replace(CONFIG, memory=MemoryPolicyConfig(shrink_after_seconds=2.0))
     vm = mem_started(clock, memory=2 * GiB, permit_memory=2 * GiB, config=config)
     for _ in range(3):
-        mem_scrape(vm, clock, used=100 * MiB)
+        mem_scrape(vm, clock, used=250 * MiB)
     resize = vm.next_actions(clock.now).resize
+    assert resize == Resize(
+        resource=Resource.MEMORY,
+        target=512 * MiB,
+        reason=f"shrink memory: {vm.memory_goal.reason}",
+    )
     vm.resize_started(clock.now, Resource.MEMORY, resize.target)
     # The guest gave back only 512 MiB of the 1.5 GiB asked.
     vm.resize_failed(
@@ -526,16 +533,140 @@ def test_a_shrink_the_guest_cannot_finish_reports_the_real_size_and_holds(clock)
     assert (notice.memory.current, notice.memory.requested) == (2 * GiB, 1536 * MiB)
     vm.permit_requested(clock.now, notice)
     vm.permit_granted(clock.now, 1, memory_bytes=1536 * MiB)
-    # The same shrink is not retried while the hold lasts, even once a new window says so...
-    for _ in range(3):
-        mem_scrape(vm, clock, used=100 * MiB)
-    assert vm.desired_memory == 512 * MiB
-    assert vm.next_actions(clock.now).resize is None
-    # ...only after it.
-    clock.advance(CONFIG.resize_failure_hold_seconds)
+    # The same shrink is not retried, however many windows (and failure holds) pass...
+    for _ in range(3 * int(CONFIG.resize_failure_hold_seconds)):
+        mem_scrape(vm, clock, used=250 * MiB)
+        assert vm.desired_memory == 1536 * MiB
+        assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    assert vm.memory_goal.reason.startswith(
+        "hold at 1536 MiB, what the guest kept of the shrink to 512 MiB, until the goal changes"
+    )
+    # ...until the goal really changes: the guest's use fell by a memory unit (what held the
+    # blocks may be gone), and the next window tries again, once.
     for _ in range(3):
         mem_scrape(vm, clock, used=100 * MiB)
     assert vm.next_actions(clock.now).resize.target == 512 * MiB
+
+
+def residue_vm(clock):
+    """The issue's VM: 640 MiB, shrunk towards its 512 MiB minimum, the guest keeping two
+    2 MiB blocks (516 MiB, off the memory grid); the extender told, and granted it."""
+    config = msgspec.structs.replace(CONFIG, memory=MemoryPolicyConfig(shrink_after_seconds=2.0))
+    vm = mem_started(clock, memory=640 * MiB, permit_memory=640 * MiB, config=config)
+    for _ in range(3):
+        mem_scrape(vm, clock, used=100 * MiB)
+    assert vm.next_actions(clock.now).resize.target == 512 * MiB
+    vm.resize_started(clock.now, Resource.MEMORY, 512 * MiB)
+    clock.advance(3.0)  # QEMU waited for the guest this long before giving up
+    vm.resize_failed(
+        clock.now,
+        Resource.MEMORY,
+        "stopped at 516 MiB",
+        is_retryable=False,
+        jitter=0.0,
+        current=516 * MiB,
+    )
+    notice = vm.next_actions(clock.now).notify_extender
+    assert (notice.memory.current, notice.memory.requested) == (640 * MiB, 516 * MiB)
+    vm.permit_requested(clock.now, notice)
+    assert vm.permit_granted(clock.now, 1, memory_bytes=516 * MiB) is PermitOutcome.RELEASED
+    return vm
+
+
+def test_an_off_grid_residue_is_held_without_retries_until_the_goal_changes(clock):
+    vm = residue_vm(clock)
+    # Ten minutes of the same use: every scrape holds at 516 MiB, nothing but scrapes.
+    reasons = set()
+    for _ in range(600):
+        clock.advance(1.0)
+        assert vm.next_actions(clock.now) == Actions(scrape=True, wait_seconds=1.0)
+        vm.scrape_started(clock.now)
+        vm.metrics_scraped(clock.now, mem_samples(vm.memory.current, 100 * MiB))
+        assert vm.desired_memory == 516 * MiB
+        assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+        reasons.add(vm.memory_goal.reason.split(":")[0])
+    assert reasons == {
+        "hold at 516 MiB, what the guest kept of the shrink to 512 MiB, until the goal changes",
+        "hold",  # a scrape whose own goal is to hold needs no word of the residue
+    }
+    # The goal changes: the use grows, the VM grows (a new size: the residue is history)...
+    mem_scrape(vm, clock, used=400 * MiB)
+    call = vm.next_actions(clock.now).request_permit
+    assert call.memory.current == 516 * MiB and call.memory.requested > 516 * MiB
+    vm.permit_requested(clock.now, call)
+    vm.permit_granted(clock.now, 1, memory_bytes=call.memory.requested)
+    grow = vm.next_actions(clock.now).resize
+    vm.resize_started(clock.now, Resource.MEMORY, grow.target)
+    vm.resized(clock.now, Resource.MEMORY, current=grow.target, maximum=None)
+    assert vm.memory.residue is None
+    # ... and once the use falls back, the shrink to the minimum is tried again.
+    for _ in range(3):
+        mem_scrape(vm, clock, used=100 * MiB)
+    assert vm.next_actions(clock.now).resize.target == 512 * MiB
+
+
+def drive(vm, clock, *, seconds, used, kept):
+    """Run ``vm`` for ``seconds``: a guest whose use is ``used(now)`` and which never gives
+    back memory below ``kept``; the extender grants what is asked. Returns the unplugs
+    issued as (size before, target)."""
+    unplugs = []
+    end = clock.now + seconds
+    while clock.now < end:
+        a = vm.next_actions(clock.now)
+        if a.scrape:
+            vm.scrape_started(clock.now)
+            vm.metrics_scraped(clock.now, mem_samples(vm.memory.current, used(clock.now)))
+            continue
+        if a.resize is not None:
+            r = a.resize
+            vm.resize_started(clock.now, r.resource, r.target)
+            if r.resource is Resource.MEMORY and r.target < vm.memory.current:
+                unplugs.append((vm.memory.current, r.target))
+            landed = max(r.target, kept) if r.resource is Resource.MEMORY else r.target
+            if landed != r.target:
+                vm.resize_failed(
+                    clock.now, r.resource, "stopped", is_retryable=False, jitter=0.0, current=landed
+                )
+            else:
+                vm.resized(clock.now, r.resource, current=landed, maximum=None)
+            continue
+        call = a.request_permit or a.notify_extender
+        if call is not None:
+            vm.permit_requested(clock.now, call)
+            memory = call.memory.requested if call.memory is not None else None
+            vm.permit_granted(clock.now, call.vcpus.requested, memory_bytes=memory)
+            continue
+        clock.advance(max(a.wait_seconds or 1.0, 1e-3))
+    return unplugs
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    start_units=st.integers(1, 12),
+    kept_blocks=st.integers(1, 64),
+    used_mib=st.floats(50, 170),
+    noise=st.lists(st.floats(-0.025, 0.025), min_size=1, max_size=50),
+)
+def test_no_unplug_is_issued_twice_for_the_same_unchanged_goal(
+    start_units, kept_blocks, used_mib, noise
+):
+    """Whatever the VM's size, whatever the guest keeps (2 MiB blocks above the minimum), and
+    however its use wanders (±2.5%, less than a trend; the goal stays the minimum): each
+    unplug (from a size, to a target) is issued at most once."""
+    clock = FakeClock()
+    config = msgspec.structs.replace(CONFIG, memory=MemoryPolicyConfig(shrink_after_seconds=2.0))
+    start = 512 * MiB + start_units * 128 * MiB
+    vm = mem_started(clock, memory=start, permit_memory=start, config=config)
+    kept = min(start, 512 * MiB + kept_blocks * 2 * MiB)
+    begin = clock.now
+
+    def used(now):
+        return used_mib * MiB * (1 + noise[int(now - begin) % len(noise)])
+
+    unplugs = drive(vm, clock, seconds=600, used=used, kept=kept)
+    assert len(unplugs) == len(set(unplugs)), unplugs
+    assert unplugs and unplugs[0] == (start, 512 * MiB)
+    assert vm.memory.current == kept
 
 
 def test_a_scrape_that_overlapped_a_memory_resize_holds_the_memory_goal(clock):

@@ -468,3 +468,86 @@ async def test_a_guest_memory_signal_brings_the_next_scrape_forward(world):
         server.close()
         await server.wait_closed()
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+class FakeCgroup:
+    """The VM container's ``cpu.stat`` as the kernel keeps it (cgroup v1's keys), below a
+    cgroup root of the test's own: one CFS period per 100 ms of loop time, each of them
+    throttled while ``is_throttled()`` says so."""
+
+    def __init__(self, root, name, is_throttled):
+        self.dir = root / name
+        self.dir.mkdir(parents=True)
+        self.is_throttled = is_throttled
+        self.periods = self.throttled = 0
+        self._write()
+
+    def _write(self):
+        text = f"nr_periods {self.periods}\nnr_throttled {self.throttled}\nthrottled_time 0\n"
+        (self.dir / "cpu.stat").write_text(text)
+
+    async def run(self):
+        while True:
+            await asyncio.sleep(0.1)
+            self.periods += 1
+            self.throttled += 1 if self.is_throttled() else 0
+            self._write()
+
+
+async def test_a_vm_throttled_at_its_quota_asks_on_every_scrape_until_granted(world):
+    """The real node's case: 1 vCPU under 8 clients, its container throttled at its 1-core
+    quota, the guest reading 39% busy with load1 7.7, and the node with no room. The goal
+    never drops back to a hold (which would end the request and restart the grow window):
+    from the first request on, every scrape wants 4 and a denied request is made again at
+    each permit retry, until the node has room; then the VM grows once."""
+    world.extender.capacity_vcpus = 1
+    world.extender.reserved["uid-vm-1"] = 1
+    target = world.vm("vm-1", current=1, max_vcpus=4, load=7.7, permitted=1)
+    target = msgspec.structs.replace(target, cgroup_dirs=("absent/vm-1", "vm-1"))
+    world.metrics_app.online["vm-1"] = 1
+    world.metrics_app.busy["vm-1"] = 0.39
+    # No run queue on the page: the container's throttling alone shows the demand (the
+    # guest's run queue would too, tests/agent/test_policy.py).
+    hv = world.hypervisors[target.key]
+    cgroup = FakeCgroup(world.tmp_path / "cgroup", "vm-1", lambda: hv.current < 4)
+    world.deps.cgroup_root = world.tmp_path / "cgroup"
+    loop = asyncio.get_running_loop()
+    wanted: list[tuple[float, float | None]] = []
+
+    async def watch_desired():
+        while True:
+            desired = world.sample("vmautoscale_agent_vm_desired_vcpus", ("vm", target.key))
+            if not wanted or wanted[-1][1] != desired:
+                wanted.append((loop.time(), desired))
+            await asyncio.sleep(0.01)
+
+    async with asyncio.TaskGroup() as tasks:
+        kernel = tasks.create_task(cgroup.run())
+        watcher = tasks.create_task(watch_desired())
+        await world.supervisor.apply({target.key: target})
+        await eventually(lambda: len(world.extender.batches) >= 8, within_seconds=10)
+        denied_until = loop.time()
+        world.extender.capacity_vcpus = 8
+        await eventually(lambda: hv.current == 4, within_seconds=2)
+        # Unthrottled at 4, the guest onlines them and shows its load as busy time: it stays.
+        world.metrics_app.online["vm-1"] = 4
+        del world.metrics_app.busy["vm-1"]
+        await asyncio.sleep(1.0)
+        kernel.cancel()
+        watcher.cancel()
+    assert hv.calls == [4]
+    asks = [
+        (r.current.vcpus, r.requested.vcpus)
+        for batch in world.extender.batches
+        for r in batch.requests
+    ]
+    assert set(asks[:8]) == {(1, 4)}, asks
+    # Once it first wanted 4, it wanted 4 at every scrape until the grow landed.
+    first = next(i for i, (_, d) in enumerate(wanted) if d == 4)
+    assert [d for _, d in wanted[first:]] == [4], wanted
+    # Eight requests, one per permit retry: no gap in which a hold restarted the grow window
+    # (3 s of its own).
+    between = denied_until - wanted[first][0]
+    retry = CORE.permit_retry_seconds + CORE.scrape_interval_seconds
+    assert 7 * CORE.permit_retry_seconds <= between <= 8 * retry, (between, wanted)
+    assert (world.sample("vmautoscale_agent_permit_denials_total") or 0) >= 7

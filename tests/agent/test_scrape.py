@@ -10,7 +10,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from autoscaler_agent.scrape import ScrapeError, fetch_samples, parse_samples
+from autoscaler_agent.scrape import (
+    ScrapeError,
+    fetch_samples,
+    find_cpu_stat,
+    parse_cpu_stat,
+    parse_samples,
+    read_cfs_counters,
+)
 from testkit.agent_fakes import serving
 from testkit.ports import free_port
 from tests.support import require_binary
@@ -204,3 +211,57 @@ async def test_real_node_exporter():
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+def test_parse_steal_time():
+    s = parse_samples(
+        'node_cpu_seconds_total{cpu="0",mode="steal"} 4\n'
+        'node_cpu_seconds_total{cpu="0",mode="idle"} 6\n'
+    )
+    assert (s.cpu_seconds_total, s.cpu_idle_seconds_total, s.cpu_steal_seconds_total) == (
+        10.0,
+        6.0,
+        4.0,
+    )
+    assert parse_samples(PAGE).cpu_steal_seconds_total is None  # a TCG guest reports none
+
+
+# cpu.stat as cgroup v1 (the cpu controller) and v2 write it.
+CPU_STAT_V1 = "nr_periods 1200\nnr_throttled 300\nthrottled_time 41000000000\n"
+CPU_STAT_V2 = (
+    "usage_usec 99\nuser_usec 50\nsystem_usec 49\nnr_periods 1200\nnr_throttled 300\n"
+    "throttled_usec 41000000\nnr_bursts 0\nburst_usec 0\n"
+)
+
+
+@pytest.mark.parametrize("text", [CPU_STAT_V1, CPU_STAT_V2], ids=["v1", "v2"])
+def test_parse_cpu_stat(text):
+    assert parse_cpu_stat(text) == (1200.0, 300.0)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "usage_usec 5\n", "nr_periods x\nnr_throttled 1\n"], ids=["empty", "no-cfs", "bad"]
+)
+def test_parse_cpu_stat_without_the_counters(text):
+    assert parse_cpu_stat(text) is None
+
+
+def test_the_containers_cpu_stat_is_the_first_directory_that_has_one(tmp_path):
+    v1 = tmp_path / "cpu" / "kubepods" / "podu" / "c"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text(CPU_STAT_V1)
+    dirs = ("kubepods/podu/c", "cpu/kubepods/podu/c")
+    assert find_cpu_stat(tmp_path, dirs) == v1 / "cpu.stat"
+    assert read_cfs_counters(v1 / "cpu.stat") == (1200.0, 300.0)
+    assert find_cpu_stat(tmp_path, ("kubepods/other/c",)) is None
+    assert find_cpu_stat(tmp_path, ()) is None
+    assert read_cfs_counters(tmp_path / "gone" / "cpu.stat") is None
+
+
+def test_the_containers_cpu_stat_below_a_kubelets_own_cgroup_root(tmp_path):
+    # kubelet --cgroup-root=/vma-node2: kubepods one directory down, in each hierarchy.
+    v1 = tmp_path / "cpu" / "vma-node2" / "kubepods" / "podu" / "c"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text(CPU_STAT_V2)
+    dirs = ("kubepods/podu/c", "cpu/kubepods/podu/c")
+    assert find_cpu_stat(tmp_path, dirs) == v1 / "cpu.stat"
