@@ -49,6 +49,7 @@ PYTHON = {
     "scripts/bench_memory_online.py": ["scripts/bench_memory_online.py"],
     "scripts/bench_recommender.py": ["scripts/bench_recommender.py"],
     "scripts/bench_failover.py": ["scripts/bench_failover.py"],
+    "scripts/monitoring.py": ["scripts/monitoring.py"],
 }
 
 
