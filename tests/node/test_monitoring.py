@@ -52,7 +52,8 @@ WINDOW_DIVISOR = 10  # [5m] -> [30s]: a 1 s scrape leaves 30 samples in every wi
 DRILL_ALERTS = ("VmAutoscalingNoExtenderLeading", "VmAutoscalingAgentCannotReachExtender")
 # Busy tasks in the guest: more than a 2-CPU node can give, so the agent keeps asking.
 LOAD_SESSIONS = 3
-BURN = "SELECT count(*) FROM generate_series(1, 5000000000)"
+# generate_series in the select list streams (ProjectSet); in FROM it would be materialized.
+BURN = "SELECT count(*) FROM (SELECT generate_series(1, 5000000000)) AS burn"
 
 
 @dataclass
@@ -196,16 +197,20 @@ def _pods(node: Node, selector: str) -> list[str]:
 
 
 def _targets_up(p: Prom, node: Node) -> dict[str, int] | None:
+    """Every extender and agent pod's target up, and the example VM's guest: targets by job."""
     want = {
         "vm-autoscaling-extender": len(_pods(node, "app.kubernetes.io/name=scheduler-extender")),
         "vm-autoscaling-agent": len(_pods(node, "app.kubernetes.io/name=autoscaler-agent")),
-        "vm-autoscaling-guests": 1,
     }
     up: dict[str, int] = {}
+    guest = False
     for t in p.api("targets", state="active")["activeTargets"]:
+        job = t["labels"]["job"]
         if t["health"] == "up":
-            up[t["labels"]["job"]] = up.get(t["labels"]["job"], 0) + 1
-    return up if up == want else None
+            up[job] = up.get(job, 0) + 1
+            guest = guest or t["labels"].get("vm") == f"default/{VM}"
+    got = {job: up.get(job, 0) for job in want}
+    return up if got == want and guest else None
 
 
 def test_the_scrapers_token_lists_pods_and_nothing_else(monitored: Node) -> None:
@@ -253,7 +258,7 @@ class Load:
 
     def stop(self) -> None:
         cancel = ("SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity"
-                  " WHERE query LIKE 'SELECT count(*) FROM generate_series%'"
+                  " WHERE query LIKE 'SELECT count(*) FROM (SELECT generate_series%'"
                   " AND pid <> pg_backend_pid()")  # fmt: skip
         subprocess.run(self._psql(cancel), env=self.env, capture_output=True, timeout=30,
                        check=False)  # fmt: skip
@@ -297,7 +302,9 @@ def test_extender_stopped_under_load_fires_two_alerts_that_clear_after(
     replicas = node.kubectl("-n", NAMESPACE, "get", "deployment/scheduler-extender", "-o",
                             "jsonpath={.spec.replicas}").stdout  # fmt: skip
     ip = node.pod("default", VM)["status"]["podIP"]
-    before = _vcpus(prom)
+    # At its minimum (idle, it shrinks there), so that it has room to grow once answered.
+    before = wait_for(lambda: _vcpus(prom) == 1 and 1.0, timeout_seconds=90,
+                      what=f"{VM} at 1 vCPU", interval=1)  # fmt: skip
     stopped = time.monotonic()
     node.kubectl("-n", NAMESPACE, "scale", "deployment/scheduler-extender", "--replicas=0")
     load = Load(ip)
@@ -308,10 +315,9 @@ def test_extender_stopped_under_load_fires_two_alerts_that_clear_after(
         restored = time.monotonic()
         node.kubectl("-n", NAMESPACE, "scale", "deployment/scheduler-extender",
                      f"--replicas={replicas}")  # fmt: skip
+
         # The VM, loaded all along, grows once a leader answers: a resize under the new
         # extender, which the latency panels below read.
-        assert before is not None
-
         def grown() -> bool:
             now = _vcpus(prom)
             return now is not None and now > before
