@@ -121,16 +121,25 @@ class Discovery:
 
 
 @pytest.fixture(scope="module")
-def monitored(tuned: Node, tmp_path_factory: pytest.TempPathFactory) -> Node:
+def monitored(tuned: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """The component applied as a user would (a kustomization that uses it), on the tuned
-    system with the example VM running and its PostgreSQL up."""
+    system with the example VM running and its PostgreSQL up. The tier is left as found: the
+    component deleted after, and the example VM too if this module had to start it (an
+    earlier module may have deleted it, and later ones may count on that)."""
+    had_vm = tuned.pod_or_none("default", VM) is not None
     wait_postgres(example_vm(tuned)["status"]["podIP"])
     use = tmp_path_factory.mktemp("monitoring")
     (use / "kustomization.yaml").write_text(
         yaml.safe_dump({"components": [os.path.relpath(MONITORING, use)]})
     )
     tuned.kubectl("apply", "-k", str(use))
-    return tuned
+    try:
+        yield tuned
+    finally:
+        tuned.kubectl("delete", "-k", str(use), "--wait=false", check=False)
+        if not had_vm:
+            examples = str(MONITORING.parent / "examples")
+            tuned.kubectl("delete", "-k", examples, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
