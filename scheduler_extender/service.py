@@ -24,7 +24,7 @@ import asyncio
 import gc
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Final, NamedTuple, Protocol
 
@@ -79,7 +79,7 @@ class Binder(Protocol):
     async def list_pods(self, *, field_selector: str) -> list[Pod]: ...
 
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> Pod: ...
 
 
@@ -125,7 +125,6 @@ class Extender:
         self.vm_containers: dict[str, str] = {}
         # A memory-scaling VM's container memory beyond the guest's, kept by every resize.
         self.vm_memory_overheads: dict[str, int] = {}
-        self.binds_in_flight: set[str] = set()
         self.has_nodes = False
         self.has_pods = False
         # Who waits for capacity since when (fed by filter and permits): the recommender's
@@ -143,7 +142,8 @@ class Extender:
         # Our pods that filter rejected on every node: kube-scheduler parks them, so the
         # notices nudge each one once a node it was offered has room for it again.
         self.parked = ParkedPods(self.ledger, on_change=self.notices.room_changed)
-        self.notices.watch_room(self.parked)
+        self.binds_in_flight: set[str] = set()
+        self.notices.watch_room(self.parked, binding=self.binds_in_flight)
         # Monotonic seconds for the admission core (``loop.time()``, virtual in tests).
         self.clock = clock or _loop_time
         # Pods handed to ``observe_pending``, so that a new list can forget the ones it lacks.
@@ -227,13 +227,14 @@ class Extender:
             try:
                 for pod in await self.binder.list_pods(field_selector=selector):
                     meta = pod.metadata
+                    key = PodKey(namespace=meta.namespace, name=meta.name, uid=meta.uid)
                     try:
-                        written = await self.binder.patch_pod_annotations(
-                            meta.namespace, meta.name, {LEADER_TERM: str(term)}
+                        written = await self.notices.patch(
+                            self.binder, key, {LEADER_TERM: str(term)}
                         )
                     except NotFound:
                         continue
-                    self.pod_changed("MODIFIED", written)
+                    self._pod_changed("MODIFIED", written)  # ours: the watch has yet to show it
             except KubeError as e:
                 log.warning("fence_failed", term=term, error=e.message)
                 await asyncio.sleep(1.0)
@@ -246,6 +247,7 @@ class Extender:
         if self._fencing is not None:
             self._fencing.cancel()  # a term that ended has nothing left to fence
             self._fencing = None
+        self.notices.stand_down()  # a deposed leader writes nothing (``queue_notices``)
         self.metrics.leading.set(0)
         log.warning("leadership_lost", identity=elector.identity)
 
@@ -301,6 +303,7 @@ class Extender:
         self.unbound_specs.clear()
         self.vm_containers.clear()
         self.vm_memory_overheads.clear()
+        self.notices.relisted()
         for pod in pods:
             info = self._info(pod)
             if info is not None:
@@ -320,6 +323,11 @@ class Extender:
         self.recheck_queue()
 
     def pod_changed(self, change: str, pod: Pod) -> None:
+        """From the pod watch."""
+        self.notices.seen(pod.metadata.uid, pod.metadata.resource_version)
+        self._pod_changed(change, pod)
+
+    def _pod_changed(self, change: str, pod: Pod) -> None:
         if change == "DELETED":
             self._forget(pod.metadata.uid, f"{pod.metadata.namespace}/{pod.metadata.name}")
             return
@@ -440,6 +448,12 @@ class Extender:
         """
         key = f"{namespace}/{name}"
         log_ = log.bind(pod=key, node=node)
+        touching = self.notices.before_bind(uid)
+        if touching is not None:
+            # Our own wake-up patch of this pod is on its way: the Binding follows it, with
+            # the version it makes (``queue_notices``: no Binding of ours fails on our patch).
+            await asyncio.wait([touching])
+            self.require_synced()  # the Lease is asked again after an await
         held = self.ledger.pods.get(uid)
         info = self.unbound.get(key)
         if (
@@ -494,8 +508,9 @@ class Extender:
         is_bound = False
         self.binds_in_flight.add(uid)
         try:
+            version = self.notices.version(uid) or info.resource_version or None
             await self.binder.bind_pod(
-                namespace, name, uid=uid, node=node, resource_version=info.resource_version or None
+                namespace, name, uid=uid, node=node, resource_version=version
             )
             is_bound = True
         except KubeError as e:

@@ -19,11 +19,15 @@ the pod whose extender leads is SIGKILLed (both containers), and the clock start
   once, without waiting for the standby.
 
 Per round: ``leads_s`` (the standby's ``/readyz`` says it decides; for ``restart``, ready
-again), ``first_bind_s`` (the first VM bound after the kill, seen on the API), and
-``first_grant_s`` (the first permit that grows a VM, answered after the kill). Prints one
-JSON object with every round and the medians.
+again), ``first_bind_s`` (the first VM bound after the kill, seen on the API),
+``bind_after_lead_s`` (the two apart: what the new leader's first bind costs beyond taking
+over), ``first_grant_s`` (the first permit that grows a VM, answered after the kill) and
+``binds_409`` (the extenders' own Bindings refused with 409 Conflict in the round, from their
+logs: each one costs its pod kube-scheduler's back-off). Prints one JSON object with every
+round, the medians and the ranges (min, max).
 
     .venv/bin/python scripts/bench_failover.py [--rounds 3] [--lease-seconds 15]
+        [--modes standby,inplace,restart]
 """
 
 from __future__ import annotations
@@ -154,10 +158,14 @@ def one_round(
             return min(after) if after else None
 
         grant_at: float = wait_for(first_grant, timeout_seconds=120, what="a grant after the kill")
+        stop.set()
+        loader.join()
         return {
             "leads_s": round(leads, 3),
             "first_bind_s": round(bind_at - killed_at, 3),
+            "bind_after_lead_s": round(bind_at - killed_at - leads, 3),
             "first_grant_s": round(grant_at - killed_at, 3),
+            "binds_409": sum(conflicted_binds(p) for p in pods),
         }
     finally:
         stop.set()
@@ -170,6 +178,24 @@ def one_round(
         api.close()
 
 
+def conflicted_binds(pod: SchedulerPod) -> int:
+    """The Bindings ``pod``'s extender sent that the API server refused with 409, from its
+    log (JSON lines; every process of the pod appends to the same file)."""
+    process = pod.extender.process
+    if process is None:
+        return 0
+    found = 0
+    for line in process.log_path.read_text(errors="replace").splitlines():
+        if '"bind_failed"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        found += event.get("event") == "bind_failed" and event.get("status") == 409
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode (default 3)")
@@ -180,12 +206,22 @@ def main() -> int:
         help="kube-scheduler's and the extender's lease duration (default 15, as deployed;"
         " renew deadline and retry period scale with it)",
     )
+    parser.add_argument(
+        "--modes",
+        default="standby,inplace,restart",
+        help="which modes to run, comma-separated (default standby,inplace,restart)",
+    )
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    unknown = set(modes) - {"standby", "inplace", "restart"}
+    if unknown:
+        print(f"bench_failover: unknown mode(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     leases = Leases(
         args.lease_seconds, args.lease_seconds * 10 / 15, max(0.2, args.lease_seconds * 2 / 15)
     )
     bin_dir = find_binaries()
-    results: dict[str, list[dict[str, float]]] = {"standby": [], "inplace": [], "restart": []}
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         cp = ControlPlane(bin_dir, Path(tmp) / "cp")
         cp.start()
@@ -207,12 +243,13 @@ def main() -> int:
         "retry_seconds": leases.retry_seconds,
         "rounds": args.rounds,
     }
+    keys = ("leads_s", "first_bind_s", "bind_after_lead_s", "first_grant_s", "binds_409")
     for mode, rounds in results.items():
         out[mode] = {
             "rounds": rounds,
-            "median": {
-                key: statistics.median(r[key] for r in rounds)
-                for key in ("leads_s", "first_bind_s", "first_grant_s")
+            "median": {key: statistics.median(r[key] for r in rounds) for key in keys},
+            "range": {
+                key: [min(r[key] for r in rounds), max(r[key] for r in rounds)] for key in keys
             },
         }
     print(json.dumps(out, indent=2))

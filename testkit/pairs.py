@@ -119,11 +119,13 @@ def scheduler_pod(
     name: str,
     *,
     partitionable: bool = False,
+    extender_only: bool = False,
     leases: Leases | None = SHORT,
     quick_backoff: bool = True,
 ) -> SchedulerPod:
     """One replica. ``partitionable``: both containers reach the API server through one
-    ``LaggingLink`` (no lag) that the test can ``hold``. ``leases=None``: the only replica,
+    ``LaggingLink`` (no lag) that the test can ``hold``; with ``extender_only``, only the
+    extender does (kube-scheduler keeps its own way in). ``leases=None``: the only replica,
     no leader election at all (as before there were two). ``quick_backoff``: kube-scheduler
     retries a pod whose cycle failed (the extender refused: no leader yet) after at most 1 s
     instead of up to 10 s, so that a test's failover costs seconds, not tens of them; the
@@ -150,11 +152,14 @@ def scheduler_pod(
     finally:
         api.close()
     link = None
+    extender_kubeconfig = kubeconfig
     if partitionable:
         link = LaggingLink(cp.port, delay_seconds=0.0)
-        kubeconfig = cp.write_kubeconfig(
+        extender_kubeconfig = cp.write_kubeconfig(
             work / "link.kubeconfig", token=extender_token(kubeconfig), port=link.port
         )
+        if not extender_only:
+            kubeconfig = extender_kubeconfig
     election = (
         {
             **MANIFEST_EXTENDER_CONFIG["leader_election"],
@@ -165,7 +170,7 @@ def scheduler_pod(
         if leases is not None
         else None
     )
-    extender = new_extender(cp, kubeconfig, work, leader_election=election)
+    extender = new_extender(cp, extender_kubeconfig, work, leader_election=election)
     extender.env = {"POD_NAME": name, "POD_NAMESPACE": EXTENDER_NS}
     config = scheduler_config(
         MANIFEST_SCHEDULER_CONFIG, kubeconfig=kubeconfig, verbs_port=extender.verbs_port

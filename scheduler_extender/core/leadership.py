@@ -29,6 +29,19 @@ drift)`` of real time after ``sent``. Every write carries the ``resourceVersion`
 two candidates racing for an expired Lease cannot both win. Resigning stops deciding *before*
 the release is sent.
 
+A pair that cannot decide steps down (``stalled``). The extender stands only while its own
+kube-scheduler leads, and the standby stands only while *its* kube-scheduler leads; so an
+extender that loses the API server while its kube-scheduler keeps leading would leave nobody
+deciding for as long as the cut lasts. It says so instead: a candidate whose hold ran out
+(its renewals went unanswered) and was not renewed within a retry period, or a candidate
+that has not held the Lease for a whole duration and two retry periods since it began to
+stand (longer than any take-over from a live holder: the holder either renews or lets its
+record stand still for a duration), is ``stalled``. ``/healthz`` fails on it, and
+kube-scheduler's liveness probe is the extender's ``/healthz``, so the kubelet restarts
+kube-scheduler; it releases its Lease on the way out, the standby pair's kube-scheduler takes
+it, and the standby extender stands and takes the extender's Lease, which the stalled one
+could not renew.
+
 What the deadline does not cover, and what covers it (fencing, not timing): a deposed leader's
 answers may still be on their way, and its agents apply them after the new leader took over.
 The new leader holds every VM it has not heard from in this term at the VM's maximum (the
@@ -98,6 +111,8 @@ class Elector:
         self.drift = drift
         # Our kube-scheduler holds the scheduler's Lease: we may stand (module docstring).
         self.is_candidate = False
+        # When we began to stand without a hold: candidacy began, or an answer ended our hold.
+        self.stood_at = 0.0
         # The record last seen (read, or written by us) and when it was first seen: client-go's
         # ``observedRecord`` / ``observedTime``. ``observed_absent``: the last read found none.
         self.observed: LeaseRecord | None = None
@@ -118,10 +133,22 @@ class Elector:
     def is_leading(self, now: float) -> bool:
         return self.leads_until is not None and now < self.leads_until
 
+    def stalled(self, now: float) -> bool:
+        """Our kube-scheduler leads (as last seen) but we cannot decide: the pair must step
+        down (module docstring)."""
+        if not self.is_candidate or self.is_leading(now):
+            return False
+        if self.leads_until is not None:
+            # Our hold ran out by time, no answer ended it: our renewals went unanswered.
+            return now >= self.leads_until + self.retry_seconds
+        return now >= self.stood_at + self.duration_seconds + 2 * self.retry_seconds
+
     # -- events ------------------------------------------------------------------------------
 
     def candidacy_changed(self, now: float, *, is_candidate: bool) -> None:
         """Our kube-scheduler gained or lost the scheduler's Lease."""
+        if is_candidate and not self.is_candidate:
+            self.stood_at = now
         self.is_candidate = is_candidate
         if not is_candidate and self.leads_until is not None:
             # Stop deciding now; the release goes out after this.
@@ -141,6 +168,8 @@ class Elector:
             self.observed_at = now
         if record.holder != self.identity:
             # Someone else wrote it: whatever we thought, we no longer hold it.
+            if self.leads_until is not None:
+                self.stood_at = now
             self.leads_until = None
             self.must_release = False
 
@@ -157,11 +186,15 @@ class Elector:
             self.leads_until = sent_at + self.duration_seconds / (1 + self.drift) ** 2
             self.term = record.transitions
         else:
+            if self.leads_until is not None:
+                self.stood_at = sent_at
             self.leads_until = None
             self.must_release = False
 
     def write_conflicted(self, now: float) -> None:
         """409: the Lease is not what we last read. Someone else wrote it; stop, re-read."""
+        if self.leads_until is not None:
+            self.stood_at = now
         self.leads_until = None
         self.must_release = False
         self.read_at = None

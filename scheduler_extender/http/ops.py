@@ -1,7 +1,11 @@
 """Operability endpoints: ``/healthz``, ``/readyz``, ``/metrics``, ``/state``, ``/v1/queue``.
 
-Shell. ``/healthz`` is liveness: it fails only when a background task (the watches, the
-durability writer, the event poster) has died, so that the kubelet restarts the process.
+Shell. ``/healthz`` is liveness: it fails when a background task (the watches, the
+durability writer, the event poster) has died, so that the kubelet restarts the process, and
+when this replica is ``stalled`` (``core/leadership.py``): its kube-scheduler leads but it
+cannot hold the extender's Lease. kube-scheduler's liveness probe in the same pod is this
+``/healthz`` (manifests/extender.yaml), so the kubelet then restarts kube-scheduler too, which
+releases its Lease, and the standby pair takes over.
 ``/readyz`` turns true once the first node and pod lists are in and this replica leads (with
 two replicas, the standby is never ready: it decides nothing); ``/readyz?exclude=leader``
 leaves leadership out, as kube-apiserver's ``?exclude=`` leaves out a named check: a warm
@@ -26,10 +30,18 @@ from scheduler_extender.service import Extender
 from scheduler_extender.state import dump_namespaces, dump_state
 
 
-def health_problem(tasks: list[asyncio.Task[None]]) -> str | None:
-    """Why ``/healthz`` fails (a background task ended), or None."""
+def health_problem(tasks: list[asyncio.Task[None]], extender: Extender) -> str | None:
+    """Why ``/healthz`` fails (a background task ended, or the pair is stalled), or None."""
     dead = [t.get_name() for t in tasks if t.done()]
-    return f"background task(s) ended: {', '.join(dead)}\n" if dead else None
+    if dead:
+        return f"background task(s) ended: {', '.join(dead)}\n"
+    elector = extender.elector
+    if elector is not None and elector.stalled(extender.clock()):
+        return (
+            "stalled: this pod's kube-scheduler leads, but this extender cannot hold the"
+            " extender Lease (the API server does not answer it); the pair must step down\n"
+        )
+    return None
 
 
 def ready_problem(extender: Extender, *, is_leader_checked: bool = True) -> str | None:
@@ -47,7 +59,7 @@ def is_leader_checked(request: web.Request) -> bool:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    problem = health_problem(request.app.get(TASKS, []))
+    problem = health_problem(request.app.get(TASKS, []), request.app[EXTENDER])
     if problem is not None:
         return web.Response(status=503, text=problem)
     return web.Response(text="ok\n")

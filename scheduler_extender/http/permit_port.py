@@ -170,7 +170,7 @@ class LocalDesk:
 
     def answer_probe(self, name: Probe) -> DeskAnswer:
         problem = (
-            ops.health_problem(self.tasks)
+            ops.health_problem(self.tasks, self.extender)
             if name == "healthz"
             else ops.ready_problem(self.extender, is_leader_checked=name == "readyz")
         )

@@ -114,6 +114,8 @@ class NodeAllocReporter:
             return
         while True:
             involved, reason, message = await self._queue.get()
+            if self.is_quiet():
+                continue  # queued while leading; a replica that no longer leads posts nothing
             try:
                 await self._poster.create_event(
                     involved, reason=reason, message=message, component=COMPONENT

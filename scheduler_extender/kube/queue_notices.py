@@ -26,13 +26,32 @@ made; a lost notice only costs time):
 Patches are coalesced per pod (a pod admitted twice before the writer runs is touched once)
 and paced (``touches_per_second``), so a relist that frees room for a thousand pods spreads
 its patches instead of bursting them at the API server.
+
+**The fence.** Every Binding the extender sends carries the resourceVersion it decided on as
+a precondition (upstream ``pkg/registry/core/pod/storage/storage.go``: ``BindingREST.Create``
+passes the Binding's ``metadata.uid`` and ``metadata.resourceVersion`` to
+``setPodNodeAndMetadata``, which makes both ``storage.Preconditions`` of its
+``GuaranteedUpdate``; a mismatch is 409). That is what fences a deposed leader's Binding
+(``Extender.fence``), so the touches must neither break the leader's own Bindings nor come
+from a deposed leader:
+
+* a touch is a write of our own, so its answer's resourceVersion is the pod's as far as our
+  Bindings go (``version``) until the watch shows it (``seen``): a Binding decided right after
+  the touch, before the watch caught up, carries the touched version instead of failing on it;
+* a bind of a pod supersedes its queued touch (the bind is what the touch asks for), no touch
+  starts while the pod's bind is in flight, and a touch already on its way is awaited by the
+  bind (``before_bind``) so that the Binding follows it with its version;
+* only the leader writes, decided when each patch is sent (the reporter's ``is_quiet``, which
+  asks the Lease at that moment), and ``stand_down`` drops every queued touch and cancels the
+  one in flight the moment leadership is lost. A patch already on the wire then may still
+  land; it was sent while this replica held the Lease, so before the new leader's fence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Final, Protocol
 
 import structlog
@@ -85,14 +104,76 @@ class QueueNotices:
         # uid -> (pod, the annotation that says why it is touched)
         self._to_touch: dict[str, tuple[PodKey, str]] = {}
         self._parked: ParkedPods | None = None
+        # Pods whose bind is in flight (``Extender.binds_in_flight``): not touched meanwhile.
+        self._binding: Container[str] = ()
+        # The touch on its way: (uid, its task); a bind of that pod awaits it.
+        self._touching: tuple[str, asyncio.Task[None]] | None = None
+        # uid -> the resourceVersion our own last write gave the pod, until the watch shows it.
+        self._versions: dict[str, str] = {}
+        # uid -> the versions the watch delivered while our write of the pod was on its way
+        # (the watch may show the write before its answer comes back).
+        self._watched: dict[str, set[str]] = {}
         self._wake = asyncio.Event()
         self.touched_total = 0
         self.room_nudged_total = 0
 
-    def watch_room(self, parked: ParkedPods) -> None:
+    def watch_room(self, parked: ParkedPods, *, binding: Container[str] = ()) -> None:
         """Nudge the parked pods that ``parked`` finds room for (call ``room_changed`` when it
-        has changes: it is ``ParkedPods``' ``on_change``)."""
+        has changes: it is ``ParkedPods``' ``on_change``); never a pod in ``binding``."""
         self._parked = parked
+        self._binding = binding
+
+    # -- the fence (module docstring) ------------------------------------------------------
+
+    async def patch(
+        self,
+        patcher: AnnotationPatcher,
+        key: PodKey,
+        annotations: Mapping[str, str | None],
+    ) -> Pod:
+        """Our own write of a pod (a touch, the fence): its answer's version is the pod's for
+        our Bindings until the watch shows it (``version``)."""
+        watched = self._watched[key.uid] = set()
+        try:
+            written = await patcher.patch_pod_annotations(key.namespace, key.name, annotations)
+        finally:
+            if self._watched.get(key.uid) is watched:
+                del self._watched[key.uid]
+        version = written.metadata.resource_version
+        if version and version not in watched:
+            self._versions[key.uid] = version
+        return written
+
+    def seen(self, uid: str, version: str | None) -> None:
+        """The watch delivered ``version`` of the pod: once it is our own write's, the watch
+        has caught up and its versions are the pod's again."""
+        watched = self._watched.get(uid)
+        if watched is not None and version:
+            watched.add(version)
+        if self._versions.get(uid) == version:
+            del self._versions[uid]
+
+    def relisted(self) -> None:
+        """A new list replaced the watch's view: it is at least as new as our writes."""
+        self._versions.clear()
+
+    def version(self, uid: str) -> str | None:
+        """The version our own last write gave the pod, while the watch has not shown it."""
+        return self._versions.get(uid)
+
+    def before_bind(self, uid: str) -> asyncio.Task[None] | None:
+        """A bind of ``uid`` is being decided: drop its queued touch, and return the touch on
+        its way, if any, for the bind to await (its Binding then carries the new version)."""
+        self._to_touch.pop(uid, None)
+        if self._touching is not None and self._touching[0] == uid:
+            return self._touching[1]
+        return None
+
+    def stand_down(self) -> None:
+        """Leadership is lost: nothing queued goes out, and the touch in flight is cancelled."""
+        self._to_touch.clear()
+        if self._touching is not None:
+            self._touching[1].cancel()
 
     def room_changed(self) -> None:
         self._wake.set()
@@ -124,10 +205,16 @@ class QueueNotices:
         """The pod is gone: no Event memory, no touch."""
         self._last_waiting_event.pop(uid, None)
         self._to_touch.pop(uid, None)
+        self._versions.pop(uid, None)
 
     @property
     def pending_touches(self) -> int:
         return len(self._to_touch)
+
+    @property
+    def is_touching(self) -> bool:
+        """A touch is on its way."""
+        return self._touching is not None
 
     def _take_room(self) -> None:
         """Queue a touch for every parked pod that now fits a node it was offered."""
@@ -150,7 +237,22 @@ class QueueNotices:
             while self._to_touch:
                 uid = next(iter(self._to_touch))
                 key, annotation = self._to_touch.pop(uid)
-                await self._touch(self._patcher, key, annotation)
+                if uid in self._binding:
+                    continue  # being bound: what the touch asks for is under way
+                if self._reporter.is_quiet():
+                    # Decided as it is sent: a replica that no longer leads writes nothing.
+                    self._to_touch.clear()
+                    break
+                touch = asyncio.get_running_loop().create_task(
+                    self._touch(self._patcher, key, annotation)
+                )
+                self._touching = (uid, touch)
+                try:
+                    # ``wait``: the touch's own cancellation (``stand_down``) ends it, not us.
+                    await asyncio.wait([touch])
+                finally:
+                    self._touching = None
+                    touch.cancel()
                 # Room that freed while the patch was in flight: before the next pod, so that
                 # a pod that found room again is not touched twice.
                 self._take_room()
@@ -160,9 +262,7 @@ class QueueNotices:
     async def _touch(self, patcher: AnnotationPatcher, key: PodKey, annotation: str) -> None:
         stamp = datetime.datetime.fromtimestamp(self._wall_clock(), datetime.UTC)
         try:
-            await patcher.patch_pod_annotations(
-                key.namespace, key.name, {annotation: stamp.isoformat(timespec="milliseconds")}
-            )
+            await self.patch(patcher, key, {annotation: stamp.isoformat(timespec="milliseconds")})
         except KubeError as e:
             # Best effort: kube-scheduler still retries after its back-off or flush; an
             # admitted pod keeps its quota until admission_ttl_seconds.

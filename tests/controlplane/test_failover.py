@@ -297,3 +297,59 @@ def lease(names: Names, name: str) -> Obj:
         f"/apis/coordination.k8s.io/v1/namespaces/{EXTENDER_NS}/leases/{name}"
     )["spec"]
     return spec
+
+
+def test_an_extender_cut_off_while_its_scheduler_leads_makes_the_pair_step_down(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    """Only the leader's extender loses the API server; its kube-scheduler keeps leading, so
+    the standby may not stand and nobody decides. The extender says it is stalled on
+    ``/healthz``, which is kube-scheduler's liveness probe too: the test plays the kubelet
+    and restarts that kube-scheduler on the first failure; it releases its Lease on SIGTERM,
+    and the standby pair takes both Leases and binds."""
+    g = scheduler_pod(
+        control_plane, extender_kubeconfig, tmp_path, "ha-g", partitionable=True, extender_only=True
+    )
+    pods.append(g)
+    g.start()
+    assert wait_leader([g]) is g
+    h = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-h")
+    pods.append(h)
+    h.start()
+    names.node("a", cpu="16")
+    names.vm("vm-0", max_vcpus=4)
+    names.wait_bound("vm-0")
+    assert g.link is not None
+    g.link.hold()
+    cut_at = time.monotonic()
+    status, body = wait_for(
+        lambda: found if (found := g.extender.get("/healthz"))[0] != 200 else None,
+        timeout_seconds=LEASE_SECONDS + 4 * RETRY_SECONDS + 10,
+        what="g's /healthz failing",
+        interval=0.1,
+    )
+    stalled_after = time.monotonic() - cut_at
+    assert status == 503 and body.startswith(b"stalled"), (status, body)
+    # The hole: g's kube-scheduler leads, so h stands for nothing, and nobody decides.
+    assert not g.is_leader() and not h.is_leader()
+    assert h.extender.get("/healthz")[0] == 200
+    names.vm("vm-1", max_vcpus=4)
+    # The kubelet's liveness restart of g's kube-scheduler (SIGTERM: it releases its Lease).
+    g.scheduler.stop()
+    g.scheduler.start()
+    assert wait_leader(pods, timeout_seconds=30) is h
+    took = time.monotonic() - cut_at
+    names.wait_bound("vm-1")
+    assert took <= TAKEOVER_BOUND_SECONDS, (stalled_after, took)
+    # Back in touch, g sees its kube-scheduler is the standby now: healthy, not deciding.
+    g.link.release()
+    wait_for(
+        lambda: g.extender.get("/healthz")[0] == 200,
+        timeout_seconds=10,
+        what="g's /healthz again",
+    )
+    assert h.is_leader() and not g.is_leader()

@@ -184,6 +184,11 @@ def test_extender_ports_and_probes_match_its_listeners():
     ]:
         assert c[probe]["httpGet"] == {"path": path, "port": "permits"}
         assert path.partition("?")[0] in permit_routes
+    # kube-scheduler's liveness is the pair's: the extender's /healthz, which fails when the
+    # extender is stalled (its kube-scheduler leads, it cannot hold its Lease), so the pair
+    # steps down. A probe names another container's port by number only.
+    probe = container(EXTENDER_POD, "kube-scheduler")["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": EXTENDER_CFG.listen.permits.port}
     # The Services expose the permit port (the leader's) and the metrics port (both
     # replicas'), never the verbs.
     svc = find(DOCS, "Service", "scheduler-extender")

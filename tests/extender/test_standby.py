@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from scheduler_extender.admission.queue import PodKey
 from scheduler_extender.core.leadership import Elector, LeaseRecord
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender, wait_until
@@ -123,3 +124,77 @@ async def test_a_binding_the_old_leader_sent_before_the_takeover_cannot_land(
     assert "Precondition failed: ResourceVersion" in error, error
     assert kube_api.get_pod("vms", "vm-2")["spec"].get("nodeName") is None
     assert "u-2" not in old.extender.ledger.pods
+
+
+def patches_of(kube_api: FakeKubeApi, name: str) -> int:
+    path = f"/api/v1/namespaces/vms/pods/{name}"
+    return sum(1 for r in kube_api.requests if r.method == "PATCH" and r.path == path)
+
+
+async def test_a_bind_follows_our_own_touch_of_the_pod_instead_of_failing_on_it(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """The leader's wake-up patch of a waiting pod is on its way when kube-scheduler binds the
+    pod: the bind waits for it and carries the version it made, so the Binding does not fail
+    its resourceVersion precondition on our own write (a 409 costs the pod kube-scheduler's
+    back-off)."""
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    kube_api.add_pod(vm_pod("vm-2", uid="u-2", node=None))
+    running = await start_extender()
+    extender = running.extender
+    extender.elector = leads("ha-a_1", extender.clock(), transitions=1)
+    extender.leadership_gained(extender.elector)
+    await wait_until(lambda: extender.fenced_term == 1)
+    touched = patches_of(kube_api, "vm-2")
+    patch_gate = kube_api.hold("/api/v1/namespaces/vms/pods/vm-2")
+    bind_gate = kube_api.hold("/api/v1/namespaces/vms/pods/vm-2/binding")
+    extender.notices.admitted([PodKey(namespace="vms", name="vm-2", uid="u-2")])
+    await wait_until(lambda: patches_of(kube_api, "vm-2") == touched + 1)
+    # kube-scheduler binds the pod while our touch is held: the bind reaches its first await.
+    bind = asyncio.create_task(
+        extender.bind(namespace="vms", name="vm-2", uid="u-2", node="node-a")
+    )
+    await asyncio.sleep(0)
+    patch_gate.set()
+    await wait_until(lambda: extender.notices.touched_total == 1)
+    bind_gate.set()
+    assert await bind == ""
+    assert kube_api.get_pod("vms", "vm-2")["spec"]["nodeName"] == "node-a"
+
+
+async def test_a_deposed_leader_sends_none_of_its_queued_touches(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """Touches queued when the Lease is lost never go out; the one on its way is cancelled
+    (it was sent while this replica led, before any new leader's fence)."""
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    for name, uid in (("vm-2", "u-2"), ("vm-3", "u-3")):
+        kube_api.add_pod(vm_pod(name, uid=uid, node=None))
+    running = await start_extender()
+    extender = running.extender
+    # As ``make_app`` wires it with leader election on: the standby posts and touches nothing.
+    extender.reporter.is_quiet = lambda: not extender.is_leading
+    extender.elector = leads("ha-a_1", extender.clock(), transitions=1)
+    extender.leadership_gained(extender.elector)
+    await wait_until(lambda: extender.fenced_term == 1)
+    before = {name: patches_of(kube_api, name) for name in ("vm-2", "vm-3")}
+    gate = kube_api.hold("/api/v1/namespaces/vms/pods/vm-2")
+    extender.notices.admitted(
+        [
+            PodKey(namespace="vms", name="vm-2", uid="u-2"),
+            PodKey(namespace="vms", name="vm-3", uid="u-3"),
+        ]
+    )
+    await wait_until(lambda: patches_of(kube_api, "vm-2") == before["vm-2"] + 1)
+    assert extender.notices.pending_touches == 1  # vm-3's, behind vm-2's
+    extender.elector = standby(extender.clock())
+    extender.leadership_lost(extender.elector)
+    gate.set()
+    await wait_until(
+        lambda: extender.notices.pending_touches == 0 and not extender.notices.is_touching
+    )
+    assert patches_of(kube_api, "vm-3") == before["vm-3"]
+    assert extender.notices.touched_total == 0
+    # Nothing queues while it is the standby either.
+    extender.notices.admitted([PodKey(namespace="vms", name="vm-3", uid="u-3")])
+    assert extender.notices.pending_touches == 0

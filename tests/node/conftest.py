@@ -1,14 +1,27 @@
-"""Fixtures of the real-node tier: one node per test run, the project's images on it.
+"""Fixtures of the real-node tier: one cluster per test session, the project's images on it.
 
-``node``: the control plane, containerd, a kubelet, kube-proxy and the cluster DNS
-(``tests/node/harness.py``), with the images ``tests/node/images.py`` builds from the project's
-Dockerfiles imported into containerd. Where a node cannot run (no ``$VMA_KUBE_BIN`` with the
-node's binaries, not root, no containerd) the tier skips with one line saying why; in CI
-(``CI`` set) it fails instead, as the control-plane tier does.
+Public, for every module of the tier (each is session-scoped: the tier shares one cluster):
+
+- ``node``: the cluster (``tests/node/harness.py``: ``Node``): the control plane, node 1
+  (containerd, a kubelet, kube-proxy, the cluster DNS) and ``Node.workers``, the other nodes
+  (``Worker``: their own containerd and kubelet), ``NODES`` in all (``$VMA_NODES`` overrides),
+  every node Ready, with the images ``tests/node/images.py`` builds from the project's
+  Dockerfiles in each node's containerd. ``node.admin_kubeconfig`` is the cluster-admin
+  kubeconfig (``node.kubectl(...)``, ``node.kubectl_env()`` for scripts), ``node.members`` every
+  node by name, ``node.timings`` what each step took.
+- ``deployed``: ``kubectl apply -k manifests/`` as written, on ``node``: both extender replicas
+  and the agent on every node Ready.
+- ``tuned``: ``manifests/`` re-applied through the tier's overlay (``tests/node/overlay.py``).
+- ``vm``: ``kubectl apply -k manifests/examples``: the example VM pod once its container runs.
+
+Where a node cannot run (no ``$VMA_KUBE_BIN`` with the node's binaries, not root, no containerd)
+the tier skips with one line saying why; in CI (``CI`` set) it fails instead, as the
+control-plane tier does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -18,10 +31,14 @@ import pytest
 
 from testkit.controlplane import kube_bin_dir, wait_for
 from tests.node import images
-from tests.node.harness import VM, Node, Obj, cannot_run, ctr_args
+from tests.node.harness import VM, Node, Obj, Worker, cannot_run, ctr_args
 from tests.node.overlay import tier_overlay
 
 ROOT = Path(__file__).resolve().parents[2]
+# Node 1 and one worker: both extender replicas get a node each (required anti-affinity), the
+# agent runs twice, and a node can fail with the other left. Each node costs ~150 MB and ~2 %
+# of a core idle (kubelet + containerd).
+NODES = 2
 
 
 @pytest.fixture(scope="session")
@@ -35,39 +52,60 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     assert bin_dir is not None
     work = tmp_path_factory.mktemp("node")
     started = time.monotonic()
-    n = Node(bin_dir, work)
+    n = Node(bin_dir, work, node_count=int(os.environ.get("VMA_NODES", NODES)))
     try:
         n.start_containerd()
         t = time.monotonic()
-        built = images.ensure_images(
-            images.support_images(bin_dir, work) + images.project_images(),
-            work / "images.log",
-            ctr_args(),
-        )
+        wanted = images.support_images(bin_dir, work) + images.project_images()
+        built = images.ensure_images(wanted, work / "images.log", ctr_args())
         n.timings["images"] = time.monotonic() - t
         print(f"\nnode images: {built}")
         n.start_control_plane()
         n.start_node()
-        n.timings["node start to Ready"] = time.monotonic() - started
+        n.timings[f"node {n.name} start to Ready"] = time.monotonic() - started
+
+        def import_images(worker: Worker) -> None:
+            done = images.ensure_images(wanted, work / "images.log", worker.ctr(), worker.name)
+            print(f"{worker.name} images: {done}")
+
+        n.start_workers(import_images)
         print(f"node timings: { {k: round(v, 1) for k, v in n.timings.items()} }")
         yield n
     finally:
         n.stop()
 
 
+def _placed(node: Node, selector: str) -> dict[str, str]:
+    """Ready pods of ``manifests/``'s workload ``selector``: pod name -> node name."""
+    pods = node.kubectl("-n", "vm-autoscaling", "get", "pods", "-l", selector, "-o", "json")
+    out = {}
+    for pod in json.loads(pods.stdout)["items"]:
+        ready = any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in pod.get("status", {}).get("conditions", []))  # fmt: skip
+        if ready and not pod["metadata"].get("deletionTimestamp"):
+            out[pod["metadata"]["name"]] = pod["spec"]["nodeName"]
+    return out
+
+
+EXTENDER = "app.kubernetes.io/name=scheduler-extender"
+AGENT = "app.kubernetes.io/name=autoscaler-agent"
+
+
 @pytest.fixture(scope="session")
 def deployed(node: Node) -> Node:
-    """``kubectl apply -k manifests/``, both workloads rolled out."""
+    """``kubectl apply -k manifests/``: both extender replicas Ready, on two nodes (required
+    anti-affinity), and the agent Ready on every node."""
     started = time.monotonic()
     node.kubectl("apply", "-k", str(ROOT / "manifests"))
-    # Two replicas that must never share a node: on this one node, one serves and the other
-    # waits for a second node (its anti-affinity), as on any one-node cluster.
+    replicas = min(2, len(node.members))
     wait_for(
-        lambda: node.kubectl("-n", "vm-autoscaling", "get", "deployment/scheduler-extender", "-o",
-                             "jsonpath={.status.availableReplicas}").stdout == "1",
-        timeout_seconds=180, what="one scheduler-extender replica available", interval=1,
+        lambda: len(set(_placed(node, EXTENDER).values())) == replicas,
+        timeout_seconds=180, what=f"{replicas} scheduler-extender replicas Ready", interval=1,
     )  # fmt: skip
-    node.rollout("daemonset/autoscaler-agent")
+    wait_for(
+        lambda: set(_placed(node, AGENT).values()) == set(node.members),
+        timeout_seconds=180, what="the agent Ready on every node", interval=1,
+    )  # fmt: skip
     node.timings["apply -k manifests/ to Ready"] = time.monotonic() - started
     return node
 

@@ -350,15 +350,16 @@ def _containerd_digest(ctr: list[str], ref: str) -> str | None:
     return None
 
 
-def ensure_images(images: list[Image], log: Path, ctr: list[str]) -> dict[str, str]:
+def ensure_images(images: list[Image], log: Path, ctr: list[str], node: str = "") -> dict[str, str]:
     """Build what changed, import into containerd (``ctr``: its command, namespace included)
-    what it lacks; returns ref -> what was done."""
+    what it lacks; returns ref -> what was done. ``node``: whose containerd it is, for every
+    node but the first (each containerd keeps its own image store, and its own stamp here)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     done: dict[str, str] = {}
     for image in images:
         key = image.key
         archive = CACHE / f"{image.slug}-{key}.tar"
-        stamp = CACHE / f"{image.slug}.imported"
+        stamp = CACHE / f"{image.slug}{'.' + node if node else ''}.imported"
         if not archive.exists():
             for base in image.bases:
                 _make_base(base, log)

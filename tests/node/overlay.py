@@ -1,4 +1,4 @@
-"""The tier's overlay of ``manifests/``: what a 2-CPU, one-node cluster needs, and shorter waits.
+"""The tier's overlay of ``manifests/``: what a cluster of 2-CPU nodes needs, and shorter waits.
 
 ``manifests/`` stays what users apply (``test_the_system_comes_up_with_kubectl_apply`` applies
 it as is); the tests that scale a VM re-apply it through this overlay, built the way an
@@ -8,9 +8,6 @@ written down here and nowhere else:
 - no CPU requests on the system pods and no extender reserve: the manifests' pods request 400m
   and the extender keeps 20% of a node for the host, so a VM placed at 1 vCPU on a 2-CPU node
   has 200m to grow into and can never reach 2 (docs/DEPLOY.md tells small-node operators);
-- one extender replica: on one node the second can never be placed (required anti-affinity),
-  and with ``maxSurge: 0`` a rollout of two would wait forever for the new pod, which cannot
-  share the node with the old one that must stay available;
 - the agent's shrink windows (``policy.shrink_after_seconds`` and
   ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
   a shrink is still decided the same way, on a window of scrapes that all ask for less, only
@@ -42,11 +39,6 @@ def tier_overlay(directory: Path) -> Path:
     agent.setdefault("memory", {})["shrink_after_seconds"] = SHRINK_AFTER_SECONDS
     (directory / "agent.yaml").write_text(yaml.safe_dump(agent))
 
-    def one_replica() -> dict[str, Any]:
-        ops = [{"op": "replace", "path": "/spec/replicas", "value": 1}]
-        return {"target": {"kind": "Deployment", "name": "scheduler-extender"},
-                "patch": yaml.safe_dump(ops)}  # fmt: skip
-
     def zero_cpu(kind: str, name: str, containers: int) -> dict[str, Any]:
         ops = [
             {
@@ -76,7 +68,6 @@ def tier_overlay(directory: Path) -> Path:
                 "patches": [
                     zero_cpu("Deployment", "scheduler-extender", 2),
                     zero_cpu("DaemonSet", "autoscaler-agent", 1),
-                    one_replica(),
                 ],
             }
         )

@@ -47,12 +47,19 @@ def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:
     ds = deployed.kubectl(
         "-n", "vm-autoscaling", "get", "ds/autoscaler-agent", "-o", "jsonpath={.status.numberReady}"
     ).stdout
-    assert ds == "1"
+    assert ds == str(len(deployed.members))
+    extenders = deployed.kubectl(
+        "-n", "vm-autoscaling", "get", "pods", "-l", "app.kubernetes.io/name=scheduler-extender",
+        "-o", "jsonpath={.items[*].spec.nodeName}",
+    ).stdout.split()  # fmt: skip
+    # Required anti-affinity met: a replica per node, neither Pending.
+    assert len(extenders) == 2 and len(set(extenders)) == 2, extenders
+    print(f"scheduler-extender replicas on {extenders}")
     print(f"apply -k manifests/ to Ready: {deployed.timings['apply -k manifests/ to Ready']:.1f}s")
 
 
 def test_example_vm_is_placed_by_the_extender_and_guaranteed(deployed: Node, vm: Obj) -> None:
-    assert vm["spec"]["nodeName"] == deployed.name
+    assert vm["spec"]["nodeName"] in deployed.members
     assert vm["status"]["qosClass"] == "Guaranteed"
     events = deployed.kubectl(
         "get",
@@ -204,7 +211,7 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
             if '"event":"request"' not in line or "/v1/permits" in line
         )
     )
-    events = deployed.agent_events(started)
+    events = deployed.agent_events(started, vm["spec"]["nodeName"])
     for e in events:
         if e["event"] in ("permit_answered", "grow_online", "vcpus_resized", "resize_started") or (
             e.get("level") in ("warning", "error")
@@ -366,7 +373,7 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     for thread in threads:
         thread.join()
     events = [
-        e for e in deployed.agent_events(started - 1)
+        e for e in deployed.agent_events(started - 1, vm["spec"]["nodeName"])
         if e["event"].startswith("memory_") or e.get("level") in ("warning", "error")
     ]  # fmt: skip
     for e in events:

@@ -21,7 +21,8 @@ from tests.node.harness import VM, Node, Obj, container_cgroup, wait_postgres
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "app.kubernetes.io/name=autoscaler-agent"
-EXTENDER = "app.kubernetes.io/name=scheduler-extender"
+# The leading replica (it labels its own pod; the permit Service selects the label).
+LEADER = "app.kubernetes.io/name=scheduler-extender,vm-autoscaling.io/extender-role=leader"
 
 
 CFS_PERIOD_US = 100_000  # the kubelet's cpu.cfs_period_us: a quota of one CPU
@@ -37,27 +38,24 @@ def _on_the_tuned_system(tuned: Node) -> None:
     on the 2-CPU node for two 1-vCPU VMs), whether or not test_deploy ran first."""
 
 
-def _pods(node: Node, selector: str) -> list[str]:
+def _pods(node: Node, selector: str, on: str | None = None) -> list[str]:
+    """Names of the pods ``selector`` selects (``on``: on that node only)."""
+    where = ["--field-selector", f"spec.nodeName={on}"] if on else []
     out = node.kubectl(
-        "-n",
-        "vm-autoscaling",
-        "get",
-        "pods",
-        "-l",
-        selector,
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ).stdout
+        "-n", "vm-autoscaling", "get", "pods", "-l", selector, *where,
+        "-o", "jsonpath={.items[*].metadata.name}",
+    ).stdout  # fmt: skip
     return out.split()
 
 
-def _replaced(node: Node, selector: str, kind_name: str) -> float:
-    """Delete the workload's pod, wait for its successor to be Ready; seconds it took."""
-    (old,) = _pods(node, selector)
+def _replaced(node: Node, selector: str, kind_name: str, on: str | None = None) -> float:
+    """Delete the workload's pod (``on`` that node), wait for its successor to be Ready;
+    seconds it took."""
+    (old,) = _pods(node, selector, on)
     started = time.monotonic()
     node.kubectl("-n", "vm-autoscaling", "delete", "pod", old, "--wait=false")
     wait_for(
-        lambda: old not in _pods(node, selector) and _pods(node, selector),
+        lambda: old not in _pods(node, selector) and _pods(node, selector, on),
         timeout_seconds=90,
         what=f"a pod to replace {old}",
         interval=0.5,
@@ -78,11 +76,12 @@ def test_a_deleted_agent_pod_is_replaced_and_the_vm_keeps_its_size(deployed: Nod
     pod = deployed.pod("default", VM)
     quota = _quota(pod)
     since = time.time()
-    took = _replaced(deployed, AGENT, "daemonset/autoscaler-agent")
+    took = _replaced(deployed, AGENT, "daemonset/autoscaler-agent", on=pod["spec"]["nodeName"])
     print(f"agent pod deleted -> replacement Ready: {took:.1f}s")
 
     def reported() -> list[Obj]:
-        return [e for e in deployed.agent_events(since) if e["event"] == "permit_answered"]
+        events = deployed.agent_events(since, pod["spec"]["nodeName"])
+        return [e for e in events if e["event"] == "permit_answered"]
 
     answers = wait_for(reported, timeout_seconds=60, what="the new agent's report", interval=1)
     assert answers[0]["outcome"] in ("granted", "released"), answers[0]
@@ -93,15 +92,18 @@ def test_a_deleted_agent_pod_is_replaced_and_the_vm_keeps_its_size(deployed: Nod
 
 def test_a_deleted_extender_pod_is_replaced_and_rebuilds_the_vm(deployed: Node, vm: Obj) -> None:
     since = time.time()
-    took = _replaced(deployed, EXTENDER, "deployment/scheduler-extender")
+    # The leader: the standby takes over, and the replacement becomes the new standby.
+    took = _replaced(deployed, LEADER, "deployment/scheduler-extender")
+    here = vm["spec"]["nodeName"]
     print(f"extender pod deleted -> replacement Ready: {took:.1f}s")
 
     # The agent notices the new extender (its epoch) and reports the VM's size again.
     def reported() -> list[Obj]:
-        return [e for e in deployed.agent_events(since) if e["event"] == "extender_epoch_changed"]
+        events = deployed.agent_events(since, here)
+        return [e for e in events if e["event"] == "extender_epoch_changed"]
 
     wait_for(reported, timeout_seconds=60, what="the agent meeting the new extender", interval=1)
-    events = deployed.agent_events(since)
+    events = deployed.agent_events(since, here)
     # Holding, not shrinking or growing the VM, while no extender answered.
     assert not [e for e in events if e["event"] == "resize_started"], events
 
@@ -109,9 +111,10 @@ def test_a_deleted_extender_pod_is_replaced_and_rebuilds_the_vm(deployed: Node, 
 def test_a_kubelet_restart_leaves_the_vm_running(deployed: Node, vm: Obj) -> None:
     before = deployed.pod("default", VM)
     (status,) = [s for s in before["status"]["containerStatuses"] if s["name"] == "vm"]
+    member = deployed.members[before["spec"]["nodeName"]]
     started = time.monotonic()
-    deployed.stop_kubelet()
-    deployed.start_kubelet()
+    member.stop_kubelet()
+    member.start_kubelet()
     print(
         f"kubelet restart -> node Ready (a heartbeat from the new kubelet): "
         f"{time.monotonic() - started:.1f}s"
@@ -131,8 +134,16 @@ def test_a_kubelet_restart_leaves_the_vm_running(deployed: Node, vm: Obj) -> Non
 def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -> None:
     """The 2-CPU node holds two 1-vCPU VMs: pg-vm-0 and one of pg-vm-a-0 and pg-vm-b-0 fill it
     (whichever kube-scheduler takes first: both StatefulSets are applied at once), the other
-    waits; deleting pg-vm-0 (its StatefulSet, so nothing recreates it) lets the waiting one in."""
+    waits; deleting pg-vm-0 (its StatefulSet, so nothing recreates it) lets the waiting one in.
+    The other nodes are cordoned meanwhile (kube-scheduler's NodeUnschedulable filter runs
+    before the extender), so that the one node is all there is; uncordoned, pg-vm-0 applied
+    again finds that node full and vm-scheduler places it on another: VMs on two nodes."""
     double = str(ROOT / "manifests" / "examples" / "double")
+    examples = str(ROOT / "manifests" / "examples")
+    here = vm["spec"]["nodeName"]
+    others = [n for n in deployed.members if n != here]
+    for other in others:
+        deployed.kubectl("cordon", other)
     deployed.kubectl("apply", "-k", double)
     try:
 
@@ -168,5 +179,24 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
 
         wait_for(waiting_running, timeout_seconds=120, what=f"{waiting} running", interval=0.5)
         print(f"VM deleted -> waiting VM running: {time.monotonic() - started:.1f}s")
+        if not others:
+            return
+        # its grace period is 40 s (QEMU's shutdown)
+        wait_for(lambda: deployed.pod_or_none("default", VM) is None, timeout_seconds=90,
+                 what=f"{VM} gone")  # fmt: skip
+        for other in others:
+            deployed.kubectl("uncordon", other)
+        started = time.monotonic()
+        deployed.kubectl("apply", "-k", examples)
+        placed: str = wait_for(
+            lambda: (deployed.pod_or_none("default", VM) or {}).get("spec", {}).get("nodeName"),
+            timeout_seconds=90, what=f"{VM} placed again", interval=0.5,
+        )  # fmt: skip
+        nodes = {deployed.pod("default", n)["spec"]["nodeName"] for n in ("pg-vm-a-0", "pg-vm-b-0")}
+        print(f"{VM} applied again -> bound on {placed}: {time.monotonic() - started:.1f}s; "
+              f"the double VMs on {sorted(nodes)}")  # fmt: skip
+        assert nodes == {here} and placed in others, (nodes, placed)
     finally:
+        for other in others:
+            deployed.kubectl("uncordon", other, check=False)
         deployed.kubectl("delete", "-k", double, "--wait=false", check=False)

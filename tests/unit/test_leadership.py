@@ -120,6 +120,61 @@ def test_unanswered_renewals_keep_the_hold_only_until_its_deadline():
     assert not e.is_leading(T0 + 14)
 
 
+def test_a_leader_cut_off_while_its_scheduler_leads_is_stalled_a_retry_after_its_deadline():
+    """Only the extender lost the API server: its hold runs out unrenewed while its
+    kube-scheduler still leads, so nobody decides until the pair steps down (``stalled``)."""
+    e = elector()
+    e.read(T0, None)
+    e.wrote(T0, LeaseRecord(holder="a", duration_seconds=D, transitions=0, version="1"))
+    deadline = T0 + D / (1 + DRIFT) ** 2
+    for t in (T0 + 2, T0 + 4, deadline - 0.001):
+        e.failed(t)  # renewals unanswered
+        assert not e.stalled(t)
+    assert not e.is_leading(deadline)
+    assert not e.stalled(deadline + 2 - 0.001)
+    assert e.stalled(deadline + 2)
+    # An answer ends it: the renewal gets through, and it leads again.
+    e.read(deadline + 3, LeaseRecord(holder="a", duration_seconds=D, transitions=0, version="1"))
+    e.wrote(deadline + 3, LeaseRecord(holder="a", duration_seconds=D, transitions=0, version="2"))
+    assert e.is_leading(deadline + 3) and not e.stalled(deadline + 3)
+
+
+@pytest.mark.parametrize(
+    ("event", "stalled_after"),
+    [
+        pytest.param("resigned", None, id="its-scheduler-lost-the-lead"),
+        pytest.param("conflicted", D + 4, id="another-wrote-the-lease"),
+    ],
+)
+def test_a_hold_ended_by_an_answer_is_not_a_stall_until_a_takeover_would_be_overdue(
+    event: str, stalled_after: float | None
+):
+    e = elector()
+    e.read(T0, None)
+    e.wrote(T0, LeaseRecord(holder="a", duration_seconds=D, transitions=0, version="1"))
+    if event == "resigned":
+        e.candidacy_changed(T0 + 1, is_candidate=False)
+    else:
+        e.write_conflicted(T0 + 1)
+    for t in (T0 + 1, T0 + 1 + D):
+        assert not e.stalled(t)
+    assert e.stalled(T0 + 1 + D + 4) is (stalled_after is not None)
+
+
+def test_a_new_candidate_waiting_out_the_old_holder_is_not_stalled():
+    """The standby pair's take-over: the old record must stand still for a duration first."""
+    e = Elector("b", duration_seconds=D, renew_seconds=2, retry_seconds=2, drift=DRIFT)
+    e.read(T0, held_by("a", "5"))
+    assert not e.stalled(T0 + 100)  # not a candidate: nothing of ours to decide
+    e.candidacy_changed(T0 + 1, is_candidate=True)
+    for t in range(2, 17, 2):
+        e.read(T0 + t, held_by("a", "5"))
+        assert not e.stalled(T0 + t)
+    assert e.step(T0 + 16) == Step(write=Write(held_by("b", "", transitions=1), "5"))
+    assert not e.stalled(T0 + 1 + D + 4 - 0.001)
+    assert e.stalled(T0 + 1 + D + 4)  # its write never answered: overdue
+
+
 def test_a_renew_interval_outside_the_lease_is_refused():
     with pytest.raises(ValueError, match="renew_seconds"):
         Elector("a", duration_seconds=2, renew_seconds=2, retry_seconds=1)
