@@ -43,7 +43,7 @@ from testkit.ports import free_port
 from tests.node.conftest import example_vm
 from tests.node.harness import VM, Node, Obj, wait_postgres
 
-pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAMESPACE = "vm-autoscaling"
 SCRAPER_SECRET = "vm-autoscaling-scraper-token"
