@@ -222,6 +222,18 @@ def _targets_up(p: Prom, node: Node) -> dict[str, int] | None:
     return up if got == want and guest else None
 
 
+def _wait_targets(p: Prom, node: Node) -> dict[str, int]:
+    """``_targets_up`` within a minute, or fail with every target's state and last error."""
+    try:
+        up: dict[str, int] = wait_for(lambda: _targets_up(p, node), timeout_seconds=60,
+                                      what="every target up", interval=1)  # fmt: skip
+    except AssertionError as e:
+        states = [(t["labels"], t["health"], t["lastError"])
+                  for t in p.api("targets", state="active")["activeTargets"]]  # fmt: skip
+        raise AssertionError(f"{e}: {states}") from e
+    return up
+
+
 def test_the_scrapers_token_lists_pods_and_nothing_else(monitored: Node) -> None:
     context = ssl.create_default_context(cafile=str(monitored.pki / "ca.crt"))
     api = Api("127.0.0.1", monitored.api_port, context, _scraper_token(monitored))
@@ -239,8 +251,7 @@ def test_prometheus_scrapes_the_extender_every_agent_and_the_guest(
     prom: Prom, monitored: Node
 ) -> None:
     started = time.monotonic()
-    up = wait_for(lambda: _targets_up(prom, monitored), timeout_seconds=60,
-                  what="every target up", interval=1)  # fmt: skip
+    up = _wait_targets(prom, monitored)
     print(f"targets up {time.monotonic() - started:.1f}s after Prometheus was ready: {up}")
     # The extender's metrics came through its authenticated port: a leader is among them.
     leading = prom.api("query", query="sum(vmautoscale_extender_leading)")["result"]
@@ -305,8 +316,7 @@ def test_extender_stopped_under_load_fires_two_alerts_that_clear_after(
     prom: Prom, monitored: Node
 ) -> None:
     node = monitored
-    wait_for(lambda: _targets_up(prom, node), timeout_seconds=60, what="every target up",
-             interval=1)  # fmt: skip
+    _wait_targets(prom, node)
     assert not set(DRILL_ALERTS) & prom.firing()
     replicas = node.kubectl("-n", NAMESPACE, "get", "deployment/scheduler-extender", "-o",
                             "jsonpath={.spec.replicas}").stdout  # fmt: skip
@@ -346,8 +356,7 @@ def test_extender_stopped_under_load_fires_two_alerts_that_clear_after(
 def test_every_dashboard_query_returns_series(prom: Prom, monitored: Node) -> None:
     dashboard = json.loads((MONITORING / "dashboards" / "vm-autoscaling.json").read_text())
     queries = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
-    wait_for(lambda: _targets_up(prom, monitored), timeout_seconds=60, what="every target up",
-             interval=1)  # fmt: skip
+    _wait_targets(prom, monitored)
     started = time.monotonic()
     empty: list[tuple[str, str]] = list(queries)
 
