@@ -97,6 +97,20 @@ class AgentMetrics:
             registry=registry,
         )
         self.scrapes = Counter(p + "scrapes_total", "Metric scrapes attempted", registry=registry)
+        self.max_vcpus = Gauge(
+            p + "vm_max_vcpus",
+            "The most vCPUs the VM may have (its max-vcpus annotation, or less if its"
+            " hypervisor was started with fewer)",
+            ["vm"],
+            registry=registry,
+        )
+        self.load1 = Gauge(
+            p + "vm_load1",
+            "The guest's one-minute load average (its node_exporter's node_load1), at the"
+            " last scrape",
+            ["vm"],
+            registry=registry,
+        )
         self.online_vcpus = Gauge(
             p + "vm_online_vcpus",
             "CPUs online in the guest (CPUs in its node_exporter's node_cpu_seconds_total,"
@@ -215,9 +229,13 @@ class AgentMetrics:
         permitted: int | None,
         online: int | None = None,
         is_stuck: bool | None = None,
+        max_vcpus: int | None = None,
+        load1: float | None = None,
     ) -> None:
         for gauge, value in (
             (self.current_vcpus, current),
+            (self.max_vcpus, max_vcpus),
+            (self.load1, load1),
             (self.desired_vcpus, desired),
             (self.permitted_vcpus, permitted),
             (self.online_vcpus, online),
@@ -258,6 +276,8 @@ class AgentMetrics:
             self.desired_vcpus,
             self.permitted_vcpus,
             self.online_vcpus,
+            self.max_vcpus,
+            self.load1,
             self.stuck,
         ):
             with contextlib.suppress(KeyError):

@@ -293,6 +293,8 @@ class VmRunner:
             permitted=s.vcpus.permitted,
             online=online,
             is_stuck=progress.is_stuck,
+            max_vcpus=s.vcpus.top,
+            load1=s.samples.load1 if s.samples is not None else None,
         )
         if s.memory.current is not None:
             self._observe_memory(now)

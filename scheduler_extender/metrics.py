@@ -50,6 +50,13 @@ class Metrics:
             ["status"],
             registry=registry,
         )
+        self.permits_short = Counter(
+            PREFIX + "permits_short_total",
+            "Permits denied or granted in part, by status (denied, partial) and by what held"
+            " them back: limit node (the node had no more room) or quota (the namespace's).",
+            ["status", "limit"],
+            registry=registry,
+        )
         self.binds = Counter(
             PREFIX + "binds_total",
             "Bind calls, by outcome (bound, refused, failed).",

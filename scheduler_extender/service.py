@@ -528,6 +528,7 @@ class Extender:
         if isinstance(decisions, Refused):
             return decisions
         counts: dict[str, int] = {}
+        shorts: dict[tuple[str, str], int] = {}
         stale = 0
         pods = self.ledger.pods
         recorder = self.recorder
@@ -541,6 +542,9 @@ class Extender:
             status = permit.status
             name = _STATUS_NAMES[status] if status is not None else "error"
             counts[name] = counts.get(name, 0) + 1
+            if decision.short_of is not None:
+                key = (name, decision.short_of.value)
+                shorts[key] = shorts.get(key, 0) + 1
             if status in _SHORT:
                 waits.permit_answered(permit.pod.uid, permit.pod.key, is_short=True, now=now)
             elif status is not None:
@@ -563,6 +567,8 @@ class Extender:
                 )
         for name, count in counts.items():
             self.metrics.permits.labels(name).inc(count)
+        for (name, limit), count in shorts.items():
+            self.metrics.permits_short.labels(name, limit).inc(count)
         if "released" in counts:
             # A VM shrank: its namespace's quota has room again.
             self.recheck_queue()

@@ -69,10 +69,19 @@ def render(directory: Path) -> list[Doc]:
     return docs
 
 
+MONITORING = MANIFESTS / "monitoring"
+# Prometheus's own files (a rules file, scrape jobs), not Kubernetes objects.
+PROMETHEUS_FILES = MONITORING / "prometheus"
+
+
 def all_manifest_files() -> Iterator[Path]:
-    """Every YAML file that holds Kubernetes objects (not kustomizations, not config files)."""
+    """Every YAML file that holds Kubernetes objects (not kustomizations, not config files,
+    not Prometheus's own files)."""
     for path in sorted(MANIFESTS.rglob("*.yaml")):
-        if path.name == "kustomization.yaml" or "config" in path.relative_to(MANIFESTS).parts:
+        parts = path.relative_to(MANIFESTS).parts
+        if path.name == "kustomization.yaml" or "config" in parts:
+            continue
+        if path.is_relative_to(PROMETHEUS_FILES):
             continue
         yield path
 

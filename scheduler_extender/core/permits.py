@@ -32,6 +32,7 @@ fit the quota is denied (or granted in part) at once, and the agent asks again l
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -52,12 +53,22 @@ CPU_MILLIS_PER_VCPU: Final = 1000
 QuotaRoom = Callable[[str], Demand | None]
 
 
+class ShortOf(enum.StrEnum):
+    """What held a short answer (denied or partial) back: the node's free room, or the
+    namespace's quota. The same choice as the reason's words (``_status``)."""
+
+    NODE = "node"
+    QUOTA = "quota"
+
+
 class Decision(NamedTuple):
     """One VM's answer. ``refused`` set: its request was refused, and ``permit`` carries only
-    the pod (and, for a sequence refusal, the last seq applied); the edge adds the error."""
+    the pod (and, for a sequence refusal, the last seq applied); the edge adds the error.
+    ``short_of`` set on a denied or partial answer: what held it back."""
 
     permit: Permit
     refused: Refused | None = None
+    short_of: ShortOf | None = None
 
 
 def _refuse(req: ResourceRequest, kind: Refusal, message: str) -> Decision:
@@ -181,6 +192,8 @@ def decide(
         status=status,
         reason=reason,
     )
+    if status is PermitStatus.DENIED or status is PermitStatus.PARTIAL:
+        return Decision(permit, short_of=ShortOf.NODE if quota is None else ShortOf.QUOTA)
     return Decision(permit)
 
 

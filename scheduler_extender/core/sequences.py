@@ -86,7 +86,7 @@ class SequenceBook:
             if req.seq is not None and decision.refused is None:
                 self._last[req.pod.uid] = req.seq
                 permit = msgspec.structs.replace(decision.permit, seq=req.seq)
-                answered.append(Decision(permit))
+                answered.append(decision._replace(permit=permit))
             else:
                 answered.append(decision)
         return answered

@@ -250,6 +250,11 @@ def make_metrics_app(config: Config, verbs_app: web.Application) -> web.Applicat
     app[METRICS] = verbs_app[METRICS]
     app[TASKS] = verbs_app[TASKS]
     app[METRICS_GUARD] = verbs_app[METRICS_GUARD]
+    # The permit front's families (its permit latency, errors and token reviews), as on the
+    # verbs listener's /metrics: without them Prometheus saw no permit latency at all.
+    extra = verbs_app.get(EXTRA_METRICS)
+    if extra is not None:
+        app[EXTRA_METRICS] = extra
     app.router.add_get("/metrics", ops.guarded_metrics, name="metrics")
     _add_ops(app)
     return app

@@ -48,6 +48,21 @@ async def test_load_step_leads_to_a_permit_and_a_resize(world):
     assert world.sample("vmautoscale_agent_vm_permitted_vcpus", ("vm", target.key)) == 6
 
 
+async def test_the_guests_load_and_the_vms_maximum_are_exported_until_it_leaves(world):
+    """What the alert "at its maximum and still under pressure" compares (manifests/monitoring)."""
+    target = world.vm("vm-1", current=2, max_vcpus=3, load=0.5)
+    vm = ("vm", target.key)
+    await world.supervisor.apply({target.key: target})
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_load1", vm) == 0.5)
+    assert world.sample("vmautoscale_agent_vm_max_vcpus", vm) == 3
+    world.metrics_app.loads["vm-1"] = 5.0  # wants 6, may have 3
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_current_vcpus", vm) == 3)
+    await eventually(lambda: world.sample("vmautoscale_agent_vm_load1", vm) == 5.0)
+    await world.supervisor.apply({})
+    assert world.sample("vmautoscale_agent_vm_load1", vm) is None
+    assert world.sample("vmautoscale_agent_vm_max_vcpus", vm) is None
+
+
 async def test_vms_share_one_batch_and_a_full_node_gives_partial_and_denied(world):
     world.deps.stagger_scrapes = False  # in step, so that both ask in the same batch
     world.extender.capacity_vcpus = 8

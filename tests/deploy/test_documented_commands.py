@@ -170,6 +170,12 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",
     ),
+    "kubectl -n vm-autoscaling get pods,lease": (
+        How.MENTION,
+        "an alert's runbook: what to look at",
+    ),
+    "kubectl describe node": (How.MENTION, "an alert's runbook: which pods hold a node"),
+    "scripts/monitoring.py": (How.ELSEWHERE, "tests/deploy/test_monitoring.py"),
     "kubectl -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader": (
         How.ELSEWHERE,
         "tests/controlplane/test_failover.py",

@@ -48,6 +48,7 @@ PYTHON = {
         f"scripts/{bench.name}": [f"scripts/{bench.name}"]
         for bench in sorted((ROOT / "scripts").glob("bench_*.py"))
     },
+    "scripts/monitoring.py": ["scripts/monitoring.py"],
 }
 
 

@@ -122,6 +122,13 @@ async def test_a_permit_is_limited_by_the_namespace_quota(
     (permit,) = (await response.json())["permits"]
     assert (permit["status"], permit["permit"]["vcpus"]) == ("denied", 3)
     assert permit["reason"] == "no room to grow: namespace vms has 0m cpu of quota left"
+    # What held the two answers back, as the dashboard's denials panel reads it.
+    text = await (await running.verbs.get("/metrics")).text()
+    for line in (
+        'vmautoscale_extender_permits_short_total{limit="quota",status="partial"} 1.0',
+        'vmautoscale_extender_permits_short_total{limit="quota",status="denied"} 1.0',
+    ):
+        assert line in text, text
 
 
 async def test_a_memory_permit_is_limited_by_the_namespace_memory_quota(

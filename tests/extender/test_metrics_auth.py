@@ -198,3 +198,29 @@ async def test_the_open_metrics_listener_serves_metrics_and_probes_only(aiohttp_
     assert "vmautoscale_extender_" in await answer.text()
     assert (await metrics.get("/state")).status == 404
     assert (await metrics.post("/filter", data=b"{}")).status in (404, 405)
+
+
+async def test_the_metrics_listener_serves_the_permit_fronts_families_too(aiohttp_client) -> None:
+    """The front (a child process) times the permit calls; Prometheus scrapes this listener,
+    so its families must be merged here as on the verbs listener (the dashboard's permit
+    latency panel was empty in the node tier without it)."""
+    from prometheus_client.metrics_core import HistogramMetricFamily
+
+    from scheduler_extender.http.app import EXTRA_METRICS
+
+    config = _standalone_metrics_config("none")
+    verbs = make_app(
+        config, Deps(registry=CollectorRegistry(), standalone=StandaloneCluster(nodes=[], pods=[]))
+    )
+    family = HistogramMetricFamily(
+        "vmautoscale_extender_verb_duration_seconds", "x", labels=["verb"]
+    )
+    family.add_metric(["permits"], buckets=[("0.01", 3), ("+Inf", 3)], sum_value=0.01)
+
+    async def front_families() -> list:
+        return [family]
+
+    verbs[EXTRA_METRICS] = front_families
+    metrics = await aiohttp_client(make_metrics_app(config, verbs))
+    text = await (await metrics.get("/metrics")).text()
+    assert 'vmautoscale_extender_verb_duration_seconds_count{verb="permits"} 3.0' in text

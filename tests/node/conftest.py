@@ -125,6 +125,12 @@ def tuned(deployed: Node, tmp_path_factory: pytest.TempPathFactory) -> Node:
 @pytest.fixture(scope="session")
 def vm(deployed: Node) -> Obj:
     """``kubectl apply -k manifests/examples``: the VM pod once its container runs."""
+    return example_vm(deployed)
+
+
+def example_vm(deployed: Node) -> Obj:
+    """``kubectl apply -k manifests/examples`` (again: a module after test_failures, which
+    deletes it, needs it back), and the VM pod once its container runs."""
     started = time.monotonic()
     deployed.kubectl("apply", "-k", str(ROOT / "manifests" / "examples"))
 

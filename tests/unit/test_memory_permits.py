@@ -7,7 +7,7 @@ import pytest
 from protocol import annotations as ann
 from protocol.permits import PermitStatus, PodRef, ResourceRequest, Resources
 from scheduler_extender.core.ledger import Ledger, SystemReserve
-from scheduler_extender.core.permits import decide
+from scheduler_extender.core.permits import ShortOf, decide
 from scheduler_extender.core.podinfo import Demand
 from tests.support import pod_info
 
@@ -77,6 +77,7 @@ def test_an_increase_stops_at_the_last_unit_that_fits(ledger):
     d = decide(ledger, ask("v1", 3 * GI, 4 * GI))
     assert d.permit.status is PermitStatus.DENIED
     assert d.permit.reason == f"node n1 has no room to grow ({300 * MI} bytes of memory free)"
+    assert d.short_of is ShortOf.NODE
 
 
 def test_cpu_and_memory_are_decided_independently(ledger):
@@ -150,9 +151,11 @@ def test_a_namespace_memory_quota_limits_an_increase(ledger):
     assert d.permit.reason.endswith(
         f"namespace ns has {GI + 100 * MI} bytes of memory of quota left"
     )
+    assert d.short_of is ShortOf.QUOTA
     # A steady or shrinking VM takes no quota, whatever is left.
     d = decide(ledger, ask("v1", 2 * GI, GI), lambda _ns: Demand(0, 0))
     assert d.permit.status is PermitStatus.RELEASED
+    assert d.short_of is None
     assert mem_held(ledger) == GI
 
 
