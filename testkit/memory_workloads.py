@@ -215,16 +215,6 @@ def oom_kills(guest: Guest) -> int:
     return int(found.group(1)) if found else -1
 
 
-def oom_report(guest: Guest) -> str:
-    """What the guest's kernel said of its OOM kills (who asked, in which zone, whom it
-    killed) and what the memory onliner chose: the message of a failed no-OOM assertion."""
-    return type_in(
-        guest,
-        "dmesg | grep -i -e 'invoked oom' -e 'out of memory' -e oom-kill -e 'memory-onliner'"
-        " -e 'Node 0 Normal free' -e 'Node 0 Movable free' | tail -n 40",
-    )
-
-
 def grow_anon(mib: int) -> str:
     """A shell command: a process whose anonymous memory grows by 1 MiB strings to ``mib``
     (64 MiB a second), held for 2 s."""
