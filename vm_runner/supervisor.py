@@ -104,21 +104,24 @@ async def run(spec: VmSpec, *, grace_seconds: float, quit_timeout_seconds: float
     """Run the VM until it ends or we are told to stop; returns the process exit status."""
     argv = build_qemu_command(spec)
     log.info("qemu_starting", argv=argv, accel=spec.accel.value)
-    # New session: a ^C on the terminal goes to the runner only, which then powers down cleanly
-    # instead of QEMU dying from the same SIGINT.
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with_runner,
-    )
-    log.info("qemu_started", pid=process.pid)
-
+    # The handlers go in before QEMU starts: a SIGTERM from the moment QEMU exists (the kubelet
+    # may send one at once) takes the ladder, never the default action that would end the
+    # runner and, through PDEATHSIG, QEMU with the guest unflushed.
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
+    process: asyncio.subprocess.Process | None = None
     try:
+        # New session: a ^C on the terminal goes to the runner only, which then powers down
+        # cleanly instead of QEMU dying from the same SIGINT.
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_runner,
+        )
+        log.info("qemu_started", pid=process.pid)
         exited = asyncio.create_task(process.wait())
         stopping = asyncio.create_task(stop_requested.wait())
         await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,7 +138,8 @@ async def run(spec: VmSpec, *, grace_seconds: float, quit_timeout_seconds: float
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        if process.returncode is None:  # only on an unexpected error above: never leak QEMU
+        # Only on an unexpected error above: never leak QEMU.
+        if process is not None and process.returncode is None:
             process.kill()
             await process.wait()
     log.info("qemu_exited", how=how.value, returncode=returncode)
