@@ -1,4 +1,5 @@
-"""List-then-watch of pods, nodes or VirtualMachines as an endless stream of ``Listed`` and ``Changed`` items.
+"""List-then-watch of pods, nodes or VirtualMachines as an endless stream of ``Listed`` and
+``Changed`` items.
 
 Shell: I/O through ``KubeClient`` only, and no interpretation of the objects. It must not keep
 a copy of the objects (the consumer owns its view) nor decide anything about them.

@@ -182,9 +182,12 @@ class Controller:
     async def event(self, vm: VirtualMachine, type_: str, reason: str, message: str) -> None:
         meta = vm.metadata
         involved = ObjectReference(
-            api_version=API_VERSION, kind=KIND, name=meta.name, namespace=meta.namespace,
+            api_version=API_VERSION,
+            kind=KIND,
+            name=meta.name,
+            namespace=meta.namespace,
             uid=meta.uid or None,
-        )  # fmt: skip
+        )
         try:
             await self.client.create_event(
                 involved,

@@ -120,7 +120,10 @@ def desired_pod(vm: VirtualMachine) -> Manifest:
     spec, meta = vm.spec, vm.metadata
     cpu = str(spec.vcpus.min)
     memory = format_memory(container_memory_bytes(vm))
-    resources = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}
+    resources = {
+        "requests": {"cpu": cpu, "memory": memory},
+        "limits": {"cpu": cpu, "memory": memory},
+    }
     annotations = pod_annotations(vm)
     args = [
         f"--min-vcpus={spec.vcpus.min}",
@@ -298,9 +301,14 @@ def _ready(pod: Pod | None, *, conflict: bool) -> tuple[Literal["True", "False"]
 
 
 def _condition(
-    previous: VirtualMachineStatus, *, type_: str, status: Literal["True", "False"], reason: str,
-    message: str, now: str,
-) -> Condition:  # fmt: skip
+    previous: VirtualMachineStatus,
+    *,
+    type_: str,
+    status: Literal["True", "False"],
+    reason: str,
+    message: str,
+    now: str,
+) -> Condition:
     before = next((c for c in previous.conditions or () if c.type == type_), None)
     since = before.last_transition_time if before and before.status == status else now
     return Condition(
@@ -308,9 +316,7 @@ def _condition(
     )
 
 
-def reconcile(
-    vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: str
-) -> Actions:
+def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: str) -> Actions:
     """One VM's next step, from its pod (the one named as the VM, or None) and its Service."""
     conflict = pod is not None and not is_owned_by(pod, vm)
     events: list[Event] = []
@@ -324,8 +330,12 @@ def reconcile(
             events.append(Event(type="Normal", reason="Recreating", message="runner pod is gone"))
     elif conflict:
         events.append(
-            Event(type="Warning", reason="PodConflict", message=f"pod {pod.metadata.name} is "
-                  "not owned by this VirtualMachine; leaving it alone")  # fmt: skip
+            Event(
+                type="Warning",
+                reason="PodConflict",
+                message=f"pod {pod.metadata.name} is "
+                "not owned by this VirtualMachine; leaving it alone",
+            )
         )
     elif not pod.metadata.deletion_timestamp and pod.status.phase in ("Failed", "Succeeded"):
         # A pod that ended (evicted, or QEMU exited with restartPolicy Never) never runs again:
@@ -351,7 +361,9 @@ def reconcile(
         ],
     )
     return Actions(
-        create_service=None if has_service or vm.metadata.deletion_timestamp else desired_service(vm),
+        create_service=None
+        if has_service or vm.metadata.deletion_timestamp
+        else desired_service(vm),
         create_pod=create_pod,
         delete_pod_uid=delete_uid,
         status=status,

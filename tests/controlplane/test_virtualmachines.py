@@ -73,10 +73,23 @@ def controller(
     kubeconfig = control_plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
     log = (work / "stderr").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "vm_controller", "--kubeconfig", str(kubeconfig),
-         "--http-host", "127.0.0.1", "--http-port", str(free_port()), "--log-level", "debug"],
-        stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "NO_PROXY": "127.0.0.1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vm_controller",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(free_port()),
+            "--log-level",
+            "debug",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "NO_PROXY": "127.0.0.1"},
+    )
     try:
         yield control_plane.work / "admin.kubeconfig"
     finally:
@@ -116,8 +129,13 @@ def _install(api: Any) -> str:
         ({"hypervisor": "xen"}, "spec.hypervisor", "Unsupported value"),
         ({"vcpus": {"min": 0, "max": 2}}, "spec.vcpus.min", "greater than or equal to 1"),
     ],
-    ids=["vcpus-min-above-max", "memory-min-above-max", "malformed-quantity",
-         "unknown-hypervisor", "zero-vcpus"],  # fmt: skip
+    ids=[
+        "vcpus-min-above-max",
+        "memory-min-above-max",
+        "malformed-quantity",
+        "unknown-hypervisor",
+        "zero-vcpus",
+    ],
 )
 def test_bad_virtual_machines_are_refused_naming_the_field(
     controller: Path, names: Names, spec: Obj, field: str, words: str
@@ -171,8 +189,10 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
     assert ann.is_vm(pod["metadata"]["labels"])
     (owner,) = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == (
-        "VirtualMachine", vm["metadata"]["uid"], True,
-    )  # fmt: skip
+        "VirtualMachine",
+        vm["metadata"]["uid"],
+        True,
+    )
     service = wait_for(
         lambda: _get(api, f"/api/v1/namespaces/{ns}/services/pg"),
         timeout_seconds=20,
@@ -184,12 +204,14 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
     # kube-scheduler's part, then the kubelet's; and the extender's durable permit.
     api.create(
         pod_path(ns, "pg") + "/binding",
-        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "pg"},
-         "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}},
-    )  # fmt: skip
-    api.merge_patch(
-        pod_path(ns, "pg"), {"metadata": {"annotations": {ann.PERMITTED_VCPUS: "2"}}}
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "pg"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+        },
     )
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"annotations": {ann.PERMITTED_VCPUS: "2"}}})
     api.set_pod_phase(ns, "pg", "Running")
 
     def running() -> Obj | None:
@@ -203,18 +225,40 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
     assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True")]
 
     table = subprocess.run(
-        [str(KUBECTL), "--kubeconfig", str(controller), "get", "vm", "-n", ns, "--no-headers",
-         "-o", "custom-columns=X:.metadata.name"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            str(KUBECTL),
+            "--kubeconfig",
+            str(controller),
+            "get",
+            "vm",
+            "-n",
+            ns,
+            "--no-headers",
+            "-o",
+            "custom-columns=X:.metadata.name",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert table.split() == ["pg"]
     shown = subprocess.run(
         [str(KUBECTL), "--kubeconfig", str(controller), "get", "vm", "-n", ns],
-        capture_output=True, text=True, check=True,
-    ).stdout.splitlines()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     header, row = shown[0].split(), shown[1].split()
-    assert header[:8] == ["NAME", "PHASE", "NODE", "POD", "VCPUS", "PERMITTED-VCPUS", "MEMORY",
-                          "PERMITTED-MEMORY"]  # fmt: skip
+    assert header[:8] == [
+        "NAME",
+        "PHASE",
+        "NODE",
+        "POD",
+        "VCPUS",
+        "PERMITTED-VCPUS",
+        "MEMORY",
+        "PERMITTED-MEMORY",
+    ]
     assert row[:8] == ["pg", "Running", "node-a", "pg", "1", "2", "1Gi", "1Gi"]
 
     # The pod goes: a new one (a new UID) takes its place, and the VM says so.
@@ -227,9 +271,11 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
     )
     assert remade["spec"].get("nodeName") is None
     reasons = wait_for(
-        lambda: {"PodCreated", "ServiceCreated", "Recreating"}
-        <= {e["reason"] for e in api.events_for(ns, "pg")}
-        and {e["reason"] for e in api.events_for(ns, "pg")},
+        lambda: (
+            {"PodCreated", "ServiceCreated", "Recreating"}
+            <= {e["reason"] for e in api.events_for(ns, "pg")}
+            and {e["reason"] for e in api.events_for(ns, "pg")}
+        ),
         timeout_seconds=20,
         what="the VM's Events",
     )

@@ -59,9 +59,7 @@ OPERATOR_GROUP = "monitoring.coreos.com/"
 # Our own kinds (VirtualMachine): their schema is our CRD, which the real API server applies in
 # tests/controlplane/test_virtualmachines.py.
 OWN_GROUP = "vm-autoscaling.io/"
-CORE_DOCS = [
-    (i, d) for i, d in DOCS if not d["apiVersion"].startswith((OPERATOR_GROUP, OWN_GROUP))
-]
+CORE_DOCS = [(i, d) for i, d in DOCS if not d["apiVersion"].startswith((OPERATOR_GROUP, OWN_GROUP))]
 
 
 @pytest.mark.parametrize("doc", [d for _, d in CORE_DOCS], ids=[i for i, _ in CORE_DOCS])

@@ -137,14 +137,15 @@ def test_a_running_pod_reports_node_and_sizes():
         manifest,
         phase="Running",
         conditions=[{"type": "Ready", "status": "True"}],
-        containerStatuses=[
-            {"name": "vm", "resources": {"limits": {"cpu": "2", "memory": "2Gi"}}}
-        ],
+        containerStatuses=[{"name": "vm", "resources": {"limits": {"cpu": "2", "memory": "2Gi"}}}],
     )
     status = decide.reconcile(make_vm(), pod, has_service=True, now=NOW).status
     assert (status.phase, status.node, status.pod, status.observed_generation) == (
-        "Running", "node-a", "pg", 3,
-    )  # fmt: skip
+        "Running",
+        "node-a",
+        "pg",
+        3,
+    )
     assert status.vcpus is not None and status.memory is not None
     assert (status.vcpus.current, status.vcpus.permitted) == (2, 3)
     assert (status.memory.current, status.memory.permitted) == ("1536Mi", "1536Mi")
@@ -167,13 +168,19 @@ def test_a_pod_on_its_way_out(phase: str, deleting: bool, expected: tuple[str, b
     if deleting:
         manifest["metadata"]["deletionTimestamp"] = NOW
     actions = decide.reconcile(make_vm(), as_pod(manifest, phase=phase), has_service=True, now=NOW)
-    assert (actions.status.phase, actions.create_pod is not None, actions.delete_pod_uid) == expected
+    assert (
+        actions.status.phase,
+        actions.create_pod is not None,
+        actions.delete_pod_uid,
+    ) == expected
 
 
 def test_a_pod_of_the_same_name_owned_by_another_is_left_alone():
     manifest = decide.desired_pod(make_vm())
     manifest["metadata"]["ownerReferences"] = []
-    actions = decide.reconcile(make_vm(), as_pod(manifest, phase="Running"), has_service=True, now=NOW)
+    actions = decide.reconcile(
+        make_vm(), as_pod(manifest, phase="Running"), has_service=True, now=NOW
+    )
     assert (actions.create_pod, actions.delete_pod_uid, actions.status.pod) == (None, None, None)
     assert [e.reason for e in actions.events] == ["PodConflict"]
     assert actions.status.conditions is not None
