@@ -128,6 +128,7 @@ def _install(api: Any) -> str:
         ({"memory": {"min": "1 GB"}}, "spec.memory.min", "should match"),
         ({"hypervisor": "xen"}, "spec.hypervisor", "Unsupported value"),
         ({"vcpus": {"min": 0, "max": 2}}, "spec.vcpus.min", "greater than or equal to 1"),
+        ({"ports": [{"name": "metrics", "port": 9100}]}, "spec.ports", "always exposed"),
     ],
     ids=[
         "vcpus-min-above-max",
@@ -135,6 +136,7 @@ def _install(api: Any) -> str:
         "malformed-quantity",
         "unknown-hypervisor",
         "zero-vcpus",
+        "port-taken",
     ],
 )
 def test_bad_virtual_machines_are_refused_naming_the_field(

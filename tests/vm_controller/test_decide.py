@@ -193,3 +193,13 @@ def test_a_gone_pod_is_created_again_with_an_event():
     actions = decide.reconcile(vm, None, has_service=True, now=NOW)
     assert actions.create_pod is not None
     assert [e.reason for e in actions.events] == ["Recreating"]
+
+
+def test_the_pod_and_the_service_are_valid_v1_36_objects():
+    """The official schemas, strict (unknown fields fail): what the controller POSTs is what
+    the API server accepts (tests/controlplane/test_virtualmachines.py posts it for real)."""
+    import kubernetes_validate
+
+    vm = make_vm(ports=[{"name": "postgres", "port": 5432}], nodeSelector={"disk": "ssd"})
+    for manifest in (decide.desired_pod(vm), decide.desired_service(vm)):
+        assert kubernetes_validate.validate(manifest, "1.36", strict=True) == "1.36"
