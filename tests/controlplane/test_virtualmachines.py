@@ -263,8 +263,20 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
     ]
     assert row[:8] == ["pg", "Running", "node-a", "pg", "1", "2", "1Gi", "1Gi"]
 
-    # The pod goes: a new one (a new UID) takes its place, and the VM says so.
+    # The pod goes, slowly (a finalizer holds it, as a kubelet does during the guest's
+    # shutdown): the VM says Restarting and no second pod appears while the first terminates.
     first_uid = pod["metadata"]["uid"]
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"finalizers": ["test.vm/hold"]}})
+    api.delete(pod_path(ns, "pg"), grace_seconds=None)
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg"))["status"].get("phase") == "Restarting",
+        timeout_seconds=20,
+        what="the VM's status Restarting",
+    )
+    held = api.get(pod_path(ns, "pg"))
+    assert held["metadata"]["uid"] == first_uid and held["metadata"]["deletionTimestamp"]
+    # Once it is gone, a new one (a new UID) takes its place, and the VM says so.
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"finalizers": None}})
     api.delete(pod_path(ns, "pg"))
     remade = wait_for(
         lambda: (p := _get(api, pod_path(ns, "pg"))) and p["metadata"]["uid"] != first_uid and p,
