@@ -185,10 +185,17 @@ def test_migrations_need_a_vm_and_keep_their_spec(controller: Path, names: Names
     assert changed.value.status == 422 and "immutable" in str(changed.value.body)
 
 
-def test_the_example_is_admitted(controller: Path, names: Names):
+def test_the_example_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
     (example,) = render(VM_EXAMPLES)
     example["metadata"]["namespace"] = names.namespace
     names.api.create(vm_path(names.namespace), example, dry_run=True)
+    # A quantity may be a plain number of bytes, compared as a quantity with the other bound.
+    plain = vm_body("plain", memory={"min": 2**30, "max": "2Gi", "unit": 2**27})
+    names.api.create(vm_path(names.namespace), plain, dry_run=True)
+    with pytest.raises(ApiError) as refused:
+        too_big = vm_body("plain", memory={"min": 3 * 2**30, "max": "2Gi"})
+        names.api.create(vm_path(names.namespace), too_big, dry_run=True)
+    assert refused.value.status == 422
 
 
 def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
