@@ -59,15 +59,26 @@ from kube_io.objects import (
 )
 from protocol.codec import ProtocolError, decode
 from protocol.kube import Node, NodeList, Pod, PodList, WatchEvent
+from protocol.virtualmachine import API_VERSION as VM_API_VERSION
+from protocol.virtualmachine import PLURAL as VM_PLURAL
+from protocol.virtualmachine import (
+    VirtualMachine,
+    VirtualMachineList,
+    VirtualMachineStatus,
+)
 
 __all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
 
-ResourceKind = Literal["pods", "nodes"]
+ResourceKind = Literal["pods", "nodes", "virtualmachines"]
 
 DEFAULT_PAGE_SIZE: Final = 500
 """Items per list page: the API server's own recommendation; bounds one response's memory."""
 
-_PATHS: Final[dict[ResourceKind, str]] = {"pods": "/api/v1/pods", "nodes": "/api/v1/nodes"}
+_PATHS: Final[dict[ResourceKind, str]] = {
+    "pods": "/api/v1/pods",
+    "nodes": "/api/v1/nodes",
+    "virtualmachines": f"/apis/{VM_API_VERSION}/{VM_PLURAL}",
+}
 _JSON: Final = "application/json"
 _MERGE_PATCH: Final = "application/merge-patch+json"
 _STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
@@ -78,7 +89,7 @@ _LIST_RESTARTS: Final = 2
 # Upstream leaves it unannotated; typing it once here keeps the call sites strict.
 _load_incluster_config: Callable[..., None] = load_incluster_config
 
-_L = TypeVar("_L", PodList, NodeList)
+_L = TypeVar("_L", PodList, NodeList, VirtualMachineList)
 _T = TypeVar("_T")
 
 
@@ -207,6 +218,24 @@ class KubeClient:
         items = [node for page in pages for node in page.items or ()]
         return items, pages[-1].metadata.resource_version
 
+    async def list_virtual_machines(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[list[VirtualMachine], str]:
+        """All matching VirtualMachines (every namespace) and the list's resourceVersion."""
+        pages = await self._list(
+            "virtualmachines",
+            VirtualMachineList,
+            field_selector,
+            label_selector,
+            page_size=page_size,
+        )
+        items = [vm for page in pages for vm in page.items or ()]
+        return items, pages[-1].metadata.resource_version
+
     async def _list(
         self,
         kind: ResourceKind,
@@ -320,6 +349,34 @@ class KubeClient:
             "PATCH", _pod_path(namespace, name), body=patch, content_type=_MERGE_PATCH
         )
         return _decode(Pod, body)
+
+    async def create_namespaced(self, plural_path: str, manifest: Mapping[str, Any]) -> None:
+        """POST ``manifest`` to its namespace's collection ``plural_path`` (``pods``,
+        ``services``: core/v1 only). Raises ``Conflict`` when the name is taken."""
+        namespace = quote(str(manifest["metadata"]["namespace"]), safe="")
+        await self._call(
+            "POST", f"/api/v1/namespaces/{namespace}/{plural_path}", body=dict(manifest)
+        )
+
+    async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete the pod only if it is still the one with ``uid`` (a precondition: a newer pod
+        of the same name is never deleted by mistake). Raises ``NotFound``, ``Conflict``."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        await self._call("DELETE", _pod_path(namespace, name), body=options)
+
+    async def patch_virtual_machine_status(
+        self, namespace: str, name: str, status: VirtualMachineStatus
+    ) -> None:
+        """Replace the status subresource's fields with ``status`` (a JSON merge patch that
+        names every field, so a field now unset is removed rather than kept)."""
+        written = msgspec.to_builtins(status)
+        fields = {f.encode_name for f in msgspec.structs.fields(status)}
+        patch = {"status": {key: written.get(key) for key in sorted(fields)}}
+        path = (
+            f"/apis/{VM_API_VERSION}/namespaces/{quote(namespace, safe='')}/{VM_PLURAL}/"
+            f"{quote(name, safe='')}/status"
+        )
+        await self._call("PATCH", path, body=patch, content_type=_MERGE_PATCH)
 
     async def patch_pod_labels(
         self, namespace: str, name: str, labels: Mapping[str, str | None]

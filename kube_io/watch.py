@@ -1,4 +1,5 @@
-"""List-then-watch of pods or nodes as an endless stream of ``Listed`` and ``Changed`` items.
+"""List-then-watch of pods, nodes or VirtualMachines as an endless stream of ``Listed`` and
+``Changed`` items.
 
 Shell: I/O through ``KubeClient`` only, and no interpretation of the objects. It must not keep
 a copy of the objects (the consumer owns its view) nor decide anything about them.
@@ -41,6 +42,7 @@ from kube_io.errors import (
 )
 from protocol.codec import ProtocolError, decode
 from protocol.kube import Node, Pod, WatchEvent
+from protocol.virtualmachine import VirtualMachine
 
 __all__ = [
     "Backoff",
@@ -55,7 +57,7 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T", Pod, Node)
+T = TypeVar("T", Pod, Node, VirtualMachine)
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -193,6 +195,18 @@ def watch_objects(
 ) -> AsyncIterator[WatchItem[Node]]: ...
 
 
+@overload
+def watch_objects(
+    client: KubeClient,
+    kind: Literal["virtualmachines"],
+    *,
+    field_selector: str | None = None,
+    label_selector: str | None = None,
+    settings: WatchSettings = ...,
+    rng: random.Random | None = None,
+) -> AsyncIterator[WatchItem[VirtualMachine]]: ...
+
+
 async def watch_objects(
     client: KubeClient,
     kind: ResourceKind,
@@ -201,7 +215,7 @@ async def watch_objects(
     label_selector: str | None = None,
     settings: WatchSettings = _DEFAULT_SETTINGS,
     rng: random.Random | None = None,
-) -> AsyncIterator[WatchItem[Pod] | WatchItem[Node]]:
+) -> AsyncIterator[WatchItem[Pod] | WatchItem[Node] | WatchItem[VirtualMachine]]:
     """Listed first, then Changed items, forever; Listed again whenever a relist was needed.
 
     ``rng`` drives the backoff jitter (pass a seeded one in tests). Raises only non-retryable
@@ -222,6 +236,19 @@ async def watch_objects(
         async with contextlib.aclosing(pods.run()) as pod_items:
             async for pod_item in pod_items:
                 yield pod_item
+    elif kind == "virtualmachines":
+        vms = _Watcher(
+            client,
+            kind,
+            object_type=VirtualMachine,
+            lister=client.list_virtual_machines,
+            selectors=selectors,
+            settings=settings,
+            rng=rng,
+        )
+        async with contextlib.aclosing(vms.run()) as vm_items:
+            async for vm_item in vm_items:
+                yield vm_item
     else:
         nodes = _Watcher(
             client,

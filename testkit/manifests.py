@@ -19,7 +19,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
-KUSTOMIZATION_DIRS = (MANIFESTS, EXAMPLES, EXAMPLES / "double")
+VM_CONTROLLER = MANIFESTS / "vm-controller"
+VM_EXAMPLES = EXAMPLES / "virtualmachine"
+KUSTOMIZATION_DIRS = (MANIFESTS, EXAMPLES, EXAMPLES / "double", VM_CONTROLLER, VM_EXAMPLES)
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "labels", "configMapGenerator", "components"}
 
 Doc = dict[str, Any]

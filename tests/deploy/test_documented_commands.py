@@ -166,6 +166,15 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_kustomize.py",
     ),
+    "kubectl apply -k manifests/vm-controller/": (
+        How.ELSEWHERE,
+        "tests/controlplane/test_virtualmachines.py",
+    ),
+    "kubectl apply -k manifests/examples/virtualmachine/": (
+        How.ELSEWHERE,
+        "tests/controlplane/test_virtualmachines.py",
+    ),
+    "kubectl get vm": (How.ELSEWHERE, "tests/controlplane/test_virtualmachines.py"),
     "kubectl -n vm-autoscaling port-forward pod/LEADER 10298:10298": (
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",

@@ -38,6 +38,7 @@ PYTHON = {
     "vm-simulator": ["-m:simulator"],
     "python -m simulator": ["-m:simulator"],
     "autoscaler-agent": ["-m:autoscaler_agent"],
+    "vm-controller": ["-m:vm_controller"],
     "python -m vm_runner": ["-m:vm_runner"],
     "vm_image/build.sh": ["-m:vm_image"],
     "scripts/run-bench.sh --local": ["scripts/local_bench.py"],

@@ -13,9 +13,9 @@ from typing import NamedTuple
 import pytest
 
 from kube_io.client import KubeClient
-from testkit.manifests import MANIFESTS, render
+from testkit.manifests import MANIFESTS, VM_CONTROLLER, render
 
-DOCS = render(MANIFESTS)
+DOCS = render(MANIFESTS) + render(VM_CONTROLLER)
 NAMESPACE = "vm-autoscaling"
 
 
@@ -50,10 +50,35 @@ CALLS: dict[str, list[Access]] = {
     "get_lease": [Access("get", "coordination.k8s.io", "leases")],
     "create_lease": [Access("create", "coordination.k8s.io", "leases")],
     "replace_lease": [Access("update", "coordination.k8s.io", "leases")],
+    # The vm-controller's own calls (vm_controller/controller.py).
+    "list_virtual_machines": [Access("list", "vm-autoscaling.io", "virtualmachines")],
+    "patch_virtual_machine_status": [
+        Access("patch", "vm-autoscaling.io", "virtualmachines/status")
+    ],
+    "create_namespaced": [Access("create", "", "pods"), Access("create", "", "services")],
+    "delete_pod": [Access("delete", "", "pods")],
+}
+VM_CONTROLLER_CALLS = {
+    "list_virtual_machines",
+    "patch_virtual_machine_status",
+    "create_namespaced",
+    "delete_pod",
 }
 LEASE_CALLS = {"get_lease", "create_lease", "replace_lease"}
 
-EXTENDER_USES = [a for name, accesses in CALLS.items() if name not in LEASE_CALLS for a in accesses]
+EXTENDER_USES = [
+    a
+    for name, accesses in CALLS.items()
+    if name not in LEASE_CALLS | VM_CONTROLLER_CALLS
+    for a in accesses
+]
+VM_CONTROLLER_USES = {
+    *(a for name in VM_CONTROLLER_CALLS for a in CALLS[name]),
+    Access("list", "", "pods"),
+    Access("watch", "", "pods"),
+    Access("watch", "vm-autoscaling.io", "virtualmachines"),
+    Access("create", "", "events"),
+}
 AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
 
 # Grants in our own roles that no client call needs, each with why it is harmless.
@@ -218,3 +243,8 @@ def test_second_scheduler_has_the_official_multi_scheduler_bindings():
         }
     ]
     assert [r["metadata"]["namespace"] for r in reader] == ["kube-system"]
+
+
+def test_vm_controller_gets_exactly_what_it_calls():
+    """The controller's role is its calls, no more: no get, no update, no spec writes."""
+    assert _granted(_rules_for("vm-controller", own_only=True)) == VM_CONTROLLER_USES

@@ -1,0 +1,329 @@
+"""VirtualMachine objects through the real kube-apiserver: the CRDs of manifests/vm-controller/
+install, their validation refuses bad objects with the field named, and the real
+``vm-controller`` process, under the ServiceAccount and RBAC of those manifests, makes the pod,
+the Service and the status, and makes the pod again when it goes.
+
+One module-scoped controller for every test here, on the session's control plane; no
+kube-scheduler and no extender (they add nothing to what this checks): the test binds the pod
+and reports its phase as kube-scheduler and the kubelet would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol import annotations as ann
+from testkit.cluster import Names
+from testkit.controlplane import (
+    DOCS,
+    ApiError,
+    ControlPlane,
+    Obj,
+    object_path,
+    pod_path,
+    wait_for,
+)
+from testkit.manifests import VM_CONTROLLER, VM_EXAMPLES, render
+from testkit.ports import free_port
+
+GROUP_PATH = "/apis/vm-autoscaling.io/v1alpha1"
+CRDS = [d for d in render(VM_CONTROLLER) if d["kind"] == "CustomResourceDefinition"]
+# The namespace the ServiceAccount lives in comes from manifests/.
+RBAC = [d for d in DOCS if d["kind"] == "Namespace"] + [
+    d
+    for d in render(VM_CONTROLLER)
+    if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+]
+KUBECTL = Path(sys.executable).with_name("kubectl")
+
+
+def vm_path(namespace: str, name: str = "") -> str:
+    base = f"{GROUP_PATH}/namespaces/{namespace}/virtualmachines"
+    return f"{base}/{name}" if name else base
+
+
+def vm_body(name: str, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "vm-autoscaling.io/v1alpha1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "vcpus": {"min": 1, "max": 4},
+            "memory": {"min": "1Gi", "max": "2Gi"},
+            # The session's other modules run kube-scheduler and the extender: a runner pod of
+            # this module must never land on (and count against) one of their nodes.
+            "nodeSelector": {"vma-test-group": "no-such-group"},
+            **spec,
+        },
+    }
+
+
+@pytest.fixture
+def vms_removed(names: Names) -> Iterator[Names]:
+    """``names``, and the VMs of its namespace deleted before ``names`` deletes the pods, so
+    the controller does not make them again (there is no garbage collector in this tier)."""
+    yield names
+    for vm in names.api.get(vm_path(names.namespace))["items"]:
+        names.api.delete(vm_path(names.namespace, vm["metadata"]["name"]))
+
+
+@pytest.fixture(scope="module")
+def controller(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """The CRDs installed, and ``vm-controller`` running as the manifests' ServiceAccount;
+    yields the admin kubeconfig (for kubectl)."""
+    api = control_plane.admin()
+    try:
+        token = _install(api)
+    finally:
+        api.close()
+    work = tmp_path_factory.mktemp("vm-controller")
+    kubeconfig = control_plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
+    log = (work / "stderr").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vm_controller",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(free_port()),
+            "--log-level",
+            "debug",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "NO_PROXY": "127.0.0.1"},
+    )
+    try:
+        yield control_plane.work / "admin.kubeconfig"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+        tail = (work / "stderr").read_text(errors="replace").splitlines()[-20:]
+        print("\n".join(tail))  # shown by pytest when a test of the module failed
+    assert process.returncode == 0, tail
+
+
+def _install(api: Any) -> str:
+    for doc in CRDS + RBAC:
+        try:
+            api.create(object_path(doc), doc)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+    for crd in CRDS:
+
+        def established(name: str = crd["metadata"]["name"]) -> bool:
+            got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = got.get("status", {}).get("conditions", [])
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_for(established, timeout_seconds=30, what="the CRDs established")
+    token: str = api.request_token("vm-autoscaling", "vm-controller", audience=None)
+    return token
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"vcpus": {"min": 4, "max": 2}}, "spec.vcpus.min", "vcpus.min must not be above"),
+        ({"memory": {"min": "2Gi", "max": "1Gi"}}, "spec.memory.min", "memory.min must not"),
+        ({"memory": {"min": "1 GB"}}, "spec.memory.min", "should match"),
+        ({"hypervisor": "xen"}, "spec.hypervisor", "Unsupported value"),
+        ({"vcpus": {"min": 0, "max": 2}}, "spec.vcpus.min", "greater than or equal to 1"),
+        ({"ports": [{"name": "metrics", "port": 9100}]}, "spec.ports", "always exposed"),
+    ],
+    ids=[
+        "vcpus-min-above-max",
+        "memory-min-above-max",
+        "malformed-quantity",
+        "unknown-hypervisor",
+        "zero-vcpus",
+        "port-taken",
+    ],
+)
+def test_bad_virtual_machines_are_refused_naming_the_field(
+    controller: Path, names: Names, spec: Obj, field: str, words: str
+):
+    with pytest.raises(ApiError) as refused:
+        names.api.create(vm_path(names.namespace), vm_body("bad", **spec))
+    assert refused.value.status == 422
+    body = refused.value.body
+    assert isinstance(body, dict)
+    causes = body["details"]["causes"]
+    assert any(c.get("field") == field and words in c["message"] for c in causes), causes
+    assert names.api.get(vm_path(names.namespace))["items"] == []
+
+
+def test_migrations_need_a_vm_and_keep_their_spec(controller: Path, names: Names):
+    path = f"{GROUP_PATH}/namespaces/{names.namespace}/virtualmachinemigrations"
+    body: Obj = {
+        "apiVersion": "vm-autoscaling.io/v1alpha1",
+        "kind": "VirtualMachineMigration",
+        "metadata": {"name": "move"},
+        "spec": {},
+    }
+    with pytest.raises(ApiError) as refused:
+        names.api.create(path, body)
+    assert refused.value.status == 422 and "spec.vmName" in str(refused.value.body)
+    names.api.create(path, {**body, "spec": {"vmName": "pg"}})
+    with pytest.raises(ApiError) as changed:
+        names.api.merge_patch(f"{path}/move", {"spec": {"targetNode": "elsewhere"}})
+    assert changed.value.status == 422 and "immutable" in str(changed.value.body)
+
+
+def test_the_example_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
+    (example,) = render(VM_EXAMPLES)
+    example["metadata"]["namespace"] = names.namespace
+    names.api.create(vm_path(names.namespace), example, dry_run=True)
+    # A quantity may be a plain number of bytes, compared as a quantity with the other bound.
+    plain = vm_body("plain", memory={"min": 2**30, "max": "2Gi", "unit": 2**27})
+    names.api.create(vm_path(names.namespace), plain, dry_run=True)
+    with pytest.raises(ApiError) as refused:
+        too_big = vm_body("plain", memory={"min": 3 * 2**30, "max": "2Gi"})
+        names.api.create(vm_path(names.namespace), too_big, dry_run=True)
+    assert refused.value.status == 422
+
+
+def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
+    controller: Path, vms_removed: Names
+):
+    api, ns = vms_removed.api, vms_removed.namespace
+    api.create(vm_path(ns), vm_body("pg", ports=[{"name": "postgres", "port": 5432}]))
+    vm = api.get(vm_path(ns, "pg"))
+
+    pod = wait_for(lambda: _get(api, pod_path(ns, "pg")), timeout_seconds=20, what="the pod")
+    # What the extender and the agent read, as they read it.
+    spec = ann.parse_vm_spec(pod["metadata"]["annotations"], pod_memory_bytes=0)
+    assert (spec.min_vcpus, spec.max_vcpus, spec.max_memory_bytes) == (1, 4, 2 * 2**30)
+    assert spec.hypervisor == f"qmp+qga:///run/vm-autoscaling/{ns}/pg/qmp.sock"
+    assert spec.metrics_url == f"http://pg.pg.{ns}.svc:9100/metrics"
+    assert ann.is_vm(pod["metadata"]["labels"])
+    (owner,) = pod["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (
+        "VirtualMachine",
+        vm["metadata"]["uid"],
+        True,
+    )
+    service = wait_for(
+        lambda: _get(api, f"/api/v1/namespaces/{ns}/services/pg"),
+        timeout_seconds=20,
+        what="the service",
+    )
+    assert service["spec"]["clusterIP"] == "None"
+    assert {p["name"] for p in service["spec"]["ports"]} == {"node-exporter", "postgres"}
+
+    # kube-scheduler's part, then the kubelet's; and the extender's durable permit.
+    api.create(
+        pod_path(ns, "pg") + "/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "pg"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+        },
+    )
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"annotations": {ann.PERMITTED_VCPUS: "2"}}})
+    api.set_pod_phase(ns, "pg", "Running")
+
+    def running() -> Obj | None:
+        status: Obj = api.get(vm_path(ns, "pg")).get("status", {})
+        return status if status.get("phase") == "Running" else None
+
+    status = wait_for(running, timeout_seconds=20, what="the VM's status Running")
+    assert (status["node"], status["pod"]) == ("node-a", "pg")
+    assert status["vcpus"] == {"current": 1, "permitted": 2}
+    assert status["memory"] == {"current": "1Gi", "permitted": "1Gi"}
+    assert [(c["type"], c["status"]) for c in status["conditions"]] == [("Ready", "True")]
+
+    table = subprocess.run(
+        [
+            str(KUBECTL),
+            "--kubeconfig",
+            str(controller),
+            "get",
+            "vm",
+            "-n",
+            ns,
+            "--no-headers",
+            "-o",
+            "custom-columns=X:.metadata.name",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert table.split() == ["pg"]
+    shown = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(controller), "get", "vm", "-n", ns],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    header, row = shown[0].split(), shown[1].split()
+    assert header[:8] == [
+        "NAME",
+        "PHASE",
+        "NODE",
+        "POD",
+        "VCPUS",
+        "PERMITTED-VCPUS",
+        "MEMORY",
+        "PERMITTED-MEMORY",
+    ]
+    assert row[:8] == ["pg", "Running", "node-a", "pg", "1", "2", "1Gi", "1Gi"]
+
+    # The pod goes, slowly (a finalizer holds it, as a kubelet does during the guest's
+    # shutdown): the VM says Restarting and no second pod appears while the first terminates.
+    first_uid = pod["metadata"]["uid"]
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"finalizers": ["test.vm/hold"]}})
+    api.delete(pod_path(ns, "pg"), grace_seconds=None)
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg"))["status"].get("phase") == "Restarting",
+        timeout_seconds=20,
+        what="the VM's status Restarting",
+    )
+    held = api.get(pod_path(ns, "pg"))
+    assert held["metadata"]["uid"] == first_uid and held["metadata"]["deletionTimestamp"]
+    # Once it is gone, a new one (a new UID) takes its place, and the VM says so.
+    api.merge_patch(pod_path(ns, "pg"), {"metadata": {"finalizers": None}})
+    api.delete(pod_path(ns, "pg"))
+    remade = wait_for(
+        lambda: (p := _get(api, pod_path(ns, "pg"))) and p["metadata"]["uid"] != first_uid and p,
+        timeout_seconds=20,
+        what="the pod made again",
+    )
+    assert remade["spec"].get("nodeName") is None
+    reasons = wait_for(
+        lambda: (
+            {"PodCreated", "ServiceCreated", "Recreating"}
+            <= {e["reason"] for e in api.events_for(ns, "pg")}
+            and {e["reason"] for e in api.events_for(ns, "pg")}
+        ),
+        timeout_seconds=20,
+        what="the VM's Events",
+    )
+    assert "ReconcileFailed" not in reasons
+
+
+def _get(api: Any, path: str) -> Obj | None:
+    try:
+        got: Obj = api.get(path)
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        raise
+    return got

@@ -1,0 +1,205 @@
+"""The controller's pure decisions: the pod a VirtualMachine gets, and what a pass does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autoscaler_agent.hypervisor.factory import socket_paths_from_url
+from protocol import annotations as ann
+from protocol.kube import Pod
+from protocol.quantity import memory_bytes
+from protocol.virtualmachine import VirtualMachine
+from vm_controller import decide
+
+MI = 2**20
+NOW = "2026-11-29T01:00:00Z"
+LATER = "2026-11-29T02:00:00Z"
+
+
+def make_vm(**spec: object) -> VirtualMachine:
+    body = {
+        "metadata": {"name": "pg", "namespace": "db", "uid": "vm-uid", "generation": 3},
+        "spec": {"vcpus": {"min": 1, "max": 4}, "memory": {"min": "1Gi", "max": "2Gi"}, **spec},
+    }
+    return msgspec.convert(body, VirtualMachine)
+
+
+def as_pod(manifest: dict[str, object], **status: object) -> Pod:
+    return msgspec.convert({**manifest, "status": status}, Pod)
+
+
+@st.composite
+def vms(draw: st.DrawFn) -> VirtualMachine:
+    lo = draw(st.integers(1, 64))
+    hi = draw(st.integers(lo, 128))
+    unit = draw(st.integers(1, 8))
+    mem_lo = draw(st.integers(1, 64)) * 128
+    mem_hi = draw(st.one_of(st.none(), st.integers(mem_lo // 128, 128).map(lambda k: k * 128)))
+    memory: dict[str, object] = {"min": draw(st.sampled_from([f"{mem_lo}Mi", mem_lo * MI]))}
+    if mem_hi is not None:
+        memory["max"] = f"{mem_hi}Mi"
+    if draw(st.booleans()):
+        memory["unit"] = "256Mi"
+    name = draw(st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True))
+    body = {
+        "metadata": {"name": name, "namespace": "ns-1", "uid": "u"},
+        "spec": {
+            "vcpus": {"min": lo, "max": hi, "unit": unit},
+            "memory": memory,
+            "hypervisor": draw(st.sampled_from(["qmp+qga", "qmp"])),
+        },
+    }
+    return msgspec.convert(body, VirtualMachine)
+
+
+@given(vms())
+def test_the_pod_carries_what_the_extender_and_the_agent_parse(vm: VirtualMachine):
+    """Round trip: the annotations written for any admitted VirtualMachine parse, with
+    ``protocol.annotations``' own parser, back to the VM's bounds, and its hypervisor URL to
+    this pod's own socket below the agent's socket root."""
+    pod = as_pod(decide.desired_pod(vm))
+    assert ann.is_vm(pod.metadata.labels)
+    spec = ann.parse_vm_spec(pod.metadata.annotations, pod_memory_bytes=0)
+    memory = vm.spec.memory
+    min_memory = memory_bytes(str(memory.min))
+    assert (spec.min_vcpus, spec.max_vcpus, spec.scaling_unit) == (
+        vm.spec.vcpus.min,
+        vm.spec.vcpus.max,
+        vm.spec.vcpus.unit,
+    )
+    assert spec.min_memory_bytes == min_memory
+    assert spec.max_memory_bytes == (memory_bytes(str(memory.max)) if memory.max else min_memory)
+    assert spec.memory_unit_bytes == (256 * MI if memory.unit else ann.DEFAULT_MEMORY_UNIT)
+    assert ann.vm_container_name(pod) == decide.VM_CONTAINER
+    assert spec.hypervisor is not None
+    # The agent sees the host's / at its socket root (manifests/config/agent.yaml: /host).
+    root = Path("/host")
+    scheme, qmp, _ = socket_paths_from_url(spec.hypervisor, root=root)
+    assert scheme == vm.spec.hypervisor
+    meta = vm.metadata
+    assert qmp == root / "run/vm-autoscaling" / meta.namespace / meta.name / "qmp.sock"
+    # The container asks for exactly the minimum plus QEMU's room, as a hand-written pod does.
+    (container,) = pod.spec.containers or []
+    assert container.resources is not None and container.resources.limits is not None
+    assert memory_bytes(container.resources.limits["memory"]) == min_memory + 512 * MI
+    assert container.resources.limits["cpu"] == str(vm.spec.vcpus.min)
+    owner = (pod.metadata.owner_references or [])[0]
+    assert (owner.kind, owner.uid, owner.controller) == ("VirtualMachine", "u", True)
+
+
+@given(vms(), st.sampled_from([None, "Pending", "Running", "Failed"]), st.booleans())
+def test_a_pass_is_idempotent(vm: VirtualMachine, phase: str | None, deleting: bool):
+    """Feeding a pass's status back gives the same status, however much later: the controller
+    writes a status once per change, never in a loop."""
+    pod = None
+    if phase is not None:
+        manifest = decide.desired_pod(vm)
+        if deleting:
+            manifest["metadata"]["deletionTimestamp"] = NOW
+        pod = as_pod(manifest, phase=phase)
+    first = decide.reconcile(vm, pod, has_service=True, now=NOW)
+    again = decide.reconcile(
+        msgspec.structs.replace(vm, status=first.status), pod, has_service=True, now=LATER
+    )
+    assert again.status == first.status
+    # Never a second pod while one (even a terminating one) holds the name.
+    assert (first.create_pod is not None) == (pod is None)
+
+
+def test_a_new_vm_gets_its_service_and_pod():
+    actions = decide.reconcile(make_vm(), None, has_service=False, now=NOW)
+    assert actions.create_service is not None
+    assert actions.create_service["spec"]["selector"] == {decide.VM_NAME_LABEL: "pg"}
+    assert actions.create_pod is not None
+    assert actions.create_pod["spec"]["hostname"] == "pg"
+    assert actions.create_pod["spec"]["subdomain"] == "pg"
+    assert actions.create_pod["metadata"]["annotations"][ann.METRICS_URL] == (
+        "http://pg.pg.db.svc:9100/metrics"
+    )
+    assert actions.status.phase == "Pending"
+    assert actions.events == ()
+
+
+def test_a_running_pod_reports_node_and_sizes():
+    manifest = decide.desired_pod(make_vm())
+    manifest["metadata"]["annotations"] |= {
+        ann.PERMITTED_VCPUS: "3",
+        ann.PERMITTED_MEMORY: "1536Mi",
+        ann.MEMORY_OVERHEAD: "512Mi",
+    }
+    manifest["spec"]["nodeName"] = "node-a"
+    pod = as_pod(
+        manifest,
+        phase="Running",
+        conditions=[{"type": "Ready", "status": "True"}],
+        containerStatuses=[{"name": "vm", "resources": {"limits": {"cpu": "2", "memory": "2Gi"}}}],
+    )
+    status = decide.reconcile(make_vm(), pod, has_service=True, now=NOW).status
+    assert (status.phase, status.node, status.pod, status.observed_generation) == (
+        "Running",
+        "node-a",
+        "pg",
+        3,
+    )
+    assert status.vcpus is not None and status.memory is not None
+    assert (status.vcpus.current, status.vcpus.permitted) == (2, 3)
+    assert (status.memory.current, status.memory.permitted) == ("1536Mi", "1536Mi")
+    (ready,) = status.conditions or []
+    assert (ready.status, ready.reason, ready.last_transition_time) == ("True", "PodReady", NOW)
+
+
+@pytest.mark.parametrize(
+    ("phase", "deleting", "expected"),
+    [
+        ("Running", True, ("Restarting", False, None)),
+        ("Failed", False, ("Failed", False, "pod-uid")),
+        ("Failed", True, ("Restarting", False, None)),
+    ],
+    ids=["terminating-waits", "ended-is-deleted", "ended-and-terminating-waits"],
+)
+def test_a_pod_on_its_way_out(phase: str, deleting: bool, expected: tuple[str, bool, str | None]):
+    manifest = decide.desired_pod(make_vm())
+    manifest["metadata"]["uid"] = "pod-uid"
+    if deleting:
+        manifest["metadata"]["deletionTimestamp"] = NOW
+    actions = decide.reconcile(make_vm(), as_pod(manifest, phase=phase), has_service=True, now=NOW)
+    assert (
+        actions.status.phase,
+        actions.create_pod is not None,
+        actions.delete_pod_uid,
+    ) == expected
+
+
+def test_a_pod_of_the_same_name_owned_by_another_is_left_alone():
+    manifest = decide.desired_pod(make_vm())
+    manifest["metadata"]["ownerReferences"] = []
+    actions = decide.reconcile(
+        make_vm(), as_pod(manifest, phase="Running"), has_service=True, now=NOW
+    )
+    assert (actions.create_pod, actions.delete_pod_uid, actions.status.pod) == (None, None, None)
+    assert [e.reason for e in actions.events] == ["PodConflict"]
+    assert actions.status.conditions is not None
+    assert actions.status.conditions[0].reason == "PodConflict"
+
+
+def test_a_gone_pod_is_created_again_with_an_event():
+    vm = make_vm()
+    vm = msgspec.structs.replace(vm, status=msgspec.structs.replace(vm.status, pod="pg"))
+    actions = decide.reconcile(vm, None, has_service=True, now=NOW)
+    assert actions.create_pod is not None
+    assert [e.reason for e in actions.events] == ["Recreating"]
+
+
+def test_the_pod_and_the_service_are_valid_v1_36_objects():
+    """The official schemas, strict (unknown fields fail): what the controller POSTs is what
+    the API server accepts (tests/controlplane/test_virtualmachines.py posts it for real)."""
+    import kubernetes_validate
+
+    vm = make_vm(ports=[{"name": "postgres", "port": 5432}], nodeSelector={"disk": "ssd"})
+    for manifest in (decide.desired_pod(vm), decide.desired_service(vm)):
+        assert kubernetes_validate.validate(manifest, "1.36", strict=True) == "1.36"

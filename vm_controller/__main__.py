@@ -1,0 +1,147 @@
+"""``vm-controller``: run the VirtualMachine controller until SIGTERM or SIGINT.
+
+Shell: parse the flags, check that the API server answers (one line and an exit code if not,
+``observability.exits``), bind ``/healthz``, ``/readyz`` (true once both watches have listed)
+and ``/metrics``, then run ``Controller``. No policy here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
+from observability.log import configure_logging
+from vm_controller.controller import Controller
+from vm_controller.metrics import ControllerMetrics
+
+log = structlog.get_logger("vm_controller")
+
+PROG = "vm-controller"
+PREFLIGHT_TIMEOUT_SECONDS = 10.0
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
+
+DESCRIPTION = """\
+Turn each VirtualMachine (vm-autoscaling.io/v1alpha1) into a runner pod annotated as the
+scheduler extender and the autoscaler agent read VM pods, and a headless Service; report the
+pod's phase, node and sizes in the VirtualMachine's status; create the pod again when it goes.
+Needs the CRDs of manifests/crds/ installed.
+"""
+
+CONTROLLER = web.AppKey("controller", Controller)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="kubeconfig to reach the API server; default: the pod's in-cluster service account",
+    )
+    p.add_argument(
+        "--http-host", default="0.0.0.0", help="address of /healthz, /readyz and /metrics"
+    )
+    p.add_argument("--http-port", type=int, default=8080, help="their port (default: 8080)")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log level written (default: info)",
+    )
+    return p
+
+
+def make_app(controller: Controller, registry: CollectorRegistry) -> web.Application:
+    app = web.Application()
+    app[CONTROLLER] = controller
+    app[REGISTRY] = registry
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if request.app[CONTROLLER].is_synced:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="watches not listed yet\n")
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(request.app[REGISTRY])
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def run(args: argparse.Namespace) -> None:
+    from kube_io import NotFound  # noqa: PLC0415
+    from kube_io.preflight import StartupProblem, check_api_server, connect  # noqa: PLC0415
+
+    await check_api_server(args.kubeconfig, timeout_seconds=PREFLIGHT_TIMEOUT_SECONDS)
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    registry = CollectorRegistry()
+    client = await connect(args.kubeconfig)
+    try:
+        await client.list_virtual_machines(page_size=1)
+    except NotFound as e:
+        await client.close()
+        raise StartupProblem(
+            "the VirtualMachine CRD is not installed: kubectl apply -k manifests/",
+            ExitCode.CONFIG,
+        ) from e
+    controller = Controller(client, ControllerMetrics(registry))
+    runner = web.AppRunner(make_app(controller, registry), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.http_host, args.http_port).start()
+        log.info("vm_controller_started", host=args.http_host, port=args.http_port)
+        with contextlib.suppress(asyncio.CancelledError):
+            await controller.run()
+    finally:
+        await runner.cleanup()
+        await client.close()
+    log.info("vm_controller_stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        asyncio.run(run(args))
+    except OSError as e:
+        if e.errno not in _LISTEN_ERRNOS:
+            raise
+        where = f"{args.http_host}:{args.http_port}"
+        return fail(PROG, f"cannot listen on {where}: {e.strerror or e}", ExitCode.PORT_IN_USE)
+    except Exception as e:
+        from kube_io.preflight import StartupProblem  # noqa: PLC0415
+
+        if isinstance(e, StartupProblem):
+            return fail(PROG, str(e), e.code)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The controller's loop: watch VirtualMachines and their pods, reconcile one VM at a time.
+
+Shell: I/O only. The decision for a VM is ``decide.reconcile``; this module keeps the watched
+objects, queues the VMs whose objects changed, applies the actions, and retries a VM whose
+request failed for a reason a retry can fix. The shape is controller-runtime's: level-triggered
+(each pass decides from the whole current state of one VM, never from the event that woke it),
+one queue that holds a key at most once, so a burst of changes to one VM is one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+from typing import Final
+
+import structlog
+
+from kube_io import Changed, Conflict, KubeClient, KubeError, NotFound, ObjectReference
+from kube_io.watch import watch_objects
+from protocol.kube import Pod
+from protocol.virtualmachine import API_VERSION, KIND, VirtualMachine
+from vm_controller import decide
+from vm_controller.metrics import ControllerMetrics
+
+log = structlog.get_logger("vm_controller")
+
+COMPONENT: Final = "vm-controller"
+Key = tuple[str, str]  # (namespace, VM name) -- also the pod's and the Service's name
+
+# A failed pass that a retry can fix comes back after this long, doubling up to the cap.
+RETRY_FIRST_SECONDS: Final = 0.5
+RETRY_MAX_SECONDS: Final = 30.0
+
+
+def _key_of(vm: VirtualMachine) -> Key:
+    return vm.metadata.namespace, vm.metadata.name
+
+
+def _pod_key(pod: Pod) -> Key | None:
+    name = (pod.metadata.labels or {}).get(decide.VM_NAME_LABEL)
+    return (pod.metadata.namespace, name) if name else None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Controller:
+    def __init__(self, client: KubeClient, metrics: ControllerMetrics) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.vms: dict[Key, VirtualMachine] = {}
+        self.pods: dict[Key, Pod] = {}
+        # Services this process has created or found taken: a VM's Service is ensured once per
+        # process (and again with every new pod), not watched.
+        self.services: set[Key] = set()
+        self.queue: asyncio.Queue[Key] = asyncio.Queue()
+        self.queued: set[Key] = set()
+        self.retries: dict[Key, float] = {}
+        self.vms_listed = asyncio.Event()
+        self.pods_listed = asyncio.Event()
+
+    @property
+    def is_synced(self) -> bool:
+        return self.vms_listed.is_set() and self.pods_listed.is_set()
+
+    def enqueue(self, key: Key) -> None:
+        if key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.watch_vms())
+            tasks.create_task(self.watch_pods())
+            tasks.create_task(self.work())
+
+    async def watch_vms(self) -> None:
+        async for item in watch_objects(self.client, "virtualmachines"):
+            if isinstance(item, Changed):
+                key = _key_of(item.object)
+                if item.type == "DELETED":
+                    self.vms.pop(key, None)
+                else:
+                    self.vms[key] = item.object
+                self.enqueue(key)
+                continue
+            gone = set(self.vms)
+            self.vms = {_key_of(vm): vm for vm in item.objects}
+            for key in gone | set(self.vms):
+                self.enqueue(key)
+            self.metrics.virtual_machines.set(len(self.vms))
+            self.vms_listed.set()
+        # watch_objects never ends on its own
+
+    async def watch_pods(self) -> None:
+        async for item in watch_objects(self.client, "pods", label_selector=decide.VM_NAME_LABEL):
+            if isinstance(item, Changed):
+                key = _pod_key(item.object)
+                if key is None:
+                    continue
+                if item.type == "DELETED":
+                    self.pods.pop(key, None)
+                else:
+                    self.pods[key] = item.object
+                self.enqueue(key)
+                continue
+            before = set(self.pods)
+            self.pods = {k: pod for pod in item.objects if (k := _pod_key(pod)) is not None}
+            for key in before | set(self.pods):
+                self.enqueue(key)
+            self.pods_listed.set()
+
+    async def work(self) -> None:
+        await self.vms_listed.wait()
+        await self.pods_listed.wait()
+        log.info("vm_controller_synced", vms=len(self.vms), pods=len(self.pods))
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            await self.reconcile(key)
+
+    async def reconcile(self, key: Key) -> None:
+        vm = self.vms.get(key)
+        if vm is None:
+            self.services.discard(key)
+            return
+        with structlog.contextvars.bound_contextvars(namespace=key[0], vm=key[1]):
+            try:
+                with self.metrics.reconcile_seconds.time():
+                    await self.apply(vm)
+            except KubeError as e:
+                self.metrics.reconciles.labels(result="error").inc()
+                if not e.is_retryable and not isinstance(e, Conflict):
+                    # RBAC, a refused object: a retry cannot help; the next change will.
+                    log.error("vm_reconcile_failed", error=repr(e))
+                    await self.event(vm, "Warning", "ReconcileFailed", e.message)
+                    return
+                delay = min(self.retries.get(key, RETRY_FIRST_SECONDS / 2) * 2, RETRY_MAX_SECONDS)
+                self.retries[key] = delay
+                log.warning("vm_reconcile_retrying", error=repr(e), delay_seconds=delay)
+                asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            else:
+                self.retries.pop(key, None)
+                self.metrics.reconciles.labels(result="ok").inc()
+
+    async def apply(self, vm: VirtualMachine) -> None:
+        key = _key_of(vm)
+        pod = self.pods.get(key)
+        actions = decide.reconcile(vm, pod, has_service=key in self.services, now=_now())
+        if actions.create_service is not None:
+            try:
+                await self.client.create_namespaced("services", actions.create_service)
+                await self.event(vm, "Normal", "ServiceCreated", f"created service {key[1]}")
+            except Conflict:
+                pass  # it exists: the name is the VM's, and so is the Service
+            self.services.add(key)
+        if actions.delete_pod_uid is not None and pod is not None:
+            with contextlib.suppress(NotFound, Conflict):  # gone already, or a newer pod
+                await self.client.delete_pod(*key, uid=actions.delete_pod_uid)
+        if actions.create_pod is not None:
+            try:
+                await self.client.create_namespaced("pods", actions.create_pod)
+            except Conflict:
+                # The name is still taken (a pod we have not heard of yet, or one terminating):
+                # its watch event brings us back here.
+                log.debug("vm_pod_name_taken")
+            else:
+                self.metrics.pods_created.inc()
+                self.services.discard(key)  # ensure the Service again with each new pod
+                log.info("vm_pod_created", pod=key[1])
+                await self.event(vm, "Normal", "PodCreated", f"created runner pod {key[1]}")
+        for event in actions.events:
+            await self.event(vm, event.type, event.reason, event.message)
+        if actions.status != vm.status:
+            with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to report on
+                await self.client.patch_virtual_machine_status(*key, actions.status)
+            if actions.status.phase != vm.status.phase:
+                log.info("vm_phase", phase=actions.status.phase, node=actions.status.node)
+
+    async def event(self, vm: VirtualMachine, type_: str, reason: str, message: str) -> None:
+        meta = vm.metadata
+        involved = ObjectReference(
+            api_version=API_VERSION,
+            kind=KIND,
+            name=meta.name,
+            namespace=meta.namespace,
+            uid=meta.uid or None,
+        )
+        try:
+            await self.client.create_event(
+                involved,
+                reason=reason,
+                message=message,
+                type="Warning" if type_ == "Warning" else "Normal",
+                component=COMPONENT,
+            )
+        except KubeError as e:
+            # An Event is a courtesy to the reader of `kubectl describe`, never a reason to fail.
+            log.warning("vm_event_failed", reason=reason, error=repr(e))

@@ -1,0 +1,371 @@
+"""What a VirtualMachine should have, and what to do about what it has: the controller's policy.
+
+Pure: no I/O, no clock (the shell passes ``now`` as the RFC 3339 string a condition records).
+
+- ``desired_pod(vm)``: the runner pod, labelled and annotated exactly as a hand-written VM pod
+  (``protocol/annotations.py``, ``manifests/examples/vm-deploy.yaml``), so the extender and the
+  agent see no difference between the two; the socket paths and the metrics URL are filled in.
+- ``desired_service(vm)``: a headless Service giving the pod the DNS name the metrics URL uses.
+- ``reconcile(vm, pod, has_service, now=...)``: the actions and the status for one VM, from the
+  pod that exists now (or None).
+
+A VM has at most one pod at any instant, as a StatefulSet of one: the pod's name is the VM's,
+so the API server itself refuses a second while the first (even a terminating one) holds the
+name, and ``reconcile`` creates a pod only once the previous one is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from protocol import annotations as ann
+from protocol.kube import Pod
+from protocol.quantity import cpu_millis, format_memory, memory_bytes
+from protocol.virtualmachine import (
+    API_VERSION,
+    KIND,
+    Condition,
+    CurrentAndPermitted,
+    MemoryCurrentAndPermitted,
+    Phase,
+    Quantity,
+    VirtualMachine,
+    VirtualMachineStatus,
+)
+
+# The pod label naming its VirtualMachine: the controller's watch selects on it.
+VM_NAME_LABEL: Final = ann.PREFIX + "virtualmachine"
+# Inside the container; the hostPath root below it is <root>/<namespace>/<pod> on the host.
+SOCKET_DIR: Final = "/run/vm-autoscaling"
+HOST_SOCKET_ROOT: Final = "/run/vm-autoscaling"
+METRICS_PORT: Final = 9100
+VM_CONTAINER: Final = "vm"
+# The runner powers the guest off on SIGTERM (ACPI, 20 s), then QMP quit (5 s).
+TERMINATION_GRACE_SECONDS: Final = 40
+
+Manifest = dict[str, Any]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+class Actions(msgspec.Struct, frozen=True, kw_only=True):
+    """What the shell does for one VM, in this order: the Service, then delete or create the
+    pod, then the status (written only when it differs from the one the VM has)."""
+
+    create_service: Manifest | None = None
+    create_pod: Manifest | None = None
+    delete_pod_uid: str | None = None
+    status: VirtualMachineStatus
+    events: tuple[Event, ...] = ()
+
+
+def _bytes(quantity: Quantity) -> int:
+    return quantity if isinstance(quantity, int) else memory_bytes(quantity)
+
+
+def _quantity(quantity: Quantity) -> str:
+    return format_memory(_bytes(quantity))
+
+
+def qmp_socket_host_path(namespace: str, pod: str) -> str:
+    return f"{HOST_SOCKET_ROOT}/{namespace}/{pod}/qmp.sock"
+
+
+def metrics_url(namespace: str, vm: str) -> str:
+    # The pod's own DNS record (hostname.subdomain.namespace.svc) through the headless
+    # Service: known before the pod has an IP, unlike the agent's pod-IP default.
+    return f"http://{vm}.{vm}.{namespace}.svc:{METRICS_PORT}/metrics"
+
+
+def owner_reference(vm: VirtualMachine) -> Manifest:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": vm.metadata.name,
+        "uid": vm.metadata.uid,
+        "controller": True,
+    }
+
+
+def pod_annotations(vm: VirtualMachine) -> dict[str, str]:
+    """The annotations the extender and the agent read (``protocol.annotations``)."""
+    spec, meta = vm.spec, vm.metadata
+    memory = spec.memory
+    out = {
+        ann.MIN_VCPUS: str(spec.vcpus.min),
+        ann.MAX_VCPUS: str(spec.vcpus.max),
+        ann.SCALING_UNIT: str(spec.vcpus.unit),
+        ann.MIN_MEMORY: _quantity(memory.min),
+        ann.MAX_MEMORY: _quantity(memory.max if memory.max is not None else memory.min),
+        ann.HYPERVISOR: f"{spec.hypervisor}://{qmp_socket_host_path(meta.namespace, meta.name)}",
+        ann.METRICS_URL: metrics_url(meta.namespace, meta.name),
+        ann.VM_CONTAINER: VM_CONTAINER,
+    }
+    if memory.unit is not None:
+        out[ann.MEMORY_UNIT] = _quantity(memory.unit)
+    return out
+
+
+def container_memory_bytes(vm: VirtualMachine) -> int:
+    return _bytes(vm.spec.memory.min) + _bytes(vm.spec.memory.overhead)
+
+
+def desired_pod(vm: VirtualMachine) -> Manifest:
+    spec, meta = vm.spec, vm.metadata
+    cpu = str(spec.vcpus.min)
+    memory = format_memory(container_memory_bytes(vm))
+    resources = {
+        "requests": {"cpu": cpu, "memory": memory},
+        "limits": {"cpu": cpu, "memory": memory},
+    }
+    annotations = pod_annotations(vm)
+    args = [
+        f"--min-vcpus={spec.vcpus.min}",
+        f"--max-vcpus={spec.vcpus.max}",
+        f"--memory={annotations[ann.MIN_MEMORY]}",
+        f"--max-memory={annotations[ann.MAX_MEMORY]}",
+        f"--vcpu-mode={'online' if spec.hypervisor == 'qmp+qga' else 'hotplug'}",
+        f"--qmp-socket={SOCKET_DIR}/qmp.sock",
+        *spec.runner_args,
+    ]
+    ports = [{"name": "node-exporter", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+    ports += [{"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in spec.ports]
+    socket_mount = {
+        "name": "vm-sockets",
+        "mountPath": SOCKET_DIR,
+        "subPathExpr": "$(POD_NAMESPACE)/$(POD_NAME)",
+    }
+    downward = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    init_resources = {"cpu": "100m", "memory": "32Mi"}
+    pod_spec: Manifest = {
+        "schedulerName": spec.scheduler_name,
+        "hostname": meta.name,
+        "subdomain": meta.name,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "automountServiceAccountToken": False,
+        "initContainers": [
+            {
+                # The kubelet creates the socket directory as root; the runner runs as 10100.
+                "name": "socket-dir",
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": ["chown", "10100:10100", SOCKET_DIR],
+                "securityContext": {
+                    "runAsUser": 0,
+                    "runAsNonRoot": False,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+                },
+                "resources": {"requests": init_resources, "limits": init_resources},
+                "volumeMounts": [socket_mount],
+                "env": downward,
+            }
+        ],
+        "containers": [
+            {
+                "name": VM_CONTAINER,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "args": args,
+                "env": downward,
+                "ports": ports,
+                "resources": resources,
+                "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
+                "volumeMounts": [socket_mount],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "vm-sockets",
+                "hostPath": {"path": HOST_SOCKET_ROOT, "type": "DirectoryOrCreate"},
+            }
+        ],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "labels": {ann.VM_LABEL: "true", VM_NAME_LABEL: meta.name},
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(vm)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def desired_service(vm: VirtualMachine) -> Manifest:
+    meta = vm.metadata
+    ports = [{"name": "node-exporter", "port": METRICS_PORT, "targetPort": "node-exporter"}]
+    ports += [{"name": p.name, "port": p.port, "targetPort": p.name} for p in vm.spec.ports]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "labels": {VM_NAME_LABEL: meta.name},
+            "ownerReferences": [owner_reference(vm)],
+        },
+        "spec": {
+            # Headless: the pod's DNS name (the metrics URL's) exists from its first second.
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {VM_NAME_LABEL: meta.name},
+            "ports": ports,
+        },
+    }
+
+
+def is_owned_by(pod: Pod, vm: VirtualMachine) -> bool:
+    return any(
+        ref.controller and ref.uid == vm.metadata.uid for ref in pod.metadata.owner_references or ()
+    )
+
+
+def _vm_container_resources(pod: Pod) -> tuple[str | None, str | None]:
+    """The VM container's CPU and memory limits as the kubelet applied them (KEP-1287's
+    ``status.containerStatuses[].resources``), else as the spec has them."""
+    for status in pod.status.container_statuses or ():
+        if status.name == VM_CONTAINER and status.resources and status.resources.limits:
+            limits = status.resources.limits
+            return limits.get("cpu"), limits.get("memory")
+    for container in pod.spec.containers or ():
+        if container.name == VM_CONTAINER and container.resources and container.resources.limits:
+            limits = container.resources.limits
+            return limits.get("cpu"), limits.get("memory")
+    return None, None
+
+
+def observed_sizes(
+    vm: VirtualMachine, pod: Pod
+) -> tuple[CurrentAndPermitted, MemoryCurrentAndPermitted]:
+    """Current: what the VM's container has (memory less QEMU's overhead); permitted: the
+    extender's durable permit on the pod, else the minimum the VM was placed with."""
+    permitted_vcpus, permitted_memory = ann.parse_permitted(pod.metadata.annotations)
+    cpu, memory = _vm_container_resources(pod)
+    current_vcpus = -(-cpu_millis(cpu) // 1000) if cpu else None
+    overhead = ann.parse_memory_overhead(pod.metadata.annotations)
+    if overhead is None:
+        overhead = _bytes(vm.spec.memory.overhead)
+    current_memory = memory_bytes(memory) - overhead if memory else None
+    return (
+        CurrentAndPermitted(
+            current=current_vcpus,
+            permitted=permitted_vcpus if permitted_vcpus is not None else vm.spec.vcpus.min,
+        ),
+        MemoryCurrentAndPermitted(
+            current=format_memory(current_memory) if current_memory else None,
+            permitted=format_memory(
+                permitted_memory if permitted_memory is not None else _bytes(vm.spec.memory.min)
+            ),
+        ),
+    )
+
+
+def _phase(pod: Pod | None) -> Phase:
+    if pod is None:
+        return "Pending"
+    if pod.metadata.deletion_timestamp:
+        return "Restarting"
+    if pod.status.phase in ("Failed", "Succeeded"):
+        return "Failed"
+    if pod.status.phase == "Running":
+        return "Running"
+    return "Scheduled" if pod.spec.node_name else "Pending"
+
+
+def _ready(pod: Pod | None, *, conflict: bool) -> tuple[Literal["True", "False"], str, str]:
+    if conflict:
+        return "False", "PodConflict", "a pod of this name exists that this VM does not own"
+    if pod is None:
+        return "False", "NoPod", "the runner pod is being created"
+    for condition in pod.status.conditions or ():
+        if condition.type == "Ready":
+            if condition.status == "True":
+                return "True", "PodReady", f"pod {pod.metadata.name} is ready"
+            return "False", condition.reason or "PodNotReady", f"pod {pod.metadata.name} not ready"
+    return "False", "PodNotReady", f"pod {pod.metadata.name} is not ready yet"
+
+
+def _condition(
+    previous: VirtualMachineStatus,
+    *,
+    type_: str,
+    status: Literal["True", "False"],
+    reason: str,
+    message: str,
+    now: str,
+) -> Condition:
+    before = next((c for c in previous.conditions or () if c.type == type_), None)
+    since = before.last_transition_time if before and before.status == status else now
+    return Condition(
+        type=type_, status=status, reason=reason, message=message, last_transition_time=since
+    )
+
+
+def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: str) -> Actions:
+    """One VM's next step, from its pod (the one named as the VM, or None) and its Service."""
+    conflict = pod is not None and not is_owned_by(pod, vm)
+    events: list[Event] = []
+    create_pod = delete_uid = None
+    if vm.metadata.deletion_timestamp:
+        # Going away: the garbage collector removes the pod and the Service (owner references).
+        pass
+    elif pod is None:
+        create_pod = desired_pod(vm)
+        if vm.status.pod:
+            events.append(Event(type="Normal", reason="Recreating", message="runner pod is gone"))
+    elif conflict:
+        events.append(
+            Event(
+                type="Warning",
+                reason="PodConflict",
+                message=f"pod {pod.metadata.name} is "
+                "not owned by this VirtualMachine; leaving it alone",
+            )
+        )
+    elif not pod.metadata.deletion_timestamp and pod.status.phase in ("Failed", "Succeeded"):
+        # A pod that ended (evicted, or QEMU exited with restartPolicy Never) never runs again:
+        # remove it, and the next pass creates a new one once its name is free.
+        delete_uid = pod.metadata.uid
+        events.append(
+            Event(type="Warning", reason="PodEnded", message=f"pod phase {pod.status.phase}")
+        )
+    owned = None if conflict else pod
+    ready, reason, message = _ready(owned, conflict=conflict)
+    vcpus, memory = observed_sizes(vm, owned) if owned is not None else (None, None)
+    status = VirtualMachineStatus(
+        observed_generation=vm.metadata.generation,
+        phase="Failed" if conflict else _phase(owned),
+        node=(owned.spec.node_name or None) if owned is not None else None,
+        pod=owned.metadata.name if owned is not None else None,
+        vcpus=vcpus,
+        memory=memory,
+        conditions=[
+            _condition(
+                vm.status, type_="Ready", status=ready, reason=reason, message=message, now=now
+            )
+        ],
+    )
+    return Actions(
+        create_service=None
+        if has_service or vm.metadata.deletion_timestamp
+        else desired_service(vm),
+        create_pod=create_pod,
+        delete_pod_uid=delete_uid,
+        status=status,
+        events=tuple(events),
+    )
