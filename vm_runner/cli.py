@@ -15,6 +15,7 @@ import structlog
 
 from vm_runner import supervisor
 from vm_runner.cmdline import (
+    DEFAULT_MACHINE_TYPE,
     QGA_SOCKET_SUFFIX,
     Accel,
     Forward,
@@ -108,6 +109,19 @@ def make_parser() -> argparse.ArgumentParser:
         "is usable (also VM_RUNNER_KVM_BOOTS=1)",
     )
     machine.add_argument(
+        "--machine-type",
+        default=DEFAULT_MACHINE_TYPE,
+        help="QEMU machine type; a versioned one, never an alias, since a migration's target "
+        "must run the source's exact type (default: %(default)s)",
+    )
+    machine.add_argument(
+        "--incoming-port",
+        type=int,
+        help="start as a live migration's target: QEMU does not boot the guest but waits on "
+        "this TCP port (all addresses) for the source's state, then runs it; every other flag "
+        "must be the source's (vm_runner/README.md, 'Live migration')",
+    )
+    machine.add_argument(
         "--qemu-binary", default="qemu-system-x86_64", help="QEMU to run (default: %(default)s)"
     )
     sockets = parser.add_argument_group("sockets and ports")
@@ -198,6 +212,8 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         control_socket=control_socket,
         serial_socket=args.serial_socket,
         forwards=forwards,
+        machine_type=args.machine_type,
+        incoming_port=args.incoming_port,
     )
 
 
@@ -228,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             is_kvm_boot_known=args.kvm_boots,
             vcpu_mode=spec.vcpu_mode.value,
             qga_socket=spec.qga_socket,
+            machine_type=spec.machine_type,
+            incoming_port=spec.incoming_port,
         )
         return asyncio.run(
             supervisor.run(
