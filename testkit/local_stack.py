@@ -397,6 +397,7 @@ def start_runner(
     vcpu_mode: str = "online",
     kernel_args: str = "",
     disk: Path | None = None,
+    incoming_port: int | None = None,
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 
@@ -407,6 +408,8 @@ def start_runner(
     ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
     ``vcpu_mode``: the runner's ``--vcpu-mode``; in ``online`` the agent's QGA socket is
     ``Guest.qga_socket`` (beside the QMP socket, as the runner names it).
+    ``incoming_port``: start as a live migration's target on that port (the guest does not boot;
+    ``wait_booted`` then waits for the migration to bring it over).
     """
     port = free_port()
     pg_port = free_port() if postgres else None
@@ -425,6 +428,7 @@ def start_runner(
             *(["--max-memory", max_memory] if max_memory is not None else []),
             *(["--kernel-args", kernel_args] if kernel_args else []),
             *(["--disk", str(disk)] if disk is not None else []),
+            *(["--incoming-port", str(incoming_port)] if incoming_port is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip
