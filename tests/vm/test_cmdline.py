@@ -175,8 +175,14 @@ def test_spec_field_shapes_its_flag(overrides, flag, expected):
         ({"accel": Accel.AUTO}, "must be resolved"),
         ({"incoming_port": 0}, "outside 1..65535"),
     ],
-    ids=["zero-vcpus", "min-above-max", "memory-not-mib", "memory-zero", "accel-unresolved",
-         "incoming-port-zero"],
+    ids=[
+        "zero-vcpus",
+        "min-above-max",
+        "memory-not-mib",
+        "memory-zero",
+        "accel-unresolved",
+        "incoming-port-zero",
+    ],
 )
 def test_inconsistent_spec_is_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
