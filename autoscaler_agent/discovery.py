@@ -245,7 +245,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         memory_room_bytes=memory_room(pod, spec),
         vcpu_room=vcpu_room(pod),
         cgroup_dirs=container_cgroup_dirs(pod),
-        is_moving=MIGRATION in meta.annotations,
+        is_moving=MIGRATION in (meta.annotations or {}),
     )
 
 
