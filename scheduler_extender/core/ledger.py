@@ -573,9 +573,7 @@ class Ledger:
         if entry.owner is not Owner.OWN or entry.vm is None or entry.is_tentative:
             raise Conflict(f"pod {entry.key} is not a bound VM of this scheduler")
         if source_uid in self.moves or any(m.target_uid == source_uid for m in self.moves.values()):
-            raise Conflict(
-                f"VM {entry.key} is already moving to {self.moves[source_uid].target_node}"
-            )
+            raise Conflict(f"VM {entry.key} is already moving")
         if target_node == entry.node:
             raise Conflict(f"VM {entry.key} already runs on node {target_node}")
         target_key = f"{entry.namespace}/{target_name}"

@@ -215,7 +215,7 @@ class MoveMachine(RuleBasedStateMachine):
 
 
 MoveMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_moves = MoveMachine.TestCase
