@@ -62,13 +62,14 @@ def move(
     port = free_port()
     target = start_runner(
         image, workdir, min_vcpus=1, max_vcpus=2, memory=size,
-        max_memory=f"{2 * parse_memory(size) // MIB}Mi", postgres=True, incoming_port=port,
+        max_memory=f"{2 * parse_memory(size) // MIB}Mi", postgres=True, migration_socket=True,
+        incoming_port=port,
     )  # fmt: skip
     services.append(target.runner)
     outcome = asyncio.run(
         migrate(
-            source_qmp=str(source.qmp_socket),
-            target_qmp=str(target.qmp_socket),
+            source_qmp=str(source.migration_socket),
+            target_qmp=str(target.migration_socket),
             target_uri=f"tcp:127.0.0.1:{port}",
             config=MigrationConfig(),
         )
@@ -93,7 +94,7 @@ def one_size(image: Any, root: Path, size: str, clients: int) -> dict[str, Any]:
         total = parse_memory(size)
         source = start_runner(
             image, root / "a", min_vcpus=1, max_vcpus=2, memory=size,
-            max_memory=f"{2 * total // MIB}Mi", postgres=True,
+            max_memory=f"{2 * total // MIB}Mi", postgres=True, migration_socket=True,
         )  # fmt: skip
         services.append(source.runner)
         wait_booted(source, timeout_seconds=180)

@@ -139,6 +139,12 @@ def make_parser() -> argparse.ArgumentParser:
         "qmp+qga:// URL expects",
     )
     sockets.add_argument(
+        "--migration-socket",
+        help="a QMP unix socket of its own for a live migration's driver (the agent holds "
+        "--qmp-socket open, and a QMP socket serves one client at a time); on both the source "
+        "and the target runner",
+    )
+    sockets.add_argument(
         "--serial-socket",
         help="expose the guest's serial console (a root shell on the minimal image) on this unix "
         "socket; without it the console goes to stdout",
@@ -214,6 +220,7 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         forwards=forwards,
         machine_type=args.machine_type,
         incoming_port=args.incoming_port,
+        migration_socket=args.migration_socket,
     )
 
 
@@ -232,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             parser.error(str(e))  # exits 2
-        for path in (spec.qmp_socket, spec.qga_socket, spec.serial_socket):
+        for path in (spec.qmp_socket, spec.qga_socket, spec.serial_socket, spec.migration_socket):
             if path is not None:
                 # QEMU creates the socket (replacing a stale one) but not its directory.
                 Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -137,6 +137,9 @@ class VmSpec:
     # The host end of the guest agent's port; required in ONLINE mode, unused in HOTPLUG.
     qga_socket: str | None = None
     machine_type: str = DEFAULT_MACHINE_TYPE
+    # A third QMP monitor, for whoever drives a live migration (vm_runner.migrate): the agent
+    # holds the VM's QMP socket open, and a QMP socket serves one client at a time.
+    migration_socket: str | None = None
     # A migration target: QEMU starts paused, listening on this TCP port (all addresses) for
     # the source's state (``-incoming tcp:0:PORT``); None: boot the guest. Everything else must
     # be the source's spec unchanged: QEMU checks the device set, and virtio-mem's plugged
@@ -321,7 +324,10 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     argv += ["-netdev", f"user,id=net0{hostfwd}", "-device", "virtio-net-pci,netdev=net0"]
     # Two QMP monitors: a QMP socket serves one client at a time, and the autoscaler agent may hold
     # the shared one open for as long as it likes. The runner's own (private) one is for shutdown.
-    for chardev_id, path in (("qmp", spec.qmp_socket), ("control", spec.control_socket)):
+    monitors = [("qmp", spec.qmp_socket), ("control", spec.control_socket)]
+    if spec.migration_socket is not None:
+        monitors.append(("migration", spec.migration_socket))
+    for chardev_id, path in monitors:
         argv += ["-chardev", _socket_chardev(chardev_id, path)]
         argv += ["-mon", f"chardev={chardev_id},mode=control"]
     if spec.vcpu_mode is VcpuMode.ONLINE:

@@ -344,9 +344,14 @@ def test_migration_target_is_the_source_command_line_plus_incoming():
 
 
 def test_incoming_and_machine_type_flags():
-    args = parse_args("--incoming-port", "4444", "--machine-type", "pc-q35-7.1")
+    args = parse_args(
+        "--incoming-port", "4444", "--machine-type", "pc-q35-7.1", "--migration-socket", "/m"
+    )
     spec = cli.spec_from_args(args, is_kvm_usable=False, control_socket="/c")
     assert (spec.incoming_port, spec.machine_type) == (4444, "pc-q35-7.1")
+    assert "socket,id=migration,path=/m,server=on,wait=off" in option(
+        build_qemu_command(spec), "-chardev"
+    )
     default = cli.spec_from_args(parse_args(), is_kvm_usable=False, control_socket="/c")
     assert (default.incoming_port, default.machine_type) == (None, "pc-q35-7.2")
 

@@ -76,16 +76,17 @@ def start(image: MinimalImage, workdir: Path, *, incoming_port: int | None = Non
         memory="512Mi",
         max_memory="1Gi",
         postgres=True,
+        migration_socket=True,
         incoming_port=incoming_port,
     )
 
 
 def migrate_to(source: Guest, target: Guest, port: int, config: MigrationConfig):
-    # The VM's QMP sockets (no agent holds them here): the target's exists only once its QEMU
-    # runs, which the driver waits for.
+    # The runners' migration sockets (the agent would hold the VM's QMP socket): the target's
+    # exists only once its QEMU runs, which the driver waits for.
     return migrate(
-        source_qmp=str(source.qmp_socket),
-        target_qmp=str(target.qmp_socket),
+        source_qmp=str(source.migration_socket),
+        target_qmp=str(target.migration_socket),
         target_uri=f"tcp:127.0.0.1:{port}",
         config=config,
     )
