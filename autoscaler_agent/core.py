@@ -386,6 +386,7 @@ class VmState:
         "_explain",
         "_extender",
         "_hypervisor",
+        "_is_moving",
         "_memory_policy_state",
         "_policy_state",
         "_scrapes",
@@ -440,11 +441,16 @@ class VmState:
         self._hypervisor = _HypervisorPeer(now)
         self._extender = _ExtenderPeer(now)
         self._busy: _Busy | None = None
+        self._is_moving = False
 
     # -- derived values ------------------------------------------------------------------
 
     def resource(self, resource: Resource) -> Scaled:
         return self.vcpus if resource is Resource.VCPUS else self.memory
+
+    @property
+    def is_moving(self) -> bool:
+        return self._is_moving
 
     def is_resizing(self, resource: Resource) -> bool:
         """A resize of ``resource`` is in flight: its size is about to change."""
@@ -538,7 +544,9 @@ class VmState:
             scrape = now >= s.next_at
             wake = now + self.config.scrape_interval_seconds if scrape else s.next_at
         read, resize, call = False, None, None
-        if self._busy is None:
+        # While the VM moves live, neither side is resized nor asks for more: the target node
+        # was reserved at the VM's size, and a resize racing the copy would be lost or torn.
+        if self._busy is None and not self._is_moving:
             if self.vcpus.current is None:
                 read = now >= self._hypervisor.read_retry_at
                 if not read:
@@ -750,6 +758,15 @@ class VmState:
         """The pod's VM container now has a CPU limit (as applied) with room for ``room``
         vCPUs; None when no limit is known. As ``memory_room_seen``."""
         self.vcpus.room = room
+
+    def moving_seen(self, now: float, is_moving: bool) -> None:
+        """The VM started or stopped moving live (its pod's ``migration`` annotation). After a
+        move its size is read afresh from the hypervisor: the destination's, whatever the
+        source had."""
+        if self._is_moving and not is_moving:
+            self.vcpus.current = None
+            self.memory.current = None
+        self._is_moving = is_moving
 
     def vcpus_read_started(self, now: float) -> None:
         self._busy = _Busy.READ

@@ -28,6 +28,7 @@ import structlog
 import yaml
 
 from protocol.annotations import (
+    MIGRATION,
     AnnotationError,
     VmSpec,
     is_vm,
@@ -68,6 +69,8 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
     # Where the VM container's cgroup may be, relative to the host's cgroup filesystem
     # (``container_cgroup_dirs``): the agent reads its CPU throttling there. () when unknown.
     cgroup_dirs: tuple[str, ...] = ()
+    # The pod is one side of a live move (annotation ``migration``): not to be resized.
+    is_moving: bool = False
 
     @property
     def key(self) -> str:
@@ -77,7 +80,8 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
         """Whether a loop built for ``other`` can go on for this target: everything but the
         permit record, which only seeds a new loop's state (the running loop knows its permit
         better than the annotation, which the extender writes after answering), and the
-        container's memory room, which the loop is told of as it changes."""
+        container's memory room and whether the VM moves, which the loop is told of as they
+        change."""
         return _loop_part(self) == _loop_part(other)
 
     @property
@@ -87,7 +91,12 @@ class VmTarget(msgspec.Struct, frozen=True, kw_only=True):
 
 def _loop_part(target: VmTarget) -> VmTarget:
     return msgspec.structs.replace(
-        target, permitted_vcpus=None, permitted_memory=None, memory_room_bytes=None, vcpu_room=None
+        target,
+        permitted_vcpus=None,
+        permitted_memory=None,
+        memory_room_bytes=None,
+        vcpu_room=None,
+        is_moving=False,
     )
 
 
@@ -236,6 +245,7 @@ def vm_target_from_pod(pod: Pod, *, node: str) -> VmTarget | None:
         memory_room_bytes=memory_room(pod, spec),
         vcpu_room=vcpu_room(pod),
         cgroup_dirs=container_cgroup_dirs(pod),
+        is_moving=MIGRATION in (meta.annotations or {}),
     )
 
 

@@ -137,6 +137,7 @@ class VmRunner:
             memory_room=target.memory_room_bytes,
             vcpu_room=target.vcpu_room,
         )
+        self.state.moving_seen(self._loop.time(), target.is_moving)
         self._changed = asyncio.Event()
         self.progress = ScalingProgress(stuck_after_seconds=deps.stuck_after_seconds)
         self._is_stuck = False
@@ -164,6 +165,9 @@ class VmRunner:
             self._changed.set()
         if target.vcpu_room != self.state.vcpus.room:
             self.state.vcpu_room_seen(self._now(), target.vcpu_room)
+            self._changed.set()
+        if target.is_moving != self.state.is_moving:
+            self.state.moving_seen(self._now(), target.is_moving)
             self._changed.set()
 
     def _extender_restarted(self) -> None:

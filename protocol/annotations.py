@@ -31,6 +31,10 @@ Written by the extender (the durable record a restarted extender rebuilds from):
 ``memory-overhead``: for a VM whose memory scales, its container's memory above the guest's
 (QEMU's own, from the container as written: its memory less ``min-memory``), which every
 resize of the container keeps and the extender holds on top of the permitted memory.
+
+Written by the VM controller: ``migration``, on both pods of a VM while it moves live (the
+source and the target runner pod; value: the move's name). The agent resizes neither while it
+is there, and re-reads the VM's size from its hypervisor once it is gone.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ VM_CONTAINER: Final = PREFIX + "vm-container"
 # its term. The write changes each pod's resourceVersion, so a Binding the previous leader sent
 # before it lost the Lease, still on its way, fails its precondition (``Extender.fence``).
 LEADER_TERM: Final = PREFIX + "leader-term"
+MIGRATION: Final = PREFIX + "migration"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).

@@ -273,6 +273,8 @@ class Guest:
     min_vcpus: int
     max_vcpus: int
     postgres_port: int | None = None  # the postgres guest's :5432, forwarded to 127.0.0.1
+    # The runner's --migration-socket: a QMP socket for a live migration's driver, or None.
+    migration_socket: Path | None = None
     _control_socket: Path | None = field(default=None, repr=False)
 
     @property
@@ -397,6 +399,8 @@ def start_runner(
     vcpu_mode: str = "online",
     kernel_args: str = "",
     disk: Path | None = None,
+    incoming_port: int | None = None,
+    migration_socket: bool = False,
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 
@@ -407,12 +411,16 @@ def start_runner(
     ``postgres``: also forward a loopback port to the guest's 5432 (the postgres image).
     ``vcpu_mode``: the runner's ``--vcpu-mode``; in ``online`` the agent's QGA socket is
     ``Guest.qga_socket`` (beside the QMP socket, as the runner names it).
+    ``incoming_port``: start as a live migration's target on that port (the guest does not boot;
+    ``wait_booted`` then waits for the migration to bring it over). ``migration_socket``: give
+    the runner a QMP socket for the migration's driver (``Guest.migration_socket``).
     """
     port = free_port()
     pg_port = free_port() if postgres else None
     pg_forward = [] if pg_port is None else ["--forward", f"127.0.0.1:{pg_port}:5432"]
     qmp_socket = workdir / "sockets" / "vm-qmp.sock"
     serial_socket = workdir / "serial.sock"
+    migration = workdir / "sockets" / "vm-migration.sock" if migration_socket else None
     runner = spawn(
         "runner",
         [
@@ -425,6 +433,8 @@ def start_runner(
             *(["--max-memory", max_memory] if max_memory is not None else []),
             *(["--kernel-args", kernel_args] if kernel_args else []),
             *(["--disk", str(disk)] if disk is not None else []),
+            *(["--incoming-port", str(incoming_port)] if incoming_port is not None else []),
+            *(["--migration-socket", str(migration)] if migration is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip
@@ -437,6 +447,7 @@ def start_runner(
         min_vcpus=min_vcpus,
         max_vcpus=max_vcpus,
         postgres_port=pg_port,
+        migration_socket=migration,
     )
 
 

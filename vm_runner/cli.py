@@ -15,6 +15,7 @@ import structlog
 
 from vm_runner import supervisor
 from vm_runner.cmdline import (
+    DEFAULT_MACHINE_TYPE,
     QGA_SOCKET_SUFFIX,
     Accel,
     Forward,
@@ -108,6 +109,19 @@ def make_parser() -> argparse.ArgumentParser:
         "is usable (also VM_RUNNER_KVM_BOOTS=1)",
     )
     machine.add_argument(
+        "--machine-type",
+        default=DEFAULT_MACHINE_TYPE,
+        help="QEMU machine type; a versioned one, never an alias, since a migration's target "
+        "must run the source's exact type (default: %(default)s)",
+    )
+    machine.add_argument(
+        "--incoming-port",
+        type=int,
+        help="start as a live migration's target: QEMU does not boot the guest but waits on "
+        "this TCP port (all addresses) for the source's state, then runs it; every other flag "
+        "must be the source's (vm_runner/README.md, 'Live migration')",
+    )
+    machine.add_argument(
         "--qemu-binary", default="qemu-system-x86_64", help="QEMU to run (default: %(default)s)"
     )
     sockets = parser.add_argument_group("sockets and ports")
@@ -123,6 +137,12 @@ def make_parser() -> argparse.ArgumentParser:
         f"autoscaler agent; default: beside --qmp-socket, '.sock' replaced by "
         f"'{QGA_SOCKET_SUFFIX}' (qmp.sock -> qmp{QGA_SOCKET_SUFFIX}), the name the agent's "
         "qmp+qga:// URL expects",
+    )
+    sockets.add_argument(
+        "--migration-socket",
+        help="a QMP unix socket of its own for a live migration's driver (the agent holds "
+        "--qmp-socket open, and a QMP socket serves one client at a time); on both the source "
+        "and the target runner",
     )
     sockets.add_argument(
         "--serial-socket",
@@ -198,6 +218,9 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         control_socket=control_socket,
         serial_socket=args.serial_socket,
         forwards=forwards,
+        machine_type=args.machine_type,
+        incoming_port=args.incoming_port,
+        migration_socket=args.migration_socket,
     )
 
 
@@ -216,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as e:
             parser.error(str(e))  # exits 2
-        for path in (spec.qmp_socket, spec.qga_socket, spec.serial_socket):
+        for path in (spec.qmp_socket, spec.qga_socket, spec.serial_socket, spec.migration_socket):
             if path is not None:
                 # QEMU creates the socket (replacing a stale one) but not its directory.
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -228,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             is_kvm_boot_known=args.kvm_boots,
             vcpu_mode=spec.vcpu_mode.value,
             qga_socket=spec.qga_socket,
+            machine_type=spec.machine_type,
+            incoming_port=spec.incoming_port,
         )
         return asyncio.run(
             supervisor.run(

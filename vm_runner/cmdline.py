@@ -57,6 +57,11 @@ VIRTIO_MEM_ID = "vmem0"
 # /dev/virtio-ports/<this>; libvirt uses the same name).
 QGA_PORT_NAME = "org.qemu.guest_agent.0"
 QGA_SOCKET_SUFFIX = ".qga.sock"
+# The versioned machine type rather than the ``q35`` alias: a live migration's target must run
+# the very machine type of its source (QEMU refuses another), and the alias names whatever the
+# installed QEMU's newest is, so two nodes with different QEMU builds would disagree. 7.2 is
+# Debian bookworm's QEMU; a newer QEMU still offers pc-q35-7.2.
+DEFAULT_MACHINE_TYPE = "pc-q35-7.2"
 
 
 class VcpuMode(enum.Enum):
@@ -131,6 +136,15 @@ class VmSpec:
     vcpu_mode: VcpuMode = VcpuMode.ONLINE
     # The host end of the guest agent's port; required in ONLINE mode, unused in HOTPLUG.
     qga_socket: str | None = None
+    machine_type: str = DEFAULT_MACHINE_TYPE
+    # A third QMP monitor, for whoever drives a live migration (vm_runner.migrate): the agent
+    # holds the VM's QMP socket open, and a QMP socket serves one client at a time.
+    migration_socket: str | None = None
+    # A migration target: QEMU starts paused, listening on this TCP port (all addresses) for
+    # the source's state (``-incoming tcp:0:PORT``); None: boot the guest. Everything else must
+    # be the source's spec unchanged: QEMU checks the device set, and virtio-mem's plugged
+    # state travels with the migration (the target's ``requested-size=0`` is fine).
+    incoming_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.vcpu_mode is VcpuMode.ONLINE and self.qga_socket is None:
@@ -158,6 +172,8 @@ class VmSpec:
                 )
         if self.accel is Accel.AUTO:
             raise ValueError("accel must be resolved (resolve_accel) before building a VmSpec")
+        if self.incoming_port is not None and not 1 <= self.incoming_port <= 65535:
+            raise ValueError(f"incoming port {self.incoming_port} is outside 1..65535")
 
 
 def parse_memory(text: str) -> int:
@@ -276,7 +292,7 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
         "none",
         # q35 has ACPI CPU hot-plug, which is how vCPUs are added and removed live.
         "-machine",
-        f"q35,accel={spec.accel.value}",
+        f"{spec.machine_type},accel={spec.accel.value}",
         "-smp",
         _smp_option(spec),
         "-m",
@@ -308,7 +324,10 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     argv += ["-netdev", f"user,id=net0{hostfwd}", "-device", "virtio-net-pci,netdev=net0"]
     # Two QMP monitors: a QMP socket serves one client at a time, and the autoscaler agent may hold
     # the shared one open for as long as it likes. The runner's own (private) one is for shutdown.
-    for chardev_id, path in (("qmp", spec.qmp_socket), ("control", spec.control_socket)):
+    monitors = [("qmp", spec.qmp_socket), ("control", spec.control_socket)]
+    if spec.migration_socket is not None:
+        monitors.append(("migration", spec.migration_socket))
+    for chardev_id, path in monitors:
         argv += ["-chardev", _socket_chardev(chardev_id, path)]
         argv += ["-mon", f"chardev={chardev_id},mode=control"]
     if spec.vcpu_mode is VcpuMode.ONLINE:
@@ -322,4 +341,7 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     argv += ["-serial", "chardev:serial0"]
     # A guest reboot or panic ends QEMU, the runner and the pod: restarting is Kubernetes' job.
     argv += ["-no-reboot"]
+    if spec.incoming_port is not None:
+        # The guest does not boot: QEMU waits for a source to send its state, then runs it.
+        argv += ["-incoming", f"tcp:0:{spec.incoming_port}"]
     return argv

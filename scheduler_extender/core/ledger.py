@@ -29,6 +29,14 @@ Invariants (``check_invariants`` verifies them; the property tests call it after
    gives the same ledger once every VM's agent has reported (see *unverified* below); before
    that, a rebuilt ledger holds at least as much as the old one.
 
+*Moves.* A VM moving live to another node holds room on both nodes for the whole move:
+``reserve_move`` holds its size on the target node (as a tentative entry, before the target pod
+exists, so no bind or grant can take that room); the target pod, once the watch sees it bound
+there, takes the reservation over at the VM's permitted size (the permit travels with the VM);
+the source keeps its hold until its pod is gone. A move ends when either pod is gone or with
+``cancel_move``; a reservation no pod took over is then released. While a VM moves, the permit
+logic grants it no growth (its target was reserved at its size).
+
 *Unverified VMs.* A VM pod this ledger finds already bound (a rebuild after a restart, or a pod
 bound by an earlier incarnation) may really run anywhere between its durable record (the
 ``permitted-*`` annotations, written asynchronously and possibly behind or lost) and its maximum.
@@ -202,6 +210,26 @@ class Conflict(LedgerError):
     """The pod is already held elsewhere, or the request names another pod with that uid."""
 
 
+class Move(msgspec.Struct, kw_only=True):
+    """A VM moving from its pod's node to ``target_node``, as the target pod ``target_key``.
+    ``target_uid``: the hold on the target node, a reservation's own uid until the target pod
+    takes it over, then that pod's uid."""
+
+    source_uid: str
+    target_key: str
+    target_node: str
+    target_uid: str
+
+    @property
+    def is_target_observed(self) -> bool:
+        return self.target_uid != _reservation_uid(self.source_uid)
+
+
+def _reservation_uid(source_uid: str) -> str:
+    # Never a pod's uid: Kubernetes uids are RFC 4122 UUIDs, without a colon.
+    return f"move:{source_uid}"
+
+
 class SystemReserve(msgspec.Struct, frozen=True, kw_only=True):
     """Fractions of a node's allocatable kept back for the host (the design follows: 20% CPU)."""
 
@@ -230,6 +258,9 @@ class Ledger:
         # Bumped on every change; lets readers cache derived views while it stands still.
         self.generation = 0
         self._listeners: list[NodeListener] = []
+        # Moves under way, by the source pod's uid, and the same by the target pod's key.
+        self.moves: dict[str, Move] = {}
+        self._move_targets: dict[str, str] = {}
 
     # -- change notification -------------------------------------------------------------
 
@@ -331,6 +362,8 @@ class Ledger:
         if not state.is_known and not state.own and not state.foreign:
             del self.nodes[entry.node]
         self._changed(entry.node)
+        if self.moves:
+            self._end_moves_of(entry.uid)
         return AllocEvent(
             action=AllocAction.REMOVE,
             node=entry.node,
@@ -383,6 +416,10 @@ class Ledger:
             events.extend(self.release(pod.uid))
             entry = None
         if entry is None:
+            if self._move_targets and pod.key in self._move_targets:
+                taken = self._take_over_reservation(pod, pod.node_name, at=at)
+                if taken is not None:
+                    return [*events, *taken]
             events.append(self._add(self._new_entry(pod, pod.node_name, at=at, is_fresh=False)))
             return events
         entry.is_tentative = False
@@ -519,6 +556,107 @@ class Ledger:
                 return False
             return True
         return self._hold(entry, held)
+
+    # -- moves -----------------------------------------------------------------------------
+
+    def reserve_move(
+        self, source_uid: str, *, target_name: str, target_node: str, at: float
+    ) -> AllocEvent:
+        """Hold a moving VM's room on ``target_node`` before its target pod (``target_name``, in
+        the source's namespace) exists: what the source holds, plus what it may run beyond that
+        if unverified. Refuses (typed, nothing changed) an unknown pod, a pod that is not a VM
+        of ours, a VM already moving, the node it is on, an unknown node, a node without room.
+        """
+        entry = self.pods.get(source_uid)
+        if entry is None:
+            raise UnknownPod(f"pod uid {source_uid} holds nothing here")
+        if entry.owner is not Owner.OWN or entry.vm is None or entry.is_tentative:
+            raise Conflict(f"pod {entry.key} is not a bound VM of this scheduler")
+        if source_uid in self.moves or any(m.target_uid == source_uid for m in self.moves.values()):
+            raise Conflict(f"VM {entry.key} is already moving")
+        if target_node == entry.node:
+            raise Conflict(f"VM {entry.key} already runs on node {target_node}")
+        target_key = f"{entry.namespace}/{target_name}"
+        if target_key in self._move_targets or any(e.key == target_key for e in self.pods.values()):
+            raise Conflict(f"pod {target_key} already exists or is another move's target")
+        state = self.nodes.get(target_node)
+        if state is None or not state.is_known:
+            raise UnknownNode(f"node {target_node} is not known to the extender")
+        reservation = Allocation(
+            uid=_reservation_uid(source_uid),
+            namespace=entry.namespace,
+            name=target_name,
+            node=target_node,
+            owner=Owner.OWN,
+            tag=None,
+            priority=entry.priority,
+            held=ZERO,
+            requests=entry.requests,
+            allocated_at=at,
+            vm=entry.vm,
+            vcpus=entry.vcpus,
+            memory_bytes=entry.memory_bytes,
+            memory_extra=entry.memory_extra,
+            # Kept by replace_pods (no pod is listed for it) and by forget_agents.
+            is_tentative=True,
+            has_agent=entry.has_agent,
+            uncertain=entry.uncertain,
+        )
+        reservation.held = _held_for(reservation)
+        if not state.fits(reservation.held + reservation.uncertain):
+            raise NoRoom(_no_room_reason(state, reservation.held + reservation.uncertain))
+        move = Move(
+            source_uid=source_uid,
+            target_key=target_key,
+            target_node=target_node,
+            target_uid=reservation.uid,
+        )
+        self.moves[source_uid] = move
+        self._move_targets[target_key] = source_uid
+        return self._add(reservation)
+
+    def cancel_move(self, source_uid: str) -> list[AllocEvent]:
+        """The move failed or was withdrawn: release the reservation if no target pod took it
+        over (a target pod that exists keeps its hold until it is gone: reality)."""
+        move = self.moves.pop(source_uid, None)
+        if move is None:
+            return _NO_EVENTS
+        del self._move_targets[move.target_key]
+        if move.is_target_observed:
+            return _NO_EVENTS
+        return self.release(move.target_uid)
+
+    def _take_over_reservation(
+        self, pod: PodInfo, node: str, *, at: float
+    ) -> list[AllocEvent] | None:
+        """The target pod is seen bound: it holds the reservation's size from now on (unless it
+        landed elsewhere, which ``observe_pod`` then counts as any other pod)."""
+        move = self.moves[self._move_targets[pod.key]]
+        reservation = self.pods.get(move.target_uid)
+        if move.is_target_observed or reservation is None or reservation.node != node:
+            return None
+        entry = self._new_entry(pod, node, at=at, is_fresh=True)
+        if entry.vm is not None:
+            # The source's permit, carried over: its size now (it may have shrunk since the
+            # reservation, never grown: ``permits.decide`` grants a moving VM no growth).
+            sized = self.pods.get(move.source_uid, reservation)
+            entry.vcpus, entry.memory_bytes = sized.vcpus, sized.memory_bytes
+            entry.has_agent = sized.has_agent
+            entry.uncertain = sized.uncertain
+            entry.held = _held_for(entry)
+        move.target_uid = pod.uid  # first: removing the reservation must not end the move
+        return [self._remove(reservation), self._add(entry)]
+
+    def _end_moves_of(self, uid: str) -> None:
+        """``uid`` is gone: a move it was the source or the target of is over."""
+        move = self.moves.get(uid)
+        if move is not None:  # the source is gone: the VM runs on the target (or nowhere)
+            self.cancel_move(uid)
+            return
+        for source_uid, move in list(self.moves.items()):
+            if move.target_uid == uid:  # the target is gone: the source runs on
+                del self.moves[source_uid]
+                del self._move_targets[move.target_key]
 
     def forget_agents(self) -> None:
         """Back to what a rebuild knows: no VM's agent has spoken to this incarnation.

@@ -126,6 +126,9 @@ def decide(
         return _refuse(req, Refusal.WRONG_NODE, f"pod {req.pod.key} runs on node {entry.node}")
     if entry.is_tentative:
         return _refuse(req, Refusal.NOT_BOUND, f"pod {req.pod.key} is still being bound")
+    if ledger.moves and entry.uid in ledger.moves:
+        # Its target node was reserved at the size it holds: it may shrink or stay, not grow.
+        growth_cap_millis = growth_cap_bytes = 0
     vm = entry.vm
     want = req.requested
     bad = _bounds_error(vm, req)

@@ -153,6 +153,13 @@ def test_vm_pod_to_target():
         "http://10.0.0.5:9100/metrics",
     )
     assert vm_target_from_pod(pod(), node="n2") is None  # another node's pod
+    assert not t.is_moving
+
+
+def test_a_pod_in_a_live_move_is_moving_and_keeps_its_loop():
+    moving = vm_target_from_pod(pod(**{"vm-autoscaling.io/migration": "mv-1"}), node="n1")
+    assert moving is not None and moving.is_moving
+    assert moving.same_loop(vm_target_from_pod(pod(), node="n1"))  # told, not restarted
 
 
 def test_unusable_vm_pods_are_skipped():

@@ -769,3 +769,22 @@ def test_a_hold_from_a_scrape_during_a_plug_does_not_shrink_the_vm_back(clock):
     vm.resized(clock.now, Resource.MEMORY, current=768 * MiB, maximum=None)
     assert vm.desired_memory == 768 * MiB
     assert vm.next_actions(clock.now).resize is None
+
+
+def test_a_moving_vm_is_neither_resized_nor_grown_and_is_read_afresh_after(clock):
+    """While the VM moves live (its pod's migration annotation) the agent still scrapes but
+    neither asks for more nor resizes; once the move is over, it reads the size the
+    destination really has before deciding anything."""
+    vm = started(clock, current=2, load1=5.0)  # would grow 2 -> 6
+    vm.moving_seen(clock.now, True)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    scrape(vm, clock, 5.0)
+    assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+    vm.moving_seen(clock.now, False)
+    assert vm.next_actions(clock.now) == Actions(read_vcpus=True, wait_seconds=1.0)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(clock.now, current_vcpus=3, max_vcpus=8)
+    assert vm.vcpus.current == 3
+    assert vm.next_actions(clock.now).request_permit == request(
+        vm, current=3, requested=6, permit=3
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vm_runner import cli
@@ -50,7 +52,7 @@ def test_minimal_spec_gives_the_whole_command_line():
         "-display",
         "none",
         "-machine",
-        "q35,accel=tcg",
+        "pc-q35-7.2,accel=tcg",
         "-smp",
         "1,maxcpus=4",
         "-m",
@@ -84,7 +86,10 @@ def test_minimal_spec_gives_the_whole_command_line():
 @pytest.mark.parametrize(
     ("overrides", "flag", "expected"),
     [
-        ({"accel": Accel.KVM}, "-machine", ["q35,accel=kvm"]),
+        ({"accel": Accel.KVM}, "-machine", ["pc-q35-7.2,accel=kvm"]),
+        ({"machine_type": "pc-q35-8.2"}, "-machine", ["pc-q35-8.2,accel=tcg"]),
+        ({"incoming_port": 4444}, "-incoming", ["tcp:0:4444"]),
+        ({}, "-incoming", []),
         ({"min_vcpus": 2, "max_vcpus": 8}, "-smp", ["2,maxcpus=8"]),
         ({"min_vcpus": 3, "max_vcpus": 3}, "-smp", ["3,maxcpus=3"]),
         ({"memory_bytes": 2048 * MIB}, "-m", ["2048M"]),
@@ -140,6 +145,9 @@ def test_minimal_spec_gives_the_whole_command_line():
     ],
     ids=[
         "kvm",
+        "machine-type",
+        "incoming",
+        "no-incoming-by-default",
         "smp-min-and-max",
         "smp-fixed-size",
         "memory-in-mib",
@@ -165,8 +173,16 @@ def test_spec_field_shapes_its_flag(overrides, flag, expected):
         ({"memory_bytes": 512 * MIB + 1}, "whole number of MiB"),
         ({"memory_bytes": 0}, "whole number of MiB"),
         ({"accel": Accel.AUTO}, "must be resolved"),
+        ({"incoming_port": 0}, "outside 1..65535"),
     ],
-    ids=["zero-vcpus", "min-above-max", "memory-not-mib", "memory-zero", "accel-unresolved"],
+    ids=[
+        "zero-vcpus",
+        "min-above-max",
+        "memory-not-mib",
+        "memory-zero",
+        "accel-unresolved",
+        "incoming-port-zero",
+    ],
 )
 def test_inconsistent_spec_is_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -316,6 +332,28 @@ def test_no_memory_hotplug_without_room_above_memory(max_memory):
 def test_bad_memory_hotplug_specs_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         make_spec(**overrides)
+
+
+def test_migration_target_is_the_source_command_line_plus_incoming():
+    """QEMU accepts a migration only onto the same machine type and device set: the target's
+    argv is the source's, virtio-mem still at requested-size=0, with -incoming appended."""
+    source = make_spec(max_memory_bytes=2048 * MIB, vcpu_mode=VcpuMode.ONLINE, qga_socket="/q")
+    target = build_qemu_command(dataclasses.replace(source, incoming_port=4444))
+    assert target == [*build_qemu_command(source), "-incoming", "tcp:0:4444"]
+    assert "requested-size=0" in option(target, "-device")[0]
+
+
+def test_incoming_and_machine_type_flags():
+    args = parse_args(
+        "--incoming-port", "4444", "--machine-type", "pc-q35-7.1", "--migration-socket", "/m"
+    )
+    spec = cli.spec_from_args(args, is_kvm_usable=False, control_socket="/c")
+    assert (spec.incoming_port, spec.machine_type) == (4444, "pc-q35-7.1")
+    assert "socket,id=migration,path=/m,server=on,wait=off" in option(
+        build_qemu_command(spec), "-chardev"
+    )
+    default = cli.spec_from_args(parse_args(), is_kvm_usable=False, control_socket="/c")
+    assert (default.incoming_port, default.machine_type) == (None, "pc-q35-7.2")
 
 
 def test_max_memory_and_block_size_flags():

@@ -1,0 +1,172 @@
+"""Live migration between two real runner processes on loopback (vm_runner.migrate).
+
+One PostgreSQL guest, grown past its boot size (a second vCPU onlined, 256 MiB plugged into
+virtio-mem) and given content (a file of random bytes, a table of rows), is first offered to a
+target that is killed mid-transfer: the source must keep running with everything intact. Then
+it moves to a second target: the guest there has the same online vCPUs, the same plugged
+memory, the same file and rows, and the source runner has exited. The targets never boot a
+guest, so the test pays for one boot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testkit.local_stack import (
+    Guest,
+    GuestImage,
+    eventually,
+    qmp_execute,
+    start_runner,
+    stopping,
+    wait_booted,
+)
+from testkit.ports import free_port
+from tests.support import require_binary
+from tests.vm.conftest import MinimalImage
+from vm_runner.cmdline import MIB, VIRTIO_MEM_ID
+from vm_runner.migrate import migrate
+from vm_runner.migration import MigrationConfig, Reason
+from vm_runner.qmp import QmpClient
+
+pytestmark = [
+    pytest.mark.qemu,
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.timeout(420),
+]
+
+PLUGGED = 256 * MIB
+ROWS = 1000
+PG_ENV = {**os.environ, "PGPASSWORD": "bench"}
+
+
+def psql(port: int, sql: str) -> str:
+    result = subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "bench", "-d", "pgbench",
+         "-tAc", sql],
+        env=PG_ENV, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise OSError(result.stderr)
+    return result.stdout.strip()
+
+
+def checksum(guest: Guest) -> str:
+    output = guest.type("md5sum /tmp/blob")
+    match = re.search(r"\b([0-9a-f]{32})\s+/tmp/blob", output)
+    assert match is not None, output
+    return match.group(1)
+
+
+def start(image: MinimalImage, workdir: Path, *, incoming_port: int | None = None) -> Guest:
+    workdir.mkdir()
+    return start_runner(
+        GuestImage(kernel=image.kernel, initrd=image.initrd),
+        workdir,
+        min_vcpus=1,
+        max_vcpus=2,
+        memory="512Mi",
+        max_memory="1Gi",
+        postgres=True,
+        migration_socket=True,
+        incoming_port=incoming_port,
+    )
+
+
+def migrate_to(source: Guest, target: Guest, port: int, config: MigrationConfig):
+    # The runners' migration sockets (the agent would hold the VM's QMP socket): the target's
+    # exists only once its QEMU runs, which the driver waits for.
+    return migrate(
+        source_qmp=str(source.migration_socket),
+        target_qmp=str(target.migration_socket),
+        target_uri=f"tcp:127.0.0.1:{port}",
+        config=config,
+    )
+
+
+async def kill_when_active(source: Guest, target: Guest) -> None:
+    """SIGKILL the target's runner (QEMU follows it) once the source is sending."""
+    while True:
+        async with await QmpClient.connect(str(source.control_socket())) as qmp:
+            status = await qmp.execute("query-migrate")
+        if isinstance(status, dict) and status.get("status") == "active":
+            break
+        await asyncio.sleep(0.2)
+    target.runner.process.send_signal(signal.SIGKILL)
+
+
+async def migrate_and_kill_target(source: Guest, target: Guest, port: int):
+    # 1 MiB/s: the transfer is still under way when the target dies.
+    slow = MigrationConfig(max_bandwidth_bytes_per_second=MIB, converge_deadline_seconds=120)
+    outcome, _ = await asyncio.gather(
+        migrate_to(source, target, port, slow), kill_when_active(source, target)
+    )
+    return outcome
+
+
+def test_guest_moves_with_its_size_and_data_and_a_killed_target_leaves_it_running(
+    postgres_image: MinimalImage, tmp_path
+):
+    require_binary("qemu-system-x86_64")
+    require_binary("psql")
+    services = []
+    with stopping(services):
+        source = start(postgres_image, tmp_path / "source")
+        services.append(source.runner)
+        wait_booted(source)
+        assert source.postgres_port is not None
+        eventually(lambda: psql(source.postgres_port, "select 1"), lambda out: out == "1",
+                   timeout_seconds=120, interval_seconds=1.0, what="PostgreSQL in the guest",
+                   alive=[source.runner])  # fmt: skip
+        psql(source.postgres_port, f"create table moved as select generate_series(1, {ROWS}) x")
+        source.type("dd if=/dev/urandom of=/tmp/blob bs=1M count=8 2>/dev/null")
+        blob = checksum(source)
+        source.type("echo 1 > /sys/devices/system/cpu/cpu1/online")
+        eventually(source.online_vcpus, lambda n: n == 2, timeout_seconds=60, what="2 vCPUs")
+        asyncio.run(_plug(source))
+        eventually(source.query_plugged_memory, lambda b: b == PLUGGED, timeout_seconds=60,
+                   what="256 MiB plugged")  # fmt: skip
+
+        # A target killed mid-transfer: the source runs on, unchanged.
+        port = free_port()
+        doomed = start(postgres_image, tmp_path / "doomed", incoming_port=port)
+        services.append(doomed.runner)
+        failed = asyncio.run(migrate_and_kill_target(source, doomed, port))
+        assert not failed.succeeded
+        assert failed.reason in (Reason.TARGET_DIED, Reason.QEMU_FAILED)
+        assert failed.is_source_running
+        status = qmp_execute(source.control_socket(), "query-status")
+        assert isinstance(status, dict) and status["status"] == "running"
+        assert psql(source.postgres_port, "select count(*) from moved") == str(ROWS)
+
+        # The real move.
+        port = free_port()
+        target = start(postgres_image, tmp_path / "target", incoming_port=port)
+        services.append(target.runner)
+        outcome = asyncio.run(migrate_to(source, target, port, MigrationConfig()))
+        assert outcome.succeeded, outcome
+        assert outcome.downtime_ms is not None and outcome.transferred_bytes
+        assert source.runner.process.wait(timeout=30) == 0  # the source QEMU quit, its runner too
+        assert target.postgres_port is not None
+        assert target.online_vcpus() == 2
+        assert target.query_plugged_memory() == PLUGGED
+        assert checksum(target) == blob
+        assert psql(target.postgres_port, "select count(*) from moved") == str(ROWS)
+        print(f"migration: {outcome}")
+
+
+async def _plug(guest: Guest) -> None:
+    async with await QmpClient.connect(str(guest.control_socket())) as qmp:
+        await qmp.execute(
+            "qom-set",
+            {"path": f"/machine/peripheral/{VIRTIO_MEM_ID}", "property": "requested-size",
+             "value": PLUGGED},
+        )  # fmt: skip
