@@ -148,7 +148,8 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     app[METRICS] = metrics
     app[BODIES] = Bodies(config.limits)
     app[TASKS] = []
-    app[verbs.FILTER_ANSWERS] = verbs.FilterAnswers()
+    app[verbs.FILTER_ANSWERS] = verbs.Answers()
+    app[verbs.PRIORITIZE_ANSWERS] = verbs.Answers()
     app[verbs.POD_INFOS] = verbs.PodInfos(config.scheduler_name)
     app.router.add_post("/filter", verbs.filter_nodes, name="filter")
     app.router.add_post("/prioritize", verbs.prioritize, name="prioritize")
