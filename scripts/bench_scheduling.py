@@ -58,6 +58,7 @@ import json
 import os
 import pstats
 import shutil
+import signal
 import socket
 import ssl
 import statistics
@@ -595,9 +596,11 @@ class Bench:
         floor: bool = False,
         pinned: bool = False,
         profile: Path | None = None,
+        sample: Path | None = None,
         source: Path | None = None,
     ) -> dict[str, Any]:
         extender_cpus, scheduler_cpus = self.place(pinned=pinned)
+        sampler: subprocess.Popen[bytes] | None = None
         ns = f"bench-{mode}-{self.runs}"
         namespace(self.api, ns)
         scheduler_name = ALONE_SCHEDULER if mode == "alone" else SCHEDULER_NAME
@@ -621,6 +624,8 @@ class Bench:
                 extender_pid = extender_process_id(extender)
                 cpu_before = cpu_seconds(extender_pid)
                 verbs_before = verb_histograms(extender)
+                if sample is not None:
+                    sampler = start_sampler(extender_pid, sample)
             api_before = api_counts(self.api)
             plane_before = {p.name: cpu_seconds(p.popen.pid) for p in self.cp.processes}
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
@@ -650,6 +655,8 @@ class Bench:
                 placed |= {p.name: p.popen.pid for p in self.cp.processes}
                 result["cpus"] = {k: sorted(os.sched_getaffinity(v)) for k, v in placed.items()}
             finally:
+                if sampler is not None:
+                    stop_sampler(sampler)
                 scheduler.stop()
             if watch.restarts:
                 # Pods a re-list found bound count from the list: this run's rate is rougher.
@@ -776,6 +783,78 @@ def profile_split(path: Path, pods: int) -> dict[str, float]:
             split["other"] += own
     split["total"] = sum(split.values())
     return {k: round(v * 1000 / pods, 3) for k, v in split.items()}
+
+
+SAMPLE_RATE: Final = 250  # per second
+
+
+def start_sampler(pid: int, path: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid``'s Python stacks into ``path`` (collapsed stacks), without
+    pausing it (``--nonblocking``): unlike cProfile, it barely slows the process it measures,
+    so kube-scheduler sees the extender it would see unprofiled. Idle samples (a thread
+    waiting in the loop's poll) are left out: what remains is CPU."""
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if py_spy is None:
+        raise kit.BenchError("--sample needs py-spy (the dev extras; scripts/setup)")
+    sampler = subprocess.Popen(
+        [py_spy, "record", "--pid", str(pid), "--nonblocking", "--rate", str(SAMPLE_RATE),
+         "--format", "raw", "--output", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)  # attached before kube-scheduler starts calling
+    return sampler
+
+
+def stop_sampler(sampler: subprocess.Popen[bytes]) -> None:
+    sampler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        sampler.wait(30)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+        sampler.wait()
+
+
+# Which verb (or other work) a sample was spent for: the first of these functions on its stack.
+SAMPLE_VERBS: Final = {
+    "filter": ("filter_nodes (scheduler_extender/http/verbs.py",),
+    "prioritize": ("prioritize (scheduler_extender/http/verbs.py",),
+    "bind": ("bind (scheduler_extender/http/verbs.py",),
+    "preempt": ("preempt (scheduler_extender/http/verbs.py",),
+    "watch": ("follow_cluster", "kube_io/watch.py"),
+    "http server": ("aiohttp/web_protocol.py",),
+}
+
+
+def sample_split(path: Path, pods: int) -> dict[str, dict[str, float]]:
+    """CPU ms per pod from a py-spy sample (``start_sampler``): by verb (the handler on the
+    stack; "http server" for aiohttp's own work outside any handler: parsing, the response's
+    write), and by the work at the top of the stack (``PROFILE_BUCKETS``)."""
+    by_verb: dict[str, float] = {}
+    by_work = dict.fromkeys([*PROFILE_BUCKETS, "other"], 0.0)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        ms = int(count) * 1000 / SAMPLE_RATE / pods
+        frames = stack.split(";")
+        verb = next(
+            (v for v, marks in SAMPLE_VERBS.items() if any(m in stack for m in marks)), "other"
+        )
+        by_verb[verb] = by_verb.get(verb, 0.0) + ms
+        # "function (file:line)" -> "file:function", the shape PROFILE_BUCKETS matches.
+        function, _, where = frames[-1].rpartition(" (")
+        leaf = f"{where.rsplit(':', 1)[0]}:{function}"
+        bucket = next(
+            (b for b, marks in PROFILE_BUCKETS.items() if any(m in leaf for m in marks)), "other"
+        )
+        by_work[bucket] += ms
+    by_verb["total"] = sum(by_verb.values())
+    by_work["total"] = sum(by_work.values())
+    return {
+        "by_verb": {k: round(v, 3) for k, v in sorted(by_verb.items())},
+        "by_work": {k: round(v, 3) for k, v in by_work.items()},
+    }
 
 
 def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -906,6 +985,14 @@ def main() -> int:
         " split by the work behind it",
     )
     parser.add_argument(
+        "--sample",
+        type=Path,
+        metavar="FILE",
+        help="one more cache run per source with py-spy sampling the extender (barely slowing"
+        " it, unlike --profile), written to FILE (collapsed stacks), and its CPU split by verb"
+        " and by the work behind it",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="also run each extender mode with the floor extender (scripts/floor_extender,"
@@ -1000,6 +1087,14 @@ def main() -> int:
                     path = path.with_name(path.name + label.replace("@", "."))
                     bench.throughput("cache", args.pods, profile=path, source=source)
                     out[f"profile_cpu_ms_per_pod{label.replace('@', '_')}"] = profile_split(
+                        path, args.pods
+                    )
+            if args.sample:
+                for label, source in {"": None, **baselines}.items():
+                    path = args.sample.resolve()
+                    path = path.with_name(path.name + label.replace("@", "."))
+                    bench.throughput("cache", args.pods, sample=path, source=source)
+                    out[f"sample_cpu_ms_per_pod{label.replace('@', '_')}"] = sample_split(
                         path, args.pods
                     )
             if args.at_scale:
