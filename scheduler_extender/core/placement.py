@@ -287,44 +287,78 @@ _ScoreKey = tuple[Demand, int, Strategy]
 
 
 class ScoreIndex:
-    """``score_nodes`` with each node's score kept per (size, growth, strategy) until the node
-    changes, the way ``FitIndex`` keeps rejections.
+    """``score_nodes`` with each node's score kept per (size, growth, strategy) and kept
+    current node by node, the way ``FitIndex`` keeps rejections.
 
     Speed: kube-scheduler calls prioritize for every pod with the nodes that passed filter
     (hundreds), and between two calls a bind has changed one node. Scoring them all anew cost
-    more Python per pod than the rest of the extender's work for it; now only
-    the changed nodes are scored and the rest are dictionary lookups. Same answers as
-    ``score_nodes`` (a property test holds them equal under any ledger changes).
+    more Python per pod than the rest of the extender's work for it; now only the changed
+    nodes are scored again, once per kept key, and the rest are dictionary lookups. A score
+    is a whole number from 0 to 10, so most changes leave it where it was: ``version(key)``
+    moves only when one of the key's kept scores does, and the shell keeps an encoded answer
+    while it stands still. Same answers as ``score_nodes`` (a property test holds them equal
+    under any ledger changes, and an unchanged version to an unchanged answer).
     """
 
     def __init__(self, ledger: Ledger, *, max_keys: int = 128) -> None:
         self._ledger = ledger
         self._max_keys = max_keys
         self._by_key: OrderedDict[_ScoreKey, dict[str, int]] = OrderedDict()
+        # Change stamps for ``version``: one counter, so a stamp is never reused, not even by
+        # a key that was evicted and computed again.
+        self._stamp = 0
+        self._key_stamps: dict[_ScoreKey, int] = {}
         self._dirty: set[str] = set()
         ledger.subscribe(self._dirty.add)
 
     def _flush(self) -> None:
+        """Score every node changed since the last flush again, for every kept key that has
+        a score for it; a key whose scores moved gets a new stamp."""
         if not self._dirty:
             return
         dirty = self._dirty.copy()
         self._dirty.clear()  # not rebound: the ledger holds this set's ``add``
-        for scores in self._by_key.values():
+        nodes = self._ledger.nodes
+        for key, scores in self._by_key.items():
+            size, growth_millis, strategy = key
+            is_changed = False
             for name in dirty:
-                scores.pop(name, None)
+                old = scores.get(name)
+                if old is None:
+                    continue
+                new = score(nodes.get(name), size, growth_millis, strategy)
+                if new != old:
+                    scores[name] = new
+                    is_changed = True
+            if is_changed:
+                self._stamp += 1
+                self._key_stamps[key] = self._stamp
+
+    def _kept(self, key: _ScoreKey) -> dict[str, int]:
+        self._flush()
+        kept = self._by_key.get(key)
+        if kept is not None:
+            self._by_key.move_to_end(key)
+            return kept
+        kept = self._by_key[key] = {}
+        self._stamp += 1
+        self._key_stamps[key] = self._stamp
+        if len(self._by_key) > self._max_keys:
+            evicted, _ = self._by_key.popitem(last=False)
+            del self._key_stamps[evicted]
+        return kept
+
+    def version(self, size: Demand, *, growth_millis: int, strategy: Strategy) -> int:
+        """Changes whenever ``scores(names, size, ...)`` could answer differently for any
+        ``names`` it has answered for."""
+        key = (size, growth_millis, strategy)
+        self._kept(key)
+        return self._key_stamps[key]
 
     def scores(
         self, names: Sequence[str], size: Demand, *, growth_millis: int, strategy: Strategy
     ) -> list[tuple[str, int]]:
-        self._flush()
-        key = (size, growth_millis, strategy)
-        cached = self._by_key.get(key)
-        if cached is None:
-            cached = self._by_key[key] = {}
-            if len(self._by_key) > self._max_keys:
-                self._by_key.popitem(last=False)
-        else:
-            self._by_key.move_to_end(key)
+        cached = self._kept((size, growth_millis, strategy))
         nodes = self._ledger.nodes
         out: list[tuple[str, int]] = []
         for name in names:

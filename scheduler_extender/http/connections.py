@@ -60,7 +60,7 @@ import asyncio
 import errno
 import socket
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import structlog
 from aiohttp import web
@@ -110,13 +110,15 @@ class _Guarded(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport by how the server was made (``create_server``); a cast, not an
+        # isinstance check: uvloop's transports implement asyncio.Transport without being
+        # subclasses of it.
+        self.transport = stream = cast(asyncio.Transport, transport)
         self.last_active = asyncio.get_running_loop().time()
         self.address = _address(transport.get_extra_info("peername"))
         if not self._site.admit(self):
-            transport.write(_REFUSED)
-            transport.close()
+            stream.write(_REFUSED)
+            stream.close()
             return
         self._inner = self._site.handler()
         self._inner.connection_made(transport)

@@ -72,6 +72,7 @@ from scheduler_extender.config import (
     PermitFrontConfig,
 )
 from scheduler_extender.errors import ExtenderError, Unavailable
+from scheduler_extender.event_loop import run as run_loop
 from scheduler_extender.http.answers import DeskAnswer, error_answer, internal_error
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, listening_sockets, server_options
@@ -584,7 +585,7 @@ def run_front(argv: Sequence[str]) -> int:
     channel_sock = socket.socket(fileno=args.channel_fd)
     listen_sock = socket.socket(fileno=args.listen_fd)
     try:
-        asyncio.run(_front(channel_sock, listen_sock))
+        run_loop(_front(channel_sock, listen_sock))
     except Exception:
         structlog.get_logger(__name__).exception("permit_front_failed")
         return 1

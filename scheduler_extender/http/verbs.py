@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Final, NamedTuple
 
 import msgspec
@@ -37,7 +38,7 @@ from protocol.extender import (
 )
 from protocol.kube import Pod
 from scheduler_extender.core import verbs
-from scheduler_extender.core.podinfo import Demand, PodError, PodInfo, pod_info
+from scheduler_extender.core.podinfo import PodError, PodInfo, pod_info
 from scheduler_extender.errors import ProtocolError
 from scheduler_extender.http.answers import JSON
 from scheduler_extender.http.keys import EXTENDER
@@ -72,7 +73,7 @@ class FilterArgs(msgspec.Struct, rename="pascal", kw_only=True):
     Speed: a non-cache body carries every Node object (about 1 KiB each, 6 MB for 5,000
     nodes); decoding them into ``protocol.kube.Node`` structs was the bulk of the handler's
     work and made a full GC pass likely. Only their names are needed, and only when the
-    answer is not cached (see ``FilterAnswers``); the raw bytes are the cache key and, split
+    answer is not cached (see ``Answers``); the raw bytes are the cache key and, split
     per item, the echo.
     """
 
@@ -99,9 +100,11 @@ class _Cached(NamedTuple):
     has_room: bool  # some node passed: the recommender's capacity-wait tracking needs it
 
 
-_Key = tuple[Demand, bool, int]
+# (what the answer is for: filter's pod size, prioritize's (size, growth, strategy); is cache
+# mode; the node list's length)
+_Key = tuple[Hashable, bool, int]
 # A node list's fingerprint hashes this many evenly spaced slices of this many bytes, not the
-# whole list (see ``FilterAnswers``).
+# whole list (see ``Answers``).
 _SLICES: Final = 16
 _SLICE_BYTES: Final = 256
 
@@ -122,15 +125,18 @@ def fingerprint(listed: msgspec.Raw) -> int:
     return hash((size, *parts))
 
 
-class FilterAnswers:
-    """Encoded filter answers by (pod size, mode, node list), valid while the FitIndex's
-    ``version(size)`` stands still.
+class Answers:
+    """Encoded answers of one verb by (what they are for, mode, node list), each valid while
+    the core index's version it was made at stands still: filter's by pod size (the
+    FitIndex's ``version(size)``), prioritize's by (size, growth, strategy) (the ScoreIndex's
+    ``version``).
 
     Speed: kube-scheduler asks about the same few VM shapes with the same node list again and
     again, and most ledger changes (permits, binds elsewhere) do not change which nodes reject
-    a size. A hit skips decoding the names, the per-node loop and the encoding (several
-    milliseconds for 5,000 nodes); it costs a fingerprint of the list and one ``memcmp`` of it
-    against the list the answer was for, and copies nothing. One answer per fingerprint: a
+    a size, nor (scores being whole numbers from 0 to 10) any node's score. A hit skips
+    decoding the names, the per-node loop and the encoding (several milliseconds for 5,000
+    nodes); it costs a fingerprint of the list and one ``memcmp`` of it against the list the
+    answer was for, and copies nothing. One answer per fingerprint: a
     list that replaced another (a node's resourceVersion moved) takes its slot. Bounded by
     bytes, lists included: a non-cache list is every Node object.
     """
@@ -163,7 +169,8 @@ class FilterAnswers:
             self._bytes -= len(evicted.listed) + len(evicted.body)
 
 
-FILTER_ANSWERS = web.AppKey("filter_answers", FilterAnswers)
+FILTER_ANSWERS = web.AppKey("filter_answers", Answers)
+PRIORITIZE_ANSWERS = web.AppKey("prioritize_answers", Answers)
 
 
 class PodInfos:
@@ -256,7 +263,7 @@ def _encode(
 
 
 async def filter_nodes(request: web.Request) -> web.Response:
-    """``verbs.filter_pod`` decides; this caches its encoded answers (``FilterAnswers``) for
+    """``verbs.filter_pod`` decides; this caches its encoded answers (``Answers``) for
     admitted valid pods, and parks the pods no node has room for."""
     app = request.app
     extender = app[EXTENDER]
@@ -303,6 +310,8 @@ async def filter_nodes(request: web.Request) -> web.Response:
 
 
 async def prioritize(request: web.Request) -> web.Response:
+    """``verbs.prioritize`` decides; this caches its encoded answers (``Answers``) for valid
+    pods, by (size, growth, strategy) and node list, while the ScoreIndex's version stands."""
     app = request.app
     extender = app[EXTENDER]
     extender.require_synced()
@@ -311,10 +320,24 @@ async def prioritize(request: web.Request) -> web.Response:
     args = decode(FilterArgs, await read_body(request))
     info = _pod(app, args.pod)
     is_cache, listed = _listed(args)
+    strategy = extender.config.scoring.strategy
+    key = version = None
+    if info.vm_error is None:
+        size, growth = info.initial_demand(), verbs.growth_millis(info)
+        version = (0, extender.scores.version(size, growth_millis=growth, strategy=strategy))
+        key = ((size, growth, strategy), is_cache, len(listed))
+        found = app[PRIORITIZE_ANSWERS].get(key, listed, version)
+        if found is not None:
+            structlog.contextvars.bind_contextvars(reason=found.reason)
+            return web.Response(body=found.body, content_type=JSON)
     names = _listed_names(is_cache, listed)
-    scores = verbs.prioritize(extender.scores, info, names, extender.config.scoring.strategy)
-    structlog.contextvars.bind_contextvars(reason=f"scored {len(scores)} nodes")
+    scores = verbs.prioritize(extender.scores, info, names, strategy)
+    reason = f"scored {len(scores)} nodes"
     body = codec.encode([HostPriority(host=name, score=score) for name, score in scores])
+    if key is not None and version is not None:
+        kept = msgspec.Raw(bytes(listed))  # a copy, as filter's (see there)
+        app[PRIORITIZE_ANSWERS].put(key, _Cached(version, kept, body, reason, has_room=True))
+    structlog.contextvars.bind_contextvars(reason=reason)
     return web.Response(body=body, content_type=JSON)
 
 

@@ -11,7 +11,11 @@
 // is spoken to as kube-scheduler's extender types define it (k8s.io/kube-scheduler
 // extender/v1 types.go: Go structs without json tags, so PascalCase keys).
 //
-//	floor-extender -kubeconfig PATH -listen 127.0.0.1:PORT
+// GET /metrics serves each verb's handler time as the histogram ours serves
+// (vmautoscale_extender_verb_duration_seconds, the bounds given by -buckets), so that the
+// bench reads the floor's p50/p99 the way it reads ours.
+//
+//	floor-extender -kubeconfig PATH -listen 127.0.0.1:PORT [-buckets 0.001,0.01,...]
 package main
 
 import (
@@ -28,8 +32,56 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
+
+// durations: per verb, a cumulative-bucket histogram of handler seconds.
+type durations struct {
+	mu     sync.Mutex
+	bounds []float64
+	counts map[string][]uint64 // per verb: one count per bound, then +Inf
+	sums   map[string]float64
+}
+
+func (d *durations) timed(verb string, handler http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		handler(w, r)
+		seconds := time.Since(start).Seconds()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		counts := d.counts[verb]
+		if counts == nil {
+			counts = make([]uint64, len(d.bounds)+1)
+			d.counts[verb] = counts
+		}
+		counts[sort.SearchFloat64s(d.bounds, seconds)]++
+		d.sums[verb] += seconds
+	}
+}
+
+func (d *durations) serve(w http.ResponseWriter, _ *http.Request) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	const name = "vmautoscale_extender_verb_duration_seconds"
+	var out strings.Builder
+	for verb, counts := range d.counts {
+		total := uint64(0)
+		for i, bound := range d.bounds {
+			total += counts[i]
+			fmt.Fprintf(&out, "%s_bucket{le=\"%g\",verb=\"%s\"} %d\n", name, bound, verb, total)
+		}
+		total += counts[len(d.bounds)]
+		fmt.Fprintf(&out, "%s_bucket{le=\"+Inf\",verb=\"%s\"} %d\n", name, verb, total)
+		fmt.Fprintf(&out, "%s_count{verb=\"%s\"} %d\n", name, verb, total)
+		fmt.Fprintf(&out, "%s_sum{verb=\"%s\"} %g\n", name, verb, d.sums[verb])
+	}
+	io.WriteString(w, out.String())
+}
 
 // kubeconfig: server, certificate-authority(-data) and token, each the first one in the file.
 type kubeconfig struct{ server, caFile, caData, token string }
@@ -235,7 +287,18 @@ func (f *floor) preempt(w http.ResponseWriter, r *http.Request) {
 func main() {
 	kubeconfigPath := flag.String("kubeconfig", "", "kubeconfig with the API server and a token")
 	listen := flag.String("listen", "127.0.0.1:10298", "address for kube-scheduler's calls")
+	buckets := flag.String("buckets", "0.0001,0.00025,0.0005,0.001,0.0025,0.005,0.01,0.025,0.05,0.1,0.25,1,5",
+		"upper bounds of the handler-time histogram's buckets, seconds, ascending")
 	flag.Parse()
+	d := &durations{counts: map[string][]uint64{}, sums: map[string]float64{}}
+	for _, field := range strings.Split(*buckets, ",") {
+		bound, err := strconv.ParseFloat(field, 64)
+		if err != nil || (len(d.bounds) > 0 && bound <= d.bounds[len(d.bounds)-1]) {
+			fmt.Fprintf(os.Stderr, "floor-extender: -buckets: %q is not an ascending number\n", field)
+			os.Exit(2)
+		}
+		d.bounds = append(d.bounds, bound)
+	}
 	kc, err := readKubeconfig(*kubeconfigPath)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "floor-extender: %v\n", err)
@@ -248,10 +311,11 @@ func main() {
 	}
 	f := &floor{client: client, kc: kc}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /filter", f.filter)
-	mux.HandleFunc("POST /prioritize", f.prioritize)
-	mux.HandleFunc("POST /bind", f.bind)
-	mux.HandleFunc("POST /preempt", f.preempt)
+	mux.HandleFunc("POST /filter", d.timed("filter", f.filter))
+	mux.HandleFunc("POST /prioritize", d.timed("prioritize", f.prioritize))
+	mux.HandleFunc("POST /bind", d.timed("bind", f.bind))
+	mux.HandleFunc("POST /preempt", d.timed("preempt", f.preempt))
+	mux.HandleFunc("GET /metrics", d.serve)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	if err := http.ListenAndServe(*listen, mux); err != nil {
 		fmt.Fprintf(os.Stderr, "floor-extender: %v\n", err)

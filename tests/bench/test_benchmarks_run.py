@@ -43,14 +43,15 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
         {"attacks", "worst_p99_ratio_to_idle", "extender_alive_after", "extender_peak_rss_mib"},
     ),
     # With the floor (built with go on first use: about 20 s of CPU from a cold Go build
-    # cache), each extender pinned to a CPU of its own.
+    # cache), nothing pinned: the headline is ours over the floor unpinned.
     "bench_scheduling.py": (
-        ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2", "--floor", "--pin=yes"],
+        ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2", "--floor"],
         {
-            "alone+pinned",
-            "cache+pinned",
-            "cache@floor+pinned",
+            "alone",
+            "cache",
+            "cache@floor",
             "to_floor",
+            "headline",
             "delete_to_bind",
             "run_seconds",
         },

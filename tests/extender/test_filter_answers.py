@@ -11,7 +11,7 @@ import pytest
 from protocol.kube import Pod
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.errors import ProtocolError
-from scheduler_extender.http.verbs import FilterAnswers, PodInfos, _Cached, fingerprint
+from scheduler_extender.http.verbs import Answers, PodInfos, _Cached, fingerprint
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import StartExtender
 from tests.extender.helpers import bind_body, filter_body, vm_pod
@@ -73,7 +73,7 @@ def test_lists_with_the_same_fingerprint_get_their_own_answers() -> None:
     # Byte 300 lies between the first two sampled slices: same length, same fingerprint.
     other = one[:300] + (b"9" if one[300:301] != b"9" else b"8") + one[301:]
     assert fingerprint(msgspec.Raw(one)) == fingerprint(msgspec.Raw(other))
-    answers = FilterAnswers()
+    answers = Answers()
     key = (SIZE, True, len(one))
     answers.put(key, _Cached((1, 1), msgspec.Raw(one), b"one", "", True))
     assert answers.get(key, msgspec.Raw(other), (1, 1)) is None
@@ -83,7 +83,7 @@ def test_lists_with_the_same_fingerprint_get_their_own_answers() -> None:
 
 
 def test_answers_are_bounded_by_bytes_lists_included() -> None:
-    answers = FilterAnswers(max_bytes=1000)
+    answers = Answers(max_bytes=1000)
     lists = [msgspec.Raw(msgspec.json.encode([f"n{i}"] * 40)) for i in range(4)]
     for i, listed in enumerate(lists):
         key = (Demand(1000 * (i + 1), 0), True, len(listed))
@@ -131,3 +131,36 @@ def test_a_pod_with_bad_requests_is_refused_every_time() -> None:
     for _ in range(2):
         with pytest.raises(ProtocolError, match="lots"):
             infos.get(msgspec.convert(bad, Pod))
+
+
+@pytest.mark.parametrize("mode", ["cache", "nocache"])
+async def test_a_bind_changes_the_next_prioritize_answer_for_the_same_body(
+    kube_api: FakeKubeApi, start_extender: StartExtender, mode: str
+) -> None:
+    nodes = [node_object("node-a", cpu="8"), node_object("node-b", cpu="8")]
+    for node in nodes:
+        kube_api.add_node(node)
+    first = kube_api.add_pod(vm_pod("vm-1", uid="u-1", min_vcpus=4))
+    second = kube_api.add_pod(vm_pod("vm-2", uid="u-2", min_vcpus=1, max_vcpus=2))
+    running = await start_extender()
+    body = (
+        filter_body(second, ["node-a", "node-b"])
+        if mode == "cache"
+        else nocache_body(second, nodes)
+    )
+
+    async def prioritize() -> list[dict[str, Any]]:
+        response = await running.verbs.post("/prioritize", json=body)
+        assert response.status == 200
+        answer: list[dict[str, Any]] = await response.json()
+        return answer
+
+    # Twice, so that the second answer comes from the cache.
+    before = [await prioritize(), await prioritize()]
+    assert before[0] == before[1]
+    assert before[0][0]["Score"] == before[0][1]["Score"]  # two empty nodes score alike
+    bound = await running.verbs.post("/bind", json=bind_body(first, "node-a"))
+    assert await bound.json() == {"Error": ""}
+    after = {entry["Host"]: entry["Score"] for entry in await prioritize()}
+    # Spread (the default): the node half taken by vm-1 now scores below the empty one.
+    assert after["node-a"] < after["node-b"] == before[0][1]["Score"]

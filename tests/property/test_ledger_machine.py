@@ -54,6 +54,8 @@ class LedgerMachine(RuleBasedStateMachine):
         # Per size, the last (version, answer) seen: the extender reuses an encoded answer
         # while ``version(size)`` stands still, so a changed answer must change the version.
         self.answers: dict[Demand, tuple[tuple[int, int], object]] = {}
+        # The same for prioritize's answers, per (size, growth, strategy).
+        self.score_answers: dict[tuple[Demand, int, Strategy], tuple[int, object]] = {}
         self.counter = 0
         self.at = 0.0
 
@@ -301,6 +303,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.index = FitIndex(rebuilt)
         self.scores = ScoreIndex(self.ledger)
         self.answers.clear()  # a new index: the extender's answer cache is new too
+        self.score_answers.clear()
 
     @precondition(lambda self: not any(e.is_tentative for e in self.ledger.pods.values()))
     @rule()
@@ -316,6 +319,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.index = FitIndex(rebuilt)
         self.scores = ScoreIndex(self.ledger)
         self.answers.clear()
+        self.score_answers.clear()
 
     @rule(data=st.data())
     def everything_deleted(self, data):
@@ -361,16 +365,24 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def score_index_matches_a_fresh_computation(self):
-        """Prioritize's kept scores are what scoring every node afresh gives."""
+        """Prioritize's kept scores are what scoring every node afresh gives, and while the
+        index's version for a key stands still, so do they (the shell reuses its encoded
+        answer then)."""
         names = [*NODES, "ghost"]
         for size in SIZES:
             for growth in (0, 3000):
                 for strategy in Strategy:
+                    version = self.scores.version(size, growth_millis=growth, strategy=strategy)
                     kept = self.scores.scores(names, size, growth_millis=growth, strategy=strategy)
                     fresh = score_nodes(
                         self.ledger, names, size, growth_millis=growth, strategy=strategy
                     )
                     assert kept == fresh, (size, growth, strategy)
+                    key = (size, growth, strategy)
+                    seen = self.score_answers.get(key)
+                    if seen is not None and seen[0] == version:
+                        assert seen[1] == kept, (key, version, seen[1], kept)
+                    self.score_answers[key] = (version, kept)
 
 
 TestLedgerMachine = LedgerMachine.TestCase
