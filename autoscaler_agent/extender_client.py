@@ -216,8 +216,14 @@ class ExtenderClient:
     async def keep_epoch_fresh(self, *, interval_seconds: float) -> None:
         """Send an empty batch whenever no answer came for ``interval_seconds``, so that a
         node whose VMs have nothing to ask still learns of an extender restart that soon.
-        Failures are expected while the extender is down: logged, then tried again."""
+
+        Failures are expected while the extender is down or fails over: the first one is a
+        warning naming the error (``extender_unreachable``), the next ones are debug lines, and
+        the first answer after them says how long they lasted (``extender_reachable``), so a
+        node's log shows why its VMs did not report to a new extender. Nothing but its
+        cancellation ends this loop: it is how a node of steady VMs learns of a new extender."""
         loop = asyncio.get_running_loop()
+        failing_since: float | None = None
         while True:
             quiet = loop.time() - self.epochs.last_answer_at
             if quiet < interval_seconds:
@@ -226,8 +232,24 @@ class ExtenderClient:
             try:
                 await self.post_batch([])
             except ExtenderError as e:
-                log.debug("epoch_check_failed", error=str(e))
+                if failing_since is None:
+                    failing_since = loop.time()
+                    log.warning("extender_unreachable", error=str(e), kind=e.kind)
+                else:
+                    log.debug("epoch_check_failed", error=str(e), kind=e.kind)
                 await asyncio.sleep(interval_seconds)
+                continue
+            except Exception:  # task boundary: a bug is logged, and the checks go on
+                log.exception("epoch_check_error")
+                await asyncio.sleep(interval_seconds)
+                continue
+            if failing_since is not None:
+                log.info(
+                    "extender_reachable",
+                    epoch=self.epochs.epoch,
+                    after_seconds=round(loop.time() - failing_since, 3),
+                )
+                failing_since = None
 
 
 def _message(data: bytes) -> str:

@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import pytest
+import structlog.testing
 from aiohttp import web
 
 from autoscaler_agent.extender_client import (
@@ -20,7 +21,7 @@ from autoscaler_agent.extender_client import (
 from protocol.permits import ItemError, PodRef, ResourceRequest, Resources
 from testkit.agent_fakes import FakeExtender, serving
 from testkit.ports import free_port
-from tests.agent.conftest import NODE, TOKEN
+from tests.agent.conftest import NODE, TOKEN, eventually
 
 GiB = 2**30
 
@@ -136,3 +137,37 @@ async def test_unreadable_answer_is_a_protocol_error():
         with pytest.raises(ExtenderProtocolError):
             await batcher.request(req("a"))
         await batcher.close()
+
+
+async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(setup):
+    """An extender that fails over: the node's log says once why the checks fail and when an
+    answer (the new epoch) came; an error nobody expected (here a listener's) is logged and
+    does not end the only way a node of steady VMs learns of a new extender."""
+    ext, client, *_ = setup
+    ext.fail_status = 503
+
+    def listener() -> None:
+        raise RuntimeError("a listener's bug")
+
+    unsubscribe = client.epochs.subscribe(listener)
+    with structlog.testing.capture_logs() as logs:
+        checker = asyncio.create_task(client.keep_epoch_fresh(interval_seconds=0.02))
+        try:
+            await asyncio.sleep(0.2)  # several checks, all refused
+            ext.fail_status = None
+            await eventually(lambda: client.epochs.epoch == "epoch-1")
+            unsubscribe()
+            ext.epoch = "epoch-2"
+            await eventually(lambda: client.epochs.epoch == "epoch-2")
+        finally:
+            checker.cancel()
+            await asyncio.gather(checker, return_exceptions=True)
+    events = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert events == [
+        "extender_unreachable",
+        "extender_epoch_changed",
+        "epoch_check_error",  # the listener raised: logged, and the checks went on
+        "extender_epoch_changed",
+        "extender_reachable",  # the first answer since the failures (the one with epoch-2)
+    ], logs
+    assert logs[0]["kind"] == "unavailable" and "503" in logs[0]["error"], logs[0]

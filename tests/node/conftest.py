@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.controlplane import kube_bin_dir, wait_for
 from tests.node import images
+from tests.node.explain import snapshot
 from tests.node.harness import VM, Node, Obj, Worker, cannot_run, ctr_args
 from tests.node.overlay import tier_overlay
 
@@ -39,6 +40,21 @@ ROOT = Path(__file__).resolve().parents[2]
 # agent runs twice, and a node can fail with the other left. Each node costs ~150 MB and ~2 %
 # of a core idle (kubelet + containerd).
 NODES = 2
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test of the tier reports what the cluster looked like then
+    (``tests/node/explain.py``): CI shows only pytest's output, and the cluster is gone after."""
+    report: pytest.TestReport = yield
+    fixtures = getattr(item, "funcargs", {})
+    cluster = next((v for v in fixtures.values() if isinstance(v, Node)), None)
+    if report.failed and call.when == "call" and isinstance(cluster, Node):
+        save = cluster.logs / f"at-failure-{item.name}"
+        report.sections.append(("the cluster when it failed", snapshot(cluster, save)))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,12 @@ written down here and nowhere else:
 - the agent's shrink windows (``policy.shrink_after_seconds`` and
   ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
   a shrink is still decided the same way, on a window of scrapes that all ask for less, only
-  sooner, which is what the tier's wall time pays for. Growing is untouched.
+  sooner, which is what the tier's wall time pays for. Growing is untouched;
+- both Leases of the scheduler pair (kube-scheduler's ``leaderElection`` and the extender's
+  ``leader_election``) at ``LEASE_SECONDS`` instead of 15 s, kube-scheduler's renew deadline
+  below it as its defaults are: the failover drills wait out a dead holder's Lease (and read
+  its duration from the Lease), so a shorter one is what they pay for; the election and its
+  rules are the same.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # Several scrapes (one a second) of a guest that wants less: a shrink is a window's decision,
 # not one sample's, as in the manifests, just shorter than their 30 s.
 SHRINK_AFTER_SECONDS = 8.0
+# Both Leases of the scheduler pair (manifests: 15 s, kube-scheduler's default), and
+# kube-scheduler's renewDeadline (manifests: 10 s), which must stay below the Lease's.
+LEASE_SECONDS = 10
+RENEW_DEADLINE_SECONDS = 7
 
 
 def tier_overlay(directory: Path) -> Path:
@@ -33,7 +42,12 @@ def tier_overlay(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
     config["system_reserve"]["cpu_fraction"] = 0
+    config["leader_election"]["lease_duration_seconds"] = LEASE_SECONDS
     (directory / "extender.yaml").write_text(yaml.safe_dump(config))
+    scheduler = yaml.safe_load((ROOT / "manifests" / "config" / "kube-scheduler.yaml").read_text())
+    scheduler["leaderElection"]["leaseDuration"] = f"{LEASE_SECONDS}s"
+    scheduler["leaderElection"]["renewDeadline"] = f"{RENEW_DEADLINE_SECONDS}s"
+    (directory / "kube-scheduler.yaml").write_text(yaml.safe_dump(scheduler))
     agent = yaml.safe_load((ROOT / "manifests" / "config" / "agent.yaml").read_text())
     agent.setdefault("policy", {})["shrink_after_seconds"] = SHRINK_AFTER_SECONDS
     agent.setdefault("memory", {})["shrink_after_seconds"] = SHRINK_AFTER_SECONDS
@@ -62,6 +76,7 @@ def tier_overlay(directory: Path) -> Path:
                 # kustomize refuses absolute paths to a base.
                 "resources": [os.path.relpath(ROOT / "manifests", directory)],
                 "configMapGenerator": [
+                    replaced("vm-scheduler-config", "kube-scheduler.yaml"),
                     replaced("scheduler-extender-config", "extender.yaml"),
                     replaced("autoscaler-agent-config", "agent.yaml"),
                 ],

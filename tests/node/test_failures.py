@@ -34,8 +34,9 @@ def _quota(pod: Obj) -> int:
 
 @pytest.fixture(autouse=True)
 def _on_the_tuned_system(tuned: Node) -> None:
-    """Every case runs on the system as the tier's overlay leaves it (one extender replica, room
-    on the 2-CPU node for two 1-vCPU VMs), whether or not test_deploy ran first."""
+    """Every case runs on the system as the tier's overlay leaves it (two extender replicas, a
+    leader and a standby; room on the 2-CPU node for two 1-vCPU VMs), whether or not
+    test_deploy ran first. A failing case reports the cluster as it was (conftest.py)."""
 
 
 def _pods(node: Node, selector: str, on: str | None = None) -> list[str]:
@@ -102,7 +103,13 @@ def test_a_deleted_extender_pod_is_replaced_and_rebuilds_the_vm(deployed: Node, 
         events = deployed.agent_events(since, here)
         return [e for e in events if e["event"] == "extender_epoch_changed"]
 
-    wait_for(reported, timeout_seconds=60, what="the agent meeting the new extender", interval=1)
+    (met, *_) = wait_for(
+        reported, timeout_seconds=60, what="the agent meeting the new extender", interval=1
+    )
+    leader = ", ".join(_pods(deployed, LEADER))
+    took = met["t"] - since
+    print(f"the pod labelled leader: {leader}; the agent on {here} met it {took:.1f}s after the "
+          "deletion")  # fmt: skip
     events = deployed.agent_events(since, here)
     # Holding, not shrinking or growing the VM, while no extender answered.
     assert not [e for e in events if e["event"] == "resize_started"], events

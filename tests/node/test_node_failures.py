@@ -341,12 +341,25 @@ def test_the_leaders_node_stopped_the_standby_leads_and_a_waiting_vm_binds(drill
     leader = _leader(node)
     assert leader is not None
     if leader["spec"]["nodeName"] == node.name:
-        # The drill stops a worker: move the leader there (the standby takes over).
-        node.kubectl("-n", NS, "delete", "pod", leader["metadata"]["name"])
-        took = _wait_whole(node, "a leader on a worker, both replicas Ready")
+        # The drill stops a worker: move the leader there. Node 1 cordoned meanwhile, so the
+        # standby on the worker takes over: the replacement pod, on node 1 otherwise (required
+        # anti-affinity), raced the standby for kube-scheduler's released Lease and sometimes
+        # won, leaving the leader on node 1.
+        started = time.monotonic()
+        node.kubectl("cordon", node.name)
+        try:
+            node.kubectl("-n", NS, "delete", "pod", leader["metadata"]["name"])
+            wait_for(
+                lambda: (p := _leader(node)) is not None and p["spec"]["nodeName"] != node.name,
+                timeout_seconds=90, what="the standby on a worker leading", interval=0.5,
+            )  # fmt: skip
+        finally:
+            node.kubectl("uncordon", node.name)
+        _wait_whole(node, "a leader on a worker, both replicas Ready")
+        took = time.monotonic() - started
         print(f"leader on {node.name} deleted -> the system whole again: {took:.1f}s")
         leader = _leader(node)
-        assert leader is not None and leader["spec"]["nodeName"] != node.name
+        assert leader is not None and leader["spec"]["nodeName"] != node.name, leader
     worker = node.members[leader["spec"]["nodeName"]]
     assert isinstance(worker, Worker)
     with OverCommitWatch(node):

@@ -10,7 +10,13 @@ import yaml
 
 from autoscaler_agent.config import parse_config
 from scheduler_extender.config import load_config as load_extender_config
-from tests.node.overlay import ROOT, SHRINK_AFTER_SECONDS, tier_overlay
+from tests.node.overlay import (
+    LEASE_SECONDS,
+    RENEW_DEADLINE_SECONDS,
+    ROOT,
+    SHRINK_AFTER_SECONDS,
+    tier_overlay,
+)
 
 
 def test_the_agent_config_differs_only_in_its_shrink_windows(tmp_path: Path) -> None:
@@ -24,11 +30,31 @@ def test_the_agent_config_differs_only_in_its_shrink_windows(tmp_path: Path) -> 
     assert {k: v for k, v in ours.items() if v} == theirs
 
 
-def test_the_extender_config_differs_only_in_its_reserve(tmp_path: Path) -> None:
+def test_the_extender_config_differs_only_in_its_reserve_and_lease(tmp_path: Path) -> None:
     directory = tier_overlay(tmp_path / "overlay")
     config = load_extender_config(directory / "extender.yaml")
     assert config.system_reserve.cpu_fraction == 0
+    assert config.leader_election is not None
+    assert config.leader_election.lease_duration_seconds == LEASE_SECONDS
     ours = yaml.safe_load((directory / "extender.yaml").read_text())
     theirs = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
     ours["system_reserve"]["cpu_fraction"] = theirs["system_reserve"]["cpu_fraction"]
+    lease = "lease_duration_seconds"
+    ours["leader_election"][lease] = theirs["leader_election"][lease]
+    assert ours == theirs
+
+
+def test_the_scheduler_config_differs_only_in_its_lease(tmp_path: Path) -> None:
+    """kube-scheduler checks its own config (renewDeadline below leaseDuration) only when it
+    starts in the cluster; what can be checked here is that nothing else changed."""
+    directory = tier_overlay(tmp_path / "overlay")
+    ours = yaml.safe_load((directory / "kube-scheduler.yaml").read_text())
+    theirs = yaml.safe_load((ROOT / "manifests" / "config" / "kube-scheduler.yaml").read_text())
+    election = ours["leaderElection"]
+    assert (election["leaseDuration"], election["renewDeadline"]) == (
+        f"{LEASE_SECONDS}s",
+        f"{RENEW_DEADLINE_SECONDS}s",
+    )
+    assert RENEW_DEADLINE_SECONDS < LEASE_SECONDS
+    election.update({k: theirs["leaderElection"][k] for k in ("leaseDuration", "renewDeadline")})
     assert ours == theirs
