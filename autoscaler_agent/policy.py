@@ -219,9 +219,13 @@ def _size_for(load: float, load_per_vcpu: float, bounds: Bounds, top_vcpus: int)
     """The smallest allowed size that carries ``load`` at ``load_per_vcpu`` (at least one vCPU),
     clamped to ``[min, top_vcpus]``. A load beyond any VM (1e308 / 0.9 is inf, which math.ceil
     refuses) needs "very many"."""
-    ratio = load / load_per_vcpu
-    need = math.ceil(ratio - 1e-9) if ratio < _HUGE_VCPUS else _HUGE_VCPUS
-    return bounds.round_up(need if need > 1 else 1, top=top_vcpus)
+    ratio = load / load_per_vcpu - 1e-9
+    low = bounds.min
+    if ratio <= low:
+        # ceil(ratio) <= min (an int, at least 1): the minimum, without building the need.
+        return low
+    need = math.ceil(ratio) if ratio < _HUGE_VCPUS else _HUGE_VCPUS
+    return bounds.round_up(need, top=top_vcpus)
 
 
 def _busy_fraction(

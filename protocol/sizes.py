@@ -33,15 +33,12 @@ class Bounds(msgspec.Struct, frozen=True, dict=True):
     max: int
     unit: int = 1
 
-    def _size(self, steps: int) -> int:
-        """The size ``steps`` units above the minimum: the only place a size is made."""
-        return self.min + steps * self.unit
-
     def round_down(self, value: int) -> int:
         """The largest allowed size <= ``value`` (never below ``min``, never above ``max``)."""
         if value <= self.min:
             return self.min
-        return self._size((min(value, self.max) - self.min) // self.unit)
+        unit = self.unit
+        return self.min + (min(value, self.max) - self.min) // unit * unit
 
     def round_up(self, value: float, *, top: int | None = None) -> int:
         """The smallest allowed size >= ``value``, at most ``top`` (default: ``self.top``) and
@@ -53,11 +50,12 @@ class Bounds(msgspec.Struct, frozen=True, dict=True):
         ceiling = self.top if top is None else top
         if not value < ceiling:
             return ceiling
+        unit = self.unit
         if type(value) is int:
-            steps = -((low - value) // self.unit)
+            steps = -((low - value) // unit)
         else:
-            steps = math.ceil((value - low) / self.unit - _EPSILON)
-        size = self._size(steps)
+            steps = math.ceil((value - low) / unit - _EPSILON)
+        size = low + steps * unit
         return size if size < ceiling else ceiling
 
     def clamp(self, value: int) -> int:

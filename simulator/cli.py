@@ -1,9 +1,11 @@
-"""``vm-simulator [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N]``.
+"""``vm-simulator [SCENARIO.yaml] [--out DIR] [--no-plot] [--seed N] [--processes N]``.
 
 Shell: reads the scenario, shows a progress bar on a terminal, prints the summary table and
 writes the JSON report and the PNG plot, printing their paths. All decisions are in
 ``simulator.engine``; this module only moves bytes and measures wall time (which it prints,
-never puts in the report, so reports of the same scenario stay identical).
+never puts in the report, so reports of the same scenario stay identical). A scenario whose
+nodes share nothing runs split by node over ``--processes`` (``simulator.split``: the same
+report, byte for byte); any other runs in this process, with the progress bar.
 
 Exit status: 0 when every invariant held, 1 when one broke (the table says which, when and
 what happened before), 3 for a scenario that cannot run (every error with its ``$.path``),
@@ -13,6 +15,7 @@ what happened before), 3 for a scenario that cannot run (every error with its ``
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +30,7 @@ from simulator.builtin import default_scenario
 from simulator.engine import simulate
 from simulator.report import encode_report, format_table
 from simulator.scenario import Scenario, ScenarioError, load_scenario_file
+from simulator.split import node_parts, simulate_split
 
 EXIT_OK: Final = 0
 EXIT_VIOLATION: Final = 1
@@ -53,6 +57,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, metavar="N", help="override the scenario's seed (backoff jitter)"
     )
+    parser.add_argument(
+        "--processes",
+        type=_positive,
+        default=len(os.sched_getaffinity(0)),
+        metavar="N",
+        help="split a scenario whose nodes share nothing over N processes by node (default:"
+        " one per usable CPU; the report is the same for any N); 1: one process",
+    )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def build_parser(prog: str = "vm-simulator") -> argparse.ArgumentParser:
@@ -103,10 +125,17 @@ def run(args: argparse.Namespace, *, stdout: TextIO, stderr: TextIO) -> int:
         return EXIT_SCENARIO
     if args.seed is not None:
         scenario = msgspec.structs.replace(scenario, seed=args.seed)
-    bar = ProgressBar(stderr, scenario.duration_seconds) if stderr.isatty() else None
+    # A split run has no progress to show (its parts report only when they end).
+    is_split = node_parts(scenario, args.processes) is not None
+    bar = (
+        ProgressBar(stderr, scenario.duration_seconds) if stderr.isatty() and not is_split else None
+    )
     progress: Callable[[float], None] | None = bar
     started = time.perf_counter()
-    report = simulate(scenario, progress=progress)
+    if is_split:
+        report = simulate_split(scenario, parts=args.processes)
+    else:
+        report = simulate(scenario, progress=progress)
     wall = time.perf_counter() - started
     if bar is not None:
         bar.close()

@@ -92,6 +92,7 @@ from simulator.invariants import (
     check_decision,
     check_memory_decision,
     check_reality,
+    check_vms,
     violation_of,
 )
 from simulator.measurements import (
@@ -259,6 +260,9 @@ class Simulation:
         self.violation: Violation | None = None
         # The check intervals that had events (see _checks_between).
         self.check_cells: list[int] = []
+        # The VMs this instant's events touched (their agents stepped, or deleted): checked
+        # (``check_vms``) as time moves on, when ``check_all`` runs on an interval.
+        self._touched: list[VmRecord] = []
         names = scenario.plot_vms or sorted(v.name for v in scenario.vms)
         plotted = names[:MAX_PLOTTED]
         if self.only_nodes is not None:
@@ -362,6 +366,10 @@ class Simulation:
         if interval <= 0:
             self.full_check()
             return
+        touched = self._touched
+        if touched:
+            self._touched = []
+            check_vms(self.extender, touched)
         cell = int(t // interval)
         if not self.check_cells:
             self.check_cells.append(int(self.t // interval))
@@ -626,6 +634,7 @@ class Simulation:
             )
 
     def _delete_vm(self, vm: VmRecord) -> None:
+        self._touched.append(vm)
         vm.is_deleted = True
         vm.deleted_at = self.t
         vm.op_token += 1
@@ -661,6 +670,7 @@ class Simulation:
             self._step(vm)
 
     def _step(self, vm: VmRecord) -> None:
+        self._touched.append(vm)
         st = vm.agent
         guest = vm.guest
         if st is None or guest is None or vm.is_deleted:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from simulator.cli import main
+from simulator.fleet import fleet
+from simulator.scenario import load_scenario_file
+from simulator.split import node_parts
 from tests.simulator.helpers import SCENARIOS
 
 
@@ -49,3 +53,27 @@ def test_help(argv, capsys):
         main(argv)
     assert info.value.code == 0
     assert "vm-simulator" in capsys.readouterr().out
+
+
+def test_a_fleet_split_over_processes_writes_the_one_process_report(tmp_path, capsys):
+    # A fleet whose nodes share nothing: with --processes 2 it runs split by node, and the
+    # report is byte for byte the one a single process writes.
+    scenario = msgspec.structs.replace(fleet(16, 160, 300, 2), name="split")
+    path = tmp_path / "split.yaml"
+    path.write_bytes(msgspec.yaml.encode(scenario))
+    assert node_parts(load_scenario_file(path), 2) is not None
+    reports = []
+    for processes in ("1", "2"):
+        out = tmp_path / processes
+        assert main([str(path), "--no-plot", "--processes", processes, "--out", str(out)]) == 0
+        reports.append((out / "split.json").read_bytes())
+    assert reports[0] == reports[1]
+    assert json.loads(reports[0])["is_ok"] is True
+    capsys.readouterr()
+
+
+def test_processes_below_one_is_a_bad_command_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--processes", "0"])
+    assert info.value.code == 2
+    assert "--processes: must be at least 1, not 0" in capsys.readouterr().err
