@@ -12,7 +12,6 @@ one of them: it is its own command (``vm-simulator``), so the extender never imp
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import os
 import socket
@@ -30,7 +29,7 @@ from kube_io.preflight import StartupProblem, check_api_server
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
 from scheduler_extender.config import Config, ConfigError, Listen, load_config
-from scheduler_extender.event_loop import EventLoop, loop_name
+from scheduler_extender.event_loop import EventLoop
 from scheduler_extender.event_loop import run as run_loop
 from scheduler_extender.http.app import Deps, serve
 from scheduler_extender.http.front import COMMAND as FRONT_COMMAND
@@ -243,9 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # now, not a traceback, nor a watch retrying forever behind a healthy-looking port.
             await check_api_server(kubeconfig, timeout_seconds=PREFLIGHT_TIMEOUT_SECONDS)
         configure_logging(level=args.log_level)
-        structlog.get_logger(__name__).info(
-            "event_loop", loop=loop_name(asyncio.get_running_loop())
-        )
+        # Which loop runs is said on the "listening" lines (serve), once the config has
+        # passed: an operator's mistake stays one line.
         await serve(config, deps)
 
     try:

@@ -36,6 +36,7 @@ from scheduler_extender.config import (
     MetricsListen,
     QuotaSection,
 )
+from scheduler_extender.event_loop import loop_name
 from scheduler_extender.http import ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
@@ -328,11 +329,12 @@ async def start_listeners(
     if metrics_app is not None:
         assert config.listen.metrics is not None
         apps.append((metrics_app, config.listen.metrics))
+    loop = loop_name(asyncio.get_running_loop())
     try:
         for app, listen in apps:
             if isinstance(app, PermitFront):
                 app.bind()
-                log.info("listening", host=listen.host, port=app.bound_port, front=True)
+                log.info("listening", host=listen.host, port=app.bound_port, front=True, loop=loop)
                 continue
             runner = web.AppRunner(
                 app,
@@ -345,7 +347,7 @@ async def start_listeners(
             site = GuardedSite(runner, listen)
             started.append((runner, site))
             await site.start()
-            log.info("listening", host=listen.host, port=bound_port(site))
+            log.info("listening", host=listen.host, port=bound_port(site), loop=loop)
     except BaseException:
         await stop_listeners(started)
         if isinstance(permits_app, PermitFront):
