@@ -625,11 +625,17 @@ class Node:
         )
 
     def agent_pod(self, node: str) -> str:
-        """The name of the agent's pod on ``node``."""
-        return self.kubectl(
+        """The name of the agent's pod on ``node``: the one not being deleted. Right after a
+        drill deletes the agent's pod (``--wait=false``), the old one may still be terminating
+        beside its replacement for its grace period, and its log ends at its SIGTERM."""
+        out = self.kubectl(
             "-n", "vm-autoscaling", "get", "pods", "-l", "app.kubernetes.io/name=autoscaler-agent",
-            "--field-selector", f"spec.nodeName={node}", "-o", "jsonpath={.items[0].metadata.name}",
+            "--field-selector", f"spec.nodeName={node}", "-o", "json",
         ).stdout  # fmt: skip
+        pods = json.loads(out)["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        (pod,) = live or pods[-1:]
+        return str(pod["metadata"]["name"])
 
     def agent_events(self, since: float, node: str | None = None) -> list[Obj]:
         """The log events of the agent on ``node`` (node 1 by default) from ``since`` (epoch
