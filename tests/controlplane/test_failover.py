@@ -459,8 +459,9 @@ def test_a_deposed_leader_writes_nothing_and_no_binding_fails_on_the_leaders_own
         what="two waiting VMs bound in the room freed",
     )
     wait_for(
-        lambda: [role_label(control_plane_pod(names, p.name)) for p in (k, m)]
-        == ["standby", "leader"],
+        lambda: (
+            [role_label(control_plane_pod(names, p.name)) for p in (k, m)] == ["standby", "leader"]
+        ),
         timeout_seconds=10,
         what="m's relabelling",
     )
@@ -487,9 +488,12 @@ def test_a_deposed_leader_writes_nothing_and_no_binding_fails_on_the_leaders_own
         ref = e["objectRef"]
         if ref.get("resource") != "pods":
             continue
-        if ref.get("subresource") == "binding" and e["responseStatus"]["code"] == 409:
-            if last_writer.get(ref["name"]) == e["userAgent"]:
-                own.append(ref["name"])
+        if (
+            ref.get("subresource") == "binding"
+            and e["responseStatus"]["code"] == 409
+            and last_writer.get(ref["name"]) == e["userAgent"]
+        ):
+            own.append(ref["name"])
         last_writer[ref["name"]] = e["userAgent"]
     bindings = [e for e in writes if e["objectRef"].get("subresource") == "binding"]
     print(

@@ -7,10 +7,10 @@ import asyncio
 
 from structlog.testing import capture_logs
 
+from kube_io.objects import ObjectReference
 from scheduler_extender.admission.queue import PodKey
 from scheduler_extender.core.leadership import Elector, LeaseRecord
 from scheduler_extender.kube.durability import PermitWrite
-from kube_io.objects import ObjectReference
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender, wait_until
 from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
@@ -258,8 +258,10 @@ async def test_a_replica_writes_nothing_unless_it_leads_in_the_term_it_began_wri
             extender.reporter.post(about_vm_1, reason="Test", message="m")
             extender.notices.admitted([vm_2])
             await wait_until(
-                lambda: {"permit_write_dropped", "node_alloc_event_failed", "pod_touch_failed"}
-                <= {e["event"] for e in logs}
+                lambda: (
+                    {"permit_write_dropped", "node_alloc_event_failed", "pod_touch_failed"}
+                    <= {e["event"] for e in logs}
+                )
             )
         assert recorder.pending_count == 0
 
