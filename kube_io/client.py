@@ -102,17 +102,25 @@ class KubeClient:
         *,
         request_timeout_seconds: float = 30.0,
         connect_timeout_seconds: float = 10.0,
+        user_agent: str = "vm-autoscaling/kube_io",
     ) -> None:
         self._api = api
         self._request_timeout = aiohttp.ClientTimeout(
             total=request_timeout_seconds, sock_connect=connect_timeout_seconds
         )
         self._connect_timeout_seconds = connect_timeout_seconds
-        api.user_agent = "vm-autoscaling/kube_io"
+        # Who sends each request, as the API server's audit log and metrics show it.
+        api.user_agent = user_agent
         _skip_env_lookups(api)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None, *, context: str | None = None) -> KubeClient:
+    async def connect(
+        cls,
+        kubeconfig: str | None,
+        *,
+        context: str | None = None,
+        user_agent: str = "vm-autoscaling/kube_io",
+    ) -> KubeClient:
         """From a kubeconfig file, or from the pod's service account when ``kubeconfig`` is None.
 
         In-cluster, kubernetes-asyncio re-reads the (rotated) token file before requests.
@@ -123,12 +131,12 @@ class KubeClient:
             configuration = Configuration()
             # It fills ``configuration`` and installs the hook that re-reads the rotated token.
             _load_incluster_config(client_configuration=configuration)
-            return cls(ApiClient(configuration))
+            return cls(ApiClient(configuration), user_agent=user_agent)
         # persist_config=False: never write refreshed credentials back into the user's file.
         api = await new_client_from_config(
             config_file=kubeconfig, context=context, persist_config=False
         )
-        return cls(api)
+        return cls(api, user_agent=user_agent)
 
     @classmethod
     def for_url(

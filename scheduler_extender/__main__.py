@@ -222,9 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     kubeconfig: str | None = args.kubeconfig
+    whoami = _whoami()
+    # Each replica its own user agent: the two share a ServiceAccount, and the API server's
+    # audit log tells their requests apart by it.
+    user_agent = f"scheduler-extender ({whoami['host']})"
 
     async def connect() -> KubeClient:
-        return await KubeClient.connect(kubeconfig)
+        return await KubeClient.connect(kubeconfig, user_agent=user_agent)
 
     deps = Deps(
         registry=CollectorRegistry(),
@@ -233,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         freeze_gc=True,
         kubeconfig=kubeconfig,
         log_level=args.log_level,
-        **_whoami(),
+        **whoami,
     )
 
     async def start() -> None:

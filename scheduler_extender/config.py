@@ -308,8 +308,9 @@ class LeaderElectionConfig(_Section, frozen=True):
     ``lease_duration_seconds / (1 + clock_drift_fraction)**2``; a standby takes an abandoned
     Lease after it has seen it unchanged for ``lease_duration_seconds``, and reads it (and
     kube-scheduler's) every ``retry_seconds``. ``leader_label``: the leader sets it to
-    "leader" on its own pod (the standby to "standby"), and the permit Service selects it;
-    needs ``$POD_NAME`` and ``$POD_NAMESPACE`` (the Downward API).
+    "leader" on its own pod and back to "standby" on the previous leader's (pods start as
+    "standby"), and the permit Service selects it; needs ``$POD_NAME`` and ``$POD_NAMESPACE``
+    (the Downward API).
     """
 
     lease_name: NonEmpty = "vm-scheduler-extender"

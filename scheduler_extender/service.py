@@ -154,6 +154,8 @@ class Extender:
         self.elector: Elector | None = None
         # The term whose fence is up (``fence``): only then does a new leader decide.
         self.fenced_term: int | None = None
+        # The term this replica writes in (``may_write``): set on a gain, cleared on a loss.
+        self.writing_term: int | None = None
         self._fencing: asyncio.Task[None] | None = None
         metrics.leading.set(1)
         # ``gc.freeze`` once the first lists are in (see ``_freeze_loaded_objects``); off by
@@ -169,6 +171,14 @@ class Extender:
     @property
     def is_leading(self) -> bool:
         return self.elector is None or self.elector.is_leading(self.clock())
+
+    def may_write(self) -> bool:
+        """The one gate of every write this replica sends to the API server, the Lease's
+        aside (``kube/link.py`` asks it right before each): the only replica always writes;
+        one of two, only while it holds the Lease in the term it began writing in."""
+        if self.elector is None:
+            return True
+        return self.elector.may_write(self.clock(), self.writing_term)
 
     def require_synced(self) -> None:
         """Before every decision (the verbs, the permits): the lists are in and this replica
@@ -202,6 +212,7 @@ class Extender:
         """
         self.ledger.forget_agents()
         self.epoch = uuid.uuid4().hex
+        self.writing_term = elector.term
         self.metrics.leading.set(1)
         log.info("leadership_gained", identity=elector.identity, term=elector.term)
         if self.binder is None:
@@ -248,7 +259,12 @@ class Extender:
         if self._fencing is not None:
             self._fencing.cancel()  # a term that ended has nothing left to fence
             self._fencing = None
-        self.notices.stand_down()  # a deposed leader writes nothing (``queue_notices``)
+        # A deposed leader writes nothing: the gate shuts (``may_write``), and what its
+        # writers queued in its term is dropped, not sent should it lead again.
+        self.writing_term = None
+        self.notices.stand_down()
+        if self.recorder is not None:
+            self.recorder.stand_down()
         self.metrics.leading.set(0)
         log.warning("leadership_lost", identity=elector.identity)
 

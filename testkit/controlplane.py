@@ -408,6 +408,23 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+# What the API server's audit log keeps (``--audit-policy-file``): the requests of the
+# manifests' ServiceAccount (kube-scheduler's and the extender's) that change something, one
+# line each, when answered (who, which user agent, what, the answer's code). Reads are left
+# out: they are most of the traffic and change nothing.
+AUDIT_POLICY: Final[Obj] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "Metadata", "users": [f"system:serviceaccount:{EXTENDER_NS}:{EXTENDER_SA}"]},
+        {"level": "None"},
+    ],
+}
+WRITE_VERBS: Final = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
 def make_certificates(pki: Path) -> None:
     """CA, serving cert for 127.0.0.1, admin client cert, service-account key pair."""
     pki.mkdir(parents=True, exist_ok=True)
@@ -439,6 +456,20 @@ class ControlPlane:
     @property
     def pki(self) -> Path:
         return self.work / "pki"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.work / "audit.log"
+
+    def audit_events(self, *, user_agent_prefix: str = "") -> list[Obj]:
+        """The audit log's events so far (``AUDIT_POLICY``), in the order the API server
+        answered them; only those whose user agent starts with ``user_agent_prefix``."""
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        events = (json.loads(line) for line in lines if line.strip())
+        return [e for e in events if e.get("userAgent", "").startswith(user_agent_prefix)]
 
     @property
     def url(self) -> str:
@@ -474,6 +505,8 @@ class ControlPlane:
         )  # fmt: skip
         self.processes.append(etcd)
         pki = self.pki
+        policy = self.work / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
         apiserver = _spawn(
             "kube-apiserver",
             [
@@ -492,6 +525,8 @@ class ControlPlane:
                 f"--cert-dir={self.work / 'apiserver-certs'}",
                 # No kubelet and no controller manager: see ../shared/kube-bin/README.md.
                 "--disable-admission-plugins=TaintNodesByCondition,ServiceAccount",
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
             ],
             self.work,
         )

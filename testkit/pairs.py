@@ -139,7 +139,12 @@ def scheduler_pod(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": EXTENDER_NS},
+                # As the Deployment's template: every replica starts as the standby.
+                "metadata": {
+                    "name": name,
+                    "namespace": EXTENDER_NS,
+                    "labels": {ROLE_LABEL: "standby"},
+                },
                 "spec": {
                     "nodeName": f"{name}-nowhere",
                     "containers": [{"name": "extender", "image": "extender"}],

@@ -133,6 +133,15 @@ class Elector:
     def is_leading(self, now: float) -> bool:
         return self.leads_until is not None and now < self.leads_until
 
+    def may_write(self, now: float, term: int | None) -> bool:
+        """May a write of a replica that began writing in ``term`` go out now? Only while it
+        leads, and in that same term: a replica deposed and leading again (another held the
+        Lease in between) sends nothing it decided before. The one question every write to
+        the API server asks right before it is sent (``kube/link.py``); the Lease's own
+        writes are the election itself and ask none (the release that follows a loss is one
+        of them, and the only write a deposed replica makes)."""
+        return term is not None and term == self.term and self.is_leading(now)
+
     def stalled(self, now: float) -> bool:
         """Our kube-scheduler leads (as last seen) but we cannot decide: the pair must step
         down (module docstring)."""

@@ -138,6 +138,8 @@ def make_app(config: Config, deps: Deps) -> web.Application:
         wall_clock=deps.wall_clock,
     )
     extender.freeze_gc_when_synced = deps.freeze_gc
+    if link is not None:
+        link.may_write = extender.may_write  # every write but the Lease's passes this gate
     app = web.Application(
         middlewares=[request_middleware],
         client_max_size=config.limits.verbs_max_body_bytes,
@@ -192,6 +194,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
                     config.leader_election,
                     client,
                     extender,
+                    labels=link,
                     host=deps.host,
                     pod=deps.pod,
                     clock=extender.clock,

@@ -37,6 +37,7 @@ from protocol import annotations as ann
 from protocol.kube import Pod
 from protocol.quantity import format_memory
 from scheduler_extender.config import DurabilityConfig
+from scheduler_extender.kube.link import Deposed
 from scheduler_extender.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -108,6 +109,14 @@ class PermitRecorder:
         self._backing_off.discard(uid)
         self._update_gauge()
 
+    def stand_down(self) -> None:
+        """Leadership is lost: nothing queued goes out (the new leader holds every VM
+        unverified until its agent reports, and an agent's ``lastPermit`` covers the gap); a
+        write on its way is refused by the gate (``kube/link.py``)."""
+        self._pending.clear()
+        self._failures.clear()
+        self._update_gauge()
+
     @property
     def pending_count(self) -> int:
         return len(self._pending) + len(self._writing)
@@ -173,6 +182,8 @@ class PermitRecorder:
         except NotFound as e:
             log_.info("permit_write_skipped", reason="pod is gone", error=e.message)
             self.forget(uid)
+        except Deposed as e:
+            log_.info("permit_write_dropped", reason=e.message)
         except KubeError as e:
             if not e.is_retryable:
                 log_.error("permit_write_failed", error=e.message, status=e.status)

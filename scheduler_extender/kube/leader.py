@@ -9,16 +9,21 @@ time, so a hold that lapses while this loop waits on the API server stops them a
 A gain is handled before anything else can run: between the accepted write and
 ``Extender.leadership_gained`` (``Ledger.forget_agents``, a new epoch) there is no ``await``.
 
-The leader also labels its own pod (``leader_label``: "leader" / "standby"), and the permit
-Service selects the label, so agents reach the leader while both pods stay Ready (a warm
-standby must count as available, or no PodDisruptionBudget could let the leader's node
-drain). The label is routing only: a label that lags (a partitioned old leader cannot remove
-its own) sends an agent to a replica that refuses with 503 and Retry-After.
+The leader also labels the pods (``leader_label``), and the permit Service selects
+"leader", so agents reach the leader while both pods stay Ready (a warm standby must count as
+available, or no PodDisruptionBudget could let the leader's node drain). Only the leader
+writes them, through the same gate as every other write (``kube/link.py``): on taking the
+Lease it labels its own pod "leader" and every other pod of its namespace still labelled
+"leader" "standby" (pods start as "standby", from the Deployment's template). A deposed
+leader does not take its own label off: it writes nothing once it has lost the Lease, and a
+partitioned one could not anyway; the new leader relabels it as soon as it leads. The label is
+routing only: one that lags sends an agent to a replica that refuses with 503 and Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +33,7 @@ import structlog
 
 from kube_io.errors import Conflict, KubeError, NotFound
 from kube_io.objects import Lease, LeaseMeta, LeaseSpec
+from protocol.kube import Pod
 from scheduler_extender.config import LeaderElectionConfig
 from scheduler_extender.core.leadership import Elector, LeaseRecord, Write
 
@@ -44,6 +50,14 @@ class LeaseApi(Protocol):
     async def create_lease(self, lease: Lease) -> Lease: ...
 
     async def replace_lease(self, lease: Lease) -> Lease: ...
+
+
+class PodLabels(Protocol):
+    """The gated ``KubeLink`` calls of the role labels."""
+
+    async def list_pods(
+        self, *, field_selector: str, label_selector: str | None = None
+    ) -> list[Pod]: ...
 
     async def patch_pod_labels(
         self, namespace: str, name: str, labels: Mapping[str, str | None]
@@ -108,6 +122,7 @@ class LeaderLoop:
         api: LeaseApi,
         follower: Follower,
         *,
+        labels: PodLabels | None = None,
         host: str,
         pod: tuple[str, str] | None,
         clock: Callable[[], float],
@@ -116,6 +131,7 @@ class LeaderLoop:
         self.config = config
         self.api = api
         self.follower = follower
+        self.labels = labels
         self.host = host
         self.pod = pod
         self.clock = clock
@@ -261,27 +277,43 @@ class LeaderLoop:
 
     @property
     def _labels_pod(self) -> bool:
-        return self.pod is not None and self.config.leader_label is not None
+        return (
+            self.labels is not None
+            and self.pod is not None
+            and self.config.leader_label is not None
+        )
 
     async def _label_loop(self) -> None:
+        """Each term this replica leads: its own pod "leader", any other "standby"."""
+        labels = self.labels
+        assert labels is not None
         assert self.pod is not None and self.config.leader_label is not None
         namespace, name = self.pod
         label = self.config.leader_label
-        written: str | None = None
-        self._role.set()
+        labelled: int | None = None
         while True:
             await self._role.wait()
             self._role.clear()
-            role = "leader" if self._was_leading else "standby"
-            if role == written:
+            term = self.elector.term
+            if not self._was_leading or term == labelled:
                 continue
             try:
                 async with asyncio.timeout(self._timeout):
-                    await self.api.patch_pod_labels(namespace, name, {label: role})
+                    await labels.patch_pod_labels(namespace, name, {label: "leader"})
+                    others = await labels.list_pods(
+                        field_selector=f"metadata.namespace={namespace}",
+                        label_selector=f"{label}=leader",
+                    )
+                    others = [p for p in others if p.metadata.name != name]
+                    for pod in others:
+                        with contextlib.suppress(NotFound):  # its pod is gone already
+                            await labels.patch_pod_labels(
+                                namespace, pod.metadata.name, {label: "standby"}
+                            )
             except (KubeError, TimeoutError) as e:
-                log.warning("role_label_failed", role=role, error=str(e))
+                log.warning("role_label_failed", term=term, error=str(e))
                 await asyncio.sleep(self.config.retry_seconds)
                 self._role.set()
                 continue
-            written = role
-            log.info("role_labelled", role=role)
+            labelled = term
+            log.info("role_labelled", term=term, standby=[p.metadata.name for p in others])

@@ -14,6 +14,7 @@ leader election on, its Leases timed short (``LEASE_SECONDS``). What a failover 
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 import signal
@@ -25,7 +26,14 @@ from pathlib import Path
 import pytest
 
 from testkit.cluster import Names
-from testkit.controlplane import EXTENDER_NS, ControlPlane, Obj, pod_path, wait_for
+from testkit.controlplane import (
+    EXTENDER_NS,
+    WRITE_VERBS,
+    ControlPlane,
+    Obj,
+    pod_path,
+    wait_for,
+)
 from testkit.pairs import (
     LEASE_SECONDS,
     RETRY_SECONDS,
@@ -380,3 +388,118 @@ def test_an_extender_cut_off_while_its_scheduler_leads_makes_the_pair_step_down(
         what="g's /healthz again",
     )
     assert h.is_leader() and not g.is_leader()
+
+
+def _log_events(pod: SchedulerPod, event: str) -> list[Obj]:
+    assert pod.extender.process is not None
+    found = []
+    for line in pod.extender.process.log_path.read_text(errors="replace").splitlines():
+        if f'"{event}"' in line:
+            decoded: Obj = json.loads(line)
+            if decoded.get("event") == event:
+                found.append(decoded)
+    return found
+
+
+def _at(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def test_a_deposed_leader_writes_nothing_and_no_binding_fails_on_the_leaders_own_patch(
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    tmp_path: Path,
+    names: Names,
+    pods: list[SchedulerPod],
+):
+    """A planned hand-over (the leader's kube-scheduler stops: it releases its Lease, and its
+    extender resigns), with VMs waiting for room that frees while the old leader still
+    watches, seen through the API server's audit log (each replica its own user agent):
+
+    * after ``leadership_lost`` the deposed extender's one write is its Lease's release:
+      no wake-up, Event, label or annotation, although its watch sees the room free;
+    * the new leader relabels the pods (its own "leader", the old one's "standby");
+    * no Binding of the extenders fails with 409 on a write of the same extender to that
+      pod (its fence, its wake-ups).
+    """
+    k = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-k")
+    pods.append(k)
+    k.start()
+    assert wait_leader([k]) is k
+    m = scheduler_pod(control_plane, extender_kubeconfig, tmp_path, "ha-m")
+    pods.append(m)
+    m.start()
+    names.node("a", cpu="4")
+    vms = [f"vm-{i}" for i in range(6)]
+    for vm in vms:
+        names.vm(vm)
+
+    def placed() -> tuple[list[str], list[str]] | None:
+        bound = [vm for vm in vms if names.node_of(vm)]
+        waiting = [vm for vm in vms if vm not in bound and names.failed_scheduling(vm)]
+        return (bound, waiting) if len(bound) + len(waiting) == len(vms) else None
+
+    bound, waiting = wait_for(placed, timeout_seconds=30, what="every VM bound or waiting")
+    assert len(bound) >= 2 and len(waiting) >= 2, (bound, waiting)
+
+    k.scheduler.stop()  # SIGTERM: it releases its Lease; k's extender resigns
+    (lost,) = wait_for(
+        lambda: _log_events(k, "leadership_lost"),
+        timeout_seconds=10,
+        what="k's leadership_lost",
+        interval=0.01,
+    )
+    # Room frees at once: both extenders' watches see it, the deposed one included.
+    for vm in bound[:2]:
+        names.api.delete(pod_path(names.namespace, vm))
+    assert wait_leader([k, m], timeout_seconds=TAKEOVER_BOUND_SECONDS) is m
+    wait_for(
+        lambda: sum(1 for vm in waiting if names.node_of(vm)) == 2,
+        timeout_seconds=30,
+        what="two waiting VMs bound in the room freed",
+    )
+    wait_for(
+        lambda: (
+            [role_label(control_plane_pod(names, p.name)) for p in (k, m)] == ["standby", "leader"]
+        ),
+        timeout_seconds=10,
+        what="m's relabelling",
+    )
+
+    k_agent, m_agent = "scheduler-extender (ha-k)", "scheduler-extender (ha-m)"
+    events = control_plane.audit_events(user_agent_prefix="scheduler-extender (ha-")
+    writes = [e for e in events if e["verb"] in WRITE_VERBS]
+    lost_at = _at(lost["timestamp"])
+    after = [
+        f"{e['verb']} {e['requestURI']} {e['responseStatus']['code']}"
+        for e in writes
+        if e["userAgent"] == k_agent and _at(e["requestReceivedTimestamp"]) > lost_at
+    ]
+    # Its release of the extender's Lease, and nothing else.
+    assert len(after) == 1 and "/leases/vm-scheduler-extender" in after[0], after
+    # The new leader wrote the old one's label.
+    assert any(
+        e["userAgent"] == m_agent and e["objectRef"].get("name") == "ha-k" for e in writes
+    ), writes
+    # No Binding failed on its own extender's write to the pod.
+    last_writer: dict[str, str] = {}
+    own = []
+    for e in writes:
+        ref = e["objectRef"]
+        if ref.get("resource") != "pods":
+            continue
+        if (
+            ref.get("subresource") == "binding"
+            and e["responseStatus"]["code"] == 409
+            and last_writer.get(ref["name"]) == e["userAgent"]
+        ):
+            own.append(ref["name"])
+        last_writer[ref["name"]] = e["userAgent"]
+    bindings = [e for e in writes if e["objectRef"].get("subresource") == "binding"]
+    print(
+        f"{len(bindings)} Bindings by the extenders,"
+        f" {sum(e['responseStatus']['code'] == 409 for e in bindings)} refused (409);"
+        f" the deposed one's writes after leadership_lost: {after}"
+    )
+    assert len(bindings) >= len(bound) + 2
+    assert own == [], own

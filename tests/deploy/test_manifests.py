@@ -170,8 +170,8 @@ def test_configmap_volumes_name_generated_configmaps():
                     assert vol["configMap"]["name"] in generated
 
 
-# Labels a pod sets on itself at run time (not in its template), which a Service may select:
-# the extender's role (scheduler_extender/kube/leader.py).
+# Labels written at run time (the template holds only their first value), which a Service may
+# select: the extender's role (scheduler_extender/kube/leader.py).
 RUNTIME_LABELS = {"vm-autoscaling.io/extender-role"}
 
 

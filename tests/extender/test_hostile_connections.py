@@ -10,12 +10,17 @@ reaches which listener").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from pathlib import Path
 
+import yaml
 from aiohttp import ClientSession
 
 from scheduler_extender.config import Config, parse_config
 from scheduler_extender.http.connections import listening_sockets
+from testkit.controlplane import Extender as ProcessExtender
+from testkit.ports import free_port
 from tests.extender.conftest import STATIC_TOKEN, Start, wait_until
 from tests.extender.conftest import open_connections as _connections
 
@@ -206,3 +211,40 @@ async def test_oversized_heads_get_a_400_on_every_listener(listeners: Start) -> 
                 async with asyncio.timeout(WITHIN):
                     status = await reader.readline()
             assert status.split(b" ")[1] == b"400", (port, head[:40], status)
+
+
+def test_the_real_process_closes_silent_connections_on_every_listener(tmp_path: Path) -> None:
+    """As deployed: ``scheduler-extender serve`` with its permit front in a process of its own
+    (``permit_front.mode: process``, the default). Silent connections to each of its three
+    listeners (verbs, permits, metrics; the probes are served on each) are closed by the
+    server once the configured header timeout runs out, long before the idle timeout."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"nodes": [{"name": "n", "cpu": "4", "memory": "8Gi"}]}))
+    quick = {"host": "127.0.0.1", "idle_timeout_seconds": 3600, "header_timeout_seconds": 0.3}
+    config = {
+        "auth": {"mode": "static", "static_token": STATIC_TOKEN},
+        "shutdown_timeout_seconds": 1,
+        "listen": {
+            "verbs": {"port": free_port(), **quick},
+            "permits": {"port": free_port(), **quick},
+            "metrics": {"port": free_port(), "auth": "none", **quick},
+        },
+    }
+    extender = ProcessExtender(tmp_path, None, config, standalone=cluster, log_level="info")
+    extender.start()
+    try:
+        ports = (extender.verbs_port, extender.permits_port, extender.metrics_port)
+        silent = [socket.create_connection(("127.0.0.1", port)) for port in ports for _ in "abc"]
+        try:
+            for sock in silent:
+                sock.settimeout(WITHIN)
+                # The server's FIN (no answer), or its RST: closed by the server either way.
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(1) == b""
+        finally:
+            for sock in silent:
+                sock.close()
+        for port in ports:  # and a client that speaks at once is served
+            assert extender.get("/healthz", port=port)[0] == 200
+    finally:
+        extender.stop()

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
+from structlog.testing import capture_logs
+
+from kube_io.objects import ObjectReference
 from scheduler_extender.admission.queue import PodKey
 from scheduler_extender.core.leadership import Elector, LeaseRecord
+from scheduler_extender.kube.durability import PermitWrite
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import STATIC_TOKEN, StartExtender, wait_until
 from tests.extender.helpers import bind_body, filter_body, permit_batch, vm_pod
 
+GIB = 2**30
 AUTH = {"Authorization": f"Bearer {STATIC_TOKEN}"}
 
 
@@ -220,3 +225,58 @@ async def test_healthz_fails_on_every_listener_while_the_pair_is_stalled(
     elector.candidacy_changed(extender.clock(), is_candidate=False)
     for client in (running.verbs, running.permits):
         assert (await client.get("/healthz")).status == 200
+
+
+def writes(kube_api: FakeKubeApi) -> list[str]:
+    return [f"{r.method} {r.path}" for r in kube_api.requests if r.method != "GET"]
+
+
+async def test_a_replica_writes_nothing_unless_it_leads_in_the_term_it_began_writing_in(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """Every write but the Lease's passes one gate, right before it is sent: the durability
+    writer's patch, an Event, a touch. Refused while the Lease has lapsed (before the loop
+    noticed: nothing told the writers), and while it leads again in a later term that it has
+    not begun (another replica held the Lease in between); let through once it has."""
+    kube_api.add_node(node_object("node-a", cpu="8"))
+    kube_api.add_pod(vm_pod("vm-1", uid="u-1", node="node-a"))
+    kube_api.add_pod(vm_pod("vm-2", uid="u-2", node=None))
+    running = await start_extender()
+    extender = running.extender
+    recorder = extender.recorder
+    assert recorder is not None
+    extender.elector = leads("ha-a_1", extender.clock(), transitions=1)
+    extender.leadership_gained(extender.elector)
+    await wait_until(lambda: extender.fenced_term == 1)
+    permit = PermitWrite(namespace="vms", name="vm-1", container=None, vcpus=2, memory_bytes=GIB)
+    about_vm_1 = ObjectReference(api_version="v1", kind="Pod", name="vm-1", namespace="vms")
+    vm_2 = PodKey(namespace="vms", name="vm-2", uid="u-2")
+
+    async def try_every_writer(vcpus: int) -> None:
+        with capture_logs() as logs:
+            recorder.record("u-1", permit._replace(vcpus=vcpus))
+            extender.reporter.post(about_vm_1, reason="Test", message="m")
+            extender.notices.admitted([vm_2])
+            await wait_until(
+                lambda: (
+                    {"permit_write_dropped", "node_alloc_event_failed", "pod_touch_failed"}
+                    <= {e["event"] for e in logs}
+                )
+            )
+        assert recorder.pending_count == 0
+
+    before = writes(kube_api)
+    # The hold ran out; the Lease loop has not noticed yet.
+    extender.elector = standby(extender.clock())
+    await try_every_writer(3)
+    # Another replica held term 2; this one leads again in term 3 but has not begun it.
+    extender.elector = leads("ha-a_1", extender.clock(), transitions=3)
+    await try_every_writer(4)
+    assert writes(kube_api) == before
+    extender.leadership_gained(extender.elector)
+    await wait_until(lambda: extender.fenced_term == 3)
+    recorder.record("u-1", permit._replace(vcpus=4))
+    await recorder.wait_idle()
+    assert "PATCH /api/v1/namespaces/vms/pods/vm-1" in writes(kube_api)[len(before) :]
+    annotations = kube_api.get_pod("vms", "vm-1")["metadata"]["annotations"]
+    assert annotations["vm-autoscaling.io/permitted-vcpus"] == "4"

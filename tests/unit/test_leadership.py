@@ -45,6 +45,21 @@ def test_a_candidate_creates_the_missing_lease_and_decides_until_its_deadline():
     assert e.step(T0 + 2) == Step(write=Write(mine, "7"))
 
 
+def test_a_replica_may_write_only_while_it_leads_in_the_term_it_began_writing_in():
+    e = elector()
+    e.read(T0, held_by("", "1", transitions=3))
+    assert not e.may_write(T0, None)
+    e.wrote(T0, held_by("a", "2", transitions=4))
+    assert e.may_write(T0, 4)
+    assert not e.may_write(T0, 3)  # begun in an earlier term: another held the Lease since
+    assert not e.may_write(T0, None)  # not begun at all (the gain not yet handled)
+    deadline = T0 + D / (1 + DRIFT) ** 2
+    assert e.may_write(deadline - 0.001, 4)
+    assert not e.may_write(deadline, 4)  # the hold lapsed, though nothing was told yet
+    e.read(deadline, held_by("b", "3", transitions=5))
+    assert not e.may_write(deadline, 4)
+
+
 def test_a_candidate_takes_a_held_lease_only_after_it_stood_still_for_its_duration():
     e = elector()
     e.read(T0, held_by("b", "5", transitions=3))
