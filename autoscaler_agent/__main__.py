@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import os
 import signal
 import socket
@@ -43,6 +42,7 @@ from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
+from observability.running import run_service
 
 log = structlog.get_logger("autoscaler_agent")
 
@@ -50,7 +50,6 @@ PROG = "autoscaler-agent"
 EXIT_CONFIG = ExitCode.CONFIG
 # The start-up check of the API server waits at most this long for an answer (seconds).
 PREFLIGHT_TIMEOUT_SECONDS = 10.0
-_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 DESCRIPTION = """\
 Keep the vCPUs of each VM on this node matched to its load. Every scrape interval the agent
@@ -238,20 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kubeconfig=args.kubeconfig,
         standalone=bool(args.standalone),
     )
-    try:
-        asyncio.run(main_task)
-    except OSError as e:
-        if e.errno not in _LISTEN_ERRNOS:
-            raise
-        where = f"{config.http.host}:{config.http.port} (http in {args.config})"
-        return fail(PROG, f"cannot listen on {where}: {e.strerror or e}", ExitCode.PORT_IN_USE)
-    except Exception as e:
-        from kube_io.preflight import StartupProblem  # noqa: PLC0415 (kube_io stays optional)
-
-        if isinstance(e, StartupProblem):
-            return fail(PROG, str(e), e.code)
-        raise
-    return 0
+    where = f"{config.http.host}:{config.http.port} (http in {args.config})"
+    return run_service(PROG, main_task, listening_on=where)
 
 
 if __name__ == "__main__":

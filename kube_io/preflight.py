@@ -16,17 +16,13 @@ from kubernetes_asyncio.config import ConfigException
 
 from kube_io.client import KubeClient
 from kube_io.errors import KubeError, Unauthorized
-from observability.exits import ExitCode
+from observability.exits import ExitCode, Problem
 
 __all__ = ["StartupProblem", "check_api_server"]
 
 
-class StartupProblem(Exception):
+class StartupProblem(Problem):
     """The service cannot start; ``str(self)`` is the line to print, ``code`` the exit code."""
-
-    def __init__(self, message: str, code: ExitCode) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 async def connect(kubeconfig: str | None) -> KubeClient:

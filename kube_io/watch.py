@@ -222,46 +222,27 @@ async def watch_objects(
     ``KubeError``s; close the iterator (``contextlib.aclosing``) to stop watching.
     """
     selectors = _Selectors(field_selector=field_selector, label_selector=label_selector)
-    # Two spelled-out branches rather than one union-typed watcher: each stays fully typed.
+    # One watcher per kind, each built with its own object type and lister so that it stays
+    # fully typed; the loop below serves them all.
+    watcher: _Watcher[Pod] | _Watcher[Node] | _Watcher[VirtualMachine]
     if kind == "pods":
-        pods = _Watcher(
-            client,
-            kind,
-            object_type=Pod,
-            lister=client.list_pods,
-            selectors=selectors,
-            settings=settings,
-            rng=rng,
-        )
-        async with contextlib.aclosing(pods.run()) as pod_items:
-            async for pod_item in pod_items:
-                yield pod_item
+        watcher = _Watcher(
+            client, kind, object_type=Pod, lister=client.list_pods,
+            selectors=selectors, settings=settings, rng=rng,
+        )  # fmt: skip
     elif kind == "virtualmachines":
-        vms = _Watcher(
-            client,
-            kind,
-            object_type=VirtualMachine,
-            lister=client.list_virtual_machines,
-            selectors=selectors,
-            settings=settings,
-            rng=rng,
-        )
-        async with contextlib.aclosing(vms.run()) as vm_items:
-            async for vm_item in vm_items:
-                yield vm_item
+        watcher = _Watcher(
+            client, kind, object_type=VirtualMachine, lister=client.list_virtual_machines,
+            selectors=selectors, settings=settings, rng=rng,
+        )  # fmt: skip
     else:
-        nodes = _Watcher(
-            client,
-            kind,
-            object_type=Node,
-            lister=client.list_nodes,
-            selectors=selectors,
-            settings=settings,
-            rng=rng,
-        )
-        async with contextlib.aclosing(nodes.run()) as node_items:
-            async for node_item in node_items:
-                yield node_item
+        watcher = _Watcher(
+            client, kind, object_type=Node, lister=client.list_nodes,
+            selectors=selectors, settings=settings, rng=rng,
+        )  # fmt: skip
+    async with contextlib.aclosing(watcher.run()) as items:
+        async for item in items:
+            yield item
 
 
 class _Selectors(msgspec.Struct, frozen=True, kw_only=True):

@@ -46,6 +46,15 @@ exit status:
 """
 
 
+class Problem(Exception):
+    """A service cannot start for a reason its operator fixes (``kube_io.preflight`` raises
+    these for kubeconfigs and API servers): ``str(self)`` is the line, ``code`` the exit code."""
+
+    def __init__(self, message: str, code: ExitCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def fail(prog: str, message: str, code: ExitCode, *, stream: TextIO | None = None) -> int:
     """Print ``prog: message`` as one line on stderr and return ``code`` for ``sys.exit``."""
     one_line = " ".join(message.split())

@@ -12,7 +12,6 @@ one of them: it is its own command (``vm-simulator``), so the extender never imp
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import socket
 import sys
@@ -28,6 +27,7 @@ from kube_io.client import KubeClient
 from kube_io.preflight import StartupProblem, check_api_server
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
+from observability.running import LISTEN_ERRNOS
 from scheduler_extender.config import Config, ConfigError, Listen, load_config
 from scheduler_extender.event_loop import EventLoop
 from scheduler_extender.event_loop import run as run_loop
@@ -51,7 +51,6 @@ EXIT_STARTUP: Final = ExitCode.FAILED
 COMMANDS: Final = ("serve", "recommend")
 # The start-up check of the API server waits at most this long for an answer (seconds).
 PREFLIGHT_TIMEOUT_SECONDS: Final = 10.0
-_LISTEN_ERRNOS: Final = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 _DESCRIPTION = """\
 Capacity-accounting kube-scheduler extender for VMs that grow and shrink vCPUs live.
@@ -257,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         return fail(PROG, f"config error: {e}", EXIT_CONFIG)
     except OSError as e:
-        if e.errno in _LISTEN_ERRNOS:
+        if e.errno in LISTEN_ERRNOS:
             return fail(PROG, _listen_problem(config, args.config, e), ExitCode.PORT_IN_USE)
         structlog.get_logger(__name__).exception("startup_failed")
         return EXIT_STARTUP

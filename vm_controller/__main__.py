@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,8 +18,9 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
+from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser
 from observability.log import configure_logging
+from observability.running import run_service
 from vm_controller.controller import Controller
 from vm_controller.metrics import ControllerMetrics
 
@@ -28,7 +28,6 @@ log = structlog.get_logger("vm_controller")
 
 PROG = "vm-controller"
 PREFLIGHT_TIMEOUT_SECONDS = 10.0
-_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL})
 
 DESCRIPTION = """\
 Turn each VirtualMachine (vm-autoscaling.io/v1alpha1) into a runner pod annotated as the
@@ -127,20 +126,8 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    try:
-        asyncio.run(run(args))
-    except OSError as e:
-        if e.errno not in _LISTEN_ERRNOS:
-            raise
-        where = f"{args.http_host}:{args.http_port}"
-        return fail(PROG, f"cannot listen on {where}: {e.strerror or e}", ExitCode.PORT_IN_USE)
-    except Exception as e:
-        from kube_io.preflight import StartupProblem  # noqa: PLC0415
-
-        if isinstance(e, StartupProblem):
-            return fail(PROG, str(e), e.code)
-        raise
-    return 0
+    where = f"{args.http_host}:{args.http_port}"
+    return run_service(PROG, run(args), listening_on=where)
 
 
 if __name__ == "__main__":
