@@ -50,13 +50,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
     # With parallel workers (pytest-xdist, --dist loadgroup): the real control plane (the
     # session's ``control_plane`` fixture) is started once per worker that needs it, so every
-    # test that uses it, wherever it lives, stays on one worker; the guests share an image
-    # build and two cores, so the QEMU tier stays on one too.
+    # test that uses it, wherever it lives, stays on one worker; the guests share two cores, so
+    # the QEMU tier stays on one too, but for its longest tests (marked ``qemu_apart``): in it,
+    # they made it the step's critical path while the other worker sat idle. They run beside
+    # it, one guest per worker (image builds are one at a time, under a file lock).
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             parts = item.path.parts
             if "controlplane" in parts or "control_plane" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group("controlplane"))
+            elif item.get_closest_marker("qemu_apart"):
+                item.add_marker(pytest.mark.xdist_group("qemu-apart"))
             elif item.get_closest_marker("qemu") or "e2e" in parts or "vm" in parts:
                 item.add_marker(pytest.mark.xdist_group("qemu"))
 

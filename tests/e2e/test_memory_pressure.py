@@ -18,7 +18,7 @@ import pytest
 from testkit.local_stack import GuestImage, stopping
 from testkit.memory_workloads import WORKLOADS, Sizes, boot, oom_kills
 
-pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.qemu, pytest.mark.qemu_apart, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SIZES = Sizes(
     memory="256Mi",

@@ -38,6 +38,7 @@ from vm_runner.qmp import QmpClient
 
 pytestmark = [
     pytest.mark.qemu,
+    pytest.mark.qemu_apart,
     pytest.mark.postgres,
     pytest.mark.slow,
     pytest.mark.timeout(420),
