@@ -73,15 +73,27 @@ def test_example_vm_is_placed_by_the_extender_and_guaranteed(deployed: Node, vm:
         "jsonpath={.items[*].reportingComponent}",
     ).stdout
     assert "vm-scheduler" in events
-    # QEMU runs in the vm container's cgroup, under TCG.
+    # QEMU runs in the vm container's cgroup, under TCG. The container counts as running as
+    # soon as the runner (Python) starts, before it has spawned QEMU: wait for QEMU to appear.
     procs = container_cgroup(vm, "cpu") / "cgroup.procs"
-    cmdlines = [
-        Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        for pid in procs.read_text().split()
-        if Path(f"/proc/{pid}/cmdline").exists()
-    ]
-    qemu = [c for c in cmdlines if "qemu-system-x86_64" in c]
-    assert qemu and "tcg" in qemu[0], cmdlines
+
+    def cmdlines() -> list[str]:
+        out = []
+        for pid in procs.read_text().split():
+            try:
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except FileNotFoundError:  # gone since the cgroup was read
+                continue
+        return out
+
+    def qemu() -> list[str]:
+        return [c for c in cmdlines() if "qemu-system-x86_64" in c]
+
+    try:
+        found: list[str] = wait_for(qemu, timeout_seconds=60, what="QEMU in the vm container")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: the container runs {cmdlines()}") from None
+    assert "tcg" in found[0], found
 
 
 # How often the VM container's cgroup limits are read: a change is seen at most this late.
