@@ -407,6 +407,8 @@ class Simulation:
         self.node_names = sorted(self.nodes)
         self._node_by_id.append(name)
         self.samples.node_added(name)
+        if self.relief is not None:
+            self.relief.book.node_touched(name, now=self.t)  # just joined: not drained yet
         if self.extender is not None:
             self.extender.ledger.upsert_node(name, allocatable=allocatable, labels=node.labels)
 
@@ -1193,6 +1195,7 @@ class Simulation:
         if ext is None:
             return
         ledger = ext.ledger
+        relief.account(self.t)  # before the wants change
         relief.book.forget_gone(ledger, now=self.t, config=relief.config)
         plan = plan_moves(ledger, relief.book, now=self.t, config=relief.config)
         for name in plan.drain:

@@ -14,7 +14,8 @@ The rule, in the order a pass applies it (one pass, one budget):
    under way. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
    an unverified VM's size is not known, so no target's room can be checked), not moving, not
    opted out (``vm-autoscaling.io/never-move: "true"``), and not moved in the last
-   ``cooldown_seconds`` (no ping-pong).
+   ``cooldown_seconds`` (no ping-pong; a move that failed counts too, so a VM whose move keeps
+   failing is not retried at once).
 2. **Relief of a VM cut short.** A VM whose last grow was cut short by its node's room (the
    permit rules' ``ShortOf.NODE``; ``ReliefBook.permits_decided`` keeps its *requested* size),
    oldest shortfall first. Either the VM itself moves, to a node with room for its full

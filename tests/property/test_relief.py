@@ -37,6 +37,7 @@ from scheduler_extender.core.relief import (
     ReliefConfig,
     plan_moves,
 )
+from scheduler_extender.state import dump_state
 
 GI = 2**30
 NODES = {"n1": Demand(4000, 8 * GI), "n2": Demand(6000, 8 * GI), "n3": Demand(8000, 8 * GI)}
@@ -363,3 +364,23 @@ ReliefMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_relief_rules = ReliefMachine.TestCase
+
+
+def test_state_shows_the_moves_in_flight_only_while_there_are_some():
+    ledger = ledger_of({"a": Demand(4000, 8 * GI), "b": Demand(4000, 8 * GI)})
+    bind(ledger, "db", "a", lo=2, hi=4)
+    assert "moves" not in dump_state(ledger)
+    ledger.reserve_move("db", target_name="db-2", target_node="b", at=0.0)
+    assert dump_state(ledger)["moves"] == [
+        {
+            "pod": "ns/db",
+            "uid": "db",
+            "fromNode": "a",
+            "toNode": "b",
+            "targetPod": "ns/db-2",
+            "targetObserved": False,
+            "held": {"cpuMillis": 2000, "memoryBytes": GI},
+        }
+    ]
+    ledger.cancel_move("db")
+    assert "moves" not in dump_state(ledger)

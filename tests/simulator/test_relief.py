@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import msgspec
 
+from simulator.cli import main
 from simulator.engine import simulate
-from simulator.report import encode_report
-from tests.simulator.helpers import library
+from simulator.report import Report, encode_report, relief_line
+from tests.simulator.helpers import SCENARIOS, library
 
 
 def test_a_full_node_is_relieved_and_a_quiet_node_emptied():
@@ -51,3 +52,13 @@ def test_a_report_without_relief_has_no_relief_key():
     scenario = msgspec.structs.replace(library("relief"), relief=None)
     report = simulate(scenario)
     assert report.relief is None and b'"relief":' not in encode_report(report)
+
+
+def test_the_summary_prints_the_cut_short_share_with_and_without_relief(tmp_path, capsys):
+    assert main([str(SCENARIOS / "relief.yaml"), "--no-plot", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    report = msgspec.json.decode((tmp_path / "relief.json").read_bytes(), type=Report)
+    assert report.relief is not None
+    assert relief_line(report.relief) in out
+    assert "nodes emptied: node-c" in out
+    assert "without relief: cut-short VM-seconds" in out
