@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -194,6 +194,53 @@ def test_a_bad_never_move_annotation_is_named():
         ann.parse_vm_spec(
             {ann.MIN_VCPUS: "1", ann.MAX_VCPUS: "2", ann.NEVER_MOVE: "yes"}, pod_memory_bytes=GI
         )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(2, 8), min_size=2, max_size=4),
+    vms=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 4), st.booleans()),
+        min_size=2,
+        max_size=10,
+    ),
+    asks=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 7)), max_size=6),
+    config=st.sampled_from([CONFIG, msgspec.structs.replace(CONFIG, watermark=None)]),
+)
+def test_every_planned_move_fits_at_every_step(sizes, vms, asks, config):
+    """One pass on a random cluster: the moves, started in the plan's order with the ledger's
+    ``reserve_move``, are all accepted, leave no node over, respect the budgets, never move an
+    opted-out VM, and give a VM that moves for its grow a target with room for all of it."""
+    nodes = {f"n{i}": Demand(cpu * 1000, 8 * GI) for i, cpu in enumerate(sizes)}
+    ledger = ledger_of(nodes)
+    book = ReliefBook()
+    bound: list[str] = []
+    for i, (node, lo, extra, movable) in enumerate(vms):
+        try:
+            bind(ledger, f"v{i}", f"n{node % len(nodes)}", lo=lo, hi=lo + extra, movable=movable)
+        except NoRoom:
+            continue
+        bound.append(f"v{i}")
+    for i, (which, vcpus) in enumerate(asks):
+        if bound:
+            uid = bound[which % len(bound)]
+            vm = ledger.pods[uid].vm
+            assert vm is not None
+            ask(ledger, book, uid, max(vm.min_vcpus, min(vm.max_vcpus, vcpus)), now=float(i))
+    plan = plan_moves(ledger, book, now=100.0, config=config)
+    assert len(plan.moves) <= config.max_moves_in_flight
+    assert len({m.source for m in plan.moves}) == len(plan.moves)
+    for move in plan.moves:
+        entry = ledger.pods[move.uid]
+        assert entry.vm is not None and entry.vm.is_movable
+        free = ledger.nodes[move.target].free
+        if move.reason is MoveReason.GROWER:
+            want = book.wants[move.uid].requested
+            assert want.cpu_millis <= free.cpu_millis and want.memory_bytes <= free.memory_bytes
+        ledger.reserve_move(move.uid, target_name=f"{move.uid}-2", target_node=move.target, at=0.0)
+        for state in ledger.nodes.values():
+            assert state.free.cpu_millis >= 0 and state.free.memory_bytes >= 0
+    ledger.check_invariants()
 
 
 # -- the rules, over random histories -----------------------------------------------------------
