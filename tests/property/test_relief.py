@@ -407,7 +407,7 @@ class ReliefMachine(RuleBasedStateMachine):
 
 
 ReliefMachine.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=50, deadline=None,
+    max_examples=50, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_relief_rules = ReliefMachine.TestCase
