@@ -81,6 +81,7 @@ from typing import Annotated
 
 import msgspec
 
+from protocol.bounds import INT32_MAX, MAX_SECONDS
 from protocol.permits import ResourceRequest
 from scheduler_extender.core.ledger import Allocation, Ledger, NodeState, Owner, held_at
 from scheduler_extender.core.permits import Decision, ShortOf
@@ -98,6 +99,8 @@ __all__ = [
 ]
 
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
 
 
 class DrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,9 +110,9 @@ class DrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # A node whose larger share (CPU or memory) of its usable room is held below this may go.
     below_share: Share = 0.3
     # A node that received a VM, had a VM grow, or joined this recently is not drained.
-    hysteresis_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 600.0
+    hysteresis_seconds: Seconds = 600.0
     # Nodes drained at once.
-    max_nodes: Annotated[int, msgspec.Meta(ge=1)] = 1
+    max_nodes: AtLeastOne = 1
 
 
 class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -120,10 +123,10 @@ class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # no target is filled above it. None: no watermark rule, targets filled up to their room.
     watermark: Share | None = 0.9
     # Moves under way at once in the cluster, and as a share of the known nodes (at least one).
-    max_moves_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 2
+    max_moves_in_flight: AtLeastOne = 2
     max_moves_share: Share = 0.1
     # A VM moved is not moved again for this long.
-    cooldown_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 600.0
+    cooldown_seconds: Seconds = 600.0
     drain: DrainConfig = msgspec.field(default_factory=DrainConfig)
 
 
