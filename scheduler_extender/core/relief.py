@@ -118,6 +118,7 @@ class DrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Relief's settings (the config's ``relief``); see the module docstring for the rule."""
 
+    # The caller's switch: off, no pass runs (``plan_moves`` itself plans whatever it is asked).
     enabled: bool = False
     # Neon's: a node above this share of its usable room, in CPU or memory, moves a VM away;
     # no target is filled above it. None: no watermark rule, targets filled up to their room.
