@@ -28,6 +28,7 @@ import structlog
 import yaml
 
 from protocol.annotations import (
+    DEFAULT_MEMORY_UNIT,
     MIGRATION,
     AnnotationError,
     VmSpec,
@@ -360,7 +361,7 @@ def parse_standalone(text: str, *, node: str, source: str = "<vms>") -> dict[str
             scaling_unit=vm.scaling_unit,
             min_memory_bytes=mem,
             max_memory_bytes=max_mem,
-            **({"memory_unit_bytes": unit} if unit is not None else {}),
+            memory_unit_bytes=unit if unit is not None else DEFAULT_MEMORY_UNIT,
             hypervisor=vm.hypervisor,
             metrics_url=vm.metrics_url,
         )

@@ -23,6 +23,8 @@ label ``vm``           ``"true"`` marks the pod as a VM                         
                        the host, below the agent's configured root)
 ``metrics-url``        the guest's node_exporter                                 pod IP :9100
 ``vm-container``       which container runs the VM (its memory is resized)       the first
+``never-move``         ``"true"``: relief and drains never move this VM live      ``"false"``
+                       to another node (``scheduler_extender.core.relief``)
 =====================  ========================================================  ==========
 
 Written by the extender (the durable record a restarted extender rebuilds from):
@@ -73,6 +75,7 @@ VM_CONTAINER: Final = PREFIX + "vm-container"
 # before it lost the Lease, still on its way, fails its precondition (``Extender.fence``).
 LEADER_TERM: Final = PREFIX + "leader-term"
 MIGRATION: Final = PREFIX + "migration"
+NEVER_MOVE: Final = PREFIX + "never-move"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
@@ -100,6 +103,8 @@ class VmSpec(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     memory_unit_bytes: int = DEFAULT_MEMORY_UNIT
     hypervisor: str | None = None
     metrics_url: str | None = None
+    # False: the VM opted out of being moved live (``never-move: "true"``).
+    is_movable: bool = True
 
     @cached_property
     def vcpu_bounds(self) -> Bounds:
@@ -172,6 +177,9 @@ def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) 
     if max_mem < min_mem:
         raise AnnotationError(MAX_MEMORY, f"{max_mem} bytes is below {MIN_MEMORY} ({min_mem})")
     mem_unit = _memory(ann, MEMORY_UNIT, DEFAULT_MEMORY_UNIT)
+    never_move = ann.get(NEVER_MOVE, "false").strip().lower()
+    if never_move not in ("true", "false"):
+        raise AnnotationError(NEVER_MOVE, f'{ann[NEVER_MOVE]!r} is neither "true" nor "false"')
     return VmSpec(
         min_vcpus=min_vcpus,
         max_vcpus=max_vcpus,
@@ -181,6 +189,7 @@ def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) 
         memory_unit_bytes=mem_unit,
         hypervisor=ann.get(HYPERVISOR) or None,
         metrics_url=ann.get(METRICS_URL) or None,
+        is_movable=never_move == "false",
     )
 
 

@@ -11,7 +11,7 @@ import datetime
 from typing import Any
 
 from scheduler_extender.admission.view import NamespaceNumbers
-from scheduler_extender.core.ledger import Allocation, Ledger, NodeState
+from scheduler_extender.core.ledger import Allocation, Ledger, Move, NodeState
 from scheduler_extender.core.podinfo import Demand
 
 
@@ -70,7 +70,28 @@ def dump_node(state: NodeState) -> dict[str, Any]:
 
 
 def dump_state(ledger: Ledger) -> dict[str, Any]:
-    return {"nodes": [dump_node(ledger.nodes[name]) for name in sorted(ledger.nodes)]}
+    out: dict[str, Any] = {
+        "nodes": [dump_node(ledger.nodes[name]) for name in sorted(ledger.nodes)]
+    }
+    if ledger.moves:  # only while a VM moves: a still cluster dumps as it always did
+        out["moves"] = [dump_move(ledger, m) for _, m in sorted(ledger.moves.items())]
+    return out
+
+
+def dump_move(ledger: Ledger, move: Move) -> dict[str, Any]:
+    """A live move in flight: the VM's pod, from its node to the target, and the target's
+    hold (the reservation until the target pod is seen bound, then that pod's)."""
+    source = ledger.pods.get(move.source_uid)
+    target = ledger.pods.get(move.target_uid)
+    return {
+        "pod": source.key if source is not None else None,
+        "uid": move.source_uid,
+        "fromNode": source.node if source is not None else None,
+        "toNode": move.target_node,
+        "targetPod": move.target_key,
+        "targetObserved": move.is_target_observed,
+        "held": _resources(target.held) if target is not None else None,
+    }
 
 
 def dump_namespaces(numbers: list[NamespaceNumbers]) -> dict[str, Any]:

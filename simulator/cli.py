@@ -140,6 +140,19 @@ def run(args: argparse.Namespace, *, stdout: TextIO, stderr: TextIO) -> int:
     if bar is not None:
         bar.close()
     print(format_table(report), file=stdout)
+    if report.relief is not None and scenario.relief is not None and report.relief.is_enabled:
+        # The figure relief is judged by, against the same run without it (one more run).
+        without = simulate(
+            msgspec.structs.replace(
+                scenario, relief=msgspec.structs.replace(scenario.relief, enabled=False)
+            )
+        ).relief
+        assert without is not None
+        print(
+            f"without relief: cut-short VM-seconds {without.cut_short_vm_seconds:.0f} of"
+            f" {without.vm_seconds:.0f} ({without.cut_short_share:.1%})",
+            file=stdout,
+        )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{scenario.name}.json"

@@ -12,7 +12,10 @@ What is real and what is simulated:
   them (``simulator.scheduling``: ``core.verbs`` filter, prioritize and bind, and
   ``core.batches`` for one permit batch per node, as the agent's batcher sends them, with
   version negotiation and sequence numbers), the admission queue (``admission.queue.admit`` /
-  ``recheck``), the recommender (``snapshot_from_ledger`` + ``recommend``), and per VM the agent's
+  ``recheck``), the recommender (``snapshot_from_ledger`` + ``recommend``), relief and live
+  drain when the scenario has a ``relief`` section (``core.relief.plan_moves``, each move
+  started with the ledger's ``reserve_move``; ``simulator.relief`` times them and draws their
+  failures), and per VM the agent's
   ``VmState`` state machine with its policy, driven exactly as ``autoscaler_agent.runner`` does:
   ask ``next_actions(now)``, mark the action started, let time pass, feed the outcome back.
   The memory of VMs whose memory scales is decided by the same ``VmState``, with the agent's
@@ -75,10 +78,13 @@ from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples
 from autoscaler_agent.wire import resource_request
 from protocol.annotations import VmSpec
+from protocol.permits import PodRef
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
+from scheduler_extender.core.ledger import LedgerError
 from scheduler_extender.core.podinfo import Demand
 from scheduler_extender.core.refusals import Refused
+from scheduler_extender.core.relief import PlannedMove, plan_moves
 from simulator import scenario as sc
 from simulator.extender_restarts import (
     epoch_seen_after,
@@ -111,6 +117,7 @@ from simulator.records import (
     NodeRecord,
     VmRecord,
 )
+from simulator.relief import Flight, ReliefRun
 from simulator.report import (
     LogEntry,
     RecommendationRecord,
@@ -214,6 +221,7 @@ class Simulation:
                     min_memory_bytes=sc.bytes_of(v.memory),
                     max_memory_bytes=sc.bytes_of(v.max_memory or v.memory),
                     memory_unit_bytes=sc.bytes_of(v.memory_unit),
+                    is_movable=not v.never_move,
                 ),
                 sc.bytes_of(v.memory),
                 rank=r,
@@ -275,6 +283,13 @@ class Simulation:
         self._node_by_id: list[str] = []
         # The VMs on each node when the extender last restarted (for the agents' reports).
         self._vms_by_node: dict[str, list[VmRecord]] = {}
+        # Relief (``simulator.relief``): None without a ``relief`` section, and then nothing
+        # of it runs.
+        self.relief = (
+            None
+            if scenario.relief is None
+            else ReliefRun(scenario.relief, scenario.moves, seed=scenario.seed)
+        )
 
     # -- the event queue -------------------------------------------------------------------
 
@@ -316,6 +331,8 @@ class Simulation:
         self.at(0.0, self._sample)
         if s.node_pools:
             self.at(self.timing.recommend_interval_seconds, self._recommend)
+        if self.relief is not None and self.relief.config.enabled:
+            self.at(s.moves.interval_seconds, self._relieve)
         end = s.duration_seconds
         next_progress = 0.0
         times, queued = self._times, self._queued
@@ -355,6 +372,7 @@ class Simulation:
             log=self.log,
             samples=self.samples,
             has_memory=self.has_memory,
+            relief=None if self.relief is None else self.relief.summary(self.vms, end=self.t),
         )
 
     def _checks_between(self, t: float) -> None:
@@ -389,6 +407,8 @@ class Simulation:
         self.node_names = sorted(self.nodes)
         self._node_by_id.append(name)
         self.samples.node_added(name)
+        if self.relief is not None:
+            self.relief.book.node_touched(name, now=self.t)  # just joined: not drained yet
         if self.extender is not None:
             self.extender.ledger.upsert_node(name, allocatable=allocatable, labels=node.labels)
 
@@ -486,11 +506,14 @@ class Simulation:
             self._queue_schedule(self.t + self.timing.schedule_retry_seconds)
             return
         still: list[VmRecord] = []
+        names = self.node_names
+        if self.relief is not None and self.relief.closed:
+            names = [n for n in names if n not in self.relief.closed]
         for vm in sorted(self.pending, key=lambda v: (-v.spec.priority, v.rank)):
             if vm.is_deleted:
                 continue
             info = vm.info(node=None, permitted=None)
-            choice = choose_node(ext, info, self.node_names, now=self.t, strategy=self.s.strategy)
+            choice = choose_node(ext, info, names, now=self.t, strategy=self.s.strategy)
             if choice.node is None:
                 assert choice.kind is not None
                 self._note_pending(vm, choice.kind, choice.reason)
@@ -526,6 +549,8 @@ class Simulation:
             vm.vcpus = vm.granted = entry.vcpus or vm.spec.min_vcpus
         vm.peak = max(vm.peak, vm.vcpus)
         self._reality(node, vm.vcpus * 1000)
+        if self.relief is not None:
+            self.relief.book.node_touched(node, now=self.t)
         if decided:
             check_reality(self.nodes[node], ext, f"{vm.spec.name} was bound at {vm.vcpus} vCPUs")
         vm.guest = GuestLoad(
@@ -647,6 +672,8 @@ class Simulation:
         if vm.node is not None:
             self._reality(vm.node, -vm.vcpus * 1000)
         ext = self.extender
+        if self.relief is not None:
+            self.relief.vm_gone(vm.uid, now=self.t)
         if ext is not None:
             ext.ledger.forget_pod(vm.uid)
             ext.admission.forget(vm.uid)
@@ -921,6 +948,9 @@ class Simulation:
         check_decision(ext.ledger, node, before, f"permit batch for {node}")
         if self.has_memory:
             check_memory_decision(ext.ledger, node, before_memory, f"permit batch for {node}")
+        if self.relief is not None:
+            self.relief.account(t)  # before the wants change
+            self.relief.book.permits_decided(ext.ledger, requests, decisions, now=t)
         for (vm, call, _, _), decision in zip(live, decisions, strict=True):
             st = vm.agent
             assert st is not None
@@ -1152,6 +1182,115 @@ class Simulation:
         for i in joins:
             pool = self.provisioning.joining[i][1]
             self.at(self.t + pool.provision_seconds, self._node_joined, i)
+
+    # -- relief: live moves (``core.relief`` decides, ``simulator.relief`` times them) -------
+
+    def _relieve(self, _: int) -> None:
+        """The extender's relief pass: the real ``plan_moves`` on its ledger, each move started
+        with the ledger's ``reserve_move`` (both sides held until the move ends)."""
+        relief = self.relief
+        assert relief is not None
+        self.at(self.t + self.s.moves.interval_seconds, self._relieve)
+        ext = self.extender
+        if ext is None:
+            return
+        ledger = ext.ledger
+        relief.account(self.t)  # before the wants change
+        relief.book.forget_gone(ledger, now=self.t, config=relief.config)
+        plan = plan_moves(ledger, relief.book, now=self.t, config=relief.config)
+        for name in plan.drain:
+            relief.book.draining.add(name)
+            self.note("drain_started", name, "tainted; its VMs move away one at a time")
+        for name in plan.emptied:
+            if name not in relief.emptied:
+                relief.emptied.append(name)
+                self.note("node_emptied", name, "nothing runs there: the cloud may remove it")
+        for move in plan.moves:
+            self._start_move(ext.epoch, move)
+
+    def _start_move(self, epoch: int, move: PlannedMove) -> None:
+        relief = self.relief
+        ext = self.extender
+        assert relief is not None and ext is not None
+        vm = next(v for v in self.vms if v.uid == move.uid and not v.is_deleted)
+        ledger = ext.ledger
+        before = ledger.nodes[move.target].free
+        target_name = f"{vm.spec.name}-m{relief.count + 1}"
+        try:
+            ledger.reserve_move(
+                move.uid, target_name=target_name, target_node=move.target, at=self.t
+            )
+        except LedgerError as e:
+            raise InvariantViolation("relief", f"planned move of {move.pod} refused: {e}") from e
+        what = f"move of {vm.spec.name} to {move.target}"
+        check_decision(ledger, move.target, before.cpu_millis, what)
+        check_memory_decision(ledger, move.target, before.memory_bytes, what)
+        relief.book.move_started(move, now=self.t)
+        fails = relief.will_fail()
+        number = relief.started(
+            Flight(
+                vm=vm.index,
+                source_uid=move.uid,
+                source=move.source,
+                target=move.target,
+                target_name=target_name,
+                epoch=epoch,
+                fails=fails,
+                reason=move.reason,
+            )
+        )
+        memory = vm.mem.size if vm.mem is not None else vm.memory
+        self.note("move_started", vm.spec.name, f"{move.reason.value}: {move.message}")
+        self.at(self.t + relief.seconds_for(memory), self._move_done, number)
+
+    def _move_done(self, number: int) -> None:
+        relief = self.relief
+        assert relief is not None
+        flight = relief.flights[number]
+        vm = self.vms[flight.vm]
+        ext = self.extender
+        if vm.is_deleted or vm.uid != flight.source_uid:
+            del relief.flights[number]  # the source pod went: its move ended with it
+            return
+        if ext is None or ext.epoch != flight.epoch:
+            # The extender that held the move died: its reservation is gone, the move fails.
+            del relief.flights[number]
+            relief.failed += 1
+            self.note("move_failed", vm.spec.name, "the extender restarted during the move")
+            return
+        if flight.fails:
+            del relief.flights[number]
+            relief.failed += 1
+            ext.ledger.cancel_move(flight.source_uid)
+            self.note("move_failed", vm.spec.name, f"stays on {flight.source}")
+            return
+        if vm.op is not None:
+            # The agent is mid-operation: the cut-over waits for it (a moving VM is resized by
+            # nobody; its permit answer names the source node).
+            self.at(self.t + 0.25, self._move_done, number)
+            return
+        del relief.flights[number]
+        old = vm.uid
+        vm.pod_name = flight.target_name
+        vm.uid = f"uid-{vm.spec.namespace}-{flight.target_name}"
+        vm.ref = PodRef(namespace=vm.spec.namespace, name=vm.pod_name, uid=vm.uid)
+        ext.ledger.observe_pod(vm.info(node=flight.target, permitted=None), at=self.t)
+        ext.ledger.forget_pod(old)
+        ext.admission.forget(old)
+        for book in (self.annotations, self.memory_annotations, self.seqs):
+            if old in book:
+                book[vm.uid] = book.pop(old)
+        relief.book.move_finished(old, vm.uid)
+        vm.node = flight.target
+        self._reality(flight.source, -vm.vcpus * 1000)
+        self._reality(flight.target, vm.vcpus * 1000)
+        check_reality(self.nodes[flight.target], ext, f"{vm.spec.name} moved in")
+        if vm.mem is not None:
+            self._check_memory_reality(flight.target, f"{vm.spec.name} moved in")
+        relief.done += 1
+        self._touched.append(vm)
+        self.note("moved", vm.spec.name, f"{flight.source} -> {flight.target}")
+        self._step(vm)
 
     def _node_joined(self, i: int) -> None:
         name, pool, zone = self.provisioning.joined(i)

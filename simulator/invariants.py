@@ -11,7 +11,7 @@ What is checked:
   over-commit seconds, never hidden); and what was decided fits in what really runs there;
 * **permit exceeded:** no VM ever runs more vCPUs than the extender last permitted it;
 * **leaked reservation / lost pod:** a deleted pod holds nothing; the ledger holds exactly the
-  live pods;
+  live pods, and the targets of the live moves (``simulator.relief``);
 * **ledger behind reality:** a VM whose agent the ledger has heard from is held at least at
   the size it runs;
 * **ledger:** ``Ledger.check_invariants()`` and the admission queue's ``check_invariants()``.
@@ -104,6 +104,8 @@ def check_all(
         live = {vm.uid for vm in vms if vm.node is not None and not vm.is_deleted}
         live.update(f.uid for f in foreign if f.node is not None)
         held = set(ext.ledger.pods)
+        # A live move's hold on its target (``reserve_move``) is no pod yet: it is the move's.
+        held.difference_update(m.target_uid for m in ext.ledger.moves.values())
         leaked = sorted(held - live)
         if leaked:
             raise InvariantViolation(

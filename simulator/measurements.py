@@ -20,6 +20,7 @@ from simulator.report import (
     NodeSeries,
     NodeSummary,
     RecommendationRecord,
+    ReliefSummary,
     Report,
     Series,
     StepResult,
@@ -231,6 +232,7 @@ def build_report(
     log: list[LogEntry],
     samples: PlotSamples,
     has_memory: bool = False,
+    relief: ReliefSummary | None = None,
 ) -> Report:
     """The run's report at ``end``. Closes what is still open at the end (a node's over-commit,
     a guest's over-target time), so it is called once, when the run is over."""
@@ -306,4 +308,5 @@ def build_report(
         recommendations=recommendations,
         log=log,
         series=samples.series(nodes),
+        relief=relief,
     )

@@ -58,6 +58,7 @@ class VmRecord:
         "peak",
         "permit_errors",
         "placed_at",
+        "pod_name",
         "rank",
         "ref",
         "resize_errors",
@@ -81,6 +82,8 @@ class VmRecord:
         self.spec = spec
         self.vm_spec = vm_spec
         self.memory = memory
+        # The VM's pod: its name and uid change when it moves live to another node.
+        self.pod_name = spec.name
         self.uid = f"uid-{spec.namespace}-{spec.name}"
         self.ref = PodRef(namespace=spec.namespace, name=spec.name, uid=self.uid)
         self.node: str | None = None
@@ -117,7 +120,7 @@ class VmRecord:
         return PodInfo(
             uid=self.uid,
             namespace=self.spec.namespace,
-            name=self.spec.name,
+            name=self.pod_name,
             node_name=node,
             scheduler_name=SCHEDULER_NAME,
             requests=Demand(self.spec.min_vcpus * 1000, self.memory),

@@ -141,7 +141,27 @@ class Counters(_Out, frozen=True):
     extender_restarts: int
 
 
-class Report(_Out, frozen=True):
+class ReliefSummary(_Out, frozen=True):
+    """Relief's work in a run with a ``relief`` section (``simulator.relief``)."""
+
+    is_enabled: bool
+    moves_started: int
+    moves_done: int
+    moves_failed: int  # the simulated failures, and moves an extender restart cut off
+    # Moves by reason (``core.relief.MoveReason``), in name order.
+    moves_by_reason: dict[str, int]
+    nodes_emptied: list[str]
+    # Seconds during which a VM's grow stood cut short by its node (summed over VMs), and the
+    # VMs' running seconds: their ratio is the share relief is there to bring down.
+    cut_short_vm_seconds: float
+    vm_seconds: float
+
+    @property
+    def cut_short_share(self) -> float:
+        return self.cut_short_vm_seconds / self.vm_seconds if self.vm_seconds else 0.0
+
+
+class Report(_Out, frozen=True, omit_defaults=True):
     scenario: str
     description: str  # the scenario's own: what it shows, what to expect
     seed: int
@@ -156,6 +176,8 @@ class Report(_Out, frozen=True):
     recommendations: list[RecommendationRecord]
     log: list[LogEntry]
     series: Series
+    # Only in runs with a ``relief`` section (so other reports read as they always did).
+    relief: ReliefSummary | None = None
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="deterministic")
@@ -234,6 +256,17 @@ def _memory_tables(report: Report, vms: list[VmSummary], *, max_nodes: int) -> l
     return lines
 
 
+def relief_line(r: ReliefSummary) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in r.moves_by_reason.items()) or "none"
+    emptied = ", ".join(r.nodes_emptied) or "none"
+    return (
+        f"relief {'on' if r.is_enabled else 'off'}: {r.moves_started} moves started"
+        f" ({reasons}), {r.moves_done} done, {r.moves_failed} failed; nodes emptied: {emptied};"
+        f" cut-short VM-seconds {r.cut_short_vm_seconds:.0f} of {r.vm_seconds:.0f}"
+        f" ({r.cut_short_share:.1%})"
+    )
+
+
 def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> str:
     """The terminal summary: one row per VM and per node (the first ones, if there are many),
     each table followed by a key to its columns, so the output reads without the source."""
@@ -302,6 +335,9 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
             )
     if report.pending_at_end:
         lines.append(f"pending at the end: {', '.join(report.pending_at_end)}")
+    if report.relief is not None:
+        lines.append("")
+        lines.append(relief_line(report.relief))
     c = report.counters
     lines.append("")
     lines.append(

@@ -29,6 +29,12 @@ A VM with ``max_memory`` scales its memory too, decided by the agent's own core 
 policy (``autoscaler_agent.memory_policy``): from ``memory`` in ``memory_unit`` steps,
 following ``memory_used`` (what its guest's processes hold over time, ``simulator.world``),
 with the scenario's ``memory_policy`` knobs.
+
+``relief`` (the extender's ``core.relief`` settings; none: no relief, and the run is what it
+always was) moves VMs live between nodes, decided every ``moves.interval_seconds`` by the real
+``plan_moves``; a move takes ``moves.fixed_seconds`` plus ``moves.seconds_per_gib`` per GiB of
+the VM's memory, and fails (its reservation cancelled, the VM stays) at ``moves.failure_rate``,
+drawn from the seed. A VM with ``never_move: true`` opts out.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.strict_yaml import describe_yaml_error, load_strict
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.placement import Strategy
+from scheduler_extender.core.relief import ReliefConfig
 
 Vcpus = Annotated[float, msgspec.Meta(ge=0, le=MAX_VCPUS)]
 WholeVcpus = Annotated[int, msgspec.Meta(ge=1, le=MAX_VCPUS)]
@@ -179,6 +186,8 @@ class Vm(_Strict, frozen=True, kw_only=True):
     node: Name | None = None
     # A name from ``traces``, or the pieces themselves; none: idle at 0.1 vCPUs.
     trace: Name | list[Piece] | None = None
+    # Opted out of live moves (``vm-autoscaling.io/never-move: "true"``).
+    never_move: bool = False
 
     def __post_init__(self) -> None:
         if self.max_vcpus < self.min_vcpus:
@@ -284,6 +293,19 @@ class Timing(_Strict, frozen=True, kw_only=True):
     check_interval_seconds: Seconds = 0.0
 
 
+class Moves(_Strict, frozen=True, kw_only=True):
+    """How live moves behave in the simulated world, and how often relief is decided."""
+
+    # How often the extender plans relief (``core.relief.plan_moves``).
+    interval_seconds: PositiveSeconds = 10.0
+    # A move's time: the fixed part (pods, QEMU start, cut-over) plus memory copied (Neon's
+    # published figure: an 8 GiB guest in 128 s, 16 s per GiB).
+    fixed_seconds: Seconds = 5.0
+    seconds_per_gib: Seconds = 16.0
+    # Share of moves that fail at their end (the VM stays on its node, its target released).
+    failure_rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+
+
 class Scenario(_Strict, frozen=True, kw_only=True):
     name: Name
     duration_seconds: PositiveSeconds
@@ -305,6 +327,9 @@ class Scenario(_Strict, frozen=True, kw_only=True):
     quotas: QuotaConfig | None = None
     # VMs drawn in the plot (at most 8 are kept); none: the first ones by name.
     plot_vms: list[Name] | None = None
+    # Relief and live drain (``scheduler_extender.core.relief``); none: VMs never move.
+    relief: ReliefConfig | None = None
+    moves: Moves = msgspec.field(default_factory=Moves)
 
 
 class ScenarioError(ValueError):

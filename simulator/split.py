@@ -62,6 +62,7 @@ def node_parts(scenario: sc.Scenario, parts: int) -> list[list[str]] | None:
         or scenario.events
         or scenario.node_pools
         or scenario.quotas
+        or scenario.relief is not None  # moves cross nodes
         or scenario.timing.check_interval_seconds <= 0
         or any(v.node is None for v in scenario.vms)
     ):

@@ -737,11 +737,17 @@ def _resized(entry: Allocation, previous: Demand) -> AllocEvent:
     )
 
 
+def held_at(entry: Allocation, *, vcpus: int, memory_bytes: int) -> Demand:
+    """What ``entry`` (a VM) would hold at that size: the larger of its pod's requests and the
+    size, its memory plus what its pod holds beyond the guest's."""
+    return entry.requests.max(Demand(vcpus * 1000, memory_bytes + entry.memory_extra))
+
+
 def _held_for(entry: Allocation) -> Demand:
     vm = entry.vm
     if vm is None or entry.vcpus is None or entry.memory_bytes is None:
         return entry.requests
-    return entry.requests.max(Demand(entry.vcpus * 1000, entry.memory_bytes + entry.memory_extra))
+    return held_at(entry, vcpus=entry.vcpus, memory_bytes=entry.memory_bytes)
 
 
 def _uncertain_for(entry: Allocation) -> Demand:

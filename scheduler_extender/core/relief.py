@@ -1,0 +1,599 @@
+"""Relief and live drain: which VM moves live to which node, and why.
+
+Pure: no I/O, no awaits, no clock (``now`` is passed in, monotonic seconds), no randomness; the
+same ledger, book, time and config give the same plan. ``plan_moves`` only *reads* the ledger:
+the caller starts each move it returns with ``Ledger.reserve_move`` (which holds the VM's room on
+the target while the source keeps its own, so no node is over-committed at any step of a move),
+and ends it with the target pod's take-over and the source pod's deletion, or ``cancel_move``.
+
+The rule, in the order a pass applies it (one pass, one budget):
+
+1. **Budget.** At most ``max_moves_in_flight`` moves at once in the cluster, and no more than
+   ``max_moves_share`` of the known nodes (at least one); at most one outbound move per node
+   (a node with a move leaving it starts no other); ``ledger.moves`` counts the moves already
+   under way. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
+   an unverified VM's size is not known, so no target's room can be checked), not moving, not
+   opted out (``vm-autoscaling.io/never-move: "true"``), and not moved in the last
+   ``cooldown_seconds`` (no ping-pong; a move that failed counts too, so a VM whose move keeps
+   failing is not retried at once).
+2. **Relief of a VM cut short.** A VM whose last grow was cut short by its node's room (the
+   permit rules' ``ShortOf.NODE``; ``ReliefBook.permits_decided`` keeps its *requested* size),
+   oldest shortfall first. Either the VM itself moves, to a node with room for its full
+   requested size now, or a neighbour on its node moves away, the smallest (by memory: the
+   quickest move) whose leaving frees what the VM still lacks. Of the two, the one that moves
+   less memory; on a tie, the VM itself. A target never lacks room for what the moving VM is
+   to hold (a VM cut short: its requested size; a neighbour: its size), and never ends above
+   the watermark.
+3. **Watermark.** A node whose reservations (ours and foreign) exceed ``watermark`` of what it
+   can give, in CPU or memory, moves one VM away per pass, the oldest (longest held there)
+   first, to a node that stays under the watermark with it.
+4. **Drain** (``drain.enabled``, off by default). A node being drained moves its VMs away, the
+   smallest first, one at a time (rule 1); once no pod of ours and no foreign pod holds
+   anything there, the plan reports it ``emptied`` (removing it is the cloud's: cluster-
+   autoscaler deletes a node it finds empty after ``scale-down-unneeded-time``; Karpenter's
+   emptiness consolidation does the same for a NodeClaim). A new drain starts, at most
+   ``drain.max_nodes`` at once, on the least used node (the larger of its CPU and memory shares)
+   below ``drain.below_share``, with **hysteresis**: not one that received a VM, had one grow or
+   joined in the last ``drain.hysteresis_seconds``; not one running a foreign pod (evicting them
+   through the Eviction API is the shell's, and not built); not one with a VM that cannot move;
+   and only if every VM there fits elsewhere now (first fit on this pass's view, under the
+   watermark).
+
+Drained and ``closed`` nodes (cordoned, or the caller's own reasons) are never targets.
+
+The references, and where this differs:
+
+* Neon's scheduler plugin (neondatabase/autoscaling ``pkg/plugin/state``: ``node.go``'s
+  watermark, ``migration.go``): above a 0.9 watermark of a node's reservations it migrates VMs
+  away, the oldest first, only VMs labelled for auto-migration (opt-in), one at a time per node.
+  Here rule 3 is the same watermark rule, but moving is **opt-out** (a VM's pod names itself
+  ``never-move``), because our VMs grow in place: a VM never moved cannot be relieved at all,
+  and a cluster whose VMs all opted in by default is what Neon's opt-in was waiting for (their
+  reason, the pod IP changing, is the network's to solve; a VM that cannot take it opts out).
+  Neon has no rule 2 (its epics for automatic migration, #832, and draining, #834, are open):
+  our extender knows which grow was cut short and by how much, so relief goes to that VM first,
+  and its target is checked for the VM's *requested* size, not only its current one.
+* Karpenter's disruption (``karpenter.sh/do-not-disrupt``, budgets of 10 % of nodes by
+  default, taint first, replacement before eviction): the 10 % share is ``max_moves_share``;
+  ``never-move`` is ``do-not-disrupt`` for moves; "replacement before eviction" holds by
+  construction, as a move reserves the target before anything leaves the source. Karpenter
+  evicts (the guest reboots); a live move keeps it running, so the budget counts moves, not
+  nodes.
+* KubeVirt's defaults (5 migrations per cluster, 2 outbound per node): one outbound per node
+  here, as Neon, so a node's migration bandwidth goes to one VM and its room returns soonest.
+* KEP-5836 (Kubernetes 1.37): kube-scheduler evicts lower-priority pods on the node for a
+  *Deferred* in-place resize. Our VMs never reach Deferred (the extender grants before the agent
+  resizes), so the grant cut short is our trigger, and we move rather than evict.
+
+Not here: the moves' I/O (VirtualMachineMigration objects, taints, evictions), which the shell
+does with what ``plan_moves`` returns; and reserving the grower's *requested* size on its
+target (``reserve_move`` holds the VM's size now; the room for the rest was checked in this
+plan, and the VM asks for it again on arrival).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+
+from protocol.bounds import INT32_MAX, MAX_SECONDS
+from protocol.permits import ResourceRequest
+from scheduler_extender.core.ledger import Allocation, Ledger, NodeState, Owner, held_at
+from scheduler_extender.core.permits import Decision, ShortOf
+from scheduler_extender.core.podinfo import ZERO, Demand
+
+__all__ = [
+    "DrainConfig",
+    "MoveReason",
+    "PlannedMove",
+    "ReliefBook",
+    "ReliefConfig",
+    "ReliefPlan",
+    "Want",
+    "plan_moves",
+]
+
+Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
+
+
+class DrainConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Live scale-down (the config's ``relief.drain``); off by default."""
+
+    enabled: bool = False
+    # A node whose larger share (CPU or memory) of its usable room is held below this may go.
+    below_share: Share = 0.3
+    # A node that received a VM, had a VM grow, or joined this recently is not drained.
+    hysteresis_seconds: Seconds = 600.0
+    # Nodes drained at once.
+    max_nodes: AtLeastOne = 1
+
+
+class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Relief's settings (the config's ``relief``); see the module docstring for the rule."""
+
+    # The caller's switch: off, no pass runs (``plan_moves`` itself plans whatever it is asked).
+    enabled: bool = False
+    # Neon's: a node above this share of its usable room, in CPU or memory, moves a VM away;
+    # no target is filled above it. None: no watermark rule, targets filled up to their room.
+    watermark: Share | None = 0.9
+    # Moves under way at once in the cluster, and as a share of the known nodes (at least one).
+    max_moves_in_flight: AtLeastOne = 2
+    max_moves_share: Share = 0.1
+    # A VM moved is not moved again for this long.
+    cooldown_seconds: Seconds = 600.0
+    drain: DrainConfig = msgspec.field(default_factory=DrainConfig)
+
+
+class MoveReason(enum.StrEnum):
+    GROWER = "GrowerToRoom"  # the VM cut short moves to a node with room for its request
+    NEIGHBOUR = "NeighbourAway"  # a neighbour moves away so that the VM cut short grows
+    WATERMARK = "AboveWatermark"  # its node is above the watermark
+    DRAIN = "Drain"  # its node is being drained
+
+
+class PlannedMove(msgspec.Struct, frozen=True, kw_only=True):
+    """One move to start: the VM's pod (``uid``, ``pod``), from ``source`` to ``target``."""
+
+    uid: str
+    pod: str
+    source: str
+    target: str
+    reason: MoveReason
+    message: str
+    # The VM cut short it is for (GROWER: itself; NEIGHBOUR: the neighbour's), else None.
+    relieves: str | None = None
+
+
+class ReliefPlan(msgspec.Struct, frozen=True, kw_only=True):
+    moves: list[PlannedMove]
+    # Nodes this pass starts to drain (the caller taints them and adds them to the book).
+    drain: list[str]
+    # Nodes being drained that nothing holds anything on any more.
+    emptied: list[str]
+    # A sentence for each VM cut short that no move relieves in this pass.
+    unrelieved: list[str]
+
+
+@dataclass(slots=True)
+class Want:
+    """A VM's grow cut short by its node: the size it asked for, as its pod would hold it."""
+
+    requested: Demand
+    since: float
+
+
+@dataclass(slots=True)
+class ReliefBook:
+    """What relief remembers between passes; mutable, pure (every method takes ``now``)."""
+
+    wants: dict[str, Want] = field(default_factory=dict)  # by the VM pod's uid
+    moved_at: dict[str, float] = field(default_factory=dict)  # by uid: its last move's start
+    touched_at: dict[str, float] = field(default_factory=dict)  # by node: received / grew
+    draining: set[str] = field(default_factory=set)
+
+    def permits_decided(
+        self,
+        ledger: Ledger,
+        requests: Sequence[ResourceRequest],
+        decisions: Sequence[Decision],
+        *,
+        now: float,
+    ) -> None:
+        """A decided batch (``core.batches.decide``, in the same order): a grow the node cut
+        short is wanted at its requested size, from its first shortfall; any other answer ends
+        the want (a full grant, a steady or lower request); a refused request changes nothing.
+        A grant above the VM's last size marks its node as just grown (drain hysteresis)."""
+        for req, decision in zip(requests, decisions, strict=True):
+            if decision.refused is not None:
+                continue
+            uid = req.pod.uid
+            entry = ledger.pods.get(uid)
+            if entry is None:
+                continue
+            if decision.short_of is ShortOf.NODE:
+                want = held_at(
+                    entry, vcpus=req.requested.vcpus, memory_bytes=req.requested.memory_bytes
+                )
+                found = self.wants.get(uid)
+                self.wants[uid] = Want(want, found.since if found is not None else now)
+            else:
+                self.wants.pop(uid, None)
+            granted = decision.permit.permit
+            if granted is not None and (
+                granted.vcpus > req.current.vcpus or granted.memory_bytes > req.current.memory_bytes
+            ):
+                self.touched_at[entry.node] = now
+
+    def node_touched(self, node: str, *, now: float) -> None:
+        """``node`` joined or received a pod: not drained within the hysteresis."""
+        self.touched_at[node] = now
+
+    def move_started(self, move: PlannedMove, *, now: float) -> None:
+        self.moved_at[move.uid] = now
+        self.touched_at[move.target] = now
+
+    def move_finished(self, source_uid: str, target_uid: str) -> None:
+        """The VM runs as ``target_uid`` now: its cool-down and want go with it."""
+        started = self.moved_at.pop(source_uid, None)
+        if started is not None:
+            self.moved_at[target_uid] = started
+        want = self.wants.pop(source_uid, None)
+        if want is not None:
+            self.wants[target_uid] = want
+
+    def forget_gone(self, ledger: Ledger, *, now: float, config: ReliefConfig) -> None:
+        """Drop what no longer matters: pods and nodes gone, cool-downs and hysteresis over.
+        When every pod is gone and time has passed them, the book is empty again (a drained
+        node stays in ``draining`` until it is removed)."""
+        pods, nodes = ledger.pods, ledger.nodes
+        for uid in [u for u in self.wants if u not in pods]:
+            del self.wants[uid]
+        cooldown = config.cooldown_seconds
+        for uid in [u for u, t in self.moved_at.items() if u not in pods or now - t >= cooldown]:
+            del self.moved_at[uid]
+        hysteresis = config.drain.hysteresis_seconds
+        for name in [
+            n for n, t in self.touched_at.items() if n not in nodes or now - t >= hysteresis
+        ]:
+            del self.touched_at[name]
+        self.draining &= set(nodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.wants or self.moved_at or self.touched_at or self.draining)
+
+
+class _View:
+    """This pass's scratch view of every node's room: moves planned so far count on their
+    targets (the source keeps its hold until its pod is gone, so its room does not grow)."""
+
+    def __init__(self, ledger: Ledger, config: ReliefConfig) -> None:
+        self.free: dict[str, Demand] = {}
+        self.allocated: dict[str, Demand] = {}
+        self.cap: dict[str, Demand] = {}  # what the watermark lets a target be filled to
+        for name, state in ledger.nodes.items():
+            if not state.is_known:
+                continue
+            self.free[name] = state.free
+            self.allocated[name] = state.allocated + state.uncertain_total
+            usable = state.usable
+            mark = config.watermark if config.watermark is not None else 1.0
+            self.cap[name] = Demand(
+                math.floor(usable.cpu_millis * mark), math.floor(usable.memory_bytes * mark)
+            )
+
+    def copy(self) -> _View:
+        other = _View.__new__(_View)
+        other.free, other.allocated, other.cap = dict(self.free), dict(self.allocated), self.cap
+        return other
+
+    def takes(self, node: str, need: Demand) -> bool:
+        free, alloc, cap = self.free[node], self.allocated[node], self.cap[node]
+        return (
+            need.cpu_millis <= free.cpu_millis
+            and need.memory_bytes <= free.memory_bytes
+            and alloc.cpu_millis + need.cpu_millis <= cap.cpu_millis
+            and alloc.memory_bytes + need.memory_bytes <= cap.memory_bytes
+        )
+
+    def is_above_watermark(self, node: str) -> bool:
+        alloc, cap = self.allocated[node], self.cap[node]
+        return alloc.cpu_millis > cap.cpu_millis or alloc.memory_bytes > cap.memory_bytes
+
+    def place(self, node: str, hold: Demand) -> None:
+        f, a = self.free[node], self.allocated[node]
+        self.free[node] = Demand(f.cpu_millis - hold.cpu_millis, f.memory_bytes - hold.memory_bytes)
+        self.allocated[node] = a + hold
+
+    def target(self, need: Demand, *, shut: set[str]) -> str | None:
+        """The open node that takes ``need`` with the most room left after it (the larger of
+        its two shares left: a target is least likely to need relief itself); names break
+        ties."""
+        best: tuple[float, str] | None = None
+        for name in self.free:
+            if name in shut or not self.takes(name, need):
+                continue
+            cap = self.cap[name]
+            alloc = self.allocated[name]
+            used = max(
+                (alloc.cpu_millis + need.cpu_millis) / cap.cpu_millis if cap.cpu_millis else 1.0,
+                (alloc.memory_bytes + need.memory_bytes) / cap.memory_bytes
+                if cap.memory_bytes
+                else 1.0,
+            )
+            if best is None or (used, name) < best:
+                best = (used, name)
+        return None if best is None else best[1]
+
+
+def _share(state: NodeState) -> float:
+    usable, alloc = state.usable, state.allocated + state.uncertain_total
+    return max(
+        alloc.cpu_millis / usable.cpu_millis if usable.cpu_millis else 1.0,
+        alloc.memory_bytes / usable.memory_bytes if usable.memory_bytes else 1.0,
+    )
+
+
+def _lacks(need: Demand, free: Demand) -> Demand:
+    return Demand(
+        max(0, need.cpu_millis - max(0, free.cpu_millis)),
+        max(0, need.memory_bytes - max(0, free.memory_bytes)),
+    )
+
+
+def _covers(hold: Demand, lack: Demand) -> bool:
+    return hold.cpu_millis >= lack.cpu_millis and hold.memory_bytes >= lack.memory_bytes
+
+
+def plan_moves(
+    ledger: Ledger,
+    book: ReliefBook,
+    *,
+    now: float,
+    config: ReliefConfig,
+    closed: Iterable[str] = (),
+) -> ReliefPlan:
+    """The moves to start now, and the drains to start or report empty; see the module
+    docstring. Reads the ledger and the book; changes neither."""
+    view = _View(ledger, config)
+    shut = set(closed) | book.draining
+    busy: set[str] = set()  # nodes with a move leaving them
+    receiving: set[str] = set()  # nodes with a move arriving (never drained meanwhile)
+    moving: set[str] = set()  # uids moving (either side)
+    for move in ledger.moves.values():
+        moving.add(move.source_uid)
+        moving.add(move.target_uid)
+        receiving.add(move.target_node)
+        source = ledger.pods.get(move.source_uid)
+        if source is not None:
+            busy.add(source.node)
+    budget = min(
+        config.max_moves_in_flight, max(1, math.floor(config.max_moves_share * len(view.free)))
+    ) - len(ledger.moves)
+    moves: list[PlannedMove] = []
+    unrelieved: list[str] = []
+
+    def why_not(entry: Allocation) -> str | None:
+        if entry.uid in moving:
+            return "it is moving"
+        if entry.vm is None or entry.owner is not Owner.OWN or entry.is_tentative:
+            return "it is not a bound VM of ours"
+        if not entry.vm.is_movable:
+            return "it opted out (never-move)"
+        if entry.is_unverified:
+            return "its agent has not reported its size since this extender started"
+        since = book.moved_at.get(entry.uid)
+        if since is not None and now - since < config.cooldown_seconds:
+            return f"it moved {now - since:.0f}s ago (cool-down {config.cooldown_seconds:.0f}s)"
+        if entry.node not in view.free:
+            return f"its node {entry.node} is not known"
+        return None
+
+    def start(
+        entry: Allocation,
+        target: str,
+        hold: Demand,
+        *,
+        reason: MoveReason,
+        message: str,
+        relieves: str | None = None,
+    ) -> None:
+        nonlocal budget
+        view.place(target, hold)
+        busy.add(entry.node)
+        receiving.add(target)
+        moving.add(entry.uid)
+        budget -= 1
+        moves.append(
+            PlannedMove(
+                uid=entry.uid,
+                pod=entry.key,
+                source=entry.node,
+                target=target,
+                reason=reason,
+                message=message,
+                relieves=relieves,
+            )
+        )
+
+    # 2. VMs cut short, oldest shortfall first.
+    for uid, want in sorted(book.wants.items(), key=lambda kv: (kv[1].since, kv[0])):
+        entry = ledger.pods.get(uid)
+        if entry is None or entry.uid in moving:
+            continue
+        node = entry.node
+        state = ledger.nodes.get(node)
+        if state is None or not state.is_known:
+            continue
+        grow = Demand(
+            max(0, want.requested.cpu_millis - entry.held.cpu_millis),
+            max(0, want.requested.memory_bytes - entry.held.memory_bytes),
+        )
+        lack = _lacks(grow, state.free)
+        if lack == ZERO:
+            continue  # room came back: its next ask gets it
+        if budget <= 0:
+            unrelieved.append(f"{entry.key}: the budget of moves in flight is spent")
+            continue
+        if node in busy:
+            unrelieved.append(f"{entry.key}: a move is already leaving node {node}")
+            continue
+        options: list[tuple[int, int, Allocation, str, Demand, MoveReason, str]] = []
+        self_blocked = why_not(entry)
+        if self_blocked is None:
+            target = view.target(want.requested, shut=shut | {node})
+            if target is not None:
+                options.append(
+                    (
+                        entry.held.memory_bytes,
+                        0,
+                        entry,
+                        target,
+                        want.requested,
+                        MoveReason.GROWER,
+                        f"{entry.key} wants {want.requested.cpu_millis}m cpu and"
+                        f" {want.requested.memory_bytes} bytes; node {node} lacks"
+                        f" {lack.cpu_millis}m and {lack.memory_bytes} bytes; {target} has room",
+                    )
+                )
+        neighbours = sorted(
+            (
+                e
+                for e in state.own.values()
+                if e.uid != uid and _covers(e.held, lack) and why_not(e) is None
+            ),
+            key=lambda e: (e.held.memory_bytes, e.held.cpu_millis, e.allocated_at, e.key),
+        )
+        for n in neighbours:
+            n_want = book.wants.get(n.uid)
+            n_need = n.held if n_want is None else n.held.max(n_want.requested)
+            target = view.target(n_need, shut=shut | {node})
+            if target is not None:
+                options.append(
+                    (
+                        n.held.memory_bytes,
+                        1,
+                        n,
+                        target,
+                        n_need,
+                        MoveReason.NEIGHBOUR,
+                        f"{n.key} leaves node {node} for {target}, freeing what {entry.key}"
+                        f" lacks ({lack.cpu_millis}m cpu, {lack.memory_bytes} bytes)",
+                    )
+                )
+                break
+        if not options:
+            unrelieved.append(
+                f"{entry.key}: no node has room for it"
+                + (f" ({self_blocked})" if self_blocked else "")
+                + " and no neighbour that frees enough can move"
+            )
+            continue
+        _, _, mover, target, hold, reason, message = min(options, key=lambda o: (o[0], o[1]))
+        start(mover, target, hold, reason=reason, message=message, relieves=entry.key)
+
+    # 3. Nodes above the watermark: one VM away each, the oldest first.
+    if config.watermark is not None:
+        for name in sorted(view.free):
+            if budget <= 0:
+                break
+            if name in busy or not view.is_above_watermark(name):
+                continue
+            state = ledger.nodes[name]
+            for e in sorted(state.own.values(), key=lambda e: (e.allocated_at, e.key)):
+                if why_not(e) is not None:
+                    continue
+                target = view.target(e.held, shut=shut | {name})
+                if target is not None:
+                    start(
+                        e,
+                        target,
+                        e.held,
+                        reason=MoveReason.WATERMARK,
+                        message=f"node {name} holds more than {config.watermark:.0%} of its room;"
+                        f" {e.key}, its oldest VM, moves to {target}",
+                    )
+                    break
+
+    # 4. Drains.
+    drain: list[str] = []
+    emptied: list[str] = []
+    if config.drain.enabled:
+        for name in sorted(book.draining):
+            state = ledger.nodes.get(name)
+            if state is None:
+                continue
+            if not state.own and not state.foreign:
+                emptied.append(name)
+                continue
+            if budget <= 0 or name in busy:
+                continue
+            for e in sorted(state.own.values(), key=lambda e: (e.held.memory_bytes, e.key)):
+                if why_not(e) is not None:
+                    continue
+                target = view.target(e.held, shut=shut | {name})
+                if target is not None:
+                    start(
+                        e,
+                        target,
+                        e.held,
+                        reason=MoveReason.DRAIN,
+                        message=f"node {name} is drained",
+                    )
+                    break
+        room = config.drain.max_nodes - len(book.draining)
+        if room > 0:
+            drain = _drains_to_start(
+                ledger,
+                book,
+                view,
+                now=now,
+                config=config,
+                shut=shut | receiving,
+                moving=moving,
+                count=room,
+            )
+    return ReliefPlan(moves=moves, drain=drain, emptied=emptied, unrelieved=unrelieved)
+
+
+def _drains_to_start(
+    ledger: Ledger,
+    book: ReliefBook,
+    view: _View,
+    *,
+    now: float,
+    config: ReliefConfig,
+    shut: set[str],
+    moving: set[str],
+    count: int,
+) -> list[str]:
+    """Up to ``count`` nodes to start draining, least used first (see rule 4)."""
+    cfg = config.drain
+    candidates = []
+    for name, state in ledger.nodes.items():
+        if name in shut or name not in view.free or not state.own:
+            continue
+        share = _share(state)
+        if share >= cfg.below_share:
+            continue
+        touched = book.touched_at.get(name)
+        if touched is not None and now - touched < cfg.hysteresis_seconds:
+            continue
+        if state.foreign:
+            continue
+        if any(
+            e.uid in moving
+            or e.vm is None
+            or e.is_tentative
+            or e.is_unverified
+            or not e.vm.is_movable
+            for e in state.own.values()
+        ):
+            continue
+        candidates.append((share, name))
+    chosen: list[str] = []
+    for _, name in sorted(candidates):
+        if len(chosen) >= count:
+            break
+        # Every VM there must fit elsewhere now: first fit, largest first, on a copy.
+        trial = view.copy()
+        closed = shut | {name} | set(chosen)
+        fits = True
+        for e in sorted(
+            ledger.nodes[name].own.values(), key=lambda e: (-e.held.memory_bytes, e.key)
+        ):
+            target = trial.target(e.held, shut=closed)
+            if target is None:
+                fits = False
+                break
+            trial.place(target, e.held)
+        if fits:
+            chosen.append(name)
+    return chosen
