@@ -34,6 +34,7 @@ import structlog
 from kube_io.errors import KubeError, NotFound
 from protocol.annotations import LEADER_TERM, vm_container_name
 from protocol.kube import Node, Pod, PodSpec, Taint
+from protocol.moves import CancelMove, MoveAnswer, MoveRequest
 from protocol.permits import PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import ProtocolVersion
@@ -43,6 +44,7 @@ from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
 from scheduler_extender.core import batches, verbs
 from scheduler_extender.core.leadership import Elector
+from scheduler_extender.core import ledger as ledger_errors
 from scheduler_extender.core.ledger import Ledger
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import Decision
@@ -56,7 +58,13 @@ from scheduler_extender.core.podinfo import (
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
 from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.core.verbs import BindOutcome
-from scheduler_extender.errors import NotLeader, NotSynced
+from scheduler_extender.errors import (
+    MoveRefused,
+    NotLeader,
+    NotSynced,
+    UnknownNode,
+    UnknownPod,
+)
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.kube.queue_notices import QueueNotices
@@ -591,6 +599,46 @@ class Extender:
         if stale:
             counts["stale"] = stale
         return PermitsDecided(version, decisions, counts)
+
+    def move(self, request: MoveRequest) -> MoveAnswer:
+        """``POST /v1/moves`` (``protocol.moves``), decided by the ledger (*Moves*): reserve a
+        moving VM's room on its target node before the target pod exists, or cancel that. Only
+        the leader, synced, answers (``require_synced``: at most one replica holds a move).
+        The ledger refuses with nothing changed; each refusal is a 4xx here, named."""
+        self.require_synced()
+        uid = request.source_uid
+        if isinstance(request, CancelMove):
+            self.reporter.report(self.ledger.cancel_move(uid))
+            log.info("move_cancelled", source_uid=uid)
+            return MoveAnswer(op="cancel", source_uid=uid)
+        try:
+            event = self.ledger.reserve_move(
+                uid,
+                target_name=request.target_pod,
+                target_node=request.target_node,
+                at=self.wall_clock(),
+            )
+        except ledger_errors.UnknownPod as e:
+            raise UnknownPod(str(e)) from e
+        except ledger_errors.UnknownNode as e:
+            raise UnknownNode(str(e)) from e
+        except ledger_errors.NoRoom as e:
+            raise MoveRefused(str(e), reason="NoRoom") from e
+        except ledger_errors.Conflict as e:
+            raise MoveRefused(str(e), reason="Conflict") from e
+        self.reporter.report([event])
+        log.info(
+            "move_reserved",
+            source_uid=uid,
+            target_pod=request.target_pod,
+            target_node=request.target_node,
+        )
+        return MoveAnswer(
+            op="reserve",
+            source_uid=uid,
+            reserved_millicpu=event.held.cpu_millis,
+            reserved_memory_bytes=event.held.memory_bytes,
+        )
 
 
 class PermitsDecided(NamedTuple):

@@ -37,7 +37,7 @@ from scheduler_extender.config import (
     QuotaSection,
 )
 from scheduler_extender.event_loop import loop_name
-from scheduler_extender.http import ops, recommend, verbs
+from scheduler_extender.http import moves, ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.front import PermitFront, authenticator, make_front_app
@@ -164,6 +164,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     _add_ops(app)
     _add_status(app)
     app.router.add_get("/v1/queue", ops.queue, name="queue")
+    moves.install(app, config, link, metrics)
     recommend.install(app, config)
     quota = config.quota
     if quota is not None and quota.file is not None:
