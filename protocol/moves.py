@@ -18,7 +18,9 @@ import msgspec
 _NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 Name = Annotated[str, msgspec.Meta(pattern=_NAME, max_length=253)]
 # A pod's uid as the API server issues it (an RFC 4122 UUID); anything else names no pod.
-Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+Uid = Annotated[
+    str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+]
 
 
 class _Strict(

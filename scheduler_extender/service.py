@@ -43,8 +43,8 @@ from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
 from scheduler_extender.core import batches, verbs
-from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core import ledger as ledger_errors
+from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core.ledger import Ledger
 from scheduler_extender.core.parked import ParkedPods
 from scheduler_extender.core.permits import Decision

@@ -1,9 +1,11 @@
 """``POST /v1/moves``: the vm-controller reserves (and cancels) a live migration's room on its
 target node (``protocol.moves``; the rules: ``Extender.move`` and the ledger's *Moves*).
 
-Shell, thin, on the verbs listener: the Extender (and its ledger) lives in that process; the
-permit port may run in a separate front process whose channel carries only permits. The order
-of checks is the order of statuses a caller can get: 401 (no token, or one that does not
+Shell, thin, on the permit port (the one listener other pods reach; the verbs are on
+loopback), beside ``/v1/permits`` and built the same way: the handler (in the permit front's
+process when it runs apart) authenticates and reads the body, and the desk (``LocalDesk``, the
+Extender's process, across the front's channel or in process) decodes it and decides. The
+order of checks is the order of statuses a caller can get: 401 (no token, or one that does not
 verify for the permit port's audience), 403 (not the vm-controller's ServiceAccount), 413/415
 (the body), 400 (not a ``MoveRequest``: the field is named), 503 (not synced, not the leader),
 then the ledger's refusals: 404 (unknown pod or node), 409 ``MoveRefused`` (``NoRoom`` on the
@@ -16,12 +18,10 @@ from __future__ import annotations
 import structlog
 from aiohttp import web
 
-from protocol import codec
-from protocol.moves import MoveRequest
 from scheduler_extender.config import AuthMode, Config, ConfigError
-from scheduler_extender.http.keys import EXTENDER
-from scheduler_extender.errors import ProtocolError
+from scheduler_extender.http.answers import response
 from scheduler_extender.http.middleware import read_body
+from scheduler_extender.http.permit_port import DESK
 from scheduler_extender.kube.auth import (
     Authenticator,
     ControllerAuth,
@@ -66,16 +66,11 @@ async def moves(request: web.Request) -> web.Response:
         request.headers.get("Authorization")
     )
     structlog.contextvars.bind_contextvars(caller=identity.username)
-    body = await read_body(request)
-    try:
-        move: MoveRequest = codec.decode(MoveRequest, body)  # type: ignore[arg-type]
-    except codec.ProtocolError as e:
-        raise ProtocolError(f"MoveRequest: {e}") from e
-    answer = request.app[EXTENDER].move(move)
-    structlog.contextvars.bind_contextvars(reason=f"{answer.op}d")
-    return web.Response(body=codec.encode(answer), content_type="application/json")
+    answer = await request.app[DESK].moves(identity, await read_body(request))
+    structlog.contextvars.bind_contextvars(reason=answer.reason)
+    return response(answer)
 
 
-def install(app: web.Application, config: Config, link: KubeLink | None, metrics: Metrics) -> None:
-    app[MOVES_AUTHENTICATOR] = controller_authenticator(config, link, metrics)
+def install(app: web.Application, auth: Authenticator) -> None:
+    app[MOVES_AUTHENTICATOR] = auth
     app.router.add_post("/v1/moves", moves, name="moves")

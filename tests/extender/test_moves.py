@@ -1,6 +1,7 @@
 """``POST /v1/moves``: the vm-controller reserves a moving VM's room on its target node.
 
-Over real HTTP against the extender's verbs listener, the extender's own client on the fake
+Over real HTTP against the extender's permit port (in process and across the permit front's
+channel), the extender's own client on the fake
 API server (its TokenReview answers are the recorded samples'). What a call causes is read
 back from ``/state`` (the ledger as the extender reports it): every refusal leaves it as it was.
 """
@@ -21,6 +22,13 @@ OTHER_UID = "1c8e1a63-3b6f-4d68-8e4f-ab2f3c4d5e6f"
 CONTROLLER = "system:serviceaccount:vm-autoscaling:vm-controller"
 
 
+@pytest.fixture(params=["local", "channel"])
+def front_via(request: pytest.FixtureRequest) -> str:
+    """Both ways the permit port reaches the Extender: the answers must be the same."""
+    param: str = request.param
+    return param
+
+
 def _cluster(kube_api: FakeKubeApi, *, node_b_cpu: str = "8") -> None:
     kube_api.add_node(node_object("node-a", cpu="8"))
     kube_api.add_node(node_object("node-b", cpu=node_b_cpu))
@@ -28,14 +36,19 @@ def _cluster(kube_api: FakeKubeApi, *, node_b_cpu: str = "8") -> None:
 
 
 def _reserve(**over: Any) -> dict[str, Any]:
-    body = {"op": "reserve", "sourceUid": SOURCE_UID, "targetPod": "vm-1-m1", "targetNode": "node-b"}
+    body = {
+        "op": "reserve",
+        "sourceUid": SOURCE_UID,
+        "targetPod": "vm-1-m1",
+        "targetNode": "node-b",
+    }
     return {k: v for k, v in {**body, **over}.items() if v is not None}
 
 
 async def _post(running: Running, body: Any, token: str | None = STATIC_TOKEN) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return await running.verbs.post("/v1/moves", data=data, headers=headers)
+    return await running.permits.post("/v1/moves", data=data, headers=headers)
 
 
 def _node(state: dict[str, Any], name: str) -> dict[str, Any]:
@@ -81,7 +94,7 @@ async def test_reserve_then_cancel(kube_api: FakeKubeApi, start_extender: StartE
         (_reserve(targetPod="vm-1"), 409, "Conflict", "vm-1"),
     ],
 )
-async def test_bad_input_is_refused_and_changes_nothing(
+async def test_bad_input_is_refused_and_changes_nothing(  # noqa: PLR0917
     kube_api: FakeKubeApi,
     start_extender: StartExtender,
     body: Any,
