@@ -57,6 +57,10 @@ class Refusal(enum.StrEnum):
     ALREADY_MOVING = "AlreadyMoving"
     SAME_NODE = "SameNode"
     TARGET_NODE_REQUIRED = "TargetNodeRequired"
+    # The runner's --disk is a file on the source's node: QEMU's migration moves memory and
+    # device state, not disk contents (no block migration here), so the target would boot
+    # from another disk under the guest's feet.
+    LOCAL_DISK = "LocalDisk"
 
 
 class Refused(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +122,11 @@ def admit(
             reason=Refusal.VM_NOT_RUNNING,
             message=f"VM {name} has no running pod to move"
             + (f" (pod {source.metadata.name} is {source.status.phase})" if source else ""),
+        )
+    if any(arg == "--disk" or arg.startswith("--disk=") for arg in vm.spec.runner_args):
+        return Refused(
+            reason=Refusal.LOCAL_DISK,
+            message=f"VM {name} has a --disk on its node; only memory-resident guests move",
         )
     target = vmm.spec.target_node
     if target is None:

@@ -327,3 +327,82 @@ def _get(api: Any, path: str) -> Obj | None:
             return None
         raise
     return got
+
+
+def vmm_path(namespace: str, name: str = "") -> str:
+    base = f"{GROUP_PATH}/namespaces/{namespace}/virtualmachinemigrations"
+    return f"{base}/{name}" if name else base
+
+
+def test_migrations_that_cannot_be_made_are_refused_with_nothing_done(
+    controller: Path, vms_removed: Names
+):
+    """Each refusal the controller decides alone (vm_controller/migrations.py ``admit``): the
+    migration Failed with the reason in its condition, an Event, and no target pod, no mark on
+    the VM's pod. (The extender's refusals, NoRoom among them: tests/extender/test_moves.py.)"""
+    api, ns = vms_removed.api, vms_removed.namespace
+
+    def move(name: str, **spec: Any) -> None:
+        body: Obj = {
+            "apiVersion": "vm-autoscaling.io/v1alpha1",
+            "kind": "VirtualMachineMigration",
+            "metadata": {"name": name},
+            "spec": {"vmName": "pg", **spec},
+        }
+        api.create(vmm_path(ns), body)
+
+    def refused(name: str) -> Obj:
+        def failed() -> Obj | None:
+            status: Obj = api.get(vmm_path(ns, name)).get("status", {})
+            return status if status.get("phase") == "Failed" else None
+
+        status = wait_for(failed, timeout_seconds=20, what=f"migration {name} refused")
+        (condition,) = status["conditions"]
+        assert condition["type"] == "Succeeded" and condition["status"] == "False"
+        assert condition["message"]
+        return condition
+
+    move("no-vm", targetNode="node-b")
+    assert refused("no-vm")["reason"] == "VMNotFound"
+
+    api.create(vm_path(ns), vm_body("pg"))
+    wait_for(lambda: _get(api, pod_path(ns, "pg")), timeout_seconds=20, what="the pod")
+    move("not-running", targetNode="node-b")
+    assert refused("not-running")["reason"] == "VMNotRunning"
+
+    api.create(
+        pod_path(ns, "pg") + "/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "pg"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+        },
+    )
+    api.set_pod_phase(ns, "pg", "Running")
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg")).get("status", {}).get("phase") == "Running",
+        timeout_seconds=20,
+        what="the VM Running",
+    )
+    move("same-node", targetNode="node-a")
+    assert refused("same-node")["reason"] == "SameNode"
+    move("no-target")
+    assert refused("no-target")["reason"] == "TargetNodeRequired"
+
+    # Nothing half-done: the VM has its one pod, unmarked, and its status points at it.
+    pods = api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+    assert [p["metadata"]["name"] for p in pods] == ["pg"]
+    assert ann.MIGRATION not in pods[0]["metadata"].get("annotations", {})
+    assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
+    wait_for(
+        lambda: {"SameNode", "TargetNodeRequired"}
+        <= {e["reason"] for e in api.events_for(ns, "same-node") + api.events_for(ns, "no-target")},
+        timeout_seconds=20,
+        what="the migrations' Events",
+    )
+    wait_for(
+        lambda: "MigrationSameNode" in {e["reason"] for e in api.events_for(ns, "pg")},
+        timeout_seconds=20,
+        what="the VM's Event about the refused migration",
+    )

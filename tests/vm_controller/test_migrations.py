@@ -85,6 +85,8 @@ def test_refusals_name_their_reason() -> None:
     assert _refusal(make_vmm(), vm, foreign) == Refusal.VM_NOT_RUNNING
     assert _refusal(make_vmm("node-a"), vm, source) == Refusal.SAME_NODE
     assert _refusal(make_vmm(None), vm, source) == Refusal.TARGET_NODE_REQUIRED
+    with_disk = make_vm(runnerArgs=["--disk=/var/lib/vm/pg.img"])
+    assert _refusal(make_vmm(), with_disk, running_pod(with_disk)) == Refusal.LOCAL_DISK
     other = make_vmm(name="move-0", uid="00000000-0000-4000-8000-000000000000", phase="Running")
     assert _refusal(make_vmm(), vm, source, [other]) == Refusal.ALREADY_MOVING
     marked = running_pod(vm, annotations={**(source.metadata.annotations or {}),
