@@ -396,8 +396,13 @@ def test_migrations_that_cannot_be_made_are_refused_with_nothing_done(
     assert ann.MIGRATION not in pods[0]["metadata"].get("annotations", {})
     assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
     wait_for(
-        lambda: {"SameNode", "TargetNodeRequired"}
-        <= {e["reason"] for e in api.events_for(ns, "same-node") + api.events_for(ns, "no-target")},
+        lambda: (
+            {"SameNode", "TargetNodeRequired"}
+            <= {
+                e["reason"]
+                for e in api.events_for(ns, "same-node") + api.events_for(ns, "no-target")
+            }
+        ),
         timeout_seconds=20,
         what="the migrations' Events",
     )
