@@ -32,7 +32,8 @@ import msgspec
 import structlog
 
 from kube_io.errors import KubeError, NotFound
-from protocol.annotations import LEADER_TERM, vm_container_name
+from protocol.annotations import LEADER_TERM, parse_migration_to, vm_container_name
+from protocol.annotations import MIGRATION as ANNOTATION_MIGRATION
 from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.moves import CancelMove, MoveAnswer, MoveRequest
 from protocol.permits import PermitStatus, ResourceRequestBatch
@@ -329,13 +330,18 @@ class Extender:
         self.vm_containers.clear()
         self.vm_memory_overheads.clear()
         self.notices.relisted()
+        moving: list[tuple[PodInfo, tuple[str, str]]] = []
         for pod in pods:
             info = self._info(pod)
             if info is not None:
                 infos.append(info)
                 self._track(info, pod)
+                to = parse_migration_to(pod.metadata.annotations)
+                if to is not None and ANNOTATION_MIGRATION in (pod.metadata.annotations or {}):
+                    moving.append((info, to))
         events = self.ledger.replace_pods(infos, at=self.wall_clock())
         self.reporter.report(events, is_initial=not self.has_pods)
+        self._rebuild_moves(moving, {info.key for info in infos})
         listed = {info.uid for info in infos}
         for uid in self._queued - listed:
             # Deleted while the watch was down: it neither waits nor holds quota any more.
@@ -346,6 +352,26 @@ class Extender:
         self.has_pods = True
         self._synced_changed()
         self.recheck_queue()
+
+    def _rebuild_moves(self, moving: list[tuple[PodInfo, tuple[str, str]]], keys: set[str]) -> None:
+        """The ledger's moves are not in the API server; their reservations are, as far as
+        they matter: a moving VM's source pod names its target (``MIGRATION_TO``), and while
+        that target pod does not exist yet its room is held again here, as the vm-controller
+        reserved it (``reserve_move``). A target pod that exists is counted as any bound pod
+        (both nodes hold the VM until either pod is gone, as during the move). A reservation
+        that no longer fits is logged: the controller's move then fails on its own."""
+        for info, (node, name) in moving:
+            if info.uid in self.ledger.moves or f"{info.namespace}/{name}" in keys:
+                continue
+            try:
+                event = self.ledger.reserve_move(
+                    info.uid, target_name=name, target_node=node, at=self.wall_clock()
+                )
+            except ledger_errors.LedgerError as e:
+                log.warning("move_not_rebuilt", pod=info.key, target_node=node, error=str(e))
+                continue
+            self.reporter.report([event])
+            log.info("move_rebuilt", pod=info.key, target_node=node, target_pod=name)
 
     def pod_changed(self, change: str, pod: Pod) -> None:
         """From the pod watch."""

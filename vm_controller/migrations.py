@@ -145,6 +145,14 @@ def admit(
     )
 
 
+def source_marks(vmm: VirtualMachineMigration, plan: Plan | None) -> dict[str, str]:
+    """The annotations a move's source pod carries (keys only matter to remove them, ``plan``
+    None): ``MIGRATION`` (the agent leaves the VM alone) and ``MIGRATION_TO`` (a restarted
+    extender holds the target's room again from it)."""
+    to = f"{plan.target_node}/{plan.target_pod}" if plan is not None else ""
+    return {ann.MIGRATION: vmm.metadata.name, ann.MIGRATION_TO: to}
+
+
 def _vm_container(manifest_or_pod: list[Any]) -> Any:
     return next(c for c in manifest_or_pod if c["name"] == decide.VM_CONTAINER)
 

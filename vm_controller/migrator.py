@@ -233,7 +233,7 @@ class Migrator:
         try:
             await self.client.patch_virtual_machine_migration_status(*key, status)
             await self.client.patch_pod_annotations(
-                key[0], plan.source_pod, {ann.MIGRATION: vmm.metadata.name}
+                key[0], plan.source_pod, migrations.source_marks(vmm, plan)
             )
             await self.client.create_namespaced(
                 "pods", migrations.target_pod(vm, source, plan, vmm.metadata.name)
@@ -366,19 +366,20 @@ class Migrator:
         source: Pod | None,
         target: Pod | None,
     ) -> None:
-        """The source runs on: the target pod deleted, the reservation cancelled, the source's
-        mark removed. (QEMU's own abort, ``migrate_cancel`` and ``cont``, is the driver's.)"""
+        """The source runs on: the target pod deleted, the source's marks removed, then the
+        reservation cancelled (in that order: an extender restarting in between rebuilds the
+        reservation from the marks, ``Extender.pods_listed``, and the cancel then releases it).
+        (QEMU's own abort, ``migrate_cancel`` and ``cont``, is the driver's.)"""
         ns = vmm.metadata.namespace
         target = target or self._pods(vmm).get(status.target_pod or "")
         if target is not None:
             with contextlib.suppress(NotFound, Conflict):
                 await self.client.delete_pod(ns, target.metadata.name, uid=target.metadata.uid)
         if source is not None:
-            await self.extender.cancel(source.metadata.uid)
             with contextlib.suppress(NotFound):
-                await self.client.patch_pod_annotations(
-                    ns, source.metadata.name, {ann.MIGRATION: None}
-                )
+                unmarked = dict.fromkeys(migrations.source_marks(vmm, None))
+                await self.client.patch_pod_annotations(ns, source.metadata.name, unmarked)
+            await self.extender.cancel(source.metadata.uid)
 
     async def _finish(
         self,

@@ -149,3 +149,45 @@ async def test_only_the_controller_may_reserve(
     assert response.status == status, await response.text()
     if status != 200:
         assert await running.state() == before
+
+
+async def test_a_restarted_extender_holds_a_moves_target_again_from_the_source_pods_marks(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """The ledger's moves are not in the API server: a fresh extender finds the source pod
+    marked (``migration`` and ``migration-to``) and no target pod yet, and holds the target's
+    room as the vm-controller had reserved it; the controller's cancel then releases it."""
+    _cluster(kube_api)
+    marks = {
+        "vm-autoscaling.io/migration": "move-1",
+        "vm-autoscaling.io/migration-to": "node-b/vm-1-m1",
+    }
+    kube_api.update_pod("vms", "vm-1", {"metadata": {"annotations": marks}})
+    running = await start_extender()
+    rebuilt = await running.state()
+    # As reserved by hand on an extender that never restarted (the other tests' figures).
+    again = await _post(running, _reserve())
+    assert again.status == 409 and (await again.json())["reason"] == "Conflict"
+    assert (await _post(running, {"op": "cancel", "sourceUid": SOURCE_UID})).status == 200
+    released = await running.state()
+    assert _node(released, "node-b") != _node(rebuilt, "node-b")
+    reserved = await _post(running, _reserve())
+    assert reserved.status == 200
+    assert _node(await running.state(), "node-b") == _node(rebuilt, "node-b")
+
+
+@pytest.mark.parametrize("value", ["node-b", "/vm-1-m1", "node-b/", "node-b/a/b", ""], ids=repr)
+async def test_a_malformed_move_mark_rebuilds_nothing(
+    kube_api: FakeKubeApi, start_extender: StartExtender, value: str
+) -> None:
+    _cluster(kube_api)
+    running = await start_extender()
+    clean = await running.state()
+    kube_api.update_pod(
+        "vms",
+        "vm-1",
+        {"metadata": {"annotations": {"vm-autoscaling.io/migration": "m",
+                                      "vm-autoscaling.io/migration-to": value}}},
+    )  # fmt: skip
+    restarted = await start_extender()
+    assert _node(await restarted.state(), "node-b") == _node(clean, "node-b")
