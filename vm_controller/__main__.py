@@ -23,7 +23,7 @@ from observability.log import configure_logging
 from observability.running import run_service
 from vm_controller.controller import Controller
 from vm_controller.metrics import ControllerMetrics
-from vm_controller.migrator import ExtenderMoves, Migrator
+from vm_controller.migrator import DEFAULT_TARGET_POD_TIMEOUT_SECONDS, ExtenderMoves, Migrator
 from vm_runner.migration import MigrationConfig
 
 log = structlog.get_logger("vm_controller")
@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a transfer not completed by then is cancelled; the source runs on "
         "(default: %(default)s)",
     )
+    moves.add_argument(
+        "--migration-target-pod-timeout-seconds",
+        type=float,
+        default=DEFAULT_TARGET_POD_TIMEOUT_SECONDS,
+        help="a target pod not Running with an IP by then fails the move; the source runs on "
+        "(default: %(default)s)",
+    )
     p.add_argument(
         "--log-level",
         default="info",
@@ -143,18 +150,17 @@ async def run(args: argparse.Namespace) -> None:
             "the VirtualMachine CRDs are not installed: kubectl apply -k manifests/",
             ExitCode.CONFIG,
         ) from e
-    try:
-        config = MigrationConfig(
-            downtime_limit_ms=args.migration_downtime_ms,
-            converge_deadline_seconds=args.migration_deadline_seconds,
-        )
-    except ValueError as e:
-        await client.close()
-        raise StartupProblem(str(e), ExitCode.CONFIG) from e
+    config: MigrationConfig = args.migration_config
     metrics = ControllerMetrics(registry)
     controller = Controller(client, metrics)
     extender = ExtenderMoves(args.extender_url, args.extender_token_file)
-    migrator = Migrator(controller, extender, metrics, config)
+    migrator = Migrator(
+        controller,
+        extender,
+        metrics,
+        config,
+        target_pod_timeout_seconds=args.migration_target_pod_timeout_seconds,
+    )
     runner = web.AppRunner(make_app(controller, registry), access_log=None)
     await runner.setup()
     try:
@@ -172,7 +178,18 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Operator mistakes in the migration flags: one line and exit 2, before any connection.
+    try:
+        args.migration_config = MigrationConfig(
+            downtime_limit_ms=args.migration_downtime_ms,
+            converge_deadline_seconds=args.migration_deadline_seconds,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    if args.migration_target_pod_timeout_seconds <= 0:
+        parser.error("--migration-target-pod-timeout-seconds must be > 0")
     configure_logging(args.log_level)
     where = f"{args.http_host}:{args.http_port}"
     return run_service(PROG, run(args), listening_on=where)

@@ -53,7 +53,7 @@ log = structlog.get_logger("vm_controller.migrator")
 # A transient failure (the extender unreachable, an API error a retry can fix): try again.
 RETRY_SECONDS: Final = 2.0
 # The target pod gets this long to be Running with an IP before the move is given up.
-TARGET_POD_TIMEOUT_SECONDS: Final = 120.0
+DEFAULT_TARGET_POD_TIMEOUT_SECONDS: Final = 120.0
 _POLL_SECONDS: Final = 0.5
 
 
@@ -122,8 +122,10 @@ class Migrator:
         config: MigrationConfig,
         *,
         clock: Callable[[], float] | None = None,
+        target_pod_timeout_seconds: float = DEFAULT_TARGET_POD_TIMEOUT_SECONDS,
     ) -> None:
         self.controller = controller
+        self.target_pod_timeout_seconds = target_pod_timeout_seconds
         self.client = controller.client
         self.extender = extender
         self.metrics = metrics
@@ -268,7 +270,7 @@ class Migrator:
 
     async def _target_ready(self, vmm: VirtualMachineMigration, name: str) -> Pod | None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + TARGET_POD_TIMEOUT_SECONDS
+        deadline = loop.time() + self.target_pod_timeout_seconds
         while loop.time() < deadline:
             pod = self._pods(vmm).get(name)
             if pod is not None and pod.status.phase == "Running" and pod.status.pod_ip:

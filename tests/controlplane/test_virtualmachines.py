@@ -3,9 +3,11 @@ install, their validation refuses bad objects with the field named, and the real
 ``vm-controller`` process, under the ServiceAccount and RBAC of those manifests, makes the pod,
 the Service and the status, and makes the pod again when it goes.
 
-One module-scoped controller for every test here, on the session's control plane; no
-kube-scheduler and no extender (they add nothing to what this checks): the test binds the pod
-and reports its phase as kube-scheduler and the kubelet would.
+One module-scoped controller for every test here, on the session's control plane, beside the
+module's extender and kube-scheduler (``cluster``): a migration's reservation is the real
+extender's, asked with the controller's own ServiceAccount token (TokenReview). Most tests keep
+their VMs off the cluster's nodes and bind the pod and report its phase as kube-scheduler and
+the kubelet would; there is no kubelet, so no pod ever really runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from protocol import annotations as ann
-from testkit.cluster import Names
+from testkit.cluster import Cluster, Names
 from testkit.controlplane import (
     DOCS,
     ApiError,
@@ -74,19 +76,27 @@ def vms_removed(names: Names) -> Iterator[Names]:
         names.api.delete(vm_path(names.namespace, vm["metadata"]["name"]))
 
 
+# A move's target pod never runs here (no kubelet): it fails this soon.
+TARGET_POD_TIMEOUT_SECONDS = 2
+
+
 @pytest.fixture(scope="module")
 def controller(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
-    """The CRDs installed, and ``vm-controller`` running as the manifests' ServiceAccount;
-    yields the admin kubeconfig (for kubectl)."""
+    """The CRDs installed, and ``vm-controller`` running as the manifests' ServiceAccount,
+    reserving moves at ``cluster``'s extender; yields the admin kubeconfig (for kubectl)."""
     api = control_plane.admin()
     try:
         token = _install(api)
+        # What the Deployment projects: a token of its ServiceAccount for the extender.
+        extender_token = api.request_token("vm-autoscaling", "vm-controller")
     finally:
         api.close()
     work = tmp_path_factory.mktemp("vm-controller")
     kubeconfig = control_plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
+    token_file = work / "extender-token"
+    token_file.write_text(extender_token)
     log = (work / "stderr").open("wb")
     process = subprocess.Popen(
         [
@@ -101,6 +111,12 @@ def controller(
             str(free_port()),
             "--log-level",
             "debug",
+            "--extender-url",
+            f"http://127.0.0.1:{cluster.extender.permits_port}",
+            "--extender-token-file",
+            str(token_file),
+            "--migration-target-pod-timeout-seconds",
+            str(TARGET_POD_TIMEOUT_SECONDS),
         ],
         stdout=subprocess.DEVNULL,
         stderr=log,
@@ -411,3 +427,70 @@ def test_migrations_that_cannot_be_made_are_refused_with_nothing_done(
         timeout_seconds=20,
         what="the VM's Event about the refused migration",
     )
+
+
+def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
+    controller: Path, vms_removed: Names
+):
+    """The controller's whole shell but QEMU: the real extender reserves the target's room
+    (the controller's token, reviewed), the target pod is made on the target node with the
+    marks on both pods; the target never runs (no kubelet here), so the move fails by its
+    deadline: the target pod deleted, the source unmarked, and the reservation cancelled (a
+    second move of the same VM is reserved again, which the extender refuses while the first
+    still holds it)."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    nodes = [vms_removed.node("a", cpu="8"), vms_removed.node("b", cpu="8")]
+    api.create(vm_path(ns), vm_body("pg", nodeSelector={"vma-test-group": vms_removed.group}))
+    source = wait_for(
+        lambda: (p := _get(api, pod_path(ns, "pg"))) and p["spec"].get("nodeName") and p,
+        timeout_seconds=30,
+        what="the VM's pod placed by kube-scheduler and the extender",
+    )
+    api.set_pod_phase(ns, "pg", "Running")
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg")).get("status", {}).get("phase") == "Running",
+        timeout_seconds=20,
+        what="the VM Running",
+    )
+    (target_node,) = set(nodes) - {source["spec"]["nodeName"]}
+
+    def move(name: str) -> Obj:
+        body: Obj = {
+            "apiVersion": "vm-autoscaling.io/v1alpha1",
+            "kind": "VirtualMachineMigration",
+            "metadata": {"name": name},
+            "spec": {"vmName": "pg", "targetNode": target_node},
+        }
+        return api.create(vmm_path(ns), body)
+
+    def phase_of(name: str, phase: str) -> Obj | None:
+        status: Obj = api.get(vmm_path(ns, name)).get("status", {})
+        return status if status.get("phase") == phase else None
+
+    first = move("first")
+    running = wait_for(lambda: phase_of("first", "Running"), timeout_seconds=20, what="Running")
+    target_name = running["targetPod"]
+    assert target_name == "pg-m" + first["metadata"]["uid"].replace("-", "")[:8]
+    target = api.get(pod_path(ns, target_name))
+    assert target["spec"]["nodeName"] == target_node
+    assert target["metadata"]["annotations"][ann.MIGRATION] == "first"
+    marked = api.get(pod_path(ns, "pg"))["metadata"]["annotations"]
+    assert marked[ann.MIGRATION] == "first"
+    assert marked[ann.MIGRATION_TO] == f"{target_node}/{target_name}"
+
+    failed = wait_for(lambda: phase_of("first", "Failed"), timeout_seconds=30, what="Failed")
+    (condition,) = failed["conditions"]
+    assert condition["reason"] == "TargetNeverReady"
+    assert api.get(pod_path(ns, target_name))["metadata"].get("deletionTimestamp")
+    unmarked = api.get(pod_path(ns, "pg"))
+    assert ann.MIGRATION not in unmarked["metadata"]["annotations"]
+    assert ann.MIGRATION_TO not in unmarked["metadata"]["annotations"]
+    assert unmarked["metadata"]["uid"] == source["metadata"]["uid"]
+    assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
+
+    # The first reservation is gone: the extender reserves the next move of the same VM.
+    move("second")
+    wait_for(lambda: phase_of("second", "Running"), timeout_seconds=20, what="second Running")
+    wait_for(lambda: phase_of("second", "Failed"), timeout_seconds=30, what="second Failed")
+    reasons = {e["reason"] for e in api.events_for(ns, "first")}
+    assert {"Started", "TargetNeverReady"} <= reasons
