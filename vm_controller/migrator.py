@@ -133,6 +133,9 @@ class Migrator:
         self.clock = clock
         self.vmms: dict[Key, VirtualMachineMigration] = {}
         self.driving: dict[Key, asyncio.Task[None]] = {}
+        # Migrations (by uid) this process ended: the watch may still bring their older
+        # ``Running`` status, which must not be taken for a move a restart interrupted.
+        self.ended: set[str] = set()
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.listed = asyncio.Event()
@@ -176,7 +179,12 @@ class Migrator:
             key = await self.queue.get()
             self.queued.discard(key)
             vmm = self.vmms.get(key)
-            if vmm is None or not migrations.is_active(vmm) or key in self.driving:
+            if (
+                vmm is None
+                or not migrations.is_active(vmm)
+                or key in self.driving
+                or vmm.metadata.uid in self.ended
+            ):
                 continue
             with structlog.contextvars.bound_contextvars(namespace=key[0], migration=key[1]):
                 try:
@@ -260,11 +268,12 @@ class Migrator:
     async def _refuse(
         self, key: Key, vmm: VirtualMachineMigration, why: migrations.Refused
     ) -> None:
-        self.metrics.migrations_failed.labels(reason=why.reason).inc()
         with contextlib.suppress(NotFound):
             await self.client.patch_virtual_machine_migration_status(
                 *key, migrations.refused(vmm, why, now=_now())
             )
+        self.ended.add(vmm.metadata.uid)
+        self.metrics.migrations_failed.labels(reason=why.reason).inc()
         log.info("migration_refused", reason=why.reason, message=why.message)
         await self._event(vmm, "Warning", why.reason, why.message)
 
@@ -395,10 +404,6 @@ class Migrator:
         downtime_ms: int | None = None,
         total_ms: int | None = None,
     ) -> None:
-        if succeeded:
-            self.metrics.migrations_succeeded.inc()
-        else:
-            self.metrics.migrations_failed.labels(reason=reason).inc()
         final = migrations.finished(
             status,
             succeeded=succeeded,
@@ -410,6 +415,11 @@ class Migrator:
         )
         with contextlib.suppress(NotFound):
             await self.client.patch_virtual_machine_migration_status(*key, final)
+        self.ended.add(vmm.metadata.uid)
+        if succeeded:
+            self.metrics.migrations_succeeded.inc()
+        else:
+            self.metrics.migrations_failed.labels(reason=reason).inc()
         log.info("migration_finished", succeeded=succeeded, reason=reason, downtime_ms=downtime_ms)
         await self._event(vmm, "Normal" if succeeded else "Warning", reason, message)
 
