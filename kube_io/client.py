@@ -60,16 +60,20 @@ from kube_io.objects import (
 from protocol.codec import ProtocolError, decode
 from protocol.kube import Node, NodeList, Pod, PodList, WatchEvent
 from protocol.virtualmachine import API_VERSION as VM_API_VERSION
+from protocol.virtualmachine import MIGRATION_PLURAL as VMM_PLURAL
 from protocol.virtualmachine import PLURAL as VM_PLURAL
 from protocol.virtualmachine import (
     VirtualMachine,
     VirtualMachineList,
+    VirtualMachineMigration,
+    VirtualMachineMigrationList,
+    VirtualMachineMigrationStatus,
     VirtualMachineStatus,
 )
 
 __all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
 
-ResourceKind = Literal["pods", "nodes", "virtualmachines"]
+ResourceKind = Literal["pods", "nodes", "virtualmachines", "virtualmachinemigrations"]
 
 DEFAULT_PAGE_SIZE: Final = 500
 """Items per list page: the API server's own recommendation; bounds one response's memory."""
@@ -78,6 +82,7 @@ _PATHS: Final[dict[ResourceKind, str]] = {
     "pods": "/api/v1/pods",
     "nodes": "/api/v1/nodes",
     "virtualmachines": f"/apis/{VM_API_VERSION}/{VM_PLURAL}",
+    "virtualmachinemigrations": f"/apis/{VM_API_VERSION}/{VMM_PLURAL}",
 }
 _JSON: Final = "application/json"
 _MERGE_PATCH: Final = "application/merge-patch+json"
@@ -89,7 +94,7 @@ _LIST_RESTARTS: Final = 2
 # Upstream leaves it unannotated; typing it once here keeps the call sites strict.
 _load_incluster_config: Callable[..., None] = load_incluster_config
 
-_L = TypeVar("_L", PodList, NodeList, VirtualMachineList)
+_L = TypeVar("_L", PodList, NodeList, VirtualMachineList, VirtualMachineMigrationList)
 _T = TypeVar("_T")
 
 
@@ -244,6 +249,24 @@ class KubeClient:
         items = [vm for page in pages for vm in page.items or ()]
         return items, pages[-1].metadata.resource_version
 
+    async def list_virtual_machine_migrations(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[list[VirtualMachineMigration], str]:
+        """All matching VirtualMachineMigrations (every namespace) and the resourceVersion."""
+        pages = await self._list(
+            "virtualmachinemigrations",
+            VirtualMachineMigrationList,
+            field_selector,
+            label_selector,
+            page_size=page_size,
+        )
+        items = [vmm for page in pages for vmm in page.items or ()]
+        return items, pages[-1].metadata.resource_version
+
     async def _list(
         self,
         kind: ResourceKind,
@@ -377,11 +400,26 @@ class KubeClient:
     ) -> None:
         """Replace the status subresource's fields with ``status`` (a JSON merge patch that
         names every field, so a field now unset is removed rather than kept)."""
+        await self._patch_status(VM_PLURAL, namespace, name, status)
+
+    async def patch_virtual_machine_migration_status(
+        self, namespace: str, name: str, status: VirtualMachineMigrationStatus
+    ) -> None:
+        """As ``patch_virtual_machine_status``, for a VirtualMachineMigration."""
+        await self._patch_status(VMM_PLURAL, namespace, name, status)
+
+    async def _patch_status(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: VirtualMachineStatus | VirtualMachineMigrationStatus,
+    ) -> None:
         written = msgspec.to_builtins(status)
         fields = {f.encode_name for f in msgspec.structs.fields(status)}
         patch = {"status": {key: written.get(key) for key in sorted(fields)}}
         path = (
-            f"/apis/{VM_API_VERSION}/namespaces/{quote(namespace, safe='')}/{VM_PLURAL}/"
+            f"/apis/{VM_API_VERSION}/namespaces/{quote(namespace, safe='')}/{plural}/"
             f"{quote(name, safe='')}/status"
         )
         await self._call("PATCH", path, body=patch, content_type=_MERGE_PATCH)

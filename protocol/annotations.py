@@ -76,6 +76,10 @@ VM_CONTAINER: Final = PREFIX + "vm-container"
 LEADER_TERM: Final = PREFIX + "leader-term"
 MIGRATION: Final = PREFIX + "migration"
 NEVER_MOVE: Final = PREFIX + "never-move"
+# On a moving VM's source pod, beside MIGRATION (the vm-controller writes both): where it moves,
+# ``<node>/<pod>``. A restarted extender holds the target's room again from it while the target
+# pod does not exist yet (``Extender.pods_listed``).
+MIGRATION_TO: Final = PREFIX + "migration-to"
 
 DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
@@ -230,3 +234,13 @@ def vm_container_name(pod: Pod, *, annotation: str = VM_CONTAINER) -> str | None
         return named
     containers = pod.spec.containers or []
     return containers[0].name if containers else None
+
+
+def parse_migration_to(annotations: dict[str, str] | None) -> tuple[str, str] | None:
+    """``MIGRATION_TO`` as (node, pod name), or None when absent or malformed (our own record:
+    a malformed one only means no reservation is rebuilt from it)."""
+    value = (annotations or {}).get(MIGRATION_TO)
+    if value is None:
+        return None
+    node, sep, pod = value.partition("/")
+    return (node, pod) if sep and node and pod and "/" not in pod else None

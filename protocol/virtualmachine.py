@@ -100,3 +100,43 @@ class VirtualMachine(_Obj, frozen=True, kw_only=True):
 class VirtualMachineList(_Obj, frozen=True, kw_only=True):
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
     items: list[VirtualMachine] | None = None
+
+
+# -- VirtualMachineMigration ------------------------------------------------------------------
+
+MIGRATION_KIND: Final = "VirtualMachineMigration"
+MigrationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class VirtualMachineMigrationSpec(_Obj, frozen=True, kw_only=True):
+    vm_name: str
+    target_node: str | None = None
+
+
+class VirtualMachineMigrationStatus(_Obj, frozen=True, kw_only=True):
+    phase: MigrationPhase | None = None
+    source_pod: str | None = None
+    source_node: str | None = None
+    target_pod: str | None = None
+    target_node: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    # QEMU's own figures, as the source last reported them (a move that got that far).
+    downtime_milliseconds: int | None = None
+    total_milliseconds: int | None = None
+    conditions: list[Condition] | None = None
+
+
+class VirtualMachineMigration(_Obj, frozen=True, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = MIGRATION_KIND
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: VirtualMachineMigrationSpec
+    status: VirtualMachineMigrationStatus = msgspec.field(
+        default_factory=VirtualMachineMigrationStatus
+    )
+
+
+class VirtualMachineMigrationList(_Obj, frozen=True, kw_only=True):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[VirtualMachineMigration] | None = None

@@ -34,6 +34,7 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 DEFAULT_AUDIENCE: Final = "vm-autoscaling-extender"
 # manifests/agent.yaml: the agent DaemonSet's namespace and serviceAccountName.
 DEFAULT_AGENT_SERVICE_ACCOUNT: Final = "vm-autoscaling/autoscaler-agent"
+DEFAULT_CONTROLLER_SERVICE_ACCOUNT: Final = "vm-autoscaling/vm-controller"
 
 
 class ConfigError(Exception):
@@ -224,6 +225,11 @@ class AuthConfig(_Section, frozen=True):
     # is checked against the API server and trusted this long (a deleted agent's token stops
     # working within it).
     agent_pod_cache_ttl_seconds: PositiveSeconds = 10.0
+    # The only ServiceAccount whose tokens may reserve and cancel moves (``POST /v1/moves``),
+    # as ``namespace/name``: what manifests/vm-controller/ runs the vm-controller as.
+    controller_service_account: Annotated[
+        str, msgspec.Meta(pattern=r"^[a-z0-9.-]+/[a-z0-9.-]+$")
+    ] = DEFAULT_CONTROLLER_SERVICE_ACCOUNT
 
     def __post_init__(self) -> None:
         if self.mode is AuthMode.STATIC and not self.static_token:

@@ -16,11 +16,13 @@ request id. The pure core raises none of these: it returns typed refusals
      ├── WrongNode                403  the batch speaks for another node than the token's
      ├── NotTheAgent              403  a valid token, but not the agent's, or its pod is not
      │                                 a running agent pod on that node
+     ├── NotTheController         403  a valid token, but not the vm-controller's (moves)
      ├── Forbidden                403  a valid token whose user may not read /metrics
      ├── UnknownNode              404
      ├── UnknownPod               404
      ├── BodyTimeout              408  the body did not arrive in time
      ├── StaleRequest             409  the request refers to a pod that changed meanwhile
+     ├── MoveRefused              409  a move the ledger refuses (reason: NoRoom, Conflict)
      ├── BodyTooLarge             413  (also when it would be, decompressed)
      ├── UnsupportedEncoding      415  a Content-Encoding this endpoint does not take
      └── Unavailable              503  + Retry-After: retrying later will help
@@ -86,6 +88,13 @@ class Forbidden(ExtenderError):
     default_reason = "Forbidden"
 
 
+class NotTheController(ExtenderError):
+    """``POST /v1/moves``: a valid token, but not the vm-controller's ServiceAccount."""
+
+    status = 403
+    default_reason = "NotTheController"
+
+
 class UnknownNode(ExtenderError):
     status = 404
     default_reason = "UnknownNode"
@@ -99,6 +108,14 @@ class UnknownPod(ExtenderError):
 class StaleRequest(ExtenderError):
     status = 409
     default_reason = "StaleRequest"
+
+
+class MoveRefused(ExtenderError):
+    """``POST /v1/moves``: the ledger refuses the reservation (its ``reason``: ``NoRoom`` on the
+    target node, or ``Conflict``: not a bound VM of ours, already moving, the node it is on)."""
+
+    status = 409
+    default_reason = "MoveRefused"
 
 
 class BodyTooLarge(ExtenderError):

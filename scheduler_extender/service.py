@@ -32,8 +32,10 @@ import msgspec
 import structlog
 
 from kube_io.errors import KubeError, NotFound
-from protocol.annotations import LEADER_TERM, vm_container_name
+from protocol.annotations import LEADER_TERM, parse_migration_to, vm_container_name
+from protocol.annotations import MIGRATION as ANNOTATION_MIGRATION
 from protocol.kube import Node, Pod, PodSpec, Taint
+from protocol.moves import CancelMove, MoveAnswer, MoveRequest
 from protocol.permits import PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import ProtocolVersion
@@ -42,6 +44,7 @@ from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.config import Config
 from scheduler_extender.core import batches, verbs
+from scheduler_extender.core import ledger as ledger_errors
 from scheduler_extender.core.leadership import Elector
 from scheduler_extender.core.ledger import Ledger
 from scheduler_extender.core.parked import ParkedPods
@@ -56,7 +59,13 @@ from scheduler_extender.core.podinfo import (
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
 from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.core.verbs import BindOutcome
-from scheduler_extender.errors import NotLeader, NotSynced
+from scheduler_extender.errors import (
+    MoveRefused,
+    NotLeader,
+    NotSynced,
+    UnknownNode,
+    UnknownPod,
+)
 from scheduler_extender.kube.durability import PermitRecorder, PermitWrite
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.kube.queue_notices import QueueNotices
@@ -321,13 +330,18 @@ class Extender:
         self.vm_containers.clear()
         self.vm_memory_overheads.clear()
         self.notices.relisted()
+        moving: list[tuple[PodInfo, tuple[str, str]]] = []
         for pod in pods:
             info = self._info(pod)
             if info is not None:
                 infos.append(info)
                 self._track(info, pod)
+                to = parse_migration_to(pod.metadata.annotations)
+                if to is not None and ANNOTATION_MIGRATION in (pod.metadata.annotations or {}):
+                    moving.append((info, to))
         events = self.ledger.replace_pods(infos, at=self.wall_clock())
         self.reporter.report(events, is_initial=not self.has_pods)
+        self._rebuild_moves(moving, {info.key for info in infos})
         listed = {info.uid for info in infos}
         for uid in self._queued - listed:
             # Deleted while the watch was down: it neither waits nor holds quota any more.
@@ -338,6 +352,26 @@ class Extender:
         self.has_pods = True
         self._synced_changed()
         self.recheck_queue()
+
+    def _rebuild_moves(self, moving: list[tuple[PodInfo, tuple[str, str]]], keys: set[str]) -> None:
+        """The ledger's moves are not in the API server; their reservations are, as far as
+        they matter: a moving VM's source pod names its target (``MIGRATION_TO``), and while
+        that target pod does not exist yet its room is held again here, as the vm-controller
+        reserved it (``reserve_move``). A target pod that exists is counted as any bound pod
+        (both nodes hold the VM until either pod is gone, as during the move). A reservation
+        that no longer fits is logged: the controller's move then fails on its own."""
+        for info, (node, name) in moving:
+            if info.uid in self.ledger.moves or f"{info.namespace}/{name}" in keys:
+                continue
+            try:
+                event = self.ledger.reserve_move(
+                    info.uid, target_name=name, target_node=node, at=self.wall_clock()
+                )
+            except ledger_errors.LedgerError as e:
+                log.warning("move_not_rebuilt", pod=info.key, target_node=node, error=str(e))
+                continue
+            self.reporter.report([event])
+            log.info("move_rebuilt", pod=info.key, target_node=node, target_pod=name)
 
     def pod_changed(self, change: str, pod: Pod) -> None:
         """From the pod watch."""
@@ -591,6 +625,46 @@ class Extender:
         if stale:
             counts["stale"] = stale
         return PermitsDecided(version, decisions, counts)
+
+    def move(self, request: MoveRequest) -> MoveAnswer:
+        """``POST /v1/moves`` (``protocol.moves``), decided by the ledger (*Moves*): reserve a
+        moving VM's room on its target node before the target pod exists, or cancel that. Only
+        the leader, synced, answers (``require_synced``: at most one replica holds a move).
+        The ledger refuses with nothing changed; each refusal is a 4xx here, named."""
+        self.require_synced()
+        uid = request.source_uid
+        if isinstance(request, CancelMove):
+            self.reporter.report(self.ledger.cancel_move(uid))
+            log.info("move_cancelled", source_uid=uid)
+            return MoveAnswer(op="cancel", source_uid=uid)
+        try:
+            event = self.ledger.reserve_move(
+                uid,
+                target_name=request.target_pod,
+                target_node=request.target_node,
+                at=self.wall_clock(),
+            )
+        except ledger_errors.UnknownPod as e:
+            raise UnknownPod(str(e)) from e
+        except ledger_errors.UnknownNode as e:
+            raise UnknownNode(str(e)) from e
+        except ledger_errors.NoRoom as e:
+            raise MoveRefused(str(e), reason="NoRoom") from e
+        except ledger_errors.Conflict as e:
+            raise MoveRefused(str(e), reason="Conflict") from e
+        self.reporter.report([event])
+        log.info(
+            "move_reserved",
+            source_uid=uid,
+            target_pod=request.target_pod,
+            target_node=request.target_node,
+        )
+        return MoveAnswer(
+            op="reserve",
+            source_uid=uid,
+            reserved_millicpu=event.held.cpu_millis,
+            reserved_memory_bytes=event.held.memory_bytes,
+        )
 
 
 class PermitsDecided(NamedTuple):

@@ -401,6 +401,7 @@ def start_runner(
     disk: Path | None = None,
     incoming_port: int | None = None,
     migration_socket: bool = False,
+    migration_port: int | None = None,
 ) -> Guest:
     """Start the guest; returns at once (``wait_booted`` waits for node_exporter).
 
@@ -413,7 +414,9 @@ def start_runner(
     ``Guest.qga_socket`` (beside the QMP socket, as the runner names it).
     ``incoming_port``: start as a live migration's target on that port (the guest does not boot;
     ``wait_booted`` then waits for the migration to bring it over). ``migration_socket``: give
-    the runner a QMP socket for the migration's driver (``Guest.migration_socket``).
+    the runner a QMP socket for the migration's driver (``Guest.migration_socket``);
+    ``migration_port``: a QMP monitor on that TCP port instead, as a pod's runner has for the
+    vm-controller (``vm_controller.migrations``).
     """
     port = free_port()
     pg_port = free_port() if postgres else None
@@ -435,6 +438,7 @@ def start_runner(
             *(["--disk", str(disk)] if disk is not None else []),
             *(["--incoming-port", str(incoming_port)] if incoming_port is not None else []),
             *(["--migration-socket", str(migration)] if migration is not None else []),
+            *(["--migration-port", str(migration_port)] if migration_port is not None else []),
         ],
         log_path=workdir / "runner.log",
     )  # fmt: skip

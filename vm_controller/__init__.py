@@ -5,6 +5,10 @@ status out.
   do next and what the status says.
 - ``controller``: the shell. Watches VirtualMachines and their pods, queues a VM whenever one of
   its objects changes, applies ``decide``'s actions.
+- ``migrations``: pure. Which VirtualMachineMigrations are refused and why, the target pod,
+  the statuses, what a restarted controller does with a move under way.
+- ``migrator``: the shell of live moves: the extender's reservation (``POST /v1/moves``), the
+  objects, and QMP over TCP to both runner pods (its docstring has the threat model).
 - ``metrics``, ``__main__``: the ``vm-controller`` command (``--help``).
 
 Why the project's own list+watch layer (``kube_io``) and not kopf: kopf is built around

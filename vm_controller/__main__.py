@@ -23,16 +23,21 @@ from observability.log import configure_logging
 from observability.running import run_service
 from vm_controller.controller import Controller
 from vm_controller.metrics import ControllerMetrics
+from vm_controller.migrator import DEFAULT_TARGET_POD_TIMEOUT_SECONDS, ExtenderMoves, Migrator
+from vm_runner.migration import MigrationConfig
 
 log = structlog.get_logger("vm_controller")
 
 PROG = "vm-controller"
 PREFLIGHT_TIMEOUT_SECONDS = 10.0
+DEFAULT_EXTENDER_URL = "http://scheduler-extender.vm-autoscaling.svc:10299"
+DEFAULT_TOKEN_FILE = "/var/run/secrets/vm-autoscaling/extender/token"
 
 DESCRIPTION = """\
 Turn each VirtualMachine (vm-autoscaling.io/v1alpha1) into a runner pod annotated as the
 scheduler extender and the autoscaler agent read VM pods, and a headless Service; report the
 pod's phase, node and sizes in the VirtualMachine's status; create the pod again when it goes.
+Move VMs live as VirtualMachineMigrations ask (the target's room reserved by the extender).
 Needs the CRDs of manifests/crds/ installed.
 """
 
@@ -57,6 +62,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-host", default="0.0.0.0", help="address of /healthz, /readyz and /metrics"
     )
     p.add_argument("--http-port", type=int, default=8080, help="their port (default: 8080)")
+    moves = p.add_argument_group("live migration (VirtualMachineMigration)")
+    moves.add_argument(
+        "--extender-url",
+        default=DEFAULT_EXTENDER_URL,
+        help="the scheduler extender's permit port, where the target's room is reserved "
+        "(POST /v1/moves) (default: %(default)s)",
+    )
+    moves.add_argument(
+        "--extender-token-file",
+        metavar="PATH",
+        default=DEFAULT_TOKEN_FILE,
+        help="a token the extender accepts: a projected ServiceAccount token for its audience "
+        "(re-read at each call), or the extender's static token in local runs "
+        "(default: %(default)s)",
+    )
+    moves.add_argument(
+        "--migration-downtime-ms",
+        type=int,
+        default=MigrationConfig.downtime_limit_ms,
+        help="QEMU's downtime limit for the final pause (default: %(default)s)",
+    )
+    moves.add_argument(
+        "--migration-deadline-seconds",
+        type=float,
+        default=MigrationConfig.converge_deadline_seconds,
+        help="a transfer not completed by then is cancelled; the source runs on "
+        "(default: %(default)s)",
+    )
+    moves.add_argument(
+        "--migration-target-pod-timeout-seconds",
+        type=float,
+        default=DEFAULT_TARGET_POD_TIMEOUT_SECONDS,
+        help="a target pod not Running with an IP by then fails the move; the source runs on "
+        "(default: %(default)s)",
+    )
     p.add_argument(
         "--log-level",
         default="info",
@@ -103,28 +143,53 @@ async def run(args: argparse.Namespace) -> None:
     client = await connect(args.kubeconfig)
     try:
         await client.list_virtual_machines(page_size=1)
+        await client.list_virtual_machine_migrations(page_size=1)
     except NotFound as e:
         await client.close()
         raise StartupProblem(
-            "the VirtualMachine CRD is not installed: kubectl apply -k manifests/",
+            "the VirtualMachine CRDs are not installed: kubectl apply -k manifests/",
             ExitCode.CONFIG,
         ) from e
-    controller = Controller(client, ControllerMetrics(registry))
+    config: MigrationConfig = args.migration_config
+    metrics = ControllerMetrics(registry)
+    controller = Controller(client, metrics)
+    extender = ExtenderMoves(args.extender_url, args.extender_token_file)
+    migrator = Migrator(
+        controller,
+        extender,
+        metrics,
+        config,
+        target_pod_timeout_seconds=args.migration_target_pod_timeout_seconds,
+    )
     runner = web.AppRunner(make_app(controller, registry), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.http_host, args.http_port).start()
         log.info("vm_controller_started", host=args.http_host, port=args.http_port)
         with contextlib.suppress(asyncio.CancelledError):
-            await controller.run()
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(controller.run())
+                tasks.create_task(migrator.run())
     finally:
+        await extender.close()
         await runner.cleanup()
         await client.close()
     log.info("vm_controller_stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Operator mistakes in the migration flags: one line and exit 2, before any connection.
+    try:
+        args.migration_config = MigrationConfig(
+            downtime_limit_ms=args.migration_downtime_ms,
+            converge_deadline_seconds=args.migration_deadline_seconds,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    if args.migration_target_pod_timeout_seconds <= 0:
+        parser.error("--migration-target-pod-timeout-seconds must be > 0")
     configure_logging(args.log_level)
     where = f"{args.http_host}:{args.http_port}"
     return run_service(PROG, run(args), listening_on=where)

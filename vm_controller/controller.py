@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+from collections.abc import Callable
 from typing import Final
 
 import structlog
 
 from kube_io import Changed, Conflict, KubeClient, KubeError, NotFound, ObjectReference
 from kube_io.watch import watch_objects
-from protocol.kube import Pod
+from protocol.kube import ObjectMeta, Pod
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachine
 from vm_controller import decide
 from vm_controller.metrics import ControllerMetrics
@@ -51,13 +52,15 @@ class Controller:
         self.client = client
         self.metrics = metrics
         self.vms: dict[Key, VirtualMachine] = {}
-        self.pods: dict[Key, Pod] = {}
+        # Every pod labelled with a VM's name, by pod name: its own, and a live move's target.
+        self.pods: dict[Key, dict[str, Pod]] = {}
         # Services this process has created or found taken: a VM's Service is ensured once per
         # process (and again with every new pod), not watched.
         self.services: set[Key] = set()
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.retries: dict[Key, float] = {}
+        self.pod_listeners: list[Callable[[Key], None]] = []
         self.vms_listed = asyncio.Event()
         self.pods_listed = asyncio.Event()
 
@@ -100,16 +103,24 @@ class Controller:
                 key = _pod_key(item.object)
                 if key is None:
                     continue
+                name = item.object.metadata.name
                 if item.type == "DELETED":
-                    self.pods.pop(key, None)
+                    self.pods.get(key, {}).pop(name, None)
+                    if not self.pods.get(key):
+                        self.pods.pop(key, None)
                 else:
-                    self.pods[key] = item.object
+                    self.pods.setdefault(key, {})[name] = item.object
                 self.enqueue(key)
+                self.pod_changed(key)
                 continue
             before = set(self.pods)
-            self.pods = {k: pod for pod in item.objects if (k := _pod_key(pod)) is not None}
+            self.pods = {}
+            for pod in item.objects:
+                if (k := _pod_key(pod)) is not None:
+                    self.pods.setdefault(k, {})[pod.metadata.name] = pod
             for key in before | set(self.pods):
                 self.enqueue(key)
+                self.pod_changed(key)
             self.pods_listed.set()
 
     async def work(self) -> None:
@@ -145,9 +156,15 @@ class Controller:
                 self.retries.pop(key, None)
                 self.metrics.reconciles.labels(result="ok").inc()
 
+    def pod_changed(self, key: Key) -> None:
+        """A pod of VM ``key`` changed: whoever else acts on a VM's pods hears of it (the
+        migrations of ``vm_controller.migrator``)."""
+        for listener in self.pod_listeners:
+            listener(key)
+
     async def apply(self, vm: VirtualMachine) -> None:
         key = _key_of(vm)
-        pod = self.pods.get(key)
+        pod = decide.current_pod(vm, self.pods.get(key, {}))
         actions = decide.reconcile(vm, pod, has_service=key in self.services, now=_now())
         if actions.create_service is not None:
             try:
@@ -158,7 +175,7 @@ class Controller:
             self.services.add(key)
         if actions.delete_pod_uid is not None and pod is not None:
             with contextlib.suppress(NotFound, Conflict):  # gone already, or a newer pod
-                await self.client.delete_pod(*key, uid=actions.delete_pod_uid)
+                await self.client.delete_pod(key[0], pod.metadata.name, uid=actions.delete_pod_uid)
         if actions.create_pod is not None:
             try:
                 await self.client.create_namespaced("pods", actions.create_pod)
@@ -180,10 +197,15 @@ class Controller:
                 log.info("vm_phase", phase=actions.status.phase, node=actions.status.node)
 
     async def event(self, vm: VirtualMachine, type_: str, reason: str, message: str) -> None:
-        meta = vm.metadata
+        await self.object_event(KIND, vm.metadata, type_, reason, message)
+
+    async def object_event(
+        self, kind: str, meta: ObjectMeta, type_: str, reason: str, message: str
+    ) -> None:
+        """An Event about one of this controller's objects (``kind`` of ``API_VERSION``)."""
         involved = ObjectReference(
             api_version=API_VERSION,
-            kind=KIND,
+            kind=kind,
             name=meta.name,
             namespace=meta.namespace,
             uid=meta.uid or None,

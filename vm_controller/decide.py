@@ -16,6 +16,7 @@ name, and ``reconcile`` creates a pod only once the previous one is gone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import msgspec
@@ -37,11 +38,16 @@ from protocol.virtualmachine import (
 
 # The pod label naming its VirtualMachine: the controller's watch selects on it.
 VM_NAME_LABEL: Final = ann.PREFIX + "virtualmachine"
+# On a live move's target pod until cut-over: the migration's name (``migrations``).
+MIGRATION_TARGET_LABEL: Final = ann.PREFIX + "migration-target"
 # Inside the container; the hostPath root below it is <root>/<namespace>/<pod> on the host.
 SOCKET_DIR: Final = "/run/vm-autoscaling"
 HOST_SOCKET_ROOT: Final = "/run/vm-autoscaling"
 METRICS_PORT: Final = 9100
 VM_CONTAINER: Final = "vm"
+# A live migration (``migrations``): QMP on TCP for its driver; a target's incoming state.
+MIGRATION_QMP_PORT: Final = 4445
+MIGRATION_INCOMING_PORT: Final = 4444
 # The runner powers the guest off on SIGTERM (ACPI, 20 s), then QMP quit (5 s).
 TERMINATION_GRACE_SECONDS: Final = 40
 
@@ -132,9 +138,16 @@ def desired_pod(vm: VirtualMachine) -> Manifest:
         f"--max-memory={annotations[ann.MAX_MEMORY]}",
         f"--vcpu-mode={'online' if spec.hypervisor == 'qmp+qga' else 'hotplug'}",
         f"--qmp-socket={SOCKET_DIR}/qmp.sock",
+        # A live migration's driver (the vm-controller) reaches QEMU here; the NetworkPolicy
+        # of manifests/vm-controller/migration-networkpolicy.yaml admits only the controller.
+        f"--migration-port={MIGRATION_QMP_PORT}",
         *spec.runner_args,
     ]
-    ports = [{"name": "node-exporter", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+    ports = [
+        {"name": "node-exporter", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        {"name": "migration-qmp", "containerPort": MIGRATION_QMP_PORT, "protocol": "TCP"},
+        {"name": "migration-in", "containerPort": MIGRATION_INCOMING_PORT, "protocol": "TCP"},
+    ]
     ports += [{"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in spec.ports]
     socket_mount = {
         "name": "vm-sockets",
@@ -235,7 +248,7 @@ def is_owned_by(pod: Pod, vm: VirtualMachine) -> bool:
     )
 
 
-def _vm_container_resources(pod: Pod) -> tuple[str | None, str | None]:
+def vm_container_limits(pod: Pod) -> tuple[str | None, str | None]:
     """The VM container's CPU and memory limits as the kubelet applied them (KEP-1287's
     ``status.containerStatuses[].resources``), else as the spec has them."""
     for status in pod.status.container_statuses or ():
@@ -255,7 +268,7 @@ def observed_sizes(
     """Current: what the VM's container has (memory less QEMU's overhead); permitted: the
     extender's durable permit on the pod, else the minimum the VM was placed with."""
     permitted_vcpus, permitted_memory = ann.parse_permitted(pod.metadata.annotations)
-    cpu, memory = _vm_container_resources(pod)
+    cpu, memory = vm_container_limits(pod)
     current_vcpus = -(-cpu_millis(cpu) // 1000) if cpu else None
     overhead = ann.parse_memory_overhead(pod.metadata.annotations)
     if overhead is None:
@@ -314,6 +327,19 @@ def _condition(
     return Condition(
         type=type_, status=status, reason=reason, message=message, last_transition_time=since
     )
+
+
+def current_pod(vm: VirtualMachine, pods: Mapping[str, Pod]) -> Pod | None:
+    """The VM's pod among the pods labelled with its name (by pod name): not a live move's
+    target (``migrations.TARGET_LABEL``, removed at cut-over); the one its status names, else
+    the one named as the VM, else the first by name (a pod a move made the VM's)."""
+    settled = {
+        n: p for n, p in pods.items() if MIGRATION_TARGET_LABEL not in (p.metadata.labels or {})
+    }
+    for name in (vm.status.pod, vm.metadata.name):
+        if name and name in settled:
+            return settled[name]
+    return settled[min(settled)] if settled else None
 
 
 def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: str) -> Actions:

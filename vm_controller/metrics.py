@@ -30,3 +30,31 @@ class ControllerMetrics:
             "VirtualMachines the controller knows of, as of its last list.",
             registry=registry,
         )
+        self.migrations_started = Counter(
+            PREFIX + "migrations_started_total",
+            "Live migrations started (the target's room reserved, its pod created).",
+            registry=registry,
+        )
+        self.migrations_succeeded = Counter(
+            PREFIX + "migrations_succeeded_total",
+            "Live migrations that cut over to the target.",
+            registry=registry,
+        )
+        self.migrations_failed = Counter(
+            PREFIX + "migrations_failed_total",
+            "Live migrations refused or failed, by reason (the status condition's).",
+            ["reason"],
+            registry=registry,
+        )
+        self.migration_seconds = Histogram(
+            PREFIX + "migration_duration_seconds",
+            "Time a successful live migration took, from the target pod's creation to cut-over.",
+            buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+            registry=registry,
+        )
+        self.migration_downtime_seconds = Histogram(
+            PREFIX + "migration_downtime_seconds",
+            "The guest's pause at cut-over, as QEMU reports it (query-migrate downtime).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+            registry=registry,
+        )

@@ -145,6 +145,14 @@ def make_parser() -> argparse.ArgumentParser:
         "and the target runner",
     )
     sockets.add_argument(
+        "--migration-port",
+        type=int,
+        help="a QMP monitor on this TCP port (all addresses) for a live migration's driver in "
+        "another pod (the vm-controller); it is a control channel to the VM: only a "
+        "NetworkPolicy admitting the driver alone may expose it "
+        "(manifests/vm-controller/migration-networkpolicy.yaml)",
+    )
+    sockets.add_argument(
         "--serial-socket",
         help="expose the guest's serial console (a root shell on the minimal image) on this unix "
         "socket; without it the console goes to stdout",
@@ -221,6 +229,7 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
         machine_type=args.machine_type,
         incoming_port=args.incoming_port,
         migration_socket=args.migration_socket,
+        migration_port=args.migration_port,
     )
 
 

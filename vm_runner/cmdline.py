@@ -145,6 +145,8 @@ class VmSpec:
     # be the source's spec unchanged: QEMU checks the device set, and virtio-mem's plugged
     # state travels with the migration (the target's ``requested-size=0`` is fine).
     incoming_port: int | None = None
+    # A QMP monitor on TCP (all addresses) for a driver in another pod; None: none.
+    migration_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.vcpu_mode is VcpuMode.ONLINE and self.qga_socket is None:
@@ -172,8 +174,11 @@ class VmSpec:
                 )
         if self.accel is Accel.AUTO:
             raise ValueError("accel must be resolved (resolve_accel) before building a VmSpec")
-        if self.incoming_port is not None and not 1 <= self.incoming_port <= 65535:
-            raise ValueError(f"incoming port {self.incoming_port} is outside 1..65535")
+        for name, port in (("incoming", self.incoming_port), ("migration", self.migration_port)):
+            if port is not None and not 1 <= port <= 65535:
+                raise ValueError(f"{name} port {port} is outside 1..65535")
+        if self.migration_port is not None and self.migration_port == self.incoming_port:
+            raise ValueError(f"migration port and incoming port are both {self.migration_port}")
 
 
 def parse_memory(text: str) -> int:
@@ -330,6 +335,9 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     for chardev_id, path in monitors:
         argv += ["-chardev", _socket_chardev(chardev_id, path)]
         argv += ["-mon", f"chardev={chardev_id},mode=control"]
+    if spec.migration_port is not None:
+        tcp = f"socket,id=migration-tcp,host=0.0.0.0,port={spec.migration_port},server=on,wait=off"
+        argv += ["-chardev", tcp, "-mon", "chardev=migration-tcp,mode=control"]
     if spec.vcpu_mode is VcpuMode.ONLINE:
         argv += _qga_options(spec)
     if spec.serial_socket is not None:

@@ -9,7 +9,7 @@ shutdown, the agent) on that socket.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -92,10 +92,14 @@ async def migrate(
     target_uri: str,
     config: MigrationConfig,
     clock: Callable[[], float] | None = None,
+    cut_over: Callable[[], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Move the VM whose QMP socket is ``source_qmp`` to the incoming QEMU at ``target_uri``
-    (``tcp:HOST:PORT``) whose QMP socket is ``target_qmp``. On success the source QEMU has quit;
-    on failure the target has, and the source runs (unless it died: ``Outcome`` says)."""
+    (``tcp:HOST:PORT``) whose QMP socket is ``target_qmp``. On success the source has been
+    stopped by ``cut_over`` (default: QMP ``quit``; a pod's driver deletes the source pod
+    instead, since a runner whose QEMU quits is restarted by its pod); on failure the target
+    has quit, and the source runs (unless it died: ``Outcome`` says). Sockets may be
+    ``tcp:HOST:PORT`` addresses (``QmpClient.connect``)."""
     now = clock or asyncio.get_running_loop().time
     state: Migration = begin(config, now=now())
     while True:
@@ -120,7 +124,7 @@ async def migrate(
                     log.warning("migration_command_failed", step=action.step.value, error=str(e))
                     state = state.command_failed(now())
             case Step.CUT_OVER:
-                await _quit(source_qmp)
+                await (cut_over() if cut_over is not None else _quit(source_qmp))
                 state = state.cut_over(now())
             case Step.ABORT:
                 try:

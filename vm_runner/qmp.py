@@ -27,7 +27,12 @@ class QmpClient:
 
     @classmethod
     async def connect(cls, path: str) -> Self:
-        reader, writer = await asyncio.open_unix_connection(path)
+        """``path``: a unix socket, or ``tcp:HOST:PORT`` (a runner's ``--migration-port``)."""
+        if path.startswith("tcp:"):
+            host, _, port = path.removeprefix("tcp:").rpartition(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+        else:
+            reader, writer = await asyncio.open_unix_connection(path)
         client = cls(reader, writer)
         try:
             greeting = await client._read_message()

@@ -15,6 +15,8 @@
                      process-wide in-flight budget, inflating gzip within the size limit.
 ``permit_port``      ``POST /v1/permits`` (the front's handler) and ``LocalDesk`` (the one
                      decode, the ``Extender``'s decisions, the refusals' statuses: ``ERRORS``).
+``moves``            ``POST /v1/moves`` on the permit port: the vm-controller reserves and
+                     cancels a live move's target room (``LocalDesk.answer_moves`` decides).
 ``front``            the permit front: the permit port in a child process, its channel to the
                      main process, and that process's side of it.
 ``recommend``        ``/v1/recommend`` and the auto-publish task.

@@ -37,7 +37,7 @@ from scheduler_extender.config import (
     QuotaSection,
 )
 from scheduler_extender.event_loop import loop_name
-from scheduler_extender.http import ops, recommend, verbs
+from scheduler_extender.http import moves, ops, recommend, verbs
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.front import PermitFront, authenticator, make_front_app
@@ -49,6 +49,7 @@ from scheduler_extender.http.keys import (
     TASKS,
 )
 from scheduler_extender.http.middleware import METRICS, request_middleware
+from scheduler_extender.http.moves import MOVES_AUTHENTICATOR
 from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.auth import TokenBucket
 from scheduler_extender.kube.durability import PermitRecorder
@@ -164,6 +165,7 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     _add_ops(app)
     _add_status(app)
     app.router.add_get("/v1/queue", ops.queue, name="queue")
+    app[MOVES_AUTHENTICATOR] = moves.controller_authenticator(config, link, metrics)
     recommend.install(app, config)
     quota = config.quota
     if quota is not None and quota.file is not None:
@@ -245,6 +247,7 @@ def make_permits_app(config: Config, verbs_app: web.Application) -> web.Applicat
         config,
         desk=desk,
         auth=verbs_app[AUTHENTICATOR],
+        moves_auth=verbs_app[MOVES_AUTHENTICATOR],
         metrics=verbs_app[METRICS],
         bodies=verbs_app[BODIES],
     )

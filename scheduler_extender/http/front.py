@@ -52,7 +52,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 import structlog
@@ -73,6 +73,7 @@ from scheduler_extender.config import (
 )
 from scheduler_extender.errors import ExtenderError, Unavailable
 from scheduler_extender.event_loop import run as run_loop
+from scheduler_extender.http import moves
 from scheduler_extender.http.answers import DeskAnswer, error_answer, internal_error
 from scheduler_extender.http.bodies import BODIES, Bodies
 from scheduler_extender.http.connections import GuardedSite, listening_sockets, server_options
@@ -161,10 +162,12 @@ def make_front_app(
     *,
     desk: PermitDesk,
     auth: Authenticator,
+    moves_auth: Authenticator,
     metrics: Metrics,
     bodies: Bodies,
 ) -> web.Application:
-    """The agents' listener: ``POST /v1/permits`` and the probes, answered by ``desk``.
+    """The agents' listener: ``POST /v1/permits`` and the probes, answered by ``desk``; and
+    the vm-controller's ``POST /v1/moves`` (``http.moves``, ``moves_auth``).
 
     Probes only besides the permits: /state names every VM pod and its size, /metrics every
     namespace's numbers, and this port is open to every pod in the cluster. Both stay on the
@@ -184,6 +187,7 @@ def make_front_app(
     app.router.add_post("/v1/permits", front_permits, name="permits")
     app.router.add_get("/healthz", front_healthz, name="healthz")
     app.router.add_get("/readyz", front_readyz, name="readyz")
+    moves.install(app, moves_auth)
     return app
 
 
@@ -222,6 +226,8 @@ class Ask(msgspec.Struct, frozen=True, kw_only=True, tag="ask"):
     username: str = ""
     node: str | None = None
     body: bytes | None = None
+    # Which desk method the body is for: a permit batch, or a move (``http.moves``).
+    route: Literal["permits", "moves"] = "permits"
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True, tag="answer"):
@@ -324,6 +330,10 @@ class ChannelDesk:
     async def permits(self, identity: Identity, body: bytes) -> DeskAnswer:
         return await self._ask(username=identity.username, node=identity.node, body=body)
 
+    async def moves(self, identity: Identity, body: bytes) -> DeskAnswer:
+        return await self._ask(username=identity.username, node=identity.node, body=body,
+                               route="moves")  # fmt: skip
+
     async def probe(self, name: Probe) -> DeskAnswer:
         try:
             return await self._ask(probe=name)
@@ -337,6 +347,7 @@ class ChannelDesk:
         username: str = "",
         node: str | None = None,
         body: bytes | None = None,
+        route: Literal["permits", "moves"] = "permits",
     ) -> DeskAnswer:
         if self._closed:
             raise Unavailable("the extender's main process is gone", reason="FrontOrphaned")
@@ -344,7 +355,9 @@ class ChannelDesk:
         future: asyncio.Future[DeskAnswer] = asyncio.get_running_loop().create_future()
         self._pending[ask_id] = future
         try:
-            self.channel.send(Ask(id=ask_id, probe=probe, username=username, node=node, body=body))
+            self.channel.send(
+                Ask(id=ask_id, probe=probe, username=username, node=node, body=body, route=route)
+            )
             async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
                 return await future
         except TimeoutError as e:
@@ -414,6 +427,8 @@ class MainSide:
                 return desk.answer_probe(ask.probe)
             if ask.body is None:
                 raise ExtenderError("an ask with neither a probe nor a batch")
+            if ask.route == "moves":
+                return desk.answer_moves(Identity(ask.username, ask.node), ask.body)
             return desk.answer_permits(Identity(ask.username, ask.node), ask.body)
         except ExtenderError as e:
             return error_answer(e)
@@ -622,6 +637,7 @@ async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> Non
         config,
         desk=desk,
         auth=authenticator(config, link, metrics),
+        moves_auth=moves.controller_authenticator(config, link, metrics),
         metrics=metrics,
         bodies=Bodies(config.limits),
     )

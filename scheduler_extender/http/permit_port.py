@@ -28,6 +28,7 @@ import structlog
 from aiohttp import web
 
 from protocol import codec
+from protocol.moves import MoveRequest
 from protocol.permits import ItemError, Permit, PermitBatch, ResourceRequestBatch
 from scheduler_extender.core.permits import Decision
 from scheduler_extender.core.refusals import Refusal, Refused
@@ -116,6 +117,10 @@ class PermitDesk(Protocol):
 
     async def probe(self, name: Probe) -> DeskAnswer: ...
 
+    async def moves(self, identity: Identity, body: bytes) -> DeskAnswer:
+        """``POST /v1/moves`` (``http.moves``): an authenticated caller's body, undecoded."""
+        ...
+
 
 # "warm": ``/readyz?exclude=leader`` (``ops.ready_problem``).
 Probe = Literal["healthz", "readyz", "warm"]
@@ -158,6 +163,18 @@ class LocalDesk:
             epoch=self.extender.epoch,
         )
 
+    def answer_moves(self, identity: Identity, body: bytes) -> DeskAnswer:
+        del identity  # authenticated as the vm-controller: any move is its to ask for
+        try:
+            try:
+                move: MoveRequest = codec.decode(MoveRequest, body)  # type: ignore[arg-type]
+            except codec.ProtocolError as e:
+                raise ProtocolError(f"MoveRequest: {e}") from e
+            answer = self.extender.move(move)
+        except ExtenderError as e:
+            return error_answer(e)
+        return DeskAnswer(status=200, body=codec.encode(answer), reason=f"{answer.op}d")
+
     def answer_probe(self, name: Probe) -> DeskAnswer:
         problem = (
             ops.health_problem(self.tasks, self.extender)
@@ -173,6 +190,9 @@ class LocalDesk:
 
     async def probe(self, name: Probe) -> DeskAnswer:
         return self.answer_probe(name)
+
+    async def moves(self, identity: Identity, body: bytes) -> DeskAnswer:
+        return self.answer_moves(identity, body)
 
 
 DESK = web.AppKey("desk", PermitDesk)

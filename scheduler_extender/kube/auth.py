@@ -32,7 +32,12 @@ import structlog
 from kube_io.errors import KubeError, NotFound
 from kube_io.objects import TokenReviewResult
 from protocol.kube import Pod
-from scheduler_extender.errors import NotTheAgent, Unauthenticated, Unavailable
+from scheduler_extender.errors import (
+    NotTheAgent,
+    NotTheController,
+    Unauthenticated,
+    Unavailable,
+)
 from scheduler_extender.kube.token_cache import Refused, TokenCache
 from scheduler_extender.kube.token_shape import local_refusal
 from scheduler_extender.metrics import Metrics
@@ -270,3 +275,67 @@ class TokenReviewAuth:
         )
         log.info("token_authenticated", username=user.username, token_node=user.node)
         return user
+
+
+class ControllerAuth:
+    """``POST /v1/moves``: only the vm-controller's ServiceAccount may reserve or cancel a move.
+
+    A move is a rare call (one or two per migration), so every token is reviewed (a TokenReview
+    for the permit port's ``audience``; the controller asks for a token of that audience) and
+    nothing is cached: a revoked token stops working at once. Tokens whose own claims rule them
+    out are refused without a review, and reviews are spent within ``budget``, so a flood of
+    tokens never reaches the API server. The reviewed user must be
+    ``system:serviceaccount:<namespace>:<name>`` of ``controller_service_account``; anything
+    else is 403 with the user named.
+    """
+
+    def __init__(
+        self,
+        review: ReviewToken,
+        *,
+        controller_service_account: str,
+        audience: str,
+        budget: TokenBucket,
+        metrics: Metrics,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._review = review
+        namespace, _, name = controller_service_account.partition("/")
+        self._username = f"system:serviceaccount:{namespace}:{name}"
+        self._audience = audience
+        self._budget = budget
+        self._metrics = metrics
+        self._wall_clock = wall_clock
+
+    async def authenticate(self, authorization: str | None) -> Identity:
+        token = bearer_token(authorization)
+        refusal = local_refusal(token, audience=self._audience, now=self._wall_clock())
+        if refusal is not None:
+            raise Unauthenticated(f"invalid token: {refusal}")
+        wait = self._budget.take(asyncio.get_running_loop().time())
+        if wait > 0.0:
+            self._metrics.token_reviews.labels("throttled").inc()
+            raise Unavailable(
+                "too many tokens to review now; retry",
+                retry_after_seconds=max(1, int(wait) + 1),
+                reason="TokenReviewsThrottled",
+            )
+        try:
+            result = await self._review(token)
+        except KubeError as e:
+            self._metrics.token_reviews.labels("error").inc()
+            raise Unavailable(
+                f"cannot verify the token now (TokenReview failed: {e.message})",
+                retry_after_seconds=1,
+                reason="TokenReviewFailed",
+            ) from e
+        if not result.authenticated:
+            self._metrics.token_reviews.labels("rejected").inc()
+            raise Unauthenticated(f"invalid token: {result.error or 'not authenticated'}")
+        self._metrics.token_reviews.labels("authenticated").inc()
+        if result.username != self._username:
+            raise NotTheController(
+                f"{result.username or 'this token'} is not the vm-controller's ServiceAccount"
+                f" ({self._username}); only the vm-controller may reserve moves"
+            )
+        return Identity(username=self._username, node=None)

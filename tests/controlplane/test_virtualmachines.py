@@ -3,9 +3,11 @@ install, their validation refuses bad objects with the field named, and the real
 ``vm-controller`` process, under the ServiceAccount and RBAC of those manifests, makes the pod,
 the Service and the status, and makes the pod again when it goes.
 
-One module-scoped controller for every test here, on the session's control plane; no
-kube-scheduler and no extender (they add nothing to what this checks): the test binds the pod
-and reports its phase as kube-scheduler and the kubelet would.
+One module-scoped controller for every test here, on the session's control plane, beside the
+module's extender and kube-scheduler (``cluster``): a migration's reservation is the real
+extender's, asked with the controller's own ServiceAccount token (TokenReview). Most tests keep
+their VMs off the cluster's nodes and bind the pod and report its phase as kube-scheduler and
+the kubelet would; there is no kubelet, so no pod ever really runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from protocol import annotations as ann
-from testkit.cluster import Names
+from testkit.cluster import Cluster, Names
 from testkit.controlplane import (
     DOCS,
     ApiError,
@@ -74,19 +76,27 @@ def vms_removed(names: Names) -> Iterator[Names]:
         names.api.delete(vm_path(names.namespace, vm["metadata"]["name"]))
 
 
+# A move's target pod never runs here (no kubelet): it fails this soon.
+TARGET_POD_TIMEOUT_SECONDS = 2
+
+
 @pytest.fixture(scope="module")
 def controller(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
-    """The CRDs installed, and ``vm-controller`` running as the manifests' ServiceAccount;
-    yields the admin kubeconfig (for kubectl)."""
+    """The CRDs installed, and ``vm-controller`` running as the manifests' ServiceAccount,
+    reserving moves at ``cluster``'s extender; yields the admin kubeconfig (for kubectl)."""
     api = control_plane.admin()
     try:
         token = _install(api)
+        # What the Deployment projects: a token of its ServiceAccount for the extender.
+        extender_token = api.request_token("vm-autoscaling", "vm-controller")
     finally:
         api.close()
     work = tmp_path_factory.mktemp("vm-controller")
     kubeconfig = control_plane.write_kubeconfig(work / "controller.kubeconfig", token=token)
+    token_file = work / "extender-token"
+    token_file.write_text(extender_token)
     log = (work / "stderr").open("wb")
     process = subprocess.Popen(
         [
@@ -101,6 +111,12 @@ def controller(
             str(free_port()),
             "--log-level",
             "debug",
+            "--extender-url",
+            f"http://127.0.0.1:{cluster.extender.permits_port}",
+            "--extender-token-file",
+            str(token_file),
+            "--migration-target-pod-timeout-seconds",
+            str(TARGET_POD_TIMEOUT_SECONDS),
         ],
         stdout=subprocess.DEVNULL,
         stderr=log,
@@ -327,3 +343,156 @@ def _get(api: Any, path: str) -> Obj | None:
             return None
         raise
     return got
+
+
+def vmm_path(namespace: str, name: str = "") -> str:
+    base = f"{GROUP_PATH}/namespaces/{namespace}/virtualmachinemigrations"
+    return f"{base}/{name}" if name else base
+
+
+def test_migrations_that_cannot_be_made_are_refused_with_nothing_done(
+    controller: Path, vms_removed: Names
+):
+    """Each refusal the controller decides alone (vm_controller/migrations.py ``admit``): the
+    migration Failed with the reason in its condition, an Event, and no target pod, no mark on
+    the VM's pod. (The extender's refusals, NoRoom among them: tests/extender/test_moves.py.)"""
+    api, ns = vms_removed.api, vms_removed.namespace
+
+    def move(name: str, **spec: Any) -> None:
+        body: Obj = {
+            "apiVersion": "vm-autoscaling.io/v1alpha1",
+            "kind": "VirtualMachineMigration",
+            "metadata": {"name": name},
+            "spec": {"vmName": "pg", **spec},
+        }
+        api.create(vmm_path(ns), body)
+
+    def refused(name: str) -> Obj:
+        def failed() -> Obj | None:
+            status: Obj = api.get(vmm_path(ns, name)).get("status", {})
+            return status if status.get("phase") == "Failed" else None
+
+        status = wait_for(failed, timeout_seconds=20, what=f"migration {name} refused")
+        (condition,) = status["conditions"]
+        assert condition["type"] == "Succeeded" and condition["status"] == "False"
+        assert condition["message"]
+        return condition
+
+    move("no-vm", targetNode="node-b")
+    assert refused("no-vm")["reason"] == "VMNotFound"
+
+    api.create(vm_path(ns), vm_body("pg"))
+    wait_for(lambda: _get(api, pod_path(ns, "pg")), timeout_seconds=20, what="the pod")
+    move("not-running", targetNode="node-b")
+    assert refused("not-running")["reason"] == "VMNotRunning"
+
+    api.create(
+        pod_path(ns, "pg") + "/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "pg"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+        },
+    )
+    api.set_pod_phase(ns, "pg", "Running")
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg")).get("status", {}).get("phase") == "Running",
+        timeout_seconds=20,
+        what="the VM Running",
+    )
+    move("same-node", targetNode="node-a")
+    assert refused("same-node")["reason"] == "SameNode"
+    move("no-target")
+    assert refused("no-target")["reason"] == "TargetNodeRequired"
+
+    # Nothing half-done: the VM has its one pod, unmarked, and its status points at it.
+    pods = api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+    assert [p["metadata"]["name"] for p in pods] == ["pg"]
+    assert ann.MIGRATION not in pods[0]["metadata"].get("annotations", {})
+    assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
+    wait_for(
+        lambda: (
+            {"SameNode", "TargetNodeRequired"}
+            <= {
+                e["reason"]
+                for e in api.events_for(ns, "same-node") + api.events_for(ns, "no-target")
+            }
+        ),
+        timeout_seconds=20,
+        what="the migrations' Events",
+    )
+    wait_for(
+        lambda: "MigrationSameNode" in {e["reason"] for e in api.events_for(ns, "pg")},
+        timeout_seconds=20,
+        what="the VM's Event about the refused migration",
+    )
+
+
+def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
+    controller: Path, vms_removed: Names
+):
+    """The controller's whole shell but QEMU: the real extender reserves the target's room
+    (the controller's token, reviewed), the target pod is made on the target node with the
+    marks on both pods; the target never runs (no kubelet here), so the move fails by its
+    deadline: the target pod deleted, the source unmarked, and the reservation cancelled (a
+    second move of the same VM is reserved again, which the extender refuses while the first
+    still holds it)."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    nodes = [vms_removed.node("a", cpu="8"), vms_removed.node("b", cpu="8")]
+    api.create(vm_path(ns), vm_body("pg", nodeSelector={"vma-test-group": vms_removed.group}))
+    source = wait_for(
+        lambda: (p := _get(api, pod_path(ns, "pg"))) and p["spec"].get("nodeName") and p,
+        timeout_seconds=30,
+        what="the VM's pod placed by kube-scheduler and the extender",
+    )
+    api.set_pod_phase(ns, "pg", "Running")
+    wait_for(
+        lambda: api.get(vm_path(ns, "pg")).get("status", {}).get("phase") == "Running",
+        timeout_seconds=20,
+        what="the VM Running",
+    )
+    (target_node,) = set(nodes) - {source["spec"]["nodeName"]}
+
+    def move(name: str) -> Obj:
+        body: Obj = {
+            "apiVersion": "vm-autoscaling.io/v1alpha1",
+            "kind": "VirtualMachineMigration",
+            "metadata": {"name": name},
+            "spec": {"vmName": "pg", "targetNode": target_node},
+        }
+        return api.create(vmm_path(ns), body)
+
+    def phase_of(name: str, phase: str) -> Obj | None:
+        status: Obj = api.get(vmm_path(ns, name)).get("status", {})
+        return status if status.get("phase") == phase else None
+
+    first = move("first")
+    # Its Running phase lasts TARGET_POD_TIMEOUT_SECONDS: on a loaded machine a poll may miss
+    # it, so what the move made is read from what stays (the status, the terminating pod).
+    failed = wait_for(lambda: phase_of("first", "Failed"), timeout_seconds=30, what="Failed")
+    (condition,) = failed["conditions"]
+    assert condition["reason"] == "TargetNeverReady"
+    target_name = failed["targetPod"]
+    assert target_name == "pg-m" + first["metadata"]["uid"].replace("-", "")[:8]
+    assert (failed["sourcePod"], failed["targetNode"]) == ("pg", target_node)
+    assert failed["startTime"] and failed["completionTime"]
+    # Made on the target node, marked as the move's target; deleted (no kubelet here to end
+    # its termination, so it is still there).
+    target = api.get(pod_path(ns, target_name))
+    assert target["spec"]["nodeName"] == target_node
+    assert target["metadata"]["annotations"][ann.MIGRATION] == "first"
+    assert target["metadata"].get("deletionTimestamp")
+    unmarked = api.get(pod_path(ns, "pg"))
+    assert ann.MIGRATION not in unmarked["metadata"]["annotations"]
+    assert ann.MIGRATION_TO not in unmarked["metadata"]["annotations"]
+    assert unmarked["metadata"]["uid"] == source["metadata"]["uid"]
+    assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
+
+    # The first reservation is gone: the extender reserves the next move of the same VM (while
+    # the first held it, it would refuse: Conflict, already moving), which fails as the first.
+    move("second")
+    second = wait_for(lambda: phase_of("second", "Failed"), timeout_seconds=30, what="Failed")
+    assert second["conditions"][0]["reason"] == "TargetNeverReady"
+    reasons = {e["reason"] for e in api.events_for(ns, "first")}
+    assert {"Started", "TargetNeverReady"} <= reasons

@@ -17,6 +17,7 @@ from testkit.manifests import (
     KUSTOMIZATION_DIRS,
     MANIFESTS,
     PROMETHEUS_FILES,
+    VM_CONTROLLER,
     all_manifest_files,
     find,
     kustomization,
@@ -94,7 +95,9 @@ def test_every_manifest_file_is_used_by_a_kustomization():
     # Prometheus (tests/deploy/test_monitoring.py runs promtool on them).
     prometheus = {p.resolve() for p in PROMETHEUS_FILES.rglob("*.yaml")}
     assert prometheus
-    assert files - used == prometheus
+    # Applied by the user in each namespace that runs VirtualMachines (its header says so).
+    per_vm_namespace = {(VM_CONTROLLER / "migration-networkpolicy.yaml").resolve()}
+    assert files - used == prometheus | per_vm_namespace
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATION_DIRS, ids=str)
@@ -193,14 +196,16 @@ def test_services_select_their_pods_by_port_name():
             assert port["targetPort"] in port_names
 
 
-def test_network_policy_lets_only_the_agents_reach_the_permit_port():
+def test_network_policy_lets_only_the_agents_and_the_vm_controller_reach_the_permit_port():
     """The policy selects the extender's pods; the permit port admits the agent DaemonSet's
-    pods and nothing else; the verbs port (loopback, unauthenticated /bind) admits nobody;
-    every port it names is one the extender's pod really has."""
+    pods and the vm-controller's (its POST /v1/moves) and nothing else; the verbs port
+    (loopback, unauthenticated /bind) admits nobody; every port it names is one the extender's
+    pod really has."""
     docs = render(MANIFESTS)
     policy = find(docs, "NetworkPolicy", "scheduler-extender")
     extender = find(docs, "Deployment", "scheduler-extender")
     agent = find(docs, "DaemonSet", "autoscaler-agent")
+    controller = find(render(VM_CONTROLLER), "Deployment", "vm-controller")
     spec = policy["spec"]
     selected = [
         d
@@ -220,16 +225,17 @@ def test_network_policy_lets_only_the_agents_reach_the_permit_port():
             admitted.setdefault(port["port"], []).append(rule.get("from"))
     assert "verbs" not in admitted
     (sources,) = admitted["permits"]
-    assert len(sources) == 1
-    (source,) = sources
-    # No namespaceSelector: the policy's own namespace, which is the agents'.
-    assert set(source) == {"podSelector"}
-    assert agent["metadata"]["namespace"] == policy["metadata"]["namespace"]
-    labels = agent["spec"]["template"]["metadata"]["labels"]
-    assert source["podSelector"]["matchLabels"].items() <= labels.items()
-    assert not any(
-        source["podSelector"]["matchLabels"].items()
-        <= d["spec"]["template"]["metadata"]["labels"].items()
-        for d in docs
-        if d["kind"] in {"Deployment", "StatefulSet"}
-    )
+    everything = [*docs, controller]
+    assert len(sources) == 2
+    for source, allowed in zip(sources, (agent, controller), strict=True):
+        # No namespaceSelector: the policy's own namespace, which is the callers'.
+        assert set(source) == {"podSelector"}
+        assert allowed["metadata"]["namespace"] == policy["metadata"]["namespace"]
+        matched = [
+            d
+            for d in everything
+            if d["kind"] in {"Deployment", "DaemonSet", "StatefulSet"}
+            and source["podSelector"]["matchLabels"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert matched == [allowed]

@@ -57,13 +57,25 @@ CALLS: dict[str, list[Access]] = {
     ],
     "create_namespaced": [Access("create", "", "pods"), Access("create", "", "services")],
     "delete_pod": [Access("delete", "", "pods")],
+    # Live migrations (vm_controller/migrator.py).
+    "list_virtual_machine_migrations": [
+        Access("list", "vm-autoscaling.io", "virtualmachinemigrations")
+    ],
+    "patch_virtual_machine_migration_status": [
+        Access("patch", "vm-autoscaling.io", "virtualmachinemigrations/status")
+    ],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
     "patch_virtual_machine_status",
     "create_namespaced",
     "delete_pod",
+    "list_virtual_machine_migrations",
+    "patch_virtual_machine_migration_status",
 }
+# Calls the extender makes too: the vm-controller's migration mark on both pods of a move, and
+# the target's label taken off at cut-over.
+VM_CONTROLLER_SHARED_CALLS = {"patch_pod_annotations", "patch_pod_labels"}
 LEASE_CALLS = {"get_lease", "create_lease", "replace_lease"}
 
 EXTENDER_USES = [
@@ -73,10 +85,11 @@ EXTENDER_USES = [
     for a in accesses
 ]
 VM_CONTROLLER_USES = {
-    *(a for name in VM_CONTROLLER_CALLS for a in CALLS[name]),
+    *(a for name in VM_CONTROLLER_CALLS | VM_CONTROLLER_SHARED_CALLS for a in CALLS[name]),
     Access("list", "", "pods"),
     Access("watch", "", "pods"),
     Access("watch", "vm-autoscaling.io", "virtualmachines"),
+    Access("watch", "vm-autoscaling.io", "virtualmachinemigrations"),
     Access("create", "", "events"),
 }
 AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]

@@ -40,6 +40,7 @@ from scheduler_extender.http.front import (
     make_front_app,
 )
 from scheduler_extender.http.keys import EXTENDER, EXTRA_METRICS, TASKS
+from scheduler_extender.http.moves import controller_authenticator
 from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
@@ -195,6 +196,7 @@ async def _front_over_channel(
         config,
         desk=desk,
         auth=authenticator(config, link, front_metrics),
+        moves_auth=controller_authenticator(config, link, front_metrics),
         metrics=front_metrics,
         bodies=Bodies(config.limits),
     )

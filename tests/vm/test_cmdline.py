@@ -115,6 +115,16 @@ def test_minimal_spec_gives_the_whole_command_line():
             ["user,id=net0,hostfwd=tcp:0.0.0.0:9100-:9100,hostfwd=tcp:0.0.0.0:5432-:5432"],
         ),
         (
+            {"migration_port": 4445},
+            "-chardev",
+            [
+                "socket,id=qmp,path=/run/vm/qmp.sock,server=on,wait=off",
+                "socket,id=control,path=/tmp/private/control.sock,server=on,wait=off",
+                "socket,id=migration-tcp,host=0.0.0.0,port=4445,server=on,wait=off",
+                "stdio,id=serial0,signal=off",
+            ],
+        ),
+        (
             {"serial_socket": "/tmp/s/serial.sock"},
             "-chardev",
             [
@@ -155,6 +165,7 @@ def test_minimal_spec_gives_the_whole_command_line():
         "extra-kernel-args-last",
         "one-forward",
         "forwards-in-order",
+        "qmp-on-tcp",
         "serial-socket",
         "comma-in-path-doubled",
         "disk-as-virtio",
@@ -174,6 +185,8 @@ def test_spec_field_shapes_its_flag(overrides, flag, expected):
         ({"memory_bytes": 0}, "whole number of MiB"),
         ({"accel": Accel.AUTO}, "must be resolved"),
         ({"incoming_port": 0}, "outside 1..65535"),
+        ({"migration_port": 70000}, "outside 1..65535"),
+        ({"migration_port": 4444, "incoming_port": 4444}, "both 4444"),
     ],
     ids=[
         "zero-vcpus",
@@ -182,6 +195,8 @@ def test_spec_field_shapes_its_flag(overrides, flag, expected):
         "memory-zero",
         "accel-unresolved",
         "incoming-port-zero",
+        "migration-port-too-big",
+        "migration-port-is-incoming-port",
     ],
 )
 def test_inconsistent_spec_is_rejected(overrides, message):

@@ -67,7 +67,13 @@ def checksum(guest: Guest) -> str:
     return match.group(1)
 
 
-def start(image: MinimalImage, workdir: Path, *, incoming_port: int | None = None) -> Guest:
+def start(
+    image: MinimalImage,
+    workdir: Path,
+    *,
+    incoming_port: int | None = None,
+    qmp_port: int | None = None,
+) -> Guest:
     workdir.mkdir()
     return start_runner(
         GuestImage(kernel=image.kernel, initrd=image.initrd),
@@ -79,15 +85,26 @@ def start(image: MinimalImage, workdir: Path, *, incoming_port: int | None = Non
         postgres=True,
         migration_socket=True,
         incoming_port=incoming_port,
+        migration_port=qmp_port,
     )
 
 
-def migrate_to(source: Guest, target: Guest, port: int, config: MigrationConfig):
+def migrate_to(
+    source: Guest,
+    target: Guest,
+    port: int,
+    config: MigrationConfig,
+    *,
+    qmp: tuple[str, str] | None = None,
+):
     # The runners' migration sockets (the agent would hold the VM's QMP socket): the target's
-    # exists only once its QEMU runs, which the driver waits for.
+    # exists only once its QEMU runs, which the driver waits for. ``qmp``: both sides' QMP
+    # addresses instead (``tcp:HOST:PORT``: the runners' --migration-port, as the vm-controller
+    # reaches runner pods).
+    source_qmp, target_qmp = qmp or (str(source.migration_socket), str(target.migration_socket))
     return migrate(
-        source_qmp=str(source.migration_socket),
-        target_qmp=str(target.migration_socket),
+        source_qmp=source_qmp,
+        target_qmp=target_qmp,
         target_uri=f"tcp:127.0.0.1:{port}",
         config=config,
     )
@@ -120,7 +137,8 @@ def test_guest_moves_with_its_size_and_data_and_a_killed_target_leaves_it_runnin
     require_binary("psql")
     services = []
     with stopping(services):
-        source = start(postgres_image, tmp_path / "source")
+        source_qmp_port = free_port()
+        source = start(postgres_image, tmp_path / "source", qmp_port=source_qmp_port)
         services.append(source.runner)
         wait_booted(source)
         assert source.postgres_port is not None
@@ -148,11 +166,13 @@ def test_guest_moves_with_its_size_and_data_and_a_killed_target_leaves_it_runnin
         assert isinstance(status, dict) and status["status"] == "running"
         assert psql(source.postgres_port, "select count(*) from moved") == str(ROWS)
 
-        # The real move.
-        port = free_port()
-        target = start(postgres_image, tmp_path / "target", incoming_port=port)
+        # The real move, driven over QMP on TCP as the vm-controller drives runner pods.
+        port, target_qmp_port = free_port(), free_port()
+        target = start(postgres_image, tmp_path / "target", incoming_port=port,
+                       qmp_port=target_qmp_port)  # fmt: skip
         services.append(target.runner)
-        outcome = asyncio.run(migrate_to(source, target, port, MigrationConfig()))
+        over_tcp = (f"tcp:127.0.0.1:{source_qmp_port}", f"tcp:127.0.0.1:{target_qmp_port}")
+        outcome = asyncio.run(migrate_to(source, target, port, MigrationConfig(), qmp=over_tcp))
         assert outcome.succeeded, outcome
         assert outcome.downtime_ms is not None and outcome.transferred_bytes
         assert source.runner.process.wait(timeout=30) == 0  # the source QEMU quit, its runner too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from kube_io import KubeClient
@@ -34,3 +35,35 @@ def test_an_unreadable_kubeconfig_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 4
     assert len(err) == 1 and err[0].startswith("vm-controller: kubeconfig ")
+
+
+def test_migration_metrics_are_exported_with_prometheus_names() -> None:
+    registry = CollectorRegistry()
+    ControllerMetrics(registry)
+    names = {m.name for m in registry.collect()}
+    # prometheus_client drops the _total of counters in the family name.
+    assert {
+        "vmautoscale_vmcontroller_migrations_started",
+        "vmautoscale_vmcontroller_migrations_succeeded",
+        "vmautoscale_vmcontroller_migrations_failed",
+        "vmautoscale_vmcontroller_migration_duration_seconds",
+        "vmautoscale_vmcontroller_migration_downtime_seconds",
+    } <= names
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--migration-downtime-ms", "0"], "downtime limit must be >= 1 ms"),
+        (["--migration-deadline-seconds", "0"], "converge_deadline_seconds must be > 0"),
+        (["--migration-target-pod-timeout-seconds", "0"], "must be > 0"),
+    ],
+)
+def test_bad_migration_flags_are_one_line_before_any_connection(
+    capsys: pytest.CaptureFixture[str], flags: list[str], words: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*flags, "--kubeconfig", "/nonexistent"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("vm-controller: ") and words in line
