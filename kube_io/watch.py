@@ -1,5 +1,5 @@
-"""List-then-watch of pods, nodes or VirtualMachines as an endless stream of ``Listed`` and
-``Changed`` items.
+"""List-then-watch of pods, nodes, Services or VirtualMachines as an endless stream of
+``Listed`` and ``Changed`` items.
 
 Shell: I/O through ``KubeClient`` only, and no interpretation of the objects. It must not keep
 a copy of the objects (the consumer owns its view) nor decide anything about them.
@@ -41,7 +41,7 @@ from kube_io.errors import (
     error_from_status,
 )
 from protocol.codec import ProtocolError, decode
-from protocol.kube import Node, Pod, WatchEvent
+from protocol.kube import Node, Pod, Service, WatchEvent
 from protocol.virtualmachine import VirtualMachine
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T", Pod, Node, VirtualMachine)
+T = TypeVar("T", Pod, Node, VirtualMachine, Service)
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -207,6 +207,18 @@ def watch_objects(
 ) -> AsyncIterator[WatchItem[VirtualMachine]]: ...
 
 
+@overload
+def watch_objects(
+    client: KubeClient,
+    kind: Literal["services"],
+    *,
+    field_selector: str | None = None,
+    label_selector: str | None = None,
+    settings: WatchSettings = ...,
+    rng: random.Random | None = None,
+) -> AsyncIterator[WatchItem[Service]]: ...
+
+
 async def watch_objects(
     client: KubeClient,
     kind: ResourceKind,
@@ -215,7 +227,9 @@ async def watch_objects(
     label_selector: str | None = None,
     settings: WatchSettings = _DEFAULT_SETTINGS,
     rng: random.Random | None = None,
-) -> AsyncIterator[WatchItem[Pod] | WatchItem[Node] | WatchItem[VirtualMachine]]:
+) -> AsyncIterator[
+    WatchItem[Pod] | WatchItem[Node] | WatchItem[VirtualMachine] | WatchItem[Service]
+]:
     """Listed first, then Changed items, forever; Listed again whenever a relist was needed.
 
     ``rng`` drives the backoff jitter (pass a seeded one in tests). Raises only non-retryable
@@ -224,7 +238,7 @@ async def watch_objects(
     selectors = _Selectors(field_selector=field_selector, label_selector=label_selector)
     # One watcher per kind, each built with its own object type and lister so that it stays
     # fully typed; the loop below serves them all.
-    watcher: _Watcher[Pod] | _Watcher[Node] | _Watcher[VirtualMachine]
+    watcher: _Watcher[Pod] | _Watcher[Node] | _Watcher[VirtualMachine] | _Watcher[Service]
     if kind == "pods":
         watcher = _Watcher(
             client, kind, object_type=Pod, lister=client.list_pods,
@@ -233,6 +247,11 @@ async def watch_objects(
     elif kind == "virtualmachines":
         watcher = _Watcher(
             client, kind, object_type=VirtualMachine, lister=client.list_virtual_machines,
+            selectors=selectors, settings=settings, rng=rng,
+        )  # fmt: skip
+    elif kind == "services":
+        watcher = _Watcher(
+            client, kind, object_type=Service, lister=client.list_services,
             selectors=selectors, settings=settings, rng=rng,
         )  # fmt: skip
     else:

@@ -327,3 +327,48 @@ def _get(api: Any, path: str) -> Obj | None:
             return None
         raise
     return got
+
+
+def test_a_service_deleted_by_hand_comes_back_and_anothers_is_left_alone(
+    controller: Path, vms_removed: Names
+):
+    """The VM's Services are watched: one deleted by hand is made again with nothing else
+    changing (no pod event to wake the controller). A Service of a VM's name that the VM
+    does not own is never adopted nor rewritten: the VM says so, once, as an Event and in
+    its Ready condition."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    services = f"/api/v1/namespaces/{ns}/services"
+    theirs: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "taken", "labels": {"app": "theirs"}},
+        "spec": {"clusterIP": "None", "selector": {"app": "theirs"}, "ports": [{"port": 80}]},
+    }
+    api.create(services, theirs)
+    before = api.get(f"{services}/taken")
+    api.create(vm_path(ns), vm_body("taken"))
+    api.create(vm_path(ns), vm_body("mine"))
+
+    def ready_reason(name: str) -> str | None:
+        conditions = api.get(vm_path(ns, name)).get("status", {}).get("conditions") or []
+        return next((c["reason"] for c in conditions if c["type"] == "Ready"), None)
+
+    wait_for(lambda: ready_reason("taken") == "ServiceConflict", timeout_seconds=20,
+             what="the VM refusing the Service it does not own")  # fmt: skip
+    after = api.get(f"{services}/taken")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert "ownerReferences" not in after["metadata"] and after["spec"] == before["spec"]
+    warned = [e for e in api.events_for(ns, "taken") if e["reason"] == "ServiceConflict"]
+    assert [e["type"] for e in warned] == ["Warning"], warned
+
+    first = wait_for(lambda: _get(api, f"{services}/mine"), timeout_seconds=20,
+                     what="the VM's own Service")  # fmt: skip
+    api.delete(f"{services}/mine")
+    first_uid = first["metadata"]["uid"]
+
+    def remade() -> Obj | None:
+        service = _get(api, f"{services}/mine")
+        return service if service and service["metadata"]["uid"] != first_uid else None
+
+    again = wait_for(remade, timeout_seconds=20, what="the Service made again")
+    assert again["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]

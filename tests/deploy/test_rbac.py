@@ -57,12 +57,16 @@ CALLS: dict[str, list[Access]] = {
     ],
     "create_namespaced": [Access("create", "", "pods"), Access("create", "", "services")],
     "delete_pod": [Access("delete", "", "pods")],
+    "list_services": [Access("list", "", "services")],
+    "get_service": [Access("get", "", "services")],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
     "patch_virtual_machine_status",
     "create_namespaced",
     "delete_pod",
+    "list_services",
+    "get_service",
 }
 LEASE_CALLS = {"get_lease", "create_lease", "replace_lease"}
 
@@ -77,6 +81,7 @@ VM_CONTROLLER_USES = {
     Access("list", "", "pods"),
     Access("watch", "", "pods"),
     Access("watch", "vm-autoscaling.io", "virtualmachines"),
+    Access("watch", "", "services"),
     Access("create", "", "events"),
 }
 AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
