@@ -3,8 +3,9 @@
 Pure: no I/O, no clock (the shell passes ``now`` as the RFC 3339 string a condition records).
 
 - ``desired_pod(vm)``: the runner pod, labelled and annotated exactly as a hand-written VM pod
-  (``protocol/annotations.py``, ``manifests/examples/vm-deploy.yaml``), so the extender and the
-  agent see no difference between the two; the socket paths and the metrics URL are filled in.
+  (``protocol/annotations.py``, ``manifests/examples/statefulset/vm-deploy.yaml``), so the
+  extender and the agent see no difference between the two; the socket paths and the metrics
+  URL are filled in.
 - ``desired_service(vm)``: a headless Service giving the pod the DNS name the metrics URL uses.
 - ``reconcile(vm, pod, service, now=...)``: the actions and the status for one VM, from the
   pod and the Service of its name that exist now (or None).

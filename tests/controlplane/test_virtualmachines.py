@@ -30,7 +30,7 @@ from testkit.controlplane import (
     pod_path,
     wait_for,
 )
-from testkit.manifests import VM_CONTROLLER, VM_EXAMPLES, render
+from testkit.manifests import EXAMPLES, VM_CONTROLLER, render
 from testkit.ports import free_port
 
 GROUP_PATH = "/apis/vm-autoscaling.io/v1alpha1"
@@ -185,10 +185,12 @@ def test_migrations_need_a_vm_and_keep_their_spec(controller: Path, names: Names
     assert changed.value.status == 422 and "immutable" in str(changed.value.body)
 
 
-def test_the_example_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
-    (example,) = render(VM_EXAMPLES)
-    example["metadata"]["namespace"] = names.namespace
-    names.api.create(vm_path(names.namespace), example, dry_run=True)
+def test_the_examples_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
+    examples = [d for d in (EXAMPLES, EXAMPLES / "double") for d in render(d)]
+    assert [d["kind"] for d in examples] == ["VirtualMachine"] * 3
+    for example in examples:
+        example["metadata"]["namespace"] = names.namespace
+        names.api.create(vm_path(names.namespace), example, dry_run=True)
     # A quantity may be a plain number of bytes, compared as a quantity with the other bound.
     plain = vm_body("plain", memory={"min": 2**30, "max": "2Gi", "unit": 2**27})
     names.api.create(vm_path(names.namespace), plain, dry_run=True)

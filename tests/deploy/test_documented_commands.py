@@ -140,7 +140,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.PARSE,
         _parse_local_bench,
     ),
-    "VM_NAME=pg-vm-0 scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
+    "VM_NAME=pg-vm scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "vm_image/build.sh minimal": (How.ELSEWHERE, "tests/vm/test_image.py"),
     "vm_image/build.sh postgres": (How.ELSEWHERE, "tests/vm/test_image.py"),
@@ -166,15 +166,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_kustomize.py",
     ),
-    "kubectl apply -k manifests/vm-controller/": (
-        How.ELSEWHERE,
-        "tests/controlplane/test_virtualmachines.py",
-    ),
-    "kubectl apply -k manifests/examples/virtualmachine/": (
-        How.ELSEWHERE,
-        "tests/controlplane/test_virtualmachines.py",
-    ),
-    "kubectl get vm": (How.ELSEWHERE, "tests/controlplane/test_virtualmachines.py"),
+    "kubectl get vm": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "kubectl -n vm-autoscaling port-forward pod/LEADER 10298:10298": (
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",

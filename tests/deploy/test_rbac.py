@@ -13,9 +13,9 @@ from typing import NamedTuple
 import pytest
 
 from kube_io.client import KubeClient
-from testkit.manifests import MANIFESTS, VM_CONTROLLER, render
+from testkit.manifests import MANIFESTS, render
 
-DOCS = render(MANIFESTS) + render(VM_CONTROLLER)
+DOCS = render(MANIFESTS)  # the vm-controller's RBAC included (manifests/vm-controller/)
 NAMESPACE = "vm-autoscaling"
 
 
