@@ -26,6 +26,7 @@ from testkit.controlplane import (
     ApiError,
     ControlPlane,
     Obj,
+    install_crds,
     object_path,
     pod_path,
     wait_for,
@@ -118,20 +119,13 @@ def controller(
 
 
 def _install(api: Any) -> str:
-    for doc in CRDS + RBAC:
+    for doc in RBAC:
         try:
             api.create(object_path(doc), doc)
         except ApiError as e:
             if e.status != 409:
                 raise
-    for crd in CRDS:
-
-        def established(name: str = crd["metadata"]["name"]) -> bool:
-            got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = got.get("status", {}).get("conditions", [])
-            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-        wait_for(established, timeout_seconds=30, what="the CRDs established")
+    install_crds(api, CRDS)
     token: str = api.request_token("vm-autoscaling", "vm-controller", audience=None)
     return token
 
