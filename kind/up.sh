@@ -79,24 +79,26 @@ say "applying manifests/"
 # Re-loaded images keep their :dev tag, so an unchanged Deployment would not restart on its
 # own; restart explicitly so a re-run of up.sh really runs the code just built.
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-  "${KUBECTL[@]}" -n "$NAMESPACE" rollout restart deployment/scheduler-extender daemonset/autoscaler-agent
+  "${KUBECTL[@]}" -n "$NAMESPACE" rollout restart deployment/scheduler-extender \
+    daemonset/autoscaler-agent deployment/vm-controller
 fi
 
-say "waiting for the extender and the agents"
+say "waiting for the extender, the agents and the vm-controller"
 "${KUBECTL[@]}" -n "$NAMESPACE" rollout status deployment/scheduler-extender --timeout=180s
 "${KUBECTL[@]}" -n "$NAMESPACE" rollout status daemonset/autoscaler-agent --timeout=180s
+"${KUBECTL[@]}" -n "$NAMESPACE" rollout status deployment/vm-controller --timeout=180s
 
 cat <<NEXT
 
 vm-autoscaling is running in kind cluster '$CLUSTER_NAME' (context $CONTEXT).
 
 Next steps:
-  # one PostgreSQL VM (pod pg-vm-0), or two competing ones (pg-vm-a-0, pg-vm-b-0)
+  # one PostgreSQL VM (VirtualMachine pg-vm), or two competing ones (pg-vm-a, pg-vm-b)
   kubectl --context $CONTEXT apply -k manifests/examples/
   kubectl --context $CONTEXT apply -k manifests/examples/double/
 
   # load it with pgbench and watch its vCPUs follow
-  VM_NAME=pg-vm-0 scripts/run-bench.sh
+  VM_NAME=pg-vm scripts/run-bench.sh
 
   # or just watch the extender's view of every node and VM (/state is on the extender's
   # loopback-only verbs port, so forward to the leading pod, not the Service)

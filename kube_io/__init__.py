@@ -5,7 +5,7 @@ into ``protocol.kube`` structs, and turn every failure into a typed ``kube_io.er
 exception. They hold no policy and no state about the objects they move.
 
 Modules:
-    client   ``KubeClient``: list, bind, patch annotations, resize, events, token reviews.
+    client   ``KubeClient``: list, get, bind, patch annotations, resize, events, token reviews.
     watch    ``watch_objects``: list-then-watch as ``Listed`` / ``Changed`` items, with resume,
              bookmarks and relist on 410.
     errors   the typed error tree (drawn in its docstring) and what a retry can do.

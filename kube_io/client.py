@@ -58,7 +58,7 @@ from kube_io.objects import (
     TokenReviewSpec,
 )
 from protocol.codec import ProtocolError, decode
-from protocol.kube import Node, NodeList, Pod, PodList, WatchEvent
+from protocol.kube import Node, NodeList, Pod, PodList, Service, ServiceList, WatchEvent
 from protocol.virtualmachine import API_VERSION as VM_API_VERSION
 from protocol.virtualmachine import MIGRATION_PLURAL as VMM_PLURAL
 from protocol.virtualmachine import PLURAL as VM_PLURAL
@@ -73,7 +73,7 @@ from protocol.virtualmachine import (
 
 __all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
 
-ResourceKind = Literal["pods", "nodes", "virtualmachines", "virtualmachinemigrations"]
+ResourceKind = Literal["pods", "nodes", "virtualmachines", "virtualmachinemigrations", "services"]
 
 DEFAULT_PAGE_SIZE: Final = 500
 """Items per list page: the API server's own recommendation; bounds one response's memory."""
@@ -83,6 +83,7 @@ _PATHS: Final[dict[ResourceKind, str]] = {
     "nodes": "/api/v1/nodes",
     "virtualmachines": f"/apis/{VM_API_VERSION}/{VM_PLURAL}",
     "virtualmachinemigrations": f"/apis/{VM_API_VERSION}/{VMM_PLURAL}",
+    "services": "/api/v1/services",
 }
 _JSON: Final = "application/json"
 _MERGE_PATCH: Final = "application/merge-patch+json"
@@ -94,7 +95,7 @@ _LIST_RESTARTS: Final = 2
 # Upstream leaves it unannotated; typing it once here keeps the call sites strict.
 _load_incluster_config: Callable[..., None] = load_incluster_config
 
-_L = TypeVar("_L", PodList, NodeList, VirtualMachineList, VirtualMachineMigrationList)
+_L = TypeVar("_L", PodList, NodeList, VirtualMachineList, VirtualMachineMigrationList, ServiceList)
 _T = TypeVar("_T")
 
 
@@ -267,6 +268,20 @@ class KubeClient:
         items = [vmm for page in pages for vmm in page.items or ()]
         return items, pages[-1].metadata.resource_version
 
+    async def list_services(
+        self,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> tuple[list[Service], str]:
+        """All matching Services (every namespace) and the list's resourceVersion."""
+        pages = await self._list(
+            "services", ServiceList, field_selector, label_selector, page_size=page_size
+        )
+        items = [service for page in pages for service in page.items or ()]
+        return items, pages[-1].metadata.resource_version
+
     async def _list(
         self,
         kind: ResourceKind,
@@ -343,6 +358,12 @@ class KubeClient:
         """One pod as the API server has it now. Raises ``NotFound``."""
         _, body = await self._call("GET", _pod_path(namespace, name))
         return _decode(Pod, body)
+
+    async def get_service(self, namespace: str, name: str) -> Service:
+        """One Service as the API server has it now. Raises ``NotFound``."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(name, safe='')}"
+        _, body = await self._call("GET", path)
+        return _decode(Service, body)
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""List-then-watch of pods, nodes or VirtualMachines as an endless stream of ``Listed`` and
-``Changed`` items.
+"""List-then-watch of pods, nodes, Services or VirtualMachines as an endless stream of
+``Listed`` and ``Changed`` items.
 
 Shell: I/O through ``KubeClient`` only, and no interpretation of the objects. It must not keep
 a copy of the objects (the consumer owns its view) nor decide anything about them.
@@ -41,7 +41,7 @@ from kube_io.errors import (
     error_from_status,
 )
 from protocol.codec import ProtocolError, decode
-from protocol.kube import Node, Pod, WatchEvent
+from protocol.kube import Node, Pod, Service, WatchEvent
 from protocol.virtualmachine import VirtualMachine, VirtualMachineMigration
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T", Pod, Node, VirtualMachine, VirtualMachineMigration)
+T = TypeVar("T", Pod, Node, VirtualMachine, VirtualMachineMigration, Service)
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -219,6 +219,18 @@ def watch_objects(
 ) -> AsyncIterator[WatchItem[VirtualMachineMigration]]: ...
 
 
+@overload
+def watch_objects(
+    client: KubeClient,
+    kind: Literal["services"],
+    *,
+    field_selector: str | None = None,
+    label_selector: str | None = None,
+    settings: WatchSettings = ...,
+    rng: random.Random | None = None,
+) -> AsyncIterator[WatchItem[Service]]: ...
+
+
 async def watch_objects(
     client: KubeClient,
     kind: ResourceKind,
@@ -232,6 +244,7 @@ async def watch_objects(
     | WatchItem[Node]
     | WatchItem[VirtualMachine]
     | WatchItem[VirtualMachineMigration]
+    | WatchItem[Service]
 ]:
     """Listed first, then Changed items, forever; Listed again whenever a relist was needed.
 
@@ -246,6 +259,7 @@ async def watch_objects(
         | _Watcher[Node]
         | _Watcher[VirtualMachine]
         | _Watcher[VirtualMachineMigration]
+        | _Watcher[Service]
     )
     if kind == "pods":
         watcher = _Watcher(
@@ -261,6 +275,11 @@ async def watch_objects(
         watcher = _Watcher(
             client, kind, object_type=VirtualMachineMigration,
             lister=client.list_virtual_machine_migrations,
+            selectors=selectors, settings=settings, rng=rng,
+        )  # fmt: skip
+    elif kind == "services":
+        watcher = _Watcher(
+            client, kind, object_type=Service, lister=client.list_services,
             selectors=selectors, settings=settings, rng=rng,
         )  # fmt: skip
     else:

@@ -170,6 +170,15 @@ class Node(_Obj):
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
 
+class Service(_Obj):
+    """Only who a Service is and who owns it: the vm-controller makes each VM's Service from
+    its VirtualMachine and never reads (nor rewrites) a Service's spec."""
+
+    api_version: str | None = None
+    kind: str | None = None
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
 class ListMeta(_Obj):
     resource_version: str = ""
     # ``continue`` is a Python keyword.
@@ -184,6 +193,11 @@ class PodList(_Obj):
 class NodeList(_Obj):
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
     items: list[Node] | None = None
+
+
+class ServiceList(_Obj):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[Service] | None = None
 
 
 class Status(_Obj):

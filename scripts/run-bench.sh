@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load one VM's PostgreSQL with pgbench and watch the autoscaler react.
 #
-#   VM_NAME=pg-vm-0 scripts/run-bench.sh          cluster path (kind/up.sh, then an example)
+#   VM_NAME=pg-vm scripts/run-bench.sh            cluster path (kind/up.sh, then an example)
 #   scripts/run-bench.sh --local [--duration S]   one machine, no cluster (docs/LOCAL.md)
 #   scripts/run-bench.sh --local --help           every option of the local path
 #   scripts/run-bench.sh --help                   show this text
@@ -16,7 +16,7 @@
 # (OUT below), as the local path does.
 #
 # Environment (cluster path):
-#   VM_NAME          the VM pod, e.g. pg-vm-0 (required)
+#   VM_NAME          the VM pod, e.g. pg-vm (required)
 #   VM_NAMESPACE     its namespace (default: default)
 #   KUBE_CONTEXT     kubectl context (default: the current one)
 #   PGBENCH_IMAGE    image with pgbench and pg_isready (default: postgres:16-alpine)
@@ -77,7 +77,7 @@ if [[ $# -ne 0 ]]; then
 fi
 
 # --- cluster path ----------------------------------------------------------------------------
-: "${VM_NAME:?set VM_NAME to the VM pod, e.g. VM_NAME=pg-vm-0 $0}"
+: "${VM_NAME:?set VM_NAME to the VM pod, e.g. VM_NAME=pg-vm $0}"
 VM_NAMESPACE="${VM_NAMESPACE:-default}"
 PGBENCH_IMAGE="${PGBENCH_IMAGE:-postgres:16-alpine}"
 PGUSER="${PGUSER:-bench}"

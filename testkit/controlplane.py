@@ -259,6 +259,30 @@ _CLUSTER_SCOPED: Final = {
 }
 
 
+def install_crds(api: Api, docs: list[Obj]) -> None:
+    """Create the CustomResourceDefinitions among ``docs`` (409: there already, from another
+    module of the session) and wait until the API server serves their kinds."""
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    for crd in crds:
+        try:
+            api.create(object_path(crd), crd)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+
+    def established() -> bool:
+        for crd in crds:
+            path = (
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+            )
+            conditions = api.get(path).get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                return False
+        return True
+
+    wait_for(established, timeout_seconds=30, what="the CRDs established")
+
+
 def object_path(doc: Obj) -> str:
     """The collection URL a manifest document is POSTed to."""
     api_version: str = doc["apiVersion"]

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
 VM_CONTROLLER = MANIFESTS / "vm-controller"
-VM_EXAMPLES = EXAMPLES / "virtualmachine"
-KUSTOMIZATION_DIRS = (MANIFESTS, EXAMPLES, EXAMPLES / "double", VM_CONTROLLER, VM_EXAMPLES)
+# The example VM as a hand-written StatefulSet: the form for clusters without the vm-controller.
+STATEFULSET_EXAMPLE = EXAMPLES / "statefulset"
+KUSTOMIZATION_DIRS = (MANIFESTS, EXAMPLES, EXAMPLES / "double", VM_CONTROLLER, STATEFULSET_EXAMPLE)
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "labels", "configMapGenerator", "components"}
 
 Doc = dict[str, Any]

@@ -1,7 +1,7 @@
 """``vm-controller``: run the VirtualMachine controller until SIGTERM or SIGINT.
 
 Shell: parse the flags, check that the API server answers (one line and an exit code if not,
-``observability.exits``), bind ``/healthz``, ``/readyz`` (true once both watches have listed)
+``observability.exits``), bind ``/healthz``, ``/readyz`` (true once its three watches have listed)
 and ``/metrics``, then run ``Controller``. No policy here.
 """
 
@@ -35,10 +35,11 @@ DEFAULT_TOKEN_FILE = "/var/run/secrets/vm-autoscaling/extender/token"
 
 DESCRIPTION = """\
 Turn each VirtualMachine (vm-autoscaling.io/v1alpha1) into a runner pod annotated as the
-scheduler extender and the autoscaler agent read VM pods, and a headless Service; report the
-pod's phase, node and sizes in the VirtualMachine's status; create the pod again when it goes.
+scheduler extender and the autoscaler agent read VM pods, and a headless Service (a Service of
+the VM's name that another owns is left alone, and the VM says so); report the pod's phase,
+node and sizes in the VirtualMachine's status; make the pod or the Service again when one goes.
 Move VMs live as VirtualMachineMigrations ask (the target's room reserved by the extender).
-Needs the CRDs of manifests/crds/ installed.
+Needs the CRDs of manifests/vm-controller/crds/ installed (kubectl apply -k manifests/).
 """
 
 CONTROLLER = web.AppKey("controller", Controller)

@@ -1,4 +1,5 @@
-"""The controller's loop: watch VirtualMachines and their pods, reconcile one VM at a time.
+"""The controller's loop: watch VirtualMachines, their pods and their Services, reconcile one VM
+at a time.
 
 Shell: I/O only. The decision for a VM is ``decide.reconcile``; this module keeps the watched
 objects, queues the VMs whose objects changed, applies the actions, and retries a VM whose
@@ -15,11 +16,12 @@ import datetime
 from collections.abc import Callable
 from typing import Final
 
+import msgspec
 import structlog
 
 from kube_io import Changed, Conflict, KubeClient, KubeError, NotFound, ObjectReference
 from kube_io.watch import watch_objects
-from protocol.kube import ObjectMeta, Pod
+from protocol.kube import ObjectMeta, Pod, Service
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachine
 from vm_controller import decide
 from vm_controller.metrics import ControllerMetrics
@@ -43,6 +45,10 @@ def _pod_key(pod: Pod) -> Key | None:
     return (pod.metadata.namespace, name) if name else None
 
 
+def _service_key(service: Service) -> Key:
+    return service.metadata.namespace, service.metadata.name
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -54,19 +60,22 @@ class Controller:
         self.vms: dict[Key, VirtualMachine] = {}
         # Every pod labelled with a VM's name, by pod name: its own, and a live move's target.
         self.pods: dict[Key, dict[str, Pod]] = {}
-        # Services this process has created or found taken: a VM's Service is ensured once per
-        # process (and again with every new pod), not watched.
-        self.services: set[Key] = set()
+        # The Services this controller makes (they carry the VM-name label), by their name: one
+        # deleted by hand is made again at once. One of a VM's name without the label (not
+        # ours) is read on demand, in ``apply``.
+        self.services: dict[Key, Service] = {}
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
         self.retries: dict[Key, float] = {}
+        self.rechecks: dict[Key, asyncio.TimerHandle] = {}
         self.pod_listeners: list[Callable[[Key], None]] = []
         self.vms_listed = asyncio.Event()
         self.pods_listed = asyncio.Event()
+        self.services_listed = asyncio.Event()
 
     @property
     def is_synced(self) -> bool:
-        return self.vms_listed.is_set() and self.pods_listed.is_set()
+        return all(e.is_set() for e in (self.vms_listed, self.pods_listed, self.services_listed))
 
     def enqueue(self, key: Key) -> None:
         if key not in self.queued:
@@ -77,6 +86,7 @@ class Controller:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.watch_vms())
             tasks.create_task(self.watch_pods())
+            tasks.create_task(self.watch_services())
             tasks.create_task(self.work())
 
     async def watch_vms(self) -> None:
@@ -123,9 +133,27 @@ class Controller:
                 self.pod_changed(key)
             self.pods_listed.set()
 
+    async def watch_services(self) -> None:
+        label = decide.VM_NAME_LABEL
+        async for item in watch_objects(self.client, "services", label_selector=label):
+            if isinstance(item, Changed):
+                key = _service_key(item.object)
+                if item.type == "DELETED":
+                    self.services.pop(key, None)
+                else:
+                    self.services[key] = item.object
+                self.enqueue(key)
+                continue
+            before = set(self.services)
+            self.services = {_service_key(s): s for s in item.objects}
+            for key in before | set(self.services):
+                self.enqueue(key)
+            self.services_listed.set()
+
     async def work(self) -> None:
         await self.vms_listed.wait()
         await self.pods_listed.wait()
+        await self.services_listed.wait()
         log.info("vm_controller_synced", vms=len(self.vms), pods=len(self.pods))
         while True:
             key = await self.queue.get()
@@ -135,7 +163,9 @@ class Controller:
     async def reconcile(self, key: Key) -> None:
         vm = self.vms.get(key)
         if vm is None:
-            self.services.discard(key)
+            handle = self.rechecks.pop(key, None)
+            if handle is not None:
+                handle.cancel()
             return
         with structlog.contextvars.bound_contextvars(namespace=key[0], vm=key[1]):
             try:
@@ -165,14 +195,22 @@ class Controller:
     async def apply(self, vm: VirtualMachine) -> None:
         key = _key_of(vm)
         pod = decide.current_pod(vm, self.pods.get(key, {}))
-        actions = decide.reconcile(vm, pod, has_service=key in self.services, now=_now())
+        service = self.services.get(key)
+        if service is None:
+            # Not one of ours as far as the watch knows: one we made that the watch has not
+            # shown yet, another's, or none.
+            try:
+                service = await self.client.get_service(*key)
+            except NotFound:
+                service = None
+        actions = decide.reconcile(vm, pod, service=service, now=_now())
         if actions.create_service is not None:
             try:
                 await self.client.create_namespaced("services", actions.create_service)
-                await self.event(vm, "Normal", "ServiceCreated", f"created service {key[1]}")
             except Conflict:
-                pass  # it exists: the name is the VM's, and so is the Service
-            self.services.add(key)
+                self.enqueue(key)  # made since it was read: whose it is decides the next pass
+            else:
+                await self.event(vm, "Normal", "ServiceCreated", f"created service {key[1]}")
         if actions.delete_pod_uid is not None and pod is not None:
             with contextlib.suppress(NotFound, Conflict):  # gone already, or a newer pod
                 await self.client.delete_pod(key[0], pod.metadata.name, uid=actions.delete_pod_uid)
@@ -185,16 +223,29 @@ class Controller:
                 log.debug("vm_pod_name_taken")
             else:
                 self.metrics.pods_created.inc()
-                self.services.discard(key)  # ensure the Service again with each new pod
                 log.info("vm_pod_created", pod=key[1])
                 await self.event(vm, "Normal", "PodCreated", f"created runner pod {key[1]}")
         for event in actions.events:
             await self.event(vm, event.type, event.reason, event.message)
+        if actions.recheck_seconds is not None and key not in self.rechecks:
+            self.rechecks[key] = asyncio.get_running_loop().call_later(
+                actions.recheck_seconds, self.recheck, key
+            )
         if actions.status != vm.status:
-            with contextlib.suppress(NotFound):  # deleted meanwhile: nothing to report on
+            try:
                 await self.client.patch_virtual_machine_status(*key, actions.status)
+            except NotFound:
+                return  # deleted meanwhile: nothing to report on
+            if self.vms.get(key) is vm:
+                # The status just written, until the watch brings it: a pass in between (a pod
+                # event) decides from it, and does not send a transition's Event twice.
+                self.vms[key] = msgspec.structs.replace(vm, status=actions.status)
             if actions.status.phase != vm.status.phase:
                 log.info("vm_phase", phase=actions.status.phase, node=actions.status.node)
+
+    def recheck(self, key: Key) -> None:
+        self.rechecks.pop(key, None)
+        self.enqueue(key)
 
     async def event(self, vm: VirtualMachine, type_: str, reason: str, message: str) -> None:
         await self.object_event(KIND, vm.metadata, type_, reason, message)

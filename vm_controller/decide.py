@@ -3,15 +3,23 @@
 Pure: no I/O, no clock (the shell passes ``now`` as the RFC 3339 string a condition records).
 
 - ``desired_pod(vm)``: the runner pod, labelled and annotated exactly as a hand-written VM pod
-  (``protocol/annotations.py``, ``manifests/examples/vm-deploy.yaml``), so the extender and the
-  agent see no difference between the two; the socket paths and the metrics URL are filled in.
+  (``protocol/annotations.py``, ``manifests/examples/statefulset/vm-deploy.yaml``), so the
+  extender and the agent see no difference between the two; the socket paths and the metrics
+  URL are filled in.
 - ``desired_service(vm)``: a headless Service giving the pod the DNS name the metrics URL uses.
-- ``reconcile(vm, pod, has_service, now=...)``: the actions and the status for one VM, from the
-  pod that exists now (or None).
+- ``reconcile(vm, pod, service, now=...)``: the actions and the status for one VM, from the
+  pod and the Service of its name that exist now (or None).
 
 A VM has at most one pod at any instant, as a StatefulSet of one: the pod's name is the VM's,
 so the API server itself refuses a second while the first (even a terminating one) holds the
 name, and ``reconcile`` creates a pod only once the previous one is gone.
+
+A Service of the VM's name that the VM does not own (a user's own, or the StatefulSet form's of
+manifests/examples/statefulset/) is never adopted nor rewritten: controller-runtime's rule for
+``controllerutil.SetControllerReference``, which refuses an object another controller owns,
+taken one step further, since a Service with no owner may be a user's too. The VM says so
+(Ready False, ``ServiceConflict``, and a Warning Event once) and looks again every
+``SERVICE_RECHECK_SECONDS``: an object it does not own is not one whose deletion it watches.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from protocol import annotations as ann
-from protocol.kube import Pod
+from protocol.kube import ObjectMeta, Pod, Service
 from protocol.quantity import cpu_millis, format_memory, memory_bytes
 from protocol.virtualmachine import (
     API_VERSION,
@@ -50,6 +58,9 @@ MIGRATION_QMP_PORT: Final = 4445
 MIGRATION_INCOMING_PORT: Final = 4444
 # The runner powers the guest off on SIGTERM (ACPI, 20 s), then QMP quit (5 s).
 TERMINATION_GRACE_SECONDS: Final = 40
+# How often a VM whose Service name is taken by another's Service looks again.
+SERVICE_RECHECK_SECONDS: Final = 30.0
+SERVICE_CONFLICT: Final = "ServiceConflict"
 
 Manifest = dict[str, Any]
 
@@ -62,13 +73,16 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 class Actions(msgspec.Struct, frozen=True, kw_only=True):
     """What the shell does for one VM, in this order: the Service, then delete or create the
-    pod, then the status (written only when it differs from the one the VM has)."""
+    pod, then the status (written only when it differs from the one the VM has);
+    ``recheck_seconds``: pass over the VM again after that long even if nothing it watches
+    changes."""
 
     create_service: Manifest | None = None
     create_pod: Manifest | None = None
     delete_pod_uid: str | None = None
     status: VirtualMachineStatus
     events: tuple[Event, ...] = ()
+    recheck_seconds: float | None = None
 
 
 def _bytes(quantity: Quantity) -> int:
@@ -242,10 +256,12 @@ def desired_service(vm: VirtualMachine) -> Manifest:
     }
 
 
-def is_owned_by(pod: Pod, vm: VirtualMachine) -> bool:
-    return any(
-        ref.controller and ref.uid == vm.metadata.uid for ref in pod.metadata.owner_references or ()
-    )
+def is_owned_by(obj: Pod | Service, vm: VirtualMachine) -> bool:
+    return _controlled_by(obj.metadata, vm)
+
+
+def _controlled_by(meta: ObjectMeta, vm: VirtualMachine) -> bool:
+    return any(ref.controller and ref.uid == vm.metadata.uid for ref in meta.owner_references or ())
 
 
 def vm_container_limits(pod: Pod) -> tuple[str | None, str | None]:
@@ -300,9 +316,13 @@ def _phase(pod: Pod | None) -> Phase:
     return "Scheduled" if pod.spec.node_name else "Pending"
 
 
-def _ready(pod: Pod | None, *, conflict: bool) -> tuple[Literal["True", "False"], str, str]:
+def _ready(
+    pod: Pod | None, *, conflict: bool, service_taken: bool, name: str
+) -> tuple[Literal["True", "False"], str, str]:
     if conflict:
         return "False", "PodConflict", "a pod of this name exists that this VM does not own"
+    if service_taken:
+        return "False", SERVICE_CONFLICT, _service_taken_message(name)
     if pod is None:
         return "False", "NoPod", "the runner pod is being created"
     for condition in pod.status.conditions or ():
@@ -342,9 +362,18 @@ def current_pod(vm: VirtualMachine, pods: Mapping[str, Pod]) -> Pod | None:
     return settled[min(settled)] if settled else None
 
 
-def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: str) -> Actions:
-    """One VM's next step, from its pod (the one named as the VM, or None) and its Service."""
+def _service_taken_message(name: str) -> str:
+    return (
+        f"service {name} exists and is not owned by this VirtualMachine; leaving it alone "
+        "(the pod has no DNS name for its metrics URL until it is deleted)"
+    )
+
+
+def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, now: str) -> Actions:
+    """One VM's next step, from its pod (``current_pod``, or None) and its Service (the one
+    named as the VM, or None)."""
     conflict = pod is not None and not is_owned_by(pod, vm)
+    service_taken = service is not None and not is_owned_by(service, vm)
     events: list[Event] = []
     create_pod = delete_uid = None
     if vm.metadata.deletion_timestamp:
@@ -370,8 +399,19 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: st
         events.append(
             Event(type="Warning", reason="PodEnded", message=f"pod phase {pod.status.phase}")
         )
+    was = next((c for c in vm.status.conditions or () if c.type == "Ready"), None)
+    if service_taken and not (was and was.reason == SERVICE_CONFLICT):
+        events.append(
+            Event(
+                type="Warning",
+                reason=SERVICE_CONFLICT,
+                message=_service_taken_message(vm.metadata.name),
+            )
+        )
     owned = None if conflict else pod
-    ready, reason, message = _ready(owned, conflict=conflict)
+    ready, reason, message = _ready(
+        owned, conflict=conflict, service_taken=service_taken, name=vm.metadata.name
+    )
     vcpus, memory = observed_sizes(vm, owned) if owned is not None else (None, None)
     status = VirtualMachineStatus(
         observed_generation=vm.metadata.generation,
@@ -388,10 +428,11 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, has_service: bool, now: st
     )
     return Actions(
         create_service=None
-        if has_service or vm.metadata.deletion_timestamp
+        if service is not None or vm.metadata.deletion_timestamp
         else desired_service(vm),
         create_pod=create_pod,
         delete_pod_uid=delete_uid,
         status=status,
         events=tuple(events),
+        recheck_seconds=SERVICE_RECHECK_SECONDS if service_taken else None,
     )

@@ -28,11 +28,12 @@ from testkit.controlplane import (
     ApiError,
     ControlPlane,
     Obj,
+    install_crds,
     object_path,
     pod_path,
     wait_for,
 )
-from testkit.manifests import VM_CONTROLLER, VM_EXAMPLES, render
+from testkit.manifests import EXAMPLES, VM_CONTROLLER, render
 from testkit.ports import free_port
 
 GROUP_PATH = "/apis/vm-autoscaling.io/v1alpha1"
@@ -134,20 +135,13 @@ def controller(
 
 
 def _install(api: Any) -> str:
-    for doc in CRDS + RBAC:
+    for doc in RBAC:
         try:
             api.create(object_path(doc), doc)
         except ApiError as e:
             if e.status != 409:
                 raise
-    for crd in CRDS:
-
-        def established(name: str = crd["metadata"]["name"]) -> bool:
-            got = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = got.get("status", {}).get("conditions", [])
-            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-        wait_for(established, timeout_seconds=30, what="the CRDs established")
+    install_crds(api, CRDS)
     token: str = api.request_token("vm-autoscaling", "vm-controller", audience=None)
     return token
 
@@ -201,10 +195,12 @@ def test_migrations_need_a_vm_and_keep_their_spec(controller: Path, names: Names
     assert changed.value.status == 422 and "immutable" in str(changed.value.body)
 
 
-def test_the_example_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
-    (example,) = render(VM_EXAMPLES)
-    example["metadata"]["namespace"] = names.namespace
-    names.api.create(vm_path(names.namespace), example, dry_run=True)
+def test_the_examples_and_plain_byte_counts_are_admitted(controller: Path, names: Names):
+    examples = [d for d in (EXAMPLES, EXAMPLES / "double") for d in render(d)]
+    assert [d["kind"] for d in examples] == ["VirtualMachine"] * 3
+    for example in examples:
+        example["metadata"]["namespace"] = names.namespace
+        names.api.create(vm_path(names.namespace), example, dry_run=True)
     # A quantity may be a plain number of bytes, compared as a quantity with the other bound.
     plain = vm_body("plain", memory={"min": 2**30, "max": "2Gi", "unit": 2**27})
     names.api.create(vm_path(names.namespace), plain, dry_run=True)
@@ -496,3 +492,48 @@ def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
     assert second["conditions"][0]["reason"] == "TargetNeverReady"
     reasons = {e["reason"] for e in api.events_for(ns, "first")}
     assert {"Started", "TargetNeverReady"} <= reasons
+
+
+def test_a_service_deleted_by_hand_comes_back_and_anothers_is_left_alone(
+    controller: Path, vms_removed: Names
+):
+    """The VM's Services are watched: one deleted by hand is made again with nothing else
+    changing (no pod event to wake the controller). A Service of a VM's name that the VM
+    does not own is never adopted nor rewritten: the VM says so, once, as an Event and in
+    its Ready condition."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    services = f"/api/v1/namespaces/{ns}/services"
+    theirs: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "taken", "labels": {"app": "theirs"}},
+        "spec": {"clusterIP": "None", "selector": {"app": "theirs"}, "ports": [{"port": 80}]},
+    }
+    api.create(services, theirs)
+    before = api.get(f"{services}/taken")
+    api.create(vm_path(ns), vm_body("taken"))
+    api.create(vm_path(ns), vm_body("mine"))
+
+    def ready_reason(name: str) -> str | None:
+        conditions = api.get(vm_path(ns, name)).get("status", {}).get("conditions") or []
+        return next((c["reason"] for c in conditions if c["type"] == "Ready"), None)
+
+    wait_for(lambda: ready_reason("taken") == "ServiceConflict", timeout_seconds=20,
+             what="the VM refusing the Service it does not own")  # fmt: skip
+    after = api.get(f"{services}/taken")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert "ownerReferences" not in after["metadata"] and after["spec"] == before["spec"]
+    warned = [e for e in api.events_for(ns, "taken") if e["reason"] == "ServiceConflict"]
+    assert [e["type"] for e in warned] == ["Warning"], warned
+
+    first = wait_for(lambda: _get(api, f"{services}/mine"), timeout_seconds=20,
+                     what="the VM's own Service")  # fmt: skip
+    api.delete(f"{services}/mine")
+    first_uid = first["metadata"]["uid"]
+
+    def remade() -> Obj | None:
+        service = _get(api, f"{services}/mine")
+        return service if service and service["metadata"]["uid"] != first_uid else None
+
+    again = wait_for(remade, timeout_seconds=20, what="the Service made again")
+    assert again["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]

@@ -140,7 +140,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.PARSE,
         _parse_local_bench,
     ),
-    "VM_NAME=pg-vm-0 scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
+    "VM_NAME=pg-vm scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "scripts/run-bench.sh": (How.ELSEWHERE, "tests/node/test_deploy.py"),
     "vm_image/build.sh minimal": (How.ELSEWHERE, "tests/vm/test_image.py"),
     "vm_image/build.sh postgres": (How.ELSEWHERE, "tests/vm/test_image.py"),
@@ -166,15 +166,9 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_kustomize.py",
     ),
-    "kubectl apply -k manifests/vm-controller/": (
-        How.ELSEWHERE,
-        "tests/controlplane/test_virtualmachines.py",
-    ),
-    "kubectl apply -k manifests/examples/virtualmachine/": (
-        How.ELSEWHERE,
-        "tests/controlplane/test_virtualmachines.py",
-    ),
-    "kubectl get vm": (How.ELSEWHERE, "tests/controlplane/test_virtualmachines.py"),
+    "kubectl get vm": (How.ELSEWHERE, "tests/node/test_deploy.py"),
+    # The migration's status fields its printer columns show (phase, nodes, times).
+    "kubectl get vmm": (How.ELSEWHERE, "tests/controlplane/test_virtualmachines.py"),
     "kubectl -n vm-autoscaling port-forward pod/LEADER 10298:10298": (
         How.ELSEWHERE,
         "tests/deploy/test_manifests.py",
@@ -265,6 +259,7 @@ PREFIXES: dict[str, tuple[How, object]] = {
         How.ELSEWHERE,
         "tests/deploy/test_api_doc.py",
     ),
+    "curl -s -XPOST 127.0.0.1:10299/v1/moves ": (How.ELSEWHERE, "tests/extender/test_moves.py"),
     "curl -s -XPOST --data-binary @examples/snapshots/basic.yaml ": (
         How.ELSEWHERE,
         "tests/recommender/test_scale_down.py",

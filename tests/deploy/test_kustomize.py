@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from testkit.manifests import EXAMPLES, MANIFESTS, render
+from testkit.manifests import EXAMPLES, KUSTOMIZATION_DIRS, MANIFESTS, render
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with built-in kustomize) absent")
@@ -51,7 +51,7 @@ def _normalise(docs: list[dict]) -> dict[tuple[str, str], dict]:
     return out
 
 
-@pytest.mark.parametrize("directory", [MANIFESTS, EXAMPLES, EXAMPLES / "double"], ids=str)
+@pytest.mark.parametrize("directory", KUSTOMIZATION_DIRS, ids=str)
 def test_kubectl_kustomize_agrees_with_the_python_renderer(directory):
     assert _normalise(_kustomize(directory)) == _normalise(render(directory))
 
@@ -63,15 +63,15 @@ def test_config_changes_roll_the_pods():
     assert all(re.search(r"-[a-z0-9]{10}$", n) for n in names)
 
 
-def test_kvm_component_adds_the_device_to_every_example_vm(tmp_path):
+def test_kvm_component_adds_the_device_to_the_statefulset_example(tmp_path):
     # Kustomize refuses absolute paths, so build a kustomization beside a copy of the examples.
     shutil.copytree(EXAMPLES, tmp_path / "examples")
     (tmp_path / "use").mkdir()
     (tmp_path / "use" / "kustomization.yaml").write_text(
-        "resources: [../examples, ../examples/double]\ncomponents: [../examples/kvm]\n"
+        "resources: [../examples/statefulset]\ncomponents: [../examples/kvm]\n"
     )
     vms = [d for d in _kustomize(tmp_path / "use") if d["kind"] == "StatefulSet"]
-    assert len(vms) == 3
+    assert len(vms) == 1
     for vm in vms:
         spec = vm["spec"]["template"]["spec"]
         assert {"name": "kvm", "hostPath": {"path": "/dev/kvm", "type": "CharDevice"}} in spec[

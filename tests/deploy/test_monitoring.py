@@ -14,11 +14,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
 from autoscaler_agent.metrics import AgentMetrics
+from protocol.virtualmachine import VirtualMachine
 from scheduler_extender.kube.metrics_auth import METRICS_PATH
 from scheduler_extender.metrics import Metrics
 from testkit import prometheus, promql
@@ -32,6 +34,7 @@ from testkit.manifests import (
     pod_spec,
     render,
 )
+from vm_controller import decide
 
 RULES = PROMETHEUS_FILES / "rules.yaml"
 SCRAPE = PROMETHEUS_FILES / "scrape.yaml"
@@ -314,7 +317,9 @@ def test_scrape_jobs_and_monitors_keep_ports_the_pods_have(with_monitoring):
     keep = {name: j["relabel_configs"][0]["regex"].split(";")[1] for name, j in jobs.items()}
     extender = _container_ports(with_monitoring, "Deployment", "scheduler-extender")
     agent = _container_ports(with_monitoring, "DaemonSet", "autoscaler-agent")
-    vm = _container_ports(render(EXAMPLES), "StatefulSet", "pg-vm")
+    (example,) = render(EXAMPLES)
+    made = decide.desired_pod(msgspec.convert(example, VirtualMachine))  # the vm-controller's
+    vm = {p["name"] for c in made["spec"]["containers"] for p in c.get("ports", [])}
     assert keep == {
         "vm-autoscaling-extender": "metrics",
         "vm-autoscaling-agent": "http",

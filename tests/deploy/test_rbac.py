@@ -13,9 +13,9 @@ from typing import NamedTuple
 import pytest
 
 from kube_io.client import KubeClient
-from testkit.manifests import MANIFESTS, VM_CONTROLLER, render
+from testkit.manifests import MANIFESTS, render
 
-DOCS = render(MANIFESTS) + render(VM_CONTROLLER)
+DOCS = render(MANIFESTS)  # the vm-controller's RBAC included (manifests/vm-controller/)
 NAMESPACE = "vm-autoscaling"
 
 
@@ -64,6 +64,8 @@ CALLS: dict[str, list[Access]] = {
     "patch_virtual_machine_migration_status": [
         Access("patch", "vm-autoscaling.io", "virtualmachinemigrations/status")
     ],
+    "list_services": [Access("list", "", "services")],
+    "get_service": [Access("get", "", "services")],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
@@ -72,6 +74,8 @@ VM_CONTROLLER_CALLS = {
     "delete_pod",
     "list_virtual_machine_migrations",
     "patch_virtual_machine_migration_status",
+    "list_services",
+    "get_service",
 }
 # Calls the extender makes too: the vm-controller's migration mark on both pods of a move, and
 # the target's label taken off at cut-over.
@@ -90,6 +94,7 @@ VM_CONTROLLER_USES = {
     Access("watch", "", "pods"),
     Access("watch", "vm-autoscaling.io", "virtualmachines"),
     Access("watch", "vm-autoscaling.io", "virtualmachinemigrations"),
+    Access("watch", "", "services"),
     Access("create", "", "events"),
 }
 AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]

@@ -10,9 +10,10 @@ Public, for every module of the tier (each is session-scoped: the tier shares on
   kubeconfig (``node.kubectl(...)``, ``node.kubectl_env()`` for scripts), ``node.members`` every
   node by name, ``node.timings`` what each step took.
 - ``deployed``: ``kubectl apply -k manifests/`` as written, on ``node``: both extender replicas
-  and the agent on every node Ready.
+  and the agent on every node Ready (the vm-controller starting beside them).
 - ``tuned``: ``manifests/`` re-applied through the tier's overlay (``tests/node/overlay.py``).
-- ``vm``: ``kubectl apply -k manifests/examples``: the example VM pod once its container runs.
+- ``vm``: ``kubectl apply -k manifests/examples``: the pod the vm-controller makes of the
+  example VirtualMachine, once its container runs.
 
 Where a node cannot run (no ``$VMA_KUBE_BIN`` with the node's binaries, not root, no containerd)
 the tier skips with one line saying why; in CI (``CI`` set) it fails instead, as the
@@ -134,6 +135,7 @@ def tuned(deployed: Node, tmp_path_factory: pytest.TempPathFactory) -> Node:
     deployed.kubectl("apply", "-k", str(tier_overlay(tmp_path_factory.mktemp("overlay"))))
     deployed.rollout("deployment/scheduler-extender")
     deployed.rollout("daemonset/autoscaler-agent")
+    deployed.rollout("deployment/vm-controller")
     deployed.timings["apply the tier's overlay to Ready"] = time.monotonic() - started
     return deployed
 
@@ -146,13 +148,14 @@ def vm(deployed: Node) -> Obj:
 
 def example_vm(deployed: Node) -> Obj:
     """``kubectl apply -k manifests/examples`` (again: a module after test_failures, which
-    deletes it, needs it back), and the VM pod once its container runs."""
+    deletes it, needs it back), and the VM's pod, which the vm-controller makes, once its
+    container runs."""
     started = time.monotonic()
     deployed.kubectl("apply", "-k", str(ROOT / "manifests" / "examples"))
 
     def running() -> Obj | None:
         pod = deployed.pod_or_none("default", VM)
-        if pod is None:  # the StatefulSet controller has not made it yet
+        if pod is None:  # the vm-controller has not made it yet
             return None
         statuses = pod.get("status", {}).get("containerStatuses") or []
         return pod if statuses and statuses[0].get("state", {}).get("running") else None

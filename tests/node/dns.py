@@ -2,15 +2,16 @@
 
 A cluster without DNS is not what users deploy onto: ``manifests/config/agent.yaml`` names the
 extender ``scheduler-extender.vm-autoscaling.svc``, the example VM's metrics URL names its pod
-``pg-vm-0.pg-vm.default.svc``. Debian has no CoreDNS, so the harness answers those names itself,
+``pg-vm.pg-vm.default.svc``. Debian has no CoreDNS, so the harness answers those names itself,
 from the API server, the way the Kubernetes DNS specification says
 (https://github.com/kubernetes/dns/blob/master/docs/specification.md):
 
 - ``<service>.<ns>.svc.<zone>``: A = the Service's ClusterIP; for a headless Service the
   addresses of its EndpointSlices' endpoints (ready ones, or all when the Service publishes
   not-ready addresses: that is what the EndpointSlice controller puts in them);
-- ``<hostname>.<service>.<ns>.svc.<zone>``: A = the endpoint with that ``hostname`` (a
-  StatefulSet pod: its name, with ``subdomain`` = the headless Service);
+- ``<hostname>.<service>.<ns>.svc.<zone>``: A = the endpoint with that ``hostname`` (a pod
+  whose ``hostname`` and ``subdomain`` name it and the headless Service: a VirtualMachine's
+  pod, a StatefulSet's);
 - anything else in the zone: NXDOMAIN; outside it: REFUSED (pods here need nothing outside).
 
 The kubelet's ``clusterDNS`` points pods at it, with the usual search path

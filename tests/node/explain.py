@@ -3,8 +3,9 @@
 CI shows only pytest's output, and the cluster (with its pods' logs) is gone once the session
 ends; so when a test of the tier fails, ``tests/node/conftest.py`` appends this to its report:
 who holds both Leases, the extender pods (node, role label, Ready, restarts), where the permit
-Service routes, the VM pods and why any of them waits, and the last lines of every extender's,
-kube-scheduler's and agent's log. The whole logs go to the session's ``logs/`` directory too.
+Service routes, the VirtualMachines as ``kubectl get vm`` shows them, the VM pods and why any of
+them waits, and the last lines of every system container's log (the extenders', kube-scheduler's,
+the agents', the vm-controller's). The whole logs go to the session's ``logs/`` directory too.
 Every read is best effort: a snapshot that cannot read something says so and goes on.
 """
 
@@ -76,6 +77,11 @@ def _routes(node: Node) -> str:
     return "  " + ("\n  ".join(found) if found else "(no endpoints)")
 
 
+def _vms(node: Node) -> str:
+    out = node.kubectl("get", "vm", "-A", check=False)
+    return "  " + "\n  ".join((out.stdout or out.stderr or "(none)").splitlines())
+
+
 def _logs(node: Node, pod: Obj, container: str, save: Path) -> str:
     name = pod["metadata"]["name"]
     out = node.kubectl("-n", NS, "logs", name, "-c", container, check=False)
@@ -99,6 +105,7 @@ def snapshot(node: Node, save: Path) -> str:
         parts.append(f"(pods: cannot read: {e})")
         return "\n".join(parts)
     parts.append("system pods:\n" + "\n".join(map(_pod_line, system)))
+    parts.append("VirtualMachines:\n" + _try("VirtualMachines", lambda: _vms(node)))
     parts.append("VM pods (default):\n" + ("\n".join(map(_pod_line, vms)) or "  (none)"))
     for pod in system:
         for container in pod["spec"]["containers"]:

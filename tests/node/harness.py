@@ -84,7 +84,8 @@ CONTAINERD_SOCKET: Final = CONTAINERD_STATE / "containerd.sock"
 KUBELET_ROOT: Final = Path("/var/lib/kubelet")
 KUBELET_PORT: Final = 10250
 KUBELET_HEALTHZ: Final = 10248
-VM: Final = "pg-vm-0"  # the pod of manifests/examples/
+# The pod the vm-controller makes of manifests/examples/ (the VirtualMachine pg-vm): its name.
+VM: Final = "pg-vm"
 PROXY_HEALTHZ: Final = 10256
 
 Obj = dict[str, Any]

@@ -6,8 +6,9 @@ operator would write one (kustomize patches and a replaced ConfigMap), so what i
 written down here and nowhere else:
 
 - no CPU requests on the system pods and no extender reserve: the manifests' pods request 400m
-  and the extender keeps 20% of a node for the host, so a VM placed at 1 vCPU on a 2-CPU node
-  has 200m to grow into and can never reach 2 (docs/DEPLOY.md tells small-node operators);
+  of a node (420m where the vm-controller runs) and the extender keeps 20% of it for the host,
+  so a VM placed at 1 vCPU on a 2-CPU node has 200m to grow into and can never reach 2
+  (docs/DEPLOY.md tells small-node operators);
 - the agent's shrink windows (``policy.shrink_after_seconds`` and
   ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
   a shrink is still decided the same way, on a window of scrapes that all ask for less, only
@@ -83,6 +84,7 @@ def tier_overlay(directory: Path) -> Path:
                 "patches": [
                     zero_cpu("Deployment", "scheduler-extender", 2),
                     zero_cpu("DaemonSet", "autoscaler-agent", 1),
+                    zero_cpu("Deployment", "vm-controller", 1),
                 ],
             }
         )

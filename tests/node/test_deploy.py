@@ -1,14 +1,16 @@
 """The deployment users run, on a real node, through docs/DEPLOY.md's own commands.
 
 In order, on one node: ``kubectl apply -k manifests/`` (extender + its kube-scheduler, agent
-DaemonSet Ready); ``kubectl apply -k manifests/examples`` (the PostgreSQL VM placed by
-vm-scheduler through the extender, QEMU in the vm-runner image, Guaranteed); then
+DaemonSet, vm-controller Ready); ``kubectl apply -k manifests/examples`` (the PostgreSQL
+VirtualMachine, its pod made by the vm-controller, placed by vm-scheduler through the
+extender, QEMU in the vm-runner image, Guaranteed); then
 ``scripts/run-bench.sh`` in its cluster mode: the VM grows under pgbench and shrinks after, and
 the container's cgroup (read from /sys/fs/cgroup, not the API) follows every permit.
 
 Then memory: the example VM's ``max-memory`` is above its ``min-memory``; PostgreSQL sessions
 in the guest take memory and give it back, the VM grows and shrinks live, and the guest is
 never given memory the container's cgroup limit (read from /sys/fs/cgroup) has no room for.
+Last, ``kubectl get vm``: the status the vm-controller wrote agrees with the pod.
 
 The one departure from what a user applies: before scaling, the tier re-applies
 ``manifests/`` through its overlay (``tests/node/overlay.py``: room to grow on a 2-CPU node,
@@ -28,15 +30,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
 from protocol import annotations as ann
-from protocol.quantity import memory_bytes
+from protocol.quantity import cpu_millis, format_memory, memory_bytes
+from protocol.virtualmachine import VirtualMachine
 from testkit.controlplane import wait_for
 from testkit.ports import free_port
 from tests.node.harness import VM, Node, Obj, container_cgroup, wait_postgres
 from tests.node.images import PGBENCH_IMAGE
+from vm_controller import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 CFS_PERIOD_US = 100_000
@@ -56,6 +61,8 @@ def test_the_system_comes_up_with_kubectl_apply(deployed: Node) -> None:
     # Required anti-affinity met: a replica per node, neither Pending.
     assert len(extenders) == 2 and len(set(extenders)) == 2, extenders
     print(f"scheduler-extender replicas on {extenders}")
+    # And the vm-controller, Ready once its watches (VMs, pods, Services) have listed.
+    deployed.rollout("deployment/vm-controller")
     print(f"apply -k manifests/ to Ready: {deployed.timings['apply -k manifests/ to Ready']:.1f}s")
 
 
@@ -347,12 +354,12 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
 
 
 def example_vm_memory() -> tuple[int, int, int]:
-    """(min-memory, max-memory, the container's memory as written) of the example VM."""
-    docs = yaml.safe_load_all((ROOT / "manifests" / "examples" / "vm-deploy.yaml").read_text())
-    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
-    template = sts["spec"]["template"]
-    spec = ann.parse_vm_spec(template["metadata"]["annotations"], pod_memory_bytes=0)
-    (c,) = [c for c in template["spec"]["containers"] if c["name"] == "vm"]
+    """(min-memory, max-memory, the container's memory as the vm-controller writes it) of the
+    example VM."""
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "pg-vm.yaml").read_text())
+    pod = decide.desired_pod(msgspec.convert(doc, VirtualMachine))
+    spec = ann.parse_vm_spec(pod["metadata"]["annotations"], pod_memory_bytes=0)
+    (c,) = [c for c in pod["spec"]["containers"] if c["name"] == "vm"]
     written = memory_bytes(c["resources"]["limits"]["memory"])
     return spec.min_memory_bytes, spec.max_memory_bytes, written
 
@@ -533,3 +540,54 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     # The container keeps room for what the guest kept, no less.
     kept = [e for e in events if e["event"] in finished][-1]
     assert limit.samples[-1][1] == kept["current_memory_bytes"] + overhead, (kept, limit.samples)
+
+
+# ``kubectl get vm``'s columns (the CRD's additionalPrinterColumns), the age left out.
+VM_COLUMNS = ["NAME", "PHASE", "NODE", "POD", "VCPUS", "PERMITTED-VCPUS", "MEMORY",
+              "PERMITTED-MEMORY", "AGE"]  # fmt: skip
+
+
+def test_kubectl_get_vm_shows_the_running_vm_as_its_pod_has_it(tuned: Node, vm: Obj) -> None:
+    """``kubectl get vm`` prints the VirtualMachine's status, which the vm-controller writes
+    from its pod: the node it runs on, the vCPUs and memory its container has as the kubelet
+    applied them (less QEMU's room, the extender's ``memory-overhead``), and what the extender
+    last permitted (its ``permitted-*`` annotations). After the tests above, which grew and
+    shrank the VM, so the permits are the extender's, not the VM's minimum."""
+    deployed = tuned
+    min_memory, _, written = example_vm_memory()
+
+    def expected() -> list[str]:
+        pod = deployed.pod("default", VM)
+        notes = pod["metadata"]["annotations"]
+        (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == "vm"]
+        limits = status["resources"]["limits"]
+        cpus = -(-cpu_millis(limits["cpu"]) // 1000)
+        overhead = ann.parse_memory_overhead(notes) or written - min_memory
+        current = memory_bytes(limits["memory"]) - overhead
+        # Where the extender has recorded no permit (this test run alone), the VM's minimum.
+        vcpus, memory = ann.parse_permitted(notes)
+        vcpus = vcpus or int(notes[ann.MIN_VCPUS])
+        memory = memory or min_memory
+        node = pod["spec"]["nodeName"]
+        return [VM, "Running", node, VM, str(cpus), str(vcpus), format_memory(current),
+                format_memory(memory)]  # fmt: skip
+
+    def shown() -> list[str]:
+        out = deployed.kubectl("get", "vm", "-n", "default", VM).stdout.splitlines()
+        assert out[0].split() == VM_COLUMNS, out
+        return out[1].split()[: len(VM_COLUMNS) - 1]
+
+    def agree() -> tuple[list[str], list[str]] | None:
+        want, got = expected(), shown()
+        return (want, got) if want == got else None
+
+    try:
+        _, got = wait_for(agree, timeout_seconds=30, what="kubectl get vm as the pod has it")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: shows {shown()}, the pod says {expected()}") from None
+    print(f"kubectl get vm: {got}")
+    ready = deployed.kubectl(
+        "get", "vm", "-n", "default", VM, "-o",
+        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+    ).stdout  # fmt: skip
+    assert ready == "True"

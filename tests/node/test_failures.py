@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = "app.kubernetes.io/name=autoscaler-agent"
 # The leading replica (it labels its own pod; the permit Service selects the label).
 LEADER = "app.kubernetes.io/name=scheduler-extender,vm-autoscaling.io/extender-role=leader"
+# The pods of manifests/examples/double/'s VirtualMachines (each named as its VM).
+DOUBLE = ("pg-vm-a", "pg-vm-b")
 
 
 CFS_PERIOD_US = 100_000  # the kubelet's cpu.cfs_period_us: a quota of one CPU
@@ -139,12 +141,13 @@ def test_a_kubelet_restart_leaves_the_vm_running(deployed: Node, vm: Obj) -> Non
 
 
 def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -> None:
-    """The 2-CPU node holds two 1-vCPU VMs: pg-vm-0 and one of pg-vm-a-0 and pg-vm-b-0 fill it
-    (whichever kube-scheduler takes first: both StatefulSets are applied at once), the other
-    waits; deleting pg-vm-0 (its StatefulSet, so nothing recreates it) lets the waiting one in.
-    The other nodes are cordoned meanwhile (kube-scheduler's NodeUnschedulable filter runs
-    before the extender), so that the one node is all there is; uncordoned, pg-vm-0 applied
-    again finds that node full and vm-scheduler places it on another: VMs on two nodes."""
+    """The 2-CPU node holds two 1-vCPU VMs: pg-vm and one of pg-vm-a and pg-vm-b fill it
+    (whichever kube-scheduler takes first: both VirtualMachines are applied at once), the other
+    waits; deleting pg-vm (its VirtualMachine, so nothing recreates its pod) lets the waiting
+    one in. The other nodes are cordoned meanwhile (kube-scheduler's NodeUnschedulable filter
+    runs before the extender), so that the one node is all there is; uncordoned, pg-vm applied
+    again finds that node full and vm-scheduler places it on another: VMs on two nodes. Every
+    VM pod here is the vm-controller's."""
     double = str(ROOT / "manifests" / "examples" / "double")
     examples = str(ROOT / "manifests" / "examples")
     here = vm["spec"]["nodeName"]
@@ -162,8 +165,8 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
 
         def one_placed_one_waiting() -> str | None:
             """The name of the waiting VM, once the other is placed."""
-            pods = {n: deployed.pod_or_none("default", n) for n in ("pg-vm-a-0", "pg-vm-b-0")}
-            if None in pods.values():  # the StatefulSet controller has not made them yet
+            pods = {n: deployed.pod_or_none("default", n) for n in DOUBLE}
+            if None in pods.values():  # the vm-controller has not made them yet
                 return None
             (a, pa), (b, pb) = pods.items()
             assert pa is not None and pb is not None
@@ -199,7 +202,7 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
             lambda: (deployed.pod_or_none("default", VM) or {}).get("spec", {}).get("nodeName"),
             timeout_seconds=90, what=f"{VM} placed again", interval=0.5,
         )  # fmt: skip
-        nodes = {deployed.pod("default", n)["spec"]["nodeName"] for n in ("pg-vm-a-0", "pg-vm-b-0")}
+        nodes = {deployed.pod("default", n)["spec"]["nodeName"] for n in DOUBLE}
         print(f"{VM} applied again -> bound on {placed}: {time.monotonic() - started:.1f}s; "
               f"the double VMs on {sorted(nodes)}")  # fmt: skip
         assert nodes == {here} and placed in others, (nodes, placed)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from autoscaler_agent.hypervisor.factory import socket_paths_from_url
 from protocol import annotations as ann
-from protocol.kube import Pod
+from protocol.kube import Pod, Service
 from protocol.quantity import memory_bytes
 from protocol.virtualmachine import VirtualMachine
 from vm_controller import decide
@@ -31,6 +31,15 @@ def make_vm(**spec: object) -> VirtualMachine:
 
 def as_pod(manifest: dict[str, object], **status: object) -> Pod:
     return msgspec.convert({**manifest, "status": status}, Pod)
+
+
+def own_service(vm: VirtualMachine) -> Service:
+    return msgspec.convert(decide.desired_service(vm), Service)
+
+
+def foreign_service(vm: VirtualMachine) -> Service:
+    """A Service of the VM's name that a user (or the StatefulSet form) made: no owner."""
+    return msgspec.convert({"metadata": {"name": vm.metadata.name, "namespace": "db"}}, Service)
 
 
 @st.composite
@@ -92,27 +101,38 @@ def test_the_pod_carries_what_the_extender_and_the_agent_parse(vm: VirtualMachin
     assert (owner.kind, owner.uid, owner.controller) == ("VirtualMachine", "u", True)
 
 
-@given(vms(), st.sampled_from([None, "Pending", "Running", "Failed"]), st.booleans())
-def test_a_pass_is_idempotent(vm: VirtualMachine, phase: str | None, deleting: bool):
+@given(
+    vms(),
+    st.sampled_from([None, "Pending", "Running", "Failed"]),
+    st.booleans(),
+    st.sampled_from(["none", "own", "foreign"]),
+)
+def test_a_pass_is_idempotent(vm: VirtualMachine, phase: str | None, deleting: bool, svc: str):
     """Feeding a pass's status back gives the same status, however much later: the controller
-    writes a status once per change, never in a loop."""
+    writes a status once per change, never in a loop; and an Event about a Service it must
+    leave alone is sent once, not with every pass."""
+    service = {"none": None, "own": own_service(vm), "foreign": foreign_service(vm)}[svc]
     pod = None
     if phase is not None:
         manifest = decide.desired_pod(vm)
         if deleting:
             manifest["metadata"]["deletionTimestamp"] = NOW
         pod = as_pod(manifest, phase=phase)
-    first = decide.reconcile(vm, pod, has_service=True, now=NOW)
+    first = decide.reconcile(vm, pod, service=service, now=NOW)
     again = decide.reconcile(
-        msgspec.structs.replace(vm, status=first.status), pod, has_service=True, now=LATER
+        msgspec.structs.replace(vm, status=first.status), pod, service=service, now=LATER
     )
     assert again.status == first.status
     # Never a second pod while one (even a terminating one) holds the name.
     assert (first.create_pod is not None) == (pod is None)
+    # A Service is made only where none has the name; never one over another's.
+    assert (first.create_service is not None) == (svc == "none")
+    assert "ServiceConflict" not in {e.reason for e in again.events}
+    assert (first.recheck_seconds is not None) == (svc == "foreign")
 
 
 def test_a_new_vm_gets_its_service_and_pod():
-    actions = decide.reconcile(make_vm(), None, has_service=False, now=NOW)
+    actions = decide.reconcile(make_vm(), None, service=None, now=NOW)
     assert actions.create_service is not None
     assert actions.create_service["spec"]["selector"] == {decide.VM_NAME_LABEL: "pg"}
     assert actions.create_pod is not None
@@ -139,7 +159,7 @@ def test_a_running_pod_reports_node_and_sizes():
         conditions=[{"type": "Ready", "status": "True"}],
         containerStatuses=[{"name": "vm", "resources": {"limits": {"cpu": "2", "memory": "2Gi"}}}],
     )
-    status = decide.reconcile(make_vm(), pod, has_service=True, now=NOW).status
+    status = decide.reconcile(make_vm(), pod, service=own_service(make_vm()), now=NOW).status
     assert (status.phase, status.node, status.pod, status.observed_generation) == (
         "Running",
         "node-a",
@@ -167,7 +187,9 @@ def test_a_pod_on_its_way_out(phase: str, deleting: bool, expected: tuple[str, b
     manifest["metadata"]["uid"] = "pod-uid"
     if deleting:
         manifest["metadata"]["deletionTimestamp"] = NOW
-    actions = decide.reconcile(make_vm(), as_pod(manifest, phase=phase), has_service=True, now=NOW)
+    actions = decide.reconcile(
+        make_vm(), as_pod(manifest, phase=phase), service=own_service(make_vm()), now=NOW
+    )
     assert (
         actions.status.phase,
         actions.create_pod is not None,
@@ -179,7 +201,7 @@ def test_a_pod_of_the_same_name_owned_by_another_is_left_alone():
     manifest = decide.desired_pod(make_vm())
     manifest["metadata"]["ownerReferences"] = []
     actions = decide.reconcile(
-        make_vm(), as_pod(manifest, phase="Running"), has_service=True, now=NOW
+        make_vm(), as_pod(manifest, phase="Running"), service=own_service(make_vm()), now=NOW
     )
     assert (actions.create_pod, actions.delete_pod_uid, actions.status.pod) == (None, None, None)
     assert [e.reason for e in actions.events] == ["PodConflict"]
@@ -190,9 +212,40 @@ def test_a_pod_of_the_same_name_owned_by_another_is_left_alone():
 def test_a_gone_pod_is_created_again_with_an_event():
     vm = make_vm()
     vm = msgspec.structs.replace(vm, status=msgspec.structs.replace(vm.status, pod="pg"))
-    actions = decide.reconcile(vm, None, has_service=True, now=NOW)
+    actions = decide.reconcile(vm, None, service=own_service(make_vm()), now=NOW)
     assert actions.create_pod is not None
     assert [e.reason for e in actions.events] == ["Recreating"]
+
+
+def test_a_service_of_the_same_name_owned_by_another_is_left_alone():
+    """Never adopted nor rewritten (no owner: a user's; or the previous VM's of this name, on
+    its way out with it): the VM says why it is not Ready, once as an Event, and looks again
+    later, since no watch of its own tells it when the name is free."""
+    vm = make_vm()
+    manifest = decide.desired_pod(vm)
+    manifest["spec"]["nodeName"] = "node-a"
+    pod = as_pod(manifest, phase="Running", conditions=[{"type": "Ready", "status": "True"}])
+    previous = msgspec.convert(
+        {**decide.desired_service(vm), "metadata": {"name": "pg", "namespace": "db",
+         "ownerReferences": [{"uid": "old-vm-uid", "controller": True}]}},
+        Service,
+    )  # fmt: skip
+    for taken in (foreign_service(vm), previous):
+        actions = decide.reconcile(vm, pod, service=taken, now=NOW)
+        assert actions.create_service is None
+        assert [(e.type, e.reason) for e in actions.events] == [("Warning", "ServiceConflict")]
+        assert "not owned by this VirtualMachine" in actions.events[0].message
+        (ready,) = actions.status.conditions or []
+        assert (ready.status, ready.reason) == ("False", "ServiceConflict")
+        # The pod itself is the VM's and runs: the status still says where.
+        assert (actions.status.phase, actions.status.pod) == ("Running", "pg")
+        assert actions.recheck_seconds == decide.SERVICE_RECHECK_SECONDS
+    # Once the name is the VM's own again, Ready from the pod, and no more rechecks.
+    was = msgspec.structs.replace(vm, status=actions.status)
+    freed = decide.reconcile(was, pod, service=None, now=LATER)
+    assert freed.create_service is not None and freed.recheck_seconds is None
+    (ready,) = freed.status.conditions or []
+    assert (ready.status, ready.reason, ready.last_transition_time) == ("True", "PodReady", LATER)
 
 
 def test_the_pod_and_the_service_are_valid_v1_36_objects():

@@ -11,7 +11,7 @@ from vm_controller.controller import Controller
 from vm_controller.metrics import ControllerMetrics
 
 
-async def test_ready_only_once_both_watches_have_listed(aiohttp_client):
+async def test_ready_only_once_every_watch_has_listed(aiohttp_client):
     registry = CollectorRegistry()
     client = KubeClient.for_url("http://127.0.0.1:9")  # never called: nothing is watched here
     controller = Controller(client, ControllerMetrics(registry))
@@ -22,6 +22,8 @@ async def test_ready_only_once_both_watches_have_listed(aiohttp_client):
         controller.vms_listed.set()
         assert (await http.get("/readyz")).status == 503
         controller.pods_listed.set()
+        assert (await http.get("/readyz")).status == 503
+        controller.services_listed.set()
         assert (await http.get("/readyz")).status == 200
         metrics = await (await http.get("/metrics")).text()
         assert "vmautoscale_vmcontroller_reconciles_total" in metrics
