@@ -789,6 +789,7 @@ def test_a_moving_vm_is_neither_resized_nor_grown_and_is_read_afresh_after(clock
         vm, current=3, requested=6, permit=3
     )
 
+
 def test_a_memory_signal_brings_the_next_scrape_forward_and_its_samples_decide(clock):
     vm = mem_started(clock)
     mem_scrape(vm, clock, used=100 * MiB)  # plenty available: steady

@@ -531,6 +531,7 @@ async def test_a_vm_throttled_at_its_quota_asks_on_every_scrape_until_granted(wo
     assert 7 * CORE.permit_retry_seconds <= between <= 8 * retry, (between, wanted)
     assert (world.sample("vmautoscale_agent_permit_denials_total") or 0) >= 7
 
+
 async def test_a_guest_memory_signal_brings_the_next_scrape_forward(world):
     sock_dir = Path(tempfile.mkdtemp(prefix="sig-", dir="/tmp"))  # unix paths are short
     path = sock_dir / "vm.memory.sock"
