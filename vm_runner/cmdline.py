@@ -36,9 +36,10 @@ DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
 # guest creating 600,000 files was OOM-killed before any kernel-zone memory came; every block
 # normal (online_kernel) survives that, but nothing then keeps the kernel's allocations out of
 # any block, and shrinks give back what happens to be free. The onliner gives a block to a
-# kernel zone when kernel memory already fills half of the kernel zones, or when the kernel
-# zones are nearly out of memory reclaim could free, and to ZONE_MOVABLE otherwise: kernel
-# growth gets kernel memory at once, anonymous and page-cache growth stay unpluggable.
+# kernel zone when unreclaimable kernel memory is growing at that moment or already fills half
+# of the kernel zones, or when the kernel zones are nearly out of memory reclaim could free,
+# and to ZONE_MOVABLE otherwise: kernel growth gets kernel memory at once, anonymous and
+# page-cache growth stay unpluggable.
 # Linux's Documentation/admin-guide/mm/memory-hotplug.rst describes the zones and the states a
 # block can be onlined to.
 MEMORY_HOTPLUG_KERNEL_ARGS = ("memhp_default_state=offline",)
