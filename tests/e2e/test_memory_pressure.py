@@ -2,15 +2,15 @@
 the runner's own memory onlining (the guest's memory-onliner) and the guest's fast path
 (memory-watch's memory.high and its signals), with the real agent and extender.
 
-One small TCG guest (so that small workloads press it) runs, in order: a page-cache-heavy
-workload (a data disk larger than the VM's maximum read in a loop, beside a process whose
-anonymous memory grows), a kernel-memory-heavy one (empty files in a tmpfs: inodes and
-dentries, which only the kernel's zones can hold; more of it than the guest's boot memory, as
-600,000 files are for a 512 MiB guest, so that only blocks onlined to a kernel zone can hold
-it), the same kernel workload after the VM grew to its maximum and shrank back, and ``dd``
-writing into a tmpfs faster than one scrape interval. One guest for all of them: each boot
-costs the suite's QEMU tier. Each must end without an OOM kill, and the agent must have grown
-the VM during it. Nothing asserts on time; the benchmark measures that.
+One TCG guest, 512 MiB at boot and 2.5 GiB at most (the runner's shape that issue 39 found
+OOM-killed), runs, in order: a page-cache-heavy workload (a data disk larger than the VM's
+maximum read in a loop, beside a process whose anonymous memory grows), a kernel-memory-heavy
+one (600,000 empty files in a tmpfs: inodes and dentries, more than the boot memory, which
+only blocks onlined to a kernel zone can hold), the same kernel workload after the VM grew to
+its maximum and shrank back, and ``dd`` writing twice the boot memory into a tmpfs faster than
+one scrape interval. One guest for all of them: each boot costs the suite's QEMU tier. Each
+must end without an OOM kill, and the agent must have grown the VM during it. Nothing asserts
+on time; the benchmark measures that.
 """
 
 from __future__ import annotations
@@ -26,18 +26,16 @@ from testkit.memory_workloads import WORKLOADS, Sizes, boot, oom_kills, oom_repo
 pytestmark = [pytest.mark.qemu, pytest.mark.qemu_apart, pytest.mark.slow, pytest.mark.timeout(480)]
 
 SIZES = Sizes(
-    memory="256Mi",
-    max_memory="768Mi",
-    disk_mib=1024,
-    anon_mib=224,
-    # Inodes and dentries of ~1 KiB each: ~250 MiB of slab, more than the 256 MiB guest's
-    # MemTotal (a kernel growth the kernel's auto-movable policy at ratio 100 cannot hold).
-    files=250_000,
-    fill_mib=480,
-    writer_mib=400,
+    memory="512Mi",
+    max_memory="2560Mi",
+    disk_mib=3072,  # sparse; larger than the VM's maximum
+    anon_mib=600,
+    files=600_000,  # ~600 MiB of inodes and dentries: more than the guest's boot memory
+    fill_mib=1200,
+    writer_mib=1024,  # twice the boot memory, at dd's speed
     shrink_after_seconds=2.0,
     release_seconds=5.0,  # longer than the agent's shrink window plus a scrape
-    timeout_seconds=120.0,
+    timeout_seconds=240.0,
 )
 
 
