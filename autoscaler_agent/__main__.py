@@ -182,7 +182,10 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
         loops = VmLoops(deps)
         supervisor = Supervisor(loops.run, node=node, metrics=metrics, update_vm=loops.update)
         epoch_check = asyncio.create_task(
-            client.keep_epoch_fresh(interval_seconds=config.extender.epoch_check_seconds),
+            client.keep_epoch_fresh(
+                interval_seconds=config.extender.epoch_check_seconds,
+                failed=lambda e: metrics.extender_errors.labels(kind=e.kind).inc(),
+            ),
             name="epoch-check",
         )
         try:

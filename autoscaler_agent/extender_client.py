@@ -213,14 +213,18 @@ class ExtenderClient:
                 self._seqs[uid] = max(self._seqs.get(uid, 0), p.seq)
         return {p.pod.uid: p for p in batch.permits}
 
-    async def keep_epoch_fresh(self, *, interval_seconds: float) -> None:
+    async def keep_epoch_fresh(
+        self, *, interval_seconds: float, failed: Callable[[ExtenderError], object]
+    ) -> None:
         """Send an empty batch whenever no answer came for ``interval_seconds``, so that a
         node whose VMs have nothing to ask still learns of an extender restart that soon.
 
         Failures are expected while the extender is down or fails over: the first one is a
         warning naming the error (``extender_unreachable``), the next ones are debug lines, and
         the first answer after them says how long they lasted (``extender_reachable``), so a
-        node's log shows why its VMs did not report to a new extender. Nothing but its
+        node's log shows why its VMs did not report to a new extender. Each one is also given
+        to ``failed`` (the agent counts it with the VMs' failed calls, so that a node of steady
+        VMs that cannot reach the extender shows in its metrics too). Nothing but its
         cancellation ends this loop: it is how a node of steady VMs learns of a new extender."""
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
@@ -232,6 +236,7 @@ class ExtenderClient:
             try:
                 await self.post_batch([])
             except ExtenderError as e:
+                failed(e)
                 if failing_since is None:
                     failing_since = loop.time()
                     log.warning("extender_unreachable", error=str(e), kind=e.kind)

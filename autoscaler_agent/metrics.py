@@ -64,7 +64,8 @@ class AgentMetrics:
         )
         self.extender_errors = Counter(
             p + "extender_errors_total",
-            "Failed permit calls, by kind (unavailable, rejected, protocol, item)",
+            "Failed permit calls, by kind (unavailable, rejected, protocol, item), the empty"
+            " ones an idle node sends to learn of a new extender included",
             ["kind"],
             registry=registry,
         )

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from autoscaler_agent.extender_client import (
     ExtenderClient,
+    ExtenderError,
     ExtenderProtocolError,
     ExtenderRejected,
     ExtenderUnavailable,
@@ -142,7 +143,8 @@ async def test_unreadable_answer_is_a_protocol_error():
 async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(setup):
     """An extender that fails over: the node's log says once why the checks fail and when an
     answer (the new epoch) came; an error nobody expected (here a listener's) is logged and
-    does not end the only way a node of steady VMs learns of a new extender."""
+    does not end the only way a node of steady VMs learns of a new extender. Every failed
+    check is handed on (the agent counts it in ``extender_errors_total``), each answer not."""
     ext, client, *_ = setup
     ext.fail_status = 503
 
@@ -151,9 +153,13 @@ async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(set
 
     unsubscribe = client.epochs.subscribe(listener)
     with structlog.testing.capture_logs() as logs:
-        checker = asyncio.create_task(client.keep_epoch_fresh(interval_seconds=0.02))
+        failures: list[ExtenderError] = []
+        checker = asyncio.create_task(
+            client.keep_epoch_fresh(interval_seconds=0.02, failed=failures.append)
+        )
         try:
             await asyncio.sleep(0.2)  # several checks, all refused
+            refused = len(failures)
             ext.fail_status = None
             await eventually(lambda: client.epochs.epoch == "epoch-1")
             unsubscribe()
@@ -171,3 +177,5 @@ async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(set
         "extender_reachable",  # the first answer since the failures (the one with epoch-2)
     ], logs
     assert logs[0]["kind"] == "unavailable" and "503" in logs[0]["error"], logs[0]
+    assert refused >= 2 and len(failures) == refused, failures
+    assert {e.kind for e in failures} == {"unavailable"}, failures

@@ -226,7 +226,10 @@ async def test_a_new_extender_epoch_makes_every_vm_report(world):
     target = world.vm("vm-1", current=2, load=0.5)
     await world.supervisor.apply({target.key: target})
     client = world.deps.permits._client
-    checker = asyncio.create_task(client.keep_epoch_fresh(interval_seconds=0.2))
+    failures: list[object] = []
+    checker = asyncio.create_task(
+        client.keep_epoch_fresh(interval_seconds=0.2, failed=failures.append)
+    )
     try:
         # The first epoch this agent sees counts: the extender may have found the VM running.
         await eventually(lambda: _reports(world, "uid-vm-1") >= 1)
@@ -235,6 +238,7 @@ async def test_a_new_extender_epoch_makes_every_vm_report(world):
         await eventually(lambda: _reports(world, "uid-vm-1") > seen)
         assert client.epochs.epoch == "epoch-2"
         assert any(not b.requests for b in world.extender.batches)  # the empty epoch checks
+        assert failures == []
     finally:
         checker.cancel()
         await asyncio.gather(checker, return_exceptions=True)
