@@ -34,6 +34,7 @@ from autoscaler_agent.discovery import (
 from autoscaler_agent.extender_client import (
     EpochWatch,
     ExtenderClient,
+    ExtenderError,
     PermitBatcher,
     TokenFile,
 )
@@ -134,6 +135,10 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[N
 async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry)
+    # Every kind of failed call at 0 from the start, so that a rate or increase over the
+    # counter sees the first failure too (a series born at 1 shows no increase).
+    for error in ExtenderError.__subclasses__():
+        metrics.extender_errors.labels(kind=error.kind)
     root = Path(config.hypervisor.socket_root)
 
     def hypervisor_for(target: VmTarget) -> Hypervisor:
