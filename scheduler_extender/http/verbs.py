@@ -278,6 +278,7 @@ async def filter_nodes(request: web.Request) -> web.Response:
         version = extender.index.version(size)
         key = (size, is_cache, len(listed))
         found = app[FILTER_ANSWERS].get(key, listed, version)
+        extender.metrics.answer_children["filter", found is not None].inc()
     if found is not None:
         encoded, reason, has_room = found.body, found.reason, found.has_room
     else:
@@ -327,6 +328,7 @@ async def prioritize(request: web.Request) -> web.Response:
         version = (0, extender.scores.version(size, growth_millis=growth, strategy=strategy))
         key = ((size, growth, strategy), is_cache, len(listed))
         found = app[PRIORITIZE_ANSWERS].get(key, listed, version)
+        extender.metrics.answer_children["prioritize", found is not None].inc()
         if found is not None:
             structlog.contextvars.bind_contextvars(reason=found.reason)
             return web.Response(body=found.body, content_type=JSON)

@@ -65,6 +65,15 @@ async def test_a_bind_changes_the_next_answer_for_the_same_body(
     assert answer["FailedNodes"] == {"node-a": "insufficient cpu: pod needs 2000m"}
     if mode == "nocache":
         assert answer["Nodes"]["items"] == []
+    # Counted: the second call's answer was kept, the first and the last were computed.
+    registry = running.extender.metrics.registry
+    counted = {
+        result: registry.get_sample_value(
+            "vmautoscale_extender_answers_total", {"verb": "filter", "result": result}
+        )
+        for result in ("kept", "computed")
+    }
+    assert counted == {"kept": 1.0, "computed": 2.0}
 
 
 def test_lists_with_the_same_fingerprint_get_their_own_answers() -> None:
