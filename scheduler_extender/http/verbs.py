@@ -18,6 +18,7 @@ with the queue's reason, never a cached "these nodes fit".
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Final, NamedTuple
@@ -103,23 +104,27 @@ class _Cached(NamedTuple):
 # (what the answer is for: filter's pod size, prioritize's (size, growth, strategy); is cache
 # mode; the node list's length)
 _Key = tuple[Hashable, bool, int]
-# A node list's fingerprint hashes this many evenly spaced slices of this many bytes, not the
-# whole list (see ``Answers``).
+# A node list's fingerprint is the CRC of the whole list up to this size; of a longer one it
+# hashes this many evenly spaced slices of this many bytes (see ``fingerprint``).
+_WHOLE_BYTES: Final = 16 * 1024
 _SLICES: Final = 16
 _SLICE_BYTES: Final = 256
 
 
 def fingerprint(listed: msgspec.Raw) -> int:
-    """A cheap hash of a node list: its length and ``_SLICES`` slices of it.
+    """A cheap hash of a node list: the CRC-32 of all of it when it is short (a cache-mode list
+    of names: 4 KiB for 230 names, the window kube-scheduler sends at 500 nodes), else its
+    length and ``_SLICES`` slices of it.
 
     Hashing all of a non-cache list (every Node object, ~6 MB for 5,000 nodes) took longer than
-    answering. Two lists with the same fingerprint are told apart by comparing them in full
-    (``memcmp``, ~30x faster than hashing), so a collision costs a miss, never a wrong answer.
+    answering; the slices cost ~6 us whatever the size, the CRC of 4 KiB ~1.3 us (read in
+    place, no copy). Two lists with the same fingerprint are told apart by comparing them in
+    full (``memcmp``), so a collision costs a miss, never a wrong answer.
     """
     view = memoryview(listed)
     size = len(view)
-    if size <= _SLICES * _SLICE_BYTES:
-        return hash(bytes(view))
+    if size <= _WHOLE_BYTES:
+        return zlib.crc32(view)
     step = (size - _SLICE_BYTES) // (_SLICES - 1)
     parts = [bytes(view[i : i + _SLICE_BYTES]) for i in range(0, size - _SLICE_BYTES + 1, step)]
     return hash((size, *parts))
