@@ -111,6 +111,19 @@ FLOOR_SOURCE: Final = ROOT / "scripts" / "floor_extender"
 PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
 
 
+def check_source() -> None:
+    """The extender measured as "ours" is ``testkit``'s checkout (``ROOT``); refuse to run when
+    that is not this script's own, as when a checkout runs with another checkout's virtualenv
+    (an editable install imports the code it was installed from): every figure would be the
+    other checkout's."""
+    own = Path(__file__).resolve().parents[1]
+    if ROOT.resolve() != own:
+        raise kit.BenchError(
+            f"this script is in {own} but imports testkit (and so the extender it measures)"
+            f" from {ROOT}: run it with PYTHONPATH={own} or that checkout's own .venv"
+        )
+
+
 def find_binaries() -> Path:
     return controlplane.find_binaries("bench_scheduling")
 
@@ -1087,6 +1100,7 @@ def main() -> int:
         parser.error(f"unknown mode {', '.join(unknown)} (of {', '.join(MODES)})")
     if args.pin != "no" and len(os.sched_getaffinity(0)) < 2:
         parser.error("--pin needs two CPUs or more (one for the extender)")
+    check_source()
     bin_dir = find_binaries()
     floor = build_floor() if args.floor else None
     with contextlib.ExitStack() as stack:
