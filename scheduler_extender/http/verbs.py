@@ -113,13 +113,13 @@ _SLICE_BYTES: Final = 256
 
 def fingerprint(listed: msgspec.Raw) -> int:
     """A cheap hash of a node list: the CRC-32 of all of it when it is short (a cache-mode list
-    of names: 4 KiB for 230 names, the window kube-scheduler sends at 500 nodes), else its
-    length and ``_SLICES`` slices of it.
+    of names, the window kube-scheduler sends), else its length and ``_SLICES`` slices of it.
 
-    Hashing all of a non-cache list (every Node object, ~6 MB for 5,000 nodes) took longer than
-    answering; the slices cost ~6 us whatever the size, the CRC of 4 KiB ~1.3 us (read in
-    place, no copy). Two lists with the same fingerprint are told apart by comparing them in
-    full (``memcmp``), so a collision costs a miss, never a wrong answer.
+    Hashing all of a non-cache list (every Node object, megabytes at 5,000 nodes) took longer
+    than answering; the slices cost the same whatever the size, and for a short list more
+    than a CRC of all of it, read in place with no copy (docs/DEPLOY.md has the figures). Two
+    lists with the same fingerprint are told apart by comparing them in full (``memcmp``), so
+    a collision costs a miss, never a wrong answer.
     """
     view = memoryview(listed)
     size = len(view)
