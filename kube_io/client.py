@@ -572,11 +572,12 @@ class KubeClient:
         Not through ``ApiClient.call_api``: for a body already typed, it walked the body
         (``sanitize_for_serialization``), ``json.dumps``ed it and rebuilt the headers, URL and
         timeout on every call: Python the extender's loop, which also answers kube-scheduler's
-        filter calls, spent on every Binding POST (docs/DEPLOY.md has the figures). What it applied is applied here from the
-        same public pieces: the configuration's host and bearer token (``auth_settings``, which
-        runs the refresh hook of an in-cluster or exec-plugin token), the client's default
-        headers (the user agent), the REST client's proxy and TLS server name, and the query
-        encoded as it did (``urlencode``); the body is encoded once, by msgspec.
+        filter calls, spent on every Binding POST (docs/DEPLOY.md has the figures). What it
+        applied is applied here from the same public pieces: the configuration's host and
+        bearer token (``auth_settings``, which runs the refresh hook of an in-cluster or
+        exec-plugin token), the client's default headers (the user agent), the REST client's
+        proxy and TLS server name, and the query encoded as it did (``urlencode``); the body is
+        encoded once, by msgspec.
         """
         api = self._api
         rest = api.rest_client
