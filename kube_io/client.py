@@ -10,8 +10,8 @@ attribute in Python, which is far too slow for a 50k-pod list or a busy watch, a
 ``create_namespaced_binding`` fails to decode the API's 201 answer (a ``Status``, not a
 Binding; see shared/reference/kube/README.md) *although the bind happened*. So
 kubernetes-asyncio is used for configuration (kubeconfig / in-cluster, TLS, token refresh) and
-transport only: every call goes through ``ApiClient.call_api(..., _preload_content=False)``,
-which applies auth and returns the raw aiohttp response, and msgspec decodes the bytes.
+transport only: every call goes out on its aiohttp session with its credentials (``_send``),
+msgspec encodes the body and decodes the answer's bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import datetime
 import urllib.request
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
 import msgspec
@@ -91,6 +91,7 @@ _STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 # An expired ``continue`` token (410) restarts the whole list; more than this means the
 # cluster compacts faster than we can page, which no retry here will fix.
 _LIST_RESTARTS: Final = 2
+_ENCODER: Final = msgspec.json.Encoder()
 
 # Upstream leaves it unannotated; typing it once here keeps the call sites strict.
 _load_incluster_config: Callable[..., None] = load_incluster_config
@@ -625,18 +626,42 @@ class KubeClient:
         content_type: str = _JSON,
         client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:
-        # call_api json.dumps()es dict bodies itself; structs become plain builtins first.
-        payload = msgspec.to_builtins(body) if isinstance(body, msgspec.Struct) else body
+        """One request on kubernetes-asyncio's session, with its credentials and settings.
+
+        Not through ``ApiClient.call_api``: for a body already typed, it walked the body
+        (``sanitize_for_serialization``), ``json.dumps``ed it and rebuilt the headers, URL and
+        timeout on every call: Python the extender's loop, which also answers kube-scheduler's
+        filter calls, spent on every Binding POST (docs/DEPLOY.md has the figures). What it
+        applied is applied here from the same public pieces: the configuration's host and
+        bearer token (``auth_settings``, which runs the refresh hook of an in-cluster or
+        exec-plugin token), the client's default headers (the user agent), the REST client's
+        proxy and TLS server name, and the query encoded as it did (``urlencode``); the body is
+        encoded once, by msgspec.
+        """
+        api = self._api
+        rest = api.rest_client
+        url = f"{api.configuration.host}{path}"
+        if query:
+            url = f"{url}?{urlencode(query)}"
+        headers = {**api.default_headers, "Accept": _JSON, "Content-Type": content_type}
+        options: dict[str, Any] = {}
+        if rest.proxy:
+            options["proxy"] = rest.proxy
+            if rest.proxy_headers:
+                options["proxy_headers"] = rest.proxy_headers
+        if rest.server_hostname:
+            options["server_hostname"] = rest.server_hostname
         try:
-            response: aiohttp.ClientResponse = await self._api.call_api(
-                path,
+            token = (await api.configuration.auth_settings()).get("BearerToken")
+            if token is not None:
+                headers[token["key"]] = token["value"]
+            response: aiohttp.ClientResponse = await rest.pool_manager.request(
                 method,
-                query_params=query or [],
-                header_params={"Accept": _JSON, "Content-Type": content_type},
-                body=payload,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=client_timeout or self._request_timeout,
+                url,
+                data=None if body is None else _ENCODER.encode(body),
+                headers=headers,
+                timeout=client_timeout or self._request_timeout,
+                **options,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise Unavailable(f"{method} {path}: {e!r}") from e

@@ -67,6 +67,13 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
+        self.answers = Counter(
+            PREFIX + "answers_total",
+            "Filter and prioritize calls of valid pods, by verb and by whether their answer was"
+            " kept from an earlier call (result: kept, computed).",
+            ["verb", "result"],
+            registry=registry,
+        )
         self.token_reviews = Counter(
             PREFIX + "token_reviews_total",
             "Tokens new to the extender, by outcome: authenticated, rejected, error (a"
@@ -173,6 +180,12 @@ class Metrics:
         # The labelled children of the two verb metrics, by verb: ``labels()`` looks them up
         # under a lock on every call, and every call of every verb records both.
         self._verb_children: dict[str, tuple[Histogram, Counter]] = {}
+        # ``answers``' children by (verb, is kept), bound once for the same reason.
+        self.answer_children: Final = {
+            (verb, is_kept): self.answers.labels(verb, "kept" if is_kept else "computed")
+            for verb in ("filter", "prioritize")
+            for is_kept in (True, False)
+        }
         self._dirty: set[str] = set()
         self._foreign_cpu_by_node: dict[str, int] = {}
         self._foreign_mem_by_node: dict[str, int] = {}

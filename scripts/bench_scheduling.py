@@ -24,7 +24,8 @@ floor, what this extender adds is its own. ``headline`` is the figure to read: o
 cache mode unpinned, with both extenders' CPU per pod and the machine's one-minute load
 around each run. The floor serves its handler time as ours does (the same histogram family
 and bounds), so each verb's p50/p99 is read alike for both; each run also gives the
-extender's RSS.
+extender's RSS and, for ours, the share of filter's and prioritize's answers kept from an
+earlier call (``kept``: kube-scheduler's node lists repeat, or they do not).
 
 ``--at-scale NODES`` (e.g. 5000) then adds nodes and runs cache and non-cache mode once each,
 the floor first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
@@ -108,6 +109,19 @@ ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
 FLOOR_SOURCE: Final = ROOT / "scripts" / "floor_extender"
 PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
+
+
+def check_source() -> None:
+    """The extender measured as "ours" is ``testkit``'s checkout (``ROOT``); refuse to run when
+    that is not this script's own, as when a checkout runs with another checkout's virtualenv
+    (an editable install imports the code it was installed from): every figure would be the
+    other checkout's."""
+    own = Path(__file__).resolve().parents[1]
+    if ROOT.resolve() != own:
+        raise kit.BenchError(
+            f"this script is in {own} but imports testkit (and so the extender it measures)"
+            f" from {ROOT}: run it with PYTHONPATH={own} or that checkout's own .venv"
+        )
 
 
 def find_binaries() -> Path:
@@ -468,9 +482,13 @@ VERB_HISTOGRAM: Final = "vmautoscale_extender_verb_duration_seconds"
 Histograms = dict[str, tuple[float, list[tuple[float, float]]]]
 
 
-def verb_histograms(extender: Extender | FloorExtender) -> Histograms:
-    """Each verb's handler-time histogram, as the extender serves it on ``/metrics`` (the floor
-    serves the same family with the same bounds, ``FloorExtender``)."""
+ANSWERS_COUNTER: Final = "vmautoscale_extender_answers_total"
+# verb -> (answers kept from an earlier call, answers computed)
+AnswerCounts = dict[str, tuple[float, float]]
+
+
+def scrape(extender: Extender | FloorExtender) -> str:
+    """The extender's ``/metrics`` text ("" when it does not answer 200)."""
     if isinstance(extender, FloorExtender):
         conn = http.client.HTTPConnection("127.0.0.1", extender.verbs_port, timeout=10)
         try:
@@ -481,10 +499,14 @@ def verb_histograms(extender: Extender | FloorExtender) -> Histograms:
             conn.close()
     else:
         status, body = extender.get("/metrics", port=extender.verbs_port)
+    return body.decode() if status == 200 else ""
+
+
+def verb_histograms(text: str) -> Histograms:
+    """Each verb's handler-time histogram in a ``scrape`` (the floor serves the same family
+    with the same bounds, ``FloorExtender``)."""
     out: dict[str, tuple[float, list[tuple[float, float]]]] = {}
-    if status != 200:
-        return out
-    for line in body.decode().splitlines():
+    for line in text.splitlines():
         if line.startswith(f"{VERB_HISTOGRAM}_bucket{{"):
             labels, value = _labels(line)
             total, buckets = out.get(labels["verb"], (0.0, []))
@@ -494,6 +516,21 @@ def verb_histograms(extender: Extender | FloorExtender) -> Histograms:
             labels, value = _labels(line)
             out[labels["verb"]] = (value, out.get(labels["verb"], (0.0, []))[1])
     return {verb: (total, sorted(buckets)) for verb, (total, buckets) in out.items()}
+
+
+def answer_counts(text: str) -> AnswerCounts:
+    """Ours only: filter's and prioritize's answers kept from an earlier call, and computed."""
+    out: dict[str, tuple[float, float]] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{ANSWERS_COUNTER}{{"):
+            labels, value = _labels(line)
+            kept, computed = out.get(labels["verb"], (0.0, 0.0))
+            if labels["result"] == "kept":
+                kept += value
+            else:
+                computed += value
+            out[labels["verb"]] = (kept, computed)
+    return out
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -513,8 +550,15 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return lower_bound
 
 
-def verb_figures(after: Histograms, before: Histograms, pods: int) -> dict[str, dict[str, float]]:
-    """Per verb over one run (``after`` less ``before``): handler ms per pod, and p50/p99 ms."""
+def verb_figures(
+    after: Histograms,
+    before: Histograms,
+    pods: int,
+    answers: tuple[AnswerCounts, AnswerCounts] = ({}, {}),
+) -> dict[str, dict[str, float]]:
+    """Per verb over one run (``after`` less ``before``): handler ms per pod, and p50/p99 ms;
+    for ours, from ``answers`` (after, before), the share of filter's and prioritize's answers
+    kept from an earlier call (``kept``)."""
     out: dict[str, dict[str, float]] = {}
     for verb, (total, buckets) in sorted(after.items()):
         total_before, buckets_before = before.get(verb, (0.0, []))
@@ -527,6 +571,13 @@ def verb_figures(after: Histograms, before: Histograms, pods: int) -> dict[str, 
             value = histogram_quantile(q, grown)
             if value is not None:
                 figures[name] = value * 1000
+        answers_after, answers_before = answers
+        if verb in answers_after:
+            kept_then, computed_then = answers_before.get(verb, (0.0, 0.0))
+            kept = answers_after[verb][0] - kept_then
+            computed = answers_after[verb][1] - computed_then
+            if kept + computed:
+                figures["kept"] = kept / (kept + computed)
         out[verb] = {k: round(v, 3) for k, v in figures.items()}
     return out
 
@@ -632,7 +683,8 @@ class Bench:
                     extender.start()
                 extender_pid = extender_process_id(extender)
                 cpu_before = cpu_seconds(extender_pid)
-                verbs_before = verb_histograms(extender)
+                metrics_before = scrape(extender)
+                verbs_before = verb_histograms(metrics_before)
                 if sample is not None:
                     sampler = start_sampler(extender_pid, sample)
             api_before = api_counts(self.api)
@@ -675,7 +727,13 @@ class Bench:
             result["pods_per_second"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 cpu = cpu_seconds(extender_pid) - cpu_before
-                verbs = verb_figures(verb_histograms(extender), verbs_before, pods)
+                metrics_after = scrape(extender)
+                verbs = verb_figures(
+                    verb_histograms(metrics_after),
+                    verbs_before,
+                    pods,
+                    (answer_counts(metrics_after), answer_counts(metrics_before)),
+                )
                 result["extender_cpu_ms_per_pod"] = round(cpu * 1000 / pods, 3)
                 if verbs:
                     result["verbs"] = verbs
@@ -1042,6 +1100,7 @@ def main() -> int:
         parser.error(f"unknown mode {', '.join(unknown)} (of {', '.join(MODES)})")
     if args.pin != "no" and len(os.sched_getaffinity(0)) < 2:
         parser.error("--pin needs two CPUs or more (one for the extender)")
+    check_source()
     bin_dir = find_binaries()
     floor = build_floor() if args.floor else None
     with contextlib.ExitStack() as stack:

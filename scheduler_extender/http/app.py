@@ -346,6 +346,7 @@ async def start_listeners(
                 app,
                 handle_signals=False,
                 shutdown_timeout=config.shutdown_timeout_seconds,
+                access_log=None,  # the middleware writes each request's one line
                 **server_options(listen),
             )
             await runner.setup()

@@ -646,6 +646,7 @@ async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> Non
         app,
         handle_signals=False,
         shutdown_timeout=config.shutdown_timeout_seconds,
+        access_log=None,  # the middleware writes each request's one line
         **server_options(listen),
     )
     await runner.setup()

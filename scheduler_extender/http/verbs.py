@@ -18,6 +18,7 @@ with the queue's reason, never a cached "these nodes fit".
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Final, NamedTuple
@@ -103,23 +104,27 @@ class _Cached(NamedTuple):
 # (what the answer is for: filter's pod size, prioritize's (size, growth, strategy); is cache
 # mode; the node list's length)
 _Key = tuple[Hashable, bool, int]
-# A node list's fingerprint hashes this many evenly spaced slices of this many bytes, not the
-# whole list (see ``Answers``).
+# A node list's fingerprint is the CRC of the whole list up to this size; of a longer one it
+# hashes this many evenly spaced slices of this many bytes (see ``fingerprint``).
+_WHOLE_BYTES: Final = 16 * 1024
 _SLICES: Final = 16
 _SLICE_BYTES: Final = 256
 
 
 def fingerprint(listed: msgspec.Raw) -> int:
-    """A cheap hash of a node list: its length and ``_SLICES`` slices of it.
+    """A cheap hash of a node list: the CRC-32 of all of it when it is short (a cache-mode list
+    of names, the window kube-scheduler sends), else its length and ``_SLICES`` slices of it.
 
-    Hashing all of a non-cache list (every Node object, ~6 MB for 5,000 nodes) took longer than
-    answering. Two lists with the same fingerprint are told apart by comparing them in full
-    (``memcmp``, ~30x faster than hashing), so a collision costs a miss, never a wrong answer.
+    Hashing all of a non-cache list (every Node object, megabytes at 5,000 nodes) took longer
+    than answering; the slices cost the same whatever the size, and for a short list more
+    than a CRC of all of it, read in place with no copy (docs/DEPLOY.md has the figures). Two
+    lists with the same fingerprint are told apart by comparing them in full (``memcmp``), so
+    a collision costs a miss, never a wrong answer.
     """
     view = memoryview(listed)
     size = len(view)
-    if size <= _SLICES * _SLICE_BYTES:
-        return hash(bytes(view))
+    if size <= _WHOLE_BYTES:
+        return zlib.crc32(view)
     step = (size - _SLICE_BYTES) // (_SLICES - 1)
     parts = [bytes(view[i : i + _SLICE_BYTES]) for i in range(0, size - _SLICE_BYTES + 1, step)]
     return hash((size, *parts))
@@ -278,6 +283,7 @@ async def filter_nodes(request: web.Request) -> web.Response:
         version = extender.index.version(size)
         key = (size, is_cache, len(listed))
         found = app[FILTER_ANSWERS].get(key, listed, version)
+        extender.metrics.answer_children["filter", found is not None].inc()
     if found is not None:
         encoded, reason, has_room = found.body, found.reason, found.has_room
     else:
@@ -327,6 +333,7 @@ async def prioritize(request: web.Request) -> web.Response:
         version = (0, extender.scores.version(size, growth_millis=growth, strategy=strategy))
         key = ((size, growth, strategy), is_cache, len(listed))
         found = app[PRIORITIZE_ANSWERS].get(key, listed, version)
+        extender.metrics.answer_children["prioritize", found is not None].inc()
         if found is not None:
             structlog.contextvars.bind_contextvars(reason=found.reason)
             return web.Response(body=found.body, content_type=JSON)

@@ -65,11 +65,21 @@ async def test_a_bind_changes_the_next_answer_for_the_same_body(
     assert answer["FailedNodes"] == {"node-a": "insufficient cpu: pod needs 2000m"}
     if mode == "nocache":
         assert answer["Nodes"]["items"] == []
+    # Counted: the second call's answer was kept, the first and the last were computed.
+    registry = running.extender.metrics.registry
+    counted = {
+        result: registry.get_sample_value(
+            "vmautoscale_extender_answers_total", {"verb": "filter", "result": result}
+        )
+        for result in ("kept", "computed")
+    }
+    assert counted == {"kept": 1.0, "computed": 2.0}
 
 
 def test_lists_with_the_same_fingerprint_get_their_own_answers() -> None:
-    names = [f"node-{i:05d}" for i in range(1000)]
+    names = [f"node-{i:05d}" for i in range(2000)]
     one = msgspec.json.encode(names)
+    assert len(one) > 16 * 1024  # long enough to be fingerprinted by slices
     # Byte 300 lies between the first two sampled slices: same length, same fingerprint.
     other = one[:300] + (b"9" if one[300:301] != b"9" else b"8") + one[301:]
     assert fingerprint(msgspec.Raw(one)) == fingerprint(msgspec.Raw(other))
