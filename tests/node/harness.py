@@ -86,8 +86,6 @@ KUBELET_PORT: Final = 10250
 KUBELET_HEALTHZ: Final = 10248
 VM: Final = "pg-vm-0"  # the pod of manifests/examples/
 PROXY_HEALTHZ: Final = 10256
-# cpu.shares of each node's cgroup root (v1; a busy process of the root cgroup weighs 1024).
-NODE_CPU_SHARES: Final = 16 * 1024
 
 Obj = dict[str, Any]
 
@@ -1048,14 +1046,6 @@ class Worker:
             for f in ("cpuset.cpus", "cpuset.mems"):
                 if not (mine / f).read_text().strip():
                     (mine / f).write_text((cpuset / f).read_text())
-        # The node's pods get the CPU their limits allow before the host's other processes
-        # (the suite runs beside this tier): a new v1 cgroup weighs as much as ONE busy process
-        # of the root cgroup, so a few busy ones left the example VM's container short of its
-        # 1-core quota, never throttled, and the test of a VM held at its quota failed. The
-        # pods' limits still cap them.
-        shares = Path("/sys/fs/cgroup/cpu") / self.cgroup_root.lstrip("/") / "cpu.shares"
-        if shares.is_file():
-            shares.write_text(str(NODE_CPU_SHARES))
 
     def start_containerd(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
