@@ -389,6 +389,14 @@ class KubeClient:
             "POST", f"/api/v1/namespaces/{namespace}/{plural_path}", body=dict(manifest)
         )
 
+    async def create_virtual_machine_migration(self, migration: VirtualMachineMigration) -> None:
+        """POST a VirtualMachineMigration to its namespace. Raises ``Conflict`` when the name
+        is taken (a retry of a create that landed)."""
+        namespace = quote(migration.metadata.namespace, safe="")
+        await self._call(
+            "POST", f"/apis/{VM_API_VERSION}/namespaces/{namespace}/{VMM_PLURAL}", body=migration
+        )
+
     async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
         """Delete the pod only if it is still the one with ``uid`` (a precondition: a newer pod
         of the same name is never deleted by mistake). Raises ``NotFound``, ``Conflict``."""
