@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 
 from protocol import annotations as ann
 from protocol.permits import PodRef, ResourceRequest, Resources
-from scheduler_extender.core.ledger import Ledger, NoRoom, SystemReserve
+from scheduler_extender.core.ledger import Ledger, NoRoom, SystemReserve, UnknownNode
 from scheduler_extender.core.permits import decide_batch
 from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.core.refusals import Refused
@@ -329,7 +329,7 @@ class ReliefMachine(RuleBasedStateMachine):
         pod = vm_pod(uid, f"vm-{uid}", node=None, lo=lo, hi=lo + extra, movable=movable)
         try:
             self.ledger.reserve_for_bind(pod, node, at=self.now)
-        except NoRoom:
+        except (NoRoom, UnknownNode):  # full, or drained and removed
             return
         self.api_pods[uid] = msgspec.structs.replace(pod, node_name=node)
         self.ledger.observe_pod(self.api_pods[uid], at=self.now)
