@@ -105,6 +105,8 @@ class VirtualMachineList(_Obj, frozen=True, kw_only=True):
 # -- VirtualMachineMigration ------------------------------------------------------------------
 
 MIGRATION_KIND: Final = "VirtualMachineMigration"
+# On a migration the extender's relief created (not a human): its ``MoveReason``.
+RELIEF_LABEL: Final = f"{GROUP}/relief-reason"
 MigrationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 

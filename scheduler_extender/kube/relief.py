@@ -32,6 +32,7 @@ from kube_io.errors import Conflict, KubeError
 from kube_io.objects import ObjectReference
 from protocol.kube import ObjectMeta
 from protocol.virtualmachine import (
+    RELIEF_LABEL,
     VirtualMachineMigration,
     VirtualMachineMigrationSpec,
 )
@@ -42,8 +43,9 @@ from scheduler_extender.service import Extender
 
 log = structlog.get_logger(__name__)
 
-# On each migration relief creates: why (a ``MoveReason``), and the pod it chose.
-REASON_LABEL: Final = "vm-autoscaling.io/relief-reason"
+# On each migration relief creates: why (``RELIEF_LABEL``: a ``MoveReason``; the
+# vm-controller refuses such a migration of a VM that opted out meanwhile), and the pod it chose.
+REASON_LABEL: Final = RELIEF_LABEL
 POD_ANNOTATION: Final = "vm-autoscaling.io/relief-pod"
 MESSAGE_ANNOTATION: Final = "vm-autoscaling.io/relief-message"
 _NAME_MAX: Final = 253  # a custom resource's name: a DNS subdomain
