@@ -467,8 +467,8 @@ class ReliefSection(ReliefConfig, frozen=True, kw_only=True, forbid_unknown_fiel
 
     The leader runs a pass every ``interval_seconds``: the grows its permits cut short since
     the last pass, then ``plan_moves``; each planned move becomes a VirtualMachineMigration
-    (``kube.relief``) that the vm-controller carries out. ``drain.enabled`` is refused: the
-    shell does not taint nodes or evict yet, so a drain would never start.
+    (``scheduler_extender.relief``) that the vm-controller carries out. ``drain.enabled`` is
+    refused: the shell does not taint nodes or evict yet, so a drain would never start.
     """
 
     interval_seconds: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0

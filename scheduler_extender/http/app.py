@@ -58,10 +58,10 @@ from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.metrics_auth import DelegatedMetricsAuth, MetricsGuard, OpenMetrics
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.kube.queue_notices import QueueNotices
-from scheduler_extender.kube.relief import run_relief
 from scheduler_extender.kube.standalone import StandaloneCluster
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.quota_source import follow_quota_file, read_quota_file
+from scheduler_extender.relief import run_relief
 from scheduler_extender.service import Extender
 from scheduler_extender.sync import follow_cluster
 

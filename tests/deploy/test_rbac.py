@@ -57,7 +57,7 @@ CALLS: dict[str, list[Access]] = {
     ],
     "create_namespaced": [Access("create", "", "pods"), Access("create", "", "services")],
     "delete_pod": [Access("delete", "", "pods")],
-    # Relief's moves (scheduler_extender/kube/relief.py): the extender asks, the vm-controller
+    # Relief's moves (scheduler_extender/relief.py): the extender asks, the vm-controller
     # moves.
     "create_virtual_machine_migration": [
         Access("create", "vm-autoscaling.io", "virtualmachinemigrations")

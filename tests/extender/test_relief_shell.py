@@ -1,4 +1,4 @@
-"""Relief's shell (``kube.relief``): a grow cut short by its node becomes a
+"""Relief's shell (``scheduler_extender.relief``): a grow cut short by its node becomes a
 VirtualMachineMigration for the VM's VirtualMachine, with the plan's target and reason.
 
 In process, on an ``Extender`` fed real pod and node objects and a real permit batch; the
@@ -21,8 +21,8 @@ from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration
 from scheduler_extender.config import parse_config
 from scheduler_extender.core.relief import MoveReason, PlannedMove
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
-from scheduler_extender.kube.relief import REASON_LABEL, migration_for, relief_once
 from scheduler_extender.metrics import Metrics
+from scheduler_extender.relief import REASON_LABEL, migration_for, relief_once
 from scheduler_extender.service import Extender
 from testkit.kube_api import node_object
 from tests.extender.helpers import permit_batch, vm_pod
