@@ -8,6 +8,7 @@ tier's: ``tests/controlplane/test_virtualmachines.py`` creates migrations there)
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kube_io.errors import Conflict, KubeError, Unavailable
+from kube_io.objects import ObjectReference
 from protocol.kube import Node, Pod
 from protocol.permits import ResourceRequestBatch
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration
@@ -41,6 +43,20 @@ class Writer:
         self.created.append(migration)
         if self.error is not None:
             raise self.error
+
+
+class Poster:
+    """The Events the reporter sends (``NodeAllocReporter``'s poster port)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[ObjectReference, str, str]] = []
+        self.posted = asyncio.Event()
+
+    async def create_event(
+        self, involved: ObjectReference, *, reason: str, message: str, **_: Any
+    ) -> None:
+        self.events.append((involved, reason, message))
+        self.posted.set()
 
 
 def _owned(pod: dict[str, Any], vm: str) -> dict[str, Any]:
@@ -90,11 +106,19 @@ def _decisions(extender: Extender) -> dict[tuple[str, str], float]:
 async def test_a_vm_cut_short_becomes_a_migration_of_its_virtualmachine() -> None:
     extender = _extender()
     writer = Writer()
-    reporter = NodeAllocReporter(extender.metrics, None)
+    poster = Poster()
+    reporter = NodeAllocReporter(extender.metrics, poster)
     outcomes = await relief_once(extender, writer, reporter, wall_clock=lambda: WALL)
     assert [(m.pod, m.reason, o) for m, o in outcomes] == [
         ("vms/db-pod", MoveReason.GROWER, "created")
     ]
+    sending = asyncio.get_running_loop().create_task(reporter.run())
+    await poster.posted.wait()
+    sending.cancel()
+    [(involved, reason, message)] = poster.events
+    assert (involved.kind, involved.name, involved.uid) == ("Pod", "db-pod", DB_UID)
+    assert reason == "GrowerToRoom"
+    assert f"VirtualMachineMigration db-relief-{int(WALL)}" in message and "node-b" in message
     [migration] = writer.created
     assert migration.metadata.namespace == "vms"
     assert migration.metadata.name == f"db-relief-{int(WALL)}"
@@ -153,3 +177,20 @@ def test_a_long_vm_name_still_makes_a_valid_name() -> None:
     migration = migration_for(move, vm_name="v" * 253, at=WALL)
     assert len(migration.metadata.name) == 253
     assert migration.metadata.name.endswith(f"-relief-{int(WALL)}")
+
+
+async def test_no_pass_before_the_lists_are_in() -> None:
+    config = parse_config({"relief": {"enabled": True}})
+    metrics = Metrics(CollectorRegistry())
+    extender = Extender(
+        config,
+        metrics=metrics,
+        reporter=NodeAllocReporter(metrics, None),
+        recorder=None,
+        binder=None,
+        clock=lambda: 0.0,
+    )
+    writer = Writer()
+    reporter = NodeAllocReporter(metrics, None)
+    assert await relief_once(extender, writer, reporter, wall_clock=lambda: WALL) == []
+    assert writer.created == []
