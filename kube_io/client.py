@@ -69,6 +69,7 @@ from protocol.virtualmachine import (
     VirtualMachineMigrationList,
     VirtualMachineMigrationStatus,
     VirtualMachineStatus,
+    migration_manifest,
 )
 
 __all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
@@ -394,7 +395,9 @@ class KubeClient:
         is taken (a retry of a create that landed)."""
         namespace = quote(migration.metadata.namespace, safe="")
         await self._call(
-            "POST", f"/apis/{VM_API_VERSION}/namespaces/{namespace}/{VMM_PLURAL}", body=migration
+            "POST",
+            f"/apis/{VM_API_VERSION}/namespaces/{namespace}/{VMM_PLURAL}",
+            body=migration_manifest(migration),
         )
 
     async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:

@@ -19,7 +19,7 @@ from kube_io.errors import Conflict, KubeError, Unavailable
 from kube_io.objects import ObjectReference
 from protocol.kube import Node, Pod
 from protocol.permits import ResourceRequestBatch
-from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration
+from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration, migration_manifest
 from scheduler_extender.config import parse_config
 from scheduler_extender.core.relief import MoveReason, PlannedMove
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -124,6 +124,9 @@ async def test_a_vm_cut_short_becomes_a_migration_of_its_virtualmachine() -> Non
     assert migration.metadata.name == f"db-relief-{int(WALL)}"
     assert migration.metadata.labels == {REASON_LABEL: "GrowerToRoom"}
     assert (migration.spec.vm_name, migration.spec.target_node) == ("db", "node-b")
+    # As the client POSTs it: the API server refuses an object without apiVersion and kind.
+    sent = migration_manifest(migration)
+    assert (sent["apiVersion"], sent["kind"]) == (API_VERSION, "VirtualMachineMigration")
     assert _decisions(extender) == {("GrowerToRoom", "created"): 1.0}
     # The VM is cooling down: the next pass chooses nothing again.
     assert await relief_once(extender, writer, reporter, wall_clock=lambda: WALL) == []
