@@ -69,6 +69,7 @@ from protocol.virtualmachine import (
     VirtualMachineMigrationList,
     VirtualMachineMigrationStatus,
     VirtualMachineStatus,
+    migration_manifest,
 )
 
 __all__ = ["DEFAULT_PAGE_SIZE", "KubeClient", "ResourceKind"]
@@ -409,6 +410,16 @@ class KubeClient:
         namespace = quote(str(manifest["metadata"]["namespace"]), safe="")
         await self._call(
             "POST", f"/api/v1/namespaces/{namespace}/{plural_path}", body=dict(manifest)
+        )
+
+    async def create_virtual_machine_migration(self, migration: VirtualMachineMigration) -> None:
+        """POST a VirtualMachineMigration to its namespace. Raises ``Conflict`` when the name
+        is taken (a retry of a create that landed)."""
+        namespace = quote(migration.metadata.namespace, safe="")
+        await self._call(
+            "POST",
+            f"/apis/{VM_API_VERSION}/namespaces/{namespace}/{VMM_PLURAL}",
+            body=migration_manifest(migration),
         )
 
     async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:

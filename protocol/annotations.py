@@ -181,9 +181,7 @@ def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) 
     if max_mem < min_mem:
         raise AnnotationError(MAX_MEMORY, f"{max_mem} bytes is below {MIN_MEMORY} ({min_mem})")
     mem_unit = _memory(ann, MEMORY_UNIT, DEFAULT_MEMORY_UNIT)
-    never_move = ann.get(NEVER_MOVE, "false").strip().lower()
-    if never_move not in ("true", "false"):
-        raise AnnotationError(NEVER_MOVE, f'{ann[NEVER_MOVE]!r} is neither "true" nor "false"')
+    is_movable = not is_never_move(ann)
     return VmSpec(
         min_vcpus=min_vcpus,
         max_vcpus=max_vcpus,
@@ -193,8 +191,18 @@ def parse_vm_spec(annotations: dict[str, str] | None, *, pod_memory_bytes: int) 
         memory_unit_bytes=mem_unit,
         hypervisor=ann.get(HYPERVISOR) or None,
         metrics_url=ann.get(METRICS_URL) or None,
-        is_movable=never_move == "false",
+        is_movable=is_movable,
     )
+
+
+def is_never_move(annotations: dict[str, str] | None) -> bool:
+    """Whether the pod opted out of live moves (``never-move: "true"``; absent is
+    ``"false"``); raises ``AnnotationError`` for any other value."""
+    raw = (annotations or {}).get(NEVER_MOVE, "false")
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise AnnotationError(NEVER_MOVE, f'{raw!r} is neither "true" nor "false"')
+    return value == "true"
 
 
 def parse_permitted(annotations: dict[str, str] | None) -> tuple[int | None, int | None]:

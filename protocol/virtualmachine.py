@@ -105,6 +105,8 @@ class VirtualMachineList(_Obj, frozen=True, kw_only=True):
 # -- VirtualMachineMigration ------------------------------------------------------------------
 
 MIGRATION_KIND: Final = "VirtualMachineMigration"
+# On a migration the extender's relief created (not a human): its ``MoveReason``.
+RELIEF_LABEL: Final = f"{GROUP}/relief-reason"
 MigrationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
@@ -140,3 +142,11 @@ class VirtualMachineMigration(_Obj, frozen=True, kw_only=True):
 class VirtualMachineMigrationList(_Obj, frozen=True, kw_only=True):
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
     items: list[VirtualMachineMigration] | None = None
+
+
+def migration_manifest(migration: VirtualMachineMigration) -> dict[str, object]:
+    """The object to POST: ``omit_defaults`` leaves out ``apiVersion`` and ``kind`` (they are
+    the defaults), which the API server requires (400 "Object 'Kind' is missing")."""
+    body = msgspec.to_builtins(migration)
+    assert isinstance(body, dict)
+    return {"apiVersion": migration.api_version, "kind": migration.kind, **body}

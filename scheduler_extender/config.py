@@ -23,6 +23,7 @@ from protocol.strict_yaml import describe_yaml_error
 from scheduler_extender.admission.quota import QuotaConfig, QuotaConfigError, parse_quota_config
 from scheduler_extender.core.ledger import SystemReserve
 from scheduler_extender.core.placement import Strategy
+from scheduler_extender.core.relief import ReliefConfig
 from scheduler_extender.recommender.config import DiagnosticsLevel, RecommenderConfig, Scorer
 from scheduler_extender.recommender.scale_down import ScaleDownConfig
 from scheduler_extender.recommender.snapshot import POOL_LABEL, NodePool
@@ -461,6 +462,22 @@ class QuotaSection(QuotaConfig, frozen=True, kw_only=True, forbid_unknown_fields
         )
 
 
+class ReliefSection(ReliefConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Relief (``core.relief``, its rule in the module docstring): off unless ``enabled``.
+
+    The leader runs a pass every ``interval_seconds``: the grows its permits cut short since
+    the last pass, then ``plan_moves``; each planned move becomes a VirtualMachineMigration
+    (``scheduler_extender.relief``) that the vm-controller carries out. ``drain.enabled`` is
+    refused: the shell does not taint nodes or evict yet, so a drain would never start.
+    """
+
+    interval_seconds: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0
+
+    def __post_init__(self) -> None:
+        if self.drain.enabled:
+            raise ValueError("relief.drain.enabled is not supported yet: nothing taints nodes")
+
+
 class Config(_Section, frozen=True):
     scheduler_name: NonEmpty = "vm-scheduler"
     listen: ListenConfig = ListenConfig()
@@ -473,6 +490,7 @@ class Config(_Section, frozen=True):
     recommender: RecommenderSection = RecommenderSection()
     quota: QuotaSection | None = None
     permit_front: PermitFrontConfig = PermitFrontConfig()
+    relief: ReliefSection = ReliefSection()
     # None: one replica, which always decides (standalone mode too).
     leader_election: LeaderElectionConfig | None = None
     # Keep below the pod's terminationGracePeriodSeconds (30 by default) so in-flight requests

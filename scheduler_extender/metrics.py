@@ -139,6 +139,19 @@ class Metrics:
             ["pool", "zone"],
             registry=registry,
         )
+        self.relief_decisions = Counter(
+            PREFIX + "relief_decisions_total",
+            "Moves relief decided (core.relief), by reason (GrowerToRoom, NeighbourAway,"
+            " AboveWatermark, Drain) and outcome: created (its VirtualMachineMigration was"
+            " created), exists (one of that name was there already), failed (the create failed).",
+            ["reason", "outcome"],
+            registry=registry,
+        )
+        self.relief_unrelieved = Gauge(
+            PREFIX + "relief_unrelieved_vms",
+            "VMs whose grow their node cut short and that the last relief pass moved nothing for.",
+            registry=registry,
+        )
         self.recommendations = Counter(
             PREFIX + "recommendations_total",
             "Scale-up recommendations computed, by trigger (auto, request) and outcome"

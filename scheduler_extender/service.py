@@ -57,6 +57,7 @@ from scheduler_extender.core.podinfo import (
     pod_info,
 )
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
+from scheduler_extender.core.relief import ReliefBook, ReliefPlan, plan_moves
 from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.core.verbs import BindOutcome
 from scheduler_extender.errors import (
@@ -167,6 +168,9 @@ class Extender:
         self.writing_term: int | None = None
         self._fencing: asyncio.Task[None] | None = None
         metrics.leading.set(1)
+        # What relief remembers between passes (``core.relief``); fed by ``permits`` only
+        # while ``relief.enabled``.
+        self.relief_book = ReliefBook()
         # ``gc.freeze`` once the first lists are in (see ``_freeze_loaded_objects``); off by
         # default because it is process-wide: tests build many extenders in one process.
         self.freeze_gc_when_synced = False
@@ -402,6 +406,11 @@ class Extender:
         self.parked.unpark(uid)
         if self.recorder is not None:
             self.recorder.forget(uid)
+        move = self.ledger.moves.get(uid)
+        if move is not None and move.is_target_observed:
+            # The source of a move is gone with its target pod running: the VM is that pod
+            # now, and relief's cool-down and want go with it.
+            self.relief_book.move_finished(uid, move.target_uid)
         self.reporter.report(self.ledger.forget_pod(uid))
         self._forget_queued(uid)
         if self.has_pods:
@@ -577,6 +586,10 @@ class Extender:
         )
         if isinstance(decisions, Refused):
             return decisions
+        if self.config.relief.enabled:
+            self.relief_book.permits_decided(
+                self.ledger, batch.requests, decisions, now=self.clock()
+            )
         counts: dict[str, int] = {}
         shorts: dict[tuple[str, str], int] = {}
         stale = 0
@@ -665,6 +678,21 @@ class Extender:
             reserved_millicpu=event.held.cpu_millis,
             reserved_memory_bytes=event.held.memory_bytes,
         )
+
+    def relief_pass(self) -> ReliefPlan:
+        """One relief pass (``core.relief``): the moves to start now, each already counted
+        as started in the book (its cool-down runs from here, so a VM whose migration fails to
+        be created is not chosen again at once). Cordoned nodes are never targets. Raises
+        ``NotLeader`` and ``NotSynced`` as every decision does."""
+        self.require_synced()
+        now = self.clock()
+        config = self.config.relief
+        book = self.relief_book
+        book.forget_gone(self.ledger, now=now, config=config)
+        plan = plan_moves(self.ledger, book, now=now, config=config, closed=self.cordoned)
+        for move in plan.moves:
+            book.move_started(move, now=now)
+        return plan
 
 
 class PermitsDecided(NamedTuple):

@@ -135,6 +135,7 @@ class VmRecord:
             if permitted_memory is not None
             else (self.memory if permitted is not None else None),
             created=f"2026-01-01T00:00:00.{self.rank:06d}Z",
+            vm_name=self.spec.name,  # every simulated VM is a VirtualMachine's
         )
 
 

@@ -19,6 +19,14 @@ finds a migration ``Running`` that no driver of its own runs decides with ``reco
 source gone and the target there means the move had cut over (finish it); anything else is
 aborted (the source keeps running, the target is deleted, the reservation cancelled), since
 half a transfer cannot be resumed.
+
+*never-move.* A VM whose pod says ``vm-autoscaling.io/never-move: "true"`` opted out of the
+moves nobody asked for: the extender's relief never chooses it (``core.relief``), and a
+migration relief created (``RELIEF_LABEL``) is refused here (``NeverMove``) if the VM opted out
+after the plan, or its pod's value is unreadable. A migration a human created is carried out:
+the annotation guards against automatic moves, as Karpenter's ``karpenter.sh/do-not-disrupt``
+stops Karpenter's own disruptions but not a ``kubectl drain``; whoever creates a migration by
+hand has asked for this one.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import msgspec
 from protocol import annotations as ann
 from protocol.kube import Pod
 from protocol.virtualmachine import (
+    RELIEF_LABEL,
     Condition,
     VirtualMachine,
     VirtualMachineMigration,
@@ -61,6 +70,8 @@ class Refusal(enum.StrEnum):
     # device state, not disk contents (no block migration here), so the target would boot
     # from another disk under the guest's feet.
     LOCAL_DISK = "LocalDisk"
+    # Relief's migration of a VM that opted out of automatic moves (module docstring).
+    NEVER_MOVE = "NeverMove"
 
 
 class Refused(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +134,11 @@ def admit(
             message=f"VM {name} has no running pod to move"
             + (f" (pod {source.metadata.name} is {source.status.phase})" if source else ""),
         )
+    if RELIEF_LABEL in (vmm.metadata.labels or {}) and _never_move(source):
+        return Refused(
+            reason=Refusal.NEVER_MOVE,
+            message=f"VM {name} opted out of automatic moves (never-move); relief does not move it",
+        )
     if any(arg == "--disk" or arg.startswith("--disk=") for arg in vm.spec.runner_args):
         return Refused(
             reason=Refusal.LOCAL_DISK,
@@ -143,6 +159,14 @@ def admit(
         target_pod=target_pod_name(vmm),
         target_node=target,
     )
+
+
+def _never_move(pod: Pod) -> bool:
+    """The pod opted out of automatic moves; an unreadable value counts as opted out."""
+    try:
+        return ann.is_never_move(pod.metadata.annotations)
+    except ann.AnnotationError:
+        return True
 
 
 def source_marks(vmm: VirtualMachineMigration, plan: Plan | None) -> dict[str, str]:

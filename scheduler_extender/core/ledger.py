@@ -85,6 +85,8 @@ class Allocation(msgspec.Struct, kw_only=True):
     requests: Demand
     allocated_at: float
     vm: VmSpec | None = None
+    # The VirtualMachine controlling the pod (``PodInfo.vm_name``): None, nothing can move it.
+    vm_name: str | None = None
     # A VM's permitted size; ``held`` is at least ``vcpus * 1000`` millicores.
     vcpus: int | None = None
     memory_bytes: int | None = None
@@ -476,6 +478,7 @@ class Ledger:
             requests=pod.requests,
             allocated_at=at,
             vm=pod.vm if owner is Owner.OWN else None,
+            vm_name=pod.vm_name if owner is Owner.OWN else None,
         )
         if entry.vm is not None:
             entry.memory_extra = pod.memory_extra_bytes
@@ -594,6 +597,7 @@ class Ledger:
             requests=entry.requests,
             allocated_at=at,
             vm=entry.vm,
+            vm_name=entry.vm_name,
             vcpus=entry.vcpus,
             memory_bytes=entry.memory_bytes,
             memory_extra=entry.memory_extra,

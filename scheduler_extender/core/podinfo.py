@@ -52,6 +52,8 @@ import msgspec
 from protocol import annotations as ann
 from protocol.kube import Container, ContainerStatus, Pod, StrMap
 from protocol.quantity import QuantityError, parse_quantity
+from protocol.virtualmachine import API_VERSION as VM_API_VERSION
+from protocol.virtualmachine import KIND as VM_KIND
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 
@@ -98,6 +100,10 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     memory_extra_bytes: int = 0
     container_memory_overhead_bytes: int = 0
     created: str = ""
+    # The VirtualMachine that controls this pod (its controller owner reference), by name in
+    # the pod's namespace; None for a pod made by hand. Only such a VM can be moved live: a
+    # VirtualMachineMigration names the VM, not the pod.
+    vm_name: str | None = None
     # The version it was read at: a Binding made for it carries it as a precondition.
     resource_version: str = ""
 
@@ -299,8 +305,18 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         memory_extra_bytes=extra,
         container_memory_overhead_bytes=overhead,
         created=meta.creation_timestamp or "",
+        vm_name=controlling_vm(pod),
         resource_version=meta.resource_version,
     )
+
+
+def controlling_vm(pod: Pod) -> str | None:
+    """The name of the VirtualMachine that controls ``pod`` (an owner reference of our kind
+    with ``controller: true``, as ``vm_controller.decide.owner_reference`` writes it), or None."""
+    for ref in pod.metadata.owner_references or ():
+        if ref.controller and ref.kind == VM_KIND and ref.api_version == VM_API_VERSION:
+            return ref.name or None
+    return None
 
 
 def _memory_extra(pod: Pod, vm: ann.VmSpec, requests: Demand) -> tuple[int, int]:

@@ -12,7 +12,9 @@ The rule, in the order a pass applies it (one pass, one budget):
    ``max_moves_share`` of the known nodes (at least one); at most one outbound move per node
    (a node with a move leaving it starts no other); ``ledger.moves`` counts the moves already
    under way. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
-   an unverified VM's size is not known, so no target's room can be checked), not moving, not
+   an unverified VM's size is not known, so no target's room can be checked), controlled by a
+   VirtualMachine (a VirtualMachineMigration names the VM; a VM pod made by hand has none, so
+   nothing could move it), not moving, not
    opted out (``vm-autoscaling.io/never-move: "true"``), and not moved in the last
    ``cooldown_seconds`` (no ping-pong; a move that failed counts too, so a VM whose move keeps
    failing is not retried at once).
@@ -365,6 +367,8 @@ def plan_moves(
             return "it is moving"
         if entry.vm is None or entry.owner is not Owner.OWN or entry.is_tentative:
             return "it is not a bound VM of ours"
+        if entry.vm_name is None:
+            return "no VirtualMachine controls its pod (a migration names a VirtualMachine)"
         if not entry.vm.is_movable:
             return "it opted out (never-move)"
         if entry.is_unverified:
@@ -571,6 +575,7 @@ def _drains_to_start(
         if any(
             e.uid in moving
             or e.vm is None
+            or e.vm_name is None
             or e.is_tentative
             or e.is_unverified
             or not e.vm.is_movable

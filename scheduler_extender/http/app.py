@@ -61,6 +61,7 @@ from scheduler_extender.kube.queue_notices import QueueNotices
 from scheduler_extender.kube.standalone import StandaloneCluster
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.quota_source import follow_quota_file, read_quota_file
+from scheduler_extender.relief import run_relief
 from scheduler_extender.service import Extender
 from scheduler_extender.sync import follow_cluster
 
@@ -213,6 +214,15 @@ def make_app(config: Config, deps: Deps) -> web.Application:
             if config.kube.post_events:
                 tasks.append(_start(reporter.run(), "node-alloc-events"))
             tasks.append(_start(notices.run(), "queue-notices"))
+            if config.relief.enabled:
+                relief = run_relief(
+                    extender,
+                    link,
+                    reporter,
+                    interval_seconds=config.relief.interval_seconds,
+                    wall_clock=deps.wall_clock,
+                )
+                tasks.append(_start(relief, "relief"))
             try:
                 yield
             finally:

@@ -5,13 +5,14 @@ can only be made inside the loop; the app's ``cleanup_ctx`` connects it. Until t
 close) every call raises ``kube_io.errors.Unavailable``, which callers already treat as
 "retry later". Each method is the ``KubeClient`` method of the same name.
 
-It is also the one gate of the extender's writes. Every write to the API server but the
-Lease's own (a Binding, the fence, wake-up touches, Events, the durability writer's patches
-and resizes, the role labels) goes through this link, which asks ``may_write`` right before
-sending, with no ``await`` in between; a replica that does not lead gets ``Deposed`` and
-sends nothing. ``may_write`` is ``Extender.may_write``: the Lease's term this replica began
-writing in, and whether it still holds it (``core.leadership.Elector.may_write``). Reads and
-token reviews are not writes and are not gated (the standby keeps its ledger warm).
+It is also the one gate of the extender's writes. Every write to the API server but the Lease's
+own (a Binding, the fence, wake-up touches, Events, the durability writer's patches and
+resizes, the role labels, relief's VirtualMachineMigrations) goes through this link, which asks
+``may_write`` right before sending, with no ``await`` in between; a replica that does not lead
+gets ``Deposed`` and sends nothing. ``may_write`` is ``Extender.may_write``: the Lease's term
+this replica began writing in, and whether it still holds it
+(``core.leadership.Elector.may_write``). Reads and token reviews are not writes and are not
+gated (the standby keeps its ledger warm).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kube_io.client import KubeClient
 from kube_io.errors import KubeError, Unavailable
 from kube_io.objects import ObjectReference, SubjectAccessReviewStatus, TokenReviewResult
 from protocol.kube import Pod
+from protocol.virtualmachine import VirtualMachineMigration
 
 
 class Deposed(KubeError):
@@ -100,6 +102,9 @@ class KubeLink:
         await self._writer().create_event(
             involved, reason=reason, message=message, type=type, component=component, host=host
         )
+
+    async def create_virtual_machine_migration(self, migration: VirtualMachineMigration) -> None:
+        await self._writer().create_virtual_machine_migration(migration)
 
     async def review_token(self, token: str, *, audiences: Sequence[str]) -> TokenReviewResult:
         return await self._client().review_token(token, audiences=audiences)

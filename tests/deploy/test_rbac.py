@@ -57,6 +57,11 @@ CALLS: dict[str, list[Access]] = {
     ],
     "create_namespaced": [Access("create", "", "pods"), Access("create", "", "services")],
     "delete_pod": [Access("delete", "", "pods")],
+    # Relief's moves (scheduler_extender/relief.py): the extender asks, the vm-controller
+    # moves.
+    "create_virtual_machine_migration": [
+        Access("create", "vm-autoscaling.io", "virtualmachinemigrations")
+    ],
     # Live migrations (vm_controller/migrator.py).
     "list_virtual_machine_migrations": [
         Access("list", "vm-autoscaling.io", "virtualmachinemigrations")

@@ -44,8 +44,27 @@ def test_example_standalone_cluster_loads() -> None:
         ({"durability": {"retry_initial_seconds": 5, "retry_max_seconds": 1}}, "$.durability"),
         ({"limits": {"permits_max_body_bytes": "big"}}, "$.limits.permits_max_body_bytes"),
         ([1, 2], "$"),
+        ({"relief": {"enabled": "yes"}}, "$.relief.enabled"),
+        ({"relief": {"interval_seconds": 0.5}}, "$.relief.interval_seconds"),
+        ({"relief": {"watermark": 1.5}}, "$.relief.watermark"),
+        ({"relief": {"drain": {"enabled": True}}}, "$.relief"),
+        ({"relief": {"watermak": 0.8}}, "$.relief"),
     ],
-    ids=["unknown", "port", "fraction", "strategy", "static-no-token", "retry", "type", "list"],
+    ids=[
+        "unknown",
+        "port",
+        "fraction",
+        "strategy",
+        "static-no-token",
+        "retry",
+        "type",
+        "list",
+        "relief-switch",
+        "relief-interval",
+        "relief-watermark",
+        "relief-drain",
+        "relief-unknown",
+    ],
 )
 def test_errors_name_the_path(data: object, path: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 
 from protocol import annotations as ann
 from protocol.permits import PodRef, ResourceRequest, Resources
-from scheduler_extender.core.ledger import Ledger, NoRoom, SystemReserve
+from scheduler_extender.core.ledger import Ledger, NoRoom, SystemReserve, UnknownNode
 from scheduler_extender.core.permits import decide_batch
 from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.core.refusals import Refused
@@ -51,7 +51,17 @@ CONFIG = ReliefConfig(
 )
 
 
-def vm_pod(uid: str, name: str, *, node: str | None, lo: int, hi: int, movable: bool = True):
+def vm_pod(
+    uid: str,
+    name: str,
+    *,
+    node: str | None,
+    lo: int,
+    hi: int,
+    movable: bool = True,
+    controlled: bool = True,
+):
+    """A VM pod; ``controlled``: a VirtualMachine of the same name owns it."""
     return PodInfo(
         uid=uid,
         namespace="ns",
@@ -71,6 +81,7 @@ def vm_pod(uid: str, name: str, *, node: str | None, lo: int, hi: int, movable: 
             max_memory_bytes=GI,
             is_movable=movable,
         ),
+        vm_name=name if controlled else None,
     )
 
 
@@ -81,8 +92,17 @@ def ledger_of(nodes: dict[str, Demand]) -> Ledger:
     return ledger
 
 
-def bind(ledger: Ledger, uid: str, node: str, *, lo: int, hi: int, movable: bool = True) -> None:
-    pod = vm_pod(uid, uid, node=None, lo=lo, hi=hi, movable=movable)
+def bind(
+    ledger: Ledger,
+    uid: str,
+    node: str,
+    *,
+    lo: int,
+    hi: int,
+    movable: bool = True,
+    controlled: bool = True,
+) -> None:
+    pod = vm_pod(uid, uid, node=None, lo=lo, hi=hi, movable=movable, controlled=controlled)
     ledger.reserve_for_bind(pod, node, at=0.0)
     ledger.observe_pod(msgspec.structs.replace(pod, node_name=node), at=0.0)
 
@@ -142,6 +162,28 @@ def test_an_opted_out_vm_and_its_opted_out_neighbours_stay():
     plan = plan_moves(ledger, book, now=2.0, config=CONFIG)
     assert plan.moves == []
     assert "opted out" in plan.unrelieved[0]
+
+
+def test_a_vm_pod_no_virtualmachine_controls_is_never_chosen():
+    # A VM pod made by hand: no VirtualMachineMigration can name it. Alone, nothing moves;
+    # beside a neighbour a VirtualMachine controls, the neighbour moves away instead.
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=4, controlled=False)
+    bind(ledger, "web", "full", lo=2, hi=2, controlled=False)
+    ask(ledger, book, "db", 4, now=1.0)
+    plan = plan_moves(ledger, book, now=2.0, config=CONFIG)
+    assert plan.moves == []
+    assert "no VirtualMachine controls its pod" in plan.unrelieved[0]
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=4, controlled=False)
+    bind(ledger, "web", "full", lo=2, hi=2)
+    ask(ledger, book, "db", 4, now=1.0)
+    plan = plan_moves(ledger, book, now=2.0, config=CONFIG)
+    assert [(m.pod, m.target, m.reason) for m in plan.moves] == [
+        ("ns/web", "roomy", MoveReason.NEIGHBOUR)
+    ]
 
 
 def test_a_node_above_the_watermark_moves_its_oldest_vm_and_a_target_stays_below():
@@ -287,7 +329,7 @@ class ReliefMachine(RuleBasedStateMachine):
         pod = vm_pod(uid, f"vm-{uid}", node=None, lo=lo, hi=lo + extra, movable=movable)
         try:
             self.ledger.reserve_for_bind(pod, node, at=self.now)
-        except NoRoom:
+        except (NoRoom, UnknownNode):  # full, or drained and removed
             return
         self.api_pods[uid] = msgspec.structs.replace(pod, node_name=node)
         self.ledger.observe_pod(self.api_pods[uid], at=self.now)

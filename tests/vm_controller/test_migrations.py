@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from protocol import annotations as ann
 from protocol.kube import Pod
-from protocol.virtualmachine import VirtualMachine, VirtualMachineMigration
+from protocol.virtualmachine import RELIEF_LABEL, VirtualMachine, VirtualMachineMigration
 from tests.vm_controller.test_decide import NOW, as_pod, make_vm, vms
 from vm_controller import decide, migrations
 from vm_controller.migrations import Plan, Refusal, Refused
@@ -97,6 +97,39 @@ def test_refusals_name_their_reason() -> None:
     elsewhere = make_vmm(vm="other", name="m", uid="10000000-0000-4000-8000-000000000000",
                          phase="Running")  # fmt: skip
     assert isinstance(migrations.admit(make_vmm(), vm, source, [done, elsewhere]), Plan)
+
+
+@pytest.mark.parametrize(
+    ("never_move", "by_relief", "refused"),
+    [
+        ("true", True, True),
+        ("bogus", True, True),  # unreadable: counted as opted out
+        ("false", True, False),
+        (None, True, False),
+        ("true", False, False),  # a human asked for this move: carried out
+    ],
+)
+def test_never_move_refuses_reliefs_migrations_only(
+    never_move: str | None, by_relief: bool, refused: bool
+) -> None:
+    vm = make_vm()
+    plain = running_pod(vm)
+    annotations = dict(plain.metadata.annotations or {})
+    if never_move is not None:
+        annotations[ann.NEVER_MOVE] = never_move
+    source = running_pod(vm, annotations=annotations)
+    vmm = make_vmm()
+    if by_relief:
+        labels = {RELIEF_LABEL: "GrowerToRoom"}
+        vmm = msgspec.structs.replace(
+            vmm, metadata=msgspec.structs.replace(vmm.metadata, labels=labels)
+        )
+    decided = migrations.admit(vmm, vm, source, [])
+    if refused:
+        assert isinstance(decided, Refused) and decided.reason == Refusal.NEVER_MOVE
+        assert "never-move" in decided.message
+    else:
+        assert isinstance(decided, Plan)
 
 
 @given(
