@@ -22,6 +22,9 @@ from typing import Any
 import pytest
 
 from protocol import annotations as ann
+from protocol.virtualmachine import migration_manifest
+from scheduler_extender.core.relief import MoveReason, PlannedMove
+from scheduler_extender.relief import REASON_LABEL, migration_for
 from testkit.cluster import Cluster, Names
 from testkit.controlplane import (
     DOCS,
@@ -376,6 +379,17 @@ def test_migrations_that_cannot_be_made_are_refused_with_nothing_done(
 
     move("no-vm", targetNode="node-b")
     assert refused("no-vm")["reason"] == "VMNotFound"
+    # What relief sends (scheduler_extender/relief.py) is an object the API server takes whole
+    # (apiVersion and kind included), and the controller decides on it like any other.
+    planned = PlannedMove(
+        uid="0", pod=f"{ns}/gone", source="node-a", target="node-b",
+        reason=MoveReason.NEIGHBOUR, message="a neighbour cut short",
+    )  # fmt: skip
+    made = api.create(
+        vmm_path(ns), migration_manifest(migration_for(planned, vm_name="gone", at=1))
+    )
+    assert made["metadata"]["labels"] == {REASON_LABEL: "NeighbourAway"}
+    assert refused(made["metadata"]["name"])["reason"] == "VMNotFound"
 
     api.create(vm_path(ns), vm_body("pg"))
     wait_for(lambda: _get(api, pod_path(ns, "pg")), timeout_seconds=20, what="the pod")
