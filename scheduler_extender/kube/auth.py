@@ -45,6 +45,25 @@ from scheduler_extender.metrics import Metrics
 log = structlog.get_logger(__name__)
 
 ReviewToken = Callable[[str], Awaitable[TokenReviewResult]]
+
+
+async def reviewed(review: ReviewToken, token: str, metrics: Metrics) -> TokenReviewResult:
+    """One TokenReview, counted by its outcome (both ports' authenticators spend theirs here).
+    The API server failing to answer is 503 with a retry in a second, never a refusal."""
+    try:
+        result = await review(token)
+    except KubeError as e:
+        metrics.token_reviews.labels("error").inc()
+        log.warning("token_review_failed", error=str(e), status=e.status)
+        raise Unavailable(
+            f"cannot verify the token now (TokenReview failed: {e.message})",
+            retry_after_seconds=1,
+            reason="TokenReviewFailed",
+        ) from e
+    metrics.token_reviews.labels("authenticated" if result.authenticated else "rejected").inc()
+    return result
+
+
 # (namespace, name) -> the pod as the API server has it; raises kube_io's NotFound.
 LookupPod = Callable[[str, str], Awaitable[Pod]]
 _POD_REFUSAL_TTL_SECONDS = 2.0
@@ -251,22 +270,11 @@ class TokenReviewAuth:
                 del self._pods[uid]
 
     async def _verify(self, token: str) -> TokenUser | Refused:
-        try:
-            result = await self._review(token)
-        except KubeError as e:
-            self._metrics.token_reviews.labels("error").inc()
-            log.warning("token_review_failed", error=str(e), status=e.status)
-            raise Unavailable(
-                f"cannot verify the token now (TokenReview failed: {e.message})",
-                retry_after_seconds=1,
-                reason="TokenReviewFailed",
-            ) from e
+        result = await reviewed(self._review, token, self._metrics)
         if not result.authenticated:
-            self._metrics.token_reviews.labels("rejected").inc()
             error = result.error or "the API server did not authenticate the token"
             log.info("token_rejected", error=error)
             return Refused(Unauthenticated, f"invalid token: {error}")
-        self._metrics.token_reviews.labels("authenticated").inc()
         user = TokenUser(
             username=result.username or "",
             node=result.node_name,
@@ -320,19 +328,9 @@ class ControllerAuth:
                 retry_after_seconds=max(1, int(wait) + 1),
                 reason="TokenReviewsThrottled",
             )
-        try:
-            result = await self._review(token)
-        except KubeError as e:
-            self._metrics.token_reviews.labels("error").inc()
-            raise Unavailable(
-                f"cannot verify the token now (TokenReview failed: {e.message})",
-                retry_after_seconds=1,
-                reason="TokenReviewFailed",
-            ) from e
+        result = await reviewed(self._review, token, self._metrics)
         if not result.authenticated:
-            self._metrics.token_reviews.labels("rejected").inc()
             raise Unauthenticated(f"invalid token: {result.error or 'not authenticated'}")
-        self._metrics.token_reviews.labels("authenticated").inc()
         if result.username != self._username:
             raise NotTheController(
                 f"{result.username or 'this token'} is not the vm-controller's ServiceAccount"
