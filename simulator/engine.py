@@ -947,8 +947,8 @@ class Simulation:
             resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
             for vm, call, _, _ in live
         ]
-        before = ext.ledger.nodes[node].free.cpu_millis
-        before_memory = ext.ledger.nodes[node].free.memory_bytes
+        free = ext.ledger.nodes[node].free
+        before, before_memory = free.cpu_millis, free.memory_bytes
         # As the extender decides it: negotiation, seqs, then each VM's decision (upscales
         # limited by namespace quotas; a namespace without one is unlimited).
         decisions = permit_batch(ext, node, requests, self.seqs)
