@@ -24,6 +24,7 @@ import cProfile
 import io
 import os
 import pstats
+import resource
 import time
 
 from simulator.fleet import TICK_SECONDS, fleet
@@ -35,6 +36,12 @@ def _cpu_seconds() -> float:
     """CPU time of this process and of its children that ended (the run's other parts)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def _peak_rss_mib(who: int) -> float:
+    """The peak resident set of this process (``RUSAGE_SELF``) or of its largest child that
+    ended (``RUSAGE_CHILDREN``: a part run in a process of its own), in MiB."""
+    return round(resource.getrusage(who).ru_maxrss / 1024, 1)  # Linux: ru_maxrss in KiB
 
 
 def main() -> int:
@@ -106,6 +113,8 @@ def main() -> int:
         "denials": sum(v.denials for v in report.vms),
         "full_checks": c.full_checks,
         "overcommit_seconds": sum(n.overcommit_seconds for n in report.nodes),
+        "peak_rss_mib": _peak_rss_mib(resource.RUSAGE_SELF),
+        "peak_rss_child_mib": _peak_rss_mib(resource.RUSAGE_CHILDREN),
     }
     if profiler is not None:
         out = io.StringIO()

@@ -336,24 +336,33 @@ class Simulation:
         end = s.duration_seconds
         next_progress = 0.0
         times, queued = self._times, self._queued
+        counts, after_step = self.counts, self.after_step
         try:
             while times and times[0] <= end:
-                queue = queued[times[0]]
-                # Its own t: equal to the key, but maybe an int where the key is a float.
-                t, handler, arg = queue.popleft()
-                if not queue:
-                    # Only now: an event handled at t may still queue another one at t.
-                    del queued[heapq.heappop(times)]
-                if t > self.t:
-                    self._checks_between(t)
-                self.t = t
-                self.counts["events"] += 1
-                handler(arg)
-                if self.after_step is not None:
-                    self.after_step(self, t)
-                if progress is not None and t >= next_progress:
-                    progress(t)
-                    next_progress = t + end / 200
+                key = times[0]
+                queue = queued[key]
+                popleft = queue.popleft
+                # One instant's events, oldest first; an event handled at this instant may
+                # queue another one at it, which joins this queue.
+                while queue:
+                    # Its own t: equal to the key, but maybe an int where the key is a float.
+                    t, handler, arg = popleft()
+                    if t > self.t:
+                        self._checks_between(t)
+                    self.t = t
+                    counts["events"] += 1
+                    handler(arg)
+                    if after_step is not None:
+                        after_step(self, t)
+                    if progress is not None and t >= next_progress:
+                        progress(t)
+                        next_progress = t + end / 200
+                del queued[key]
+                if times[0] == key:
+                    heapq.heappop(times)
+                else:  # something was queued in the past: never, but the heap must hold
+                    times.remove(key)
+                    heapq.heapify(times)
             self.t = max(self.t, end)
             self.full_check()
         except InvariantViolation as e:
@@ -938,8 +947,8 @@ class Simulation:
             resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
             for vm, call, _, _ in live
         ]
-        before = ext.ledger.nodes[node].free.cpu_millis
-        before_memory = ext.ledger.nodes[node].free.memory_bytes
+        free = ext.ledger.nodes[node].free
+        before, before_memory = free.cpu_millis, free.memory_bytes
         # As the extender decides it: negotiation, seqs, then each VM's decision (upscales
         # limited by namespace quotas; a namespace without one is unlimited).
         decisions = permit_batch(ext, node, requests, self.seqs)
@@ -1076,7 +1085,12 @@ class Simulation:
 
     def _wake_at(self, vm: VmRecord, t: float) -> None:
         vm.wake_token += 1
-        self.at(t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF))
+        # ``at``, inlined: every step of every VM ends here.
+        queue = self._queued.get(t)
+        if queue is None:
+            queue = self._queued[t] = deque()
+            heapq.heappush(self._times, t)
+        queue.append((t, self._wake_event, (vm.index << 32) | (vm.wake_token & 0xFFFFFFFF)))
 
     # -- memory: the simulated guest's use, and what plugging does ------------------------------
 
