@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
 import signal
 import socket
 import subprocess
@@ -62,6 +63,10 @@ _RESTART_MAX_SECONDS: Final = 30.0
 _STABLE_SECONDS: Final = 60.0
 # A Binding ask and its answer are small; anything larger is not one of ours.
 _MAX_FRAME: Final = 2**20
+# The worker's niceness: below the main process, whose loop kube-scheduler's serial cycle
+# waits on, so that on a shared CPU filter and prioritize win over a Binding (which
+# kube-scheduler awaits off its cycle).
+NICENESS: Final = 5
 
 
 class WorkerStart(msgspec.Struct, frozen=True, kw_only=True, tag="start"):
@@ -305,6 +310,10 @@ async def _worker(sock: socket.socket) -> None:
     if not isinstance(start, WorkerStart):
         raise ChannelClosed(f"expected the start frame, got {type(start).__name__}")
     configure_logging(level=start.log_level)
+    try:
+        os.nice(NICENESS)
+    except OSError as e:  # a seccomp profile may refuse it: run on, and say so
+        log.warning("binding_worker_priority_unchanged", error=str(e))
     client = await KubeClient.connect(start.kubeconfig, user_agent=start.user_agent)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
