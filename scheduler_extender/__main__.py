@@ -34,8 +34,6 @@ from scheduler_extender.event_loop import run as run_loop
 from scheduler_extender.http.app import Deps, serve
 from scheduler_extender.http.front import COMMAND as FRONT_COMMAND
 from scheduler_extender.http.front import run_front
-from scheduler_extender.kube.binding_worker import COMMAND as BINDING_COMMAND
-from scheduler_extender.kube.binding_worker import BindingWorker, run_worker
 from scheduler_extender.kube.standalone import load_cluster
 from scheduler_extender.recommender import (
     DiagnosticsLevel,
@@ -70,9 +68,6 @@ Commands:
   permit-front
           internal: the permit port's process, which `serve` starts itself (see
           docs/DEPLOY.md); never run it by hand.
-  binding-worker
-          internal: the process that POSTs the Bindings of /bind, which `serve` starts
-          itself when connected to an API server (see docs/DEPLOY.md); never run it by hand.
 """
 
 
@@ -217,8 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [FRONT_COMMAND]:
         return run_front(argv[1:])
-    if argv[:1] == [BINDING_COMMAND]:
-        return run_worker(argv[1:])
     args = parse_args(argv)
     if args.command == "recommend":
         return recommend_command(args)
@@ -243,10 +236,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         freeze_gc=True,
         kubeconfig=kubeconfig,
         log_level=args.log_level,
-        # The Binding POSTs off the verbs' event loop (``kube.binding_worker``).
-        bindings=None
-        if cluster is not None
-        else BindingWorker(kubeconfig=kubeconfig, user_agent=user_agent, log_level=args.log_level),
         **whoami,
     )
 

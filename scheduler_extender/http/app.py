@@ -52,7 +52,6 @@ from scheduler_extender.http.middleware import METRICS, request_middleware
 from scheduler_extender.http.moves import MOVES_AUTHENTICATOR
 from scheduler_extender.http.permit_port import LocalDesk
 from scheduler_extender.kube.auth import TokenBucket
-from scheduler_extender.kube.binding_worker import BindingWorker
 from scheduler_extender.kube.durability import PermitRecorder
 from scheduler_extender.kube.leader import LeaderLoop
 from scheduler_extender.kube.link import KubeLink
@@ -95,9 +94,6 @@ class Deps:
     # holderIdentity starts with it), and its pod (namespace, name) to label, if known.
     host: str = ""
     pod: tuple[str, str] | None = None
-    # Where the Bindings are POSTed (``serve`` runs it; connected mode only): None, this
-    # process's own client.
-    bindings: BindingWorker | None = None
 
 
 def _metrics_guard(listen: MetricsListen, link: KubeLink | None) -> MetricsGuard:
@@ -146,7 +142,6 @@ def make_app(config: Config, deps: Deps) -> web.Application:
     extender.freeze_gc_when_synced = deps.freeze_gc
     if link is not None:
         link.may_write = extender.may_write  # every write but the Lease's passes this gate
-        link.bindings = deps.bindings
     app = web.Application(
         middlewares=[request_middleware],
         client_max_size=config.limits.verbs_max_body_bytes,
@@ -407,9 +402,6 @@ async def serve(config: Config, deps: Deps) -> None:
         )
         verbs_app[EXTRA_METRICS] = front.families
     metrics_app = make_metrics_app(config, verbs_app) if config.listen.metrics else None
-    bindings = deps.bindings if deps.connect_kube is not None else None
-    # Started first: the first binds may come as soon as the verbs listen.
-    binding_worker = None if bindings is None else _start(bindings.run(), "binding-worker")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -427,10 +419,5 @@ async def serve(config: Config, deps: Deps) -> None:
                 await front.stop()
             await stop_listeners(started)
     finally:
-        if bindings is not None and binding_worker is not None:
-            # After the listeners: the binds they were answering have had their Bindings.
-            await bindings.stop()
-            binding_worker.cancel()
-            await asyncio.gather(binding_worker, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -21,12 +21,12 @@ What runs where:
   (``LocalDesk``), and the answers of the permit port's probes (``/healthz``, ``/readyz``: the
   kubelet's).
 
-The channel (``scheduler_extender.channel``) is a socketpair the child inherits, carrying
-length-prefixed msgpack frames (``Frame``): the front ``Ask``s (the bytes of a batch's body, as
-the agent sent them but inflated, with its caller's identity; or a probe) and the main process
-``Answer``s synchronously, without awaiting anything of the front's (its writes never wait for
-the front to read); the main process asks for the front's metrics (``MetricsAsk``) when
-``/metrics`` is scraped and merges them into its own.
+The channel is a socketpair the child inherits (no socket file to secure), carrying length-prefixed
+msgpack frames (``Frame``): the front ``Ask``s (the bytes of a batch's body, as the agent sent them
+but inflated, with its caller's identity; or a probe) and the main process ``Answer``s
+synchronously, without awaiting anything of the front's (its writes never wait for the front to
+read); the main process asks for the front's metrics (``MetricsAsk``) when ``/metrics`` is scraped
+and merges them into its own.
 
 Lifecycle: SIGTERM/SIGINT reach the main process, which stops the front (SIGTERM: it closes its
 listener and finishes the calls in flight) before its own listeners. A front that dies is
@@ -48,6 +48,7 @@ import itertools
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -62,7 +63,6 @@ from prometheus_client.samples import Sample
 
 from kube_io.client import KubeClient
 from observability.log import configure_logging
-from scheduler_extender.channel import Channel, ChannelClosed
 from scheduler_extender.config import (
     AuthMode,
     Config,
@@ -101,8 +101,6 @@ from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
 
 __all__ = [
-    "FRAMES",
-    "Channel",
     "ChannelDesk",
     "FrontMode",
     "PermitFront",
@@ -114,6 +112,10 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 COMMAND: Final = "permit-front"
+# A frame's length prefix, and the largest frame either side accepts (a permit body is at most
+# ``limits.permits_max_body_bytes``, inflated; the front's metrics are a few kilobytes).
+_HEADER: Final = struct.Struct(">I")
+_MAX_FRAME: Final = 64 * 2**20
 # How long the front waits for the main process's answer before a 503 (it answers in
 # microseconds unless it is gone).
 ASK_TIMEOUT_SECONDS: Final = 10.0
@@ -244,7 +246,49 @@ class MetricsAnswer(msgspec.Struct, frozen=True, kw_only=True, tag="metrics_answ
 
 Frame = Start | Ask | Answer | MetricsAsk | MetricsAnswer
 
-FRAMES: Final = msgspec.msgpack.Decoder(Frame)
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODER: Final = msgspec.msgpack.Decoder(Frame)
+
+
+class ChannelClosed(Exception):
+    """The other process closed the channel (or sent something unreadable)."""
+
+
+class Channel:
+    """One end of the socketpair: ``send`` never waits (the bytes are buffered, the other side
+    reads them), ``receive`` returns the next frame or raises ``ChannelClosed``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> Channel:
+        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=_MAX_FRAME)
+        return cls(reader, writer)
+
+    def send(self, frame: Frame) -> None:
+        if self._writer.is_closing():
+            return
+        data = _ENCODER.encode(frame)
+        self._writer.write(_HEADER.pack(len(data)) + data)
+
+    async def receive(self) -> Frame:
+        try:
+            (size,) = _HEADER.unpack(await self._reader.readexactly(_HEADER.size))
+            if size > _MAX_FRAME:
+                raise ChannelClosed(f"a frame of {size} bytes")
+            frame: Frame = _DECODER.decode(await self._reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise ChannelClosed("end of the channel") from e
+        except msgspec.DecodeError as e:
+            raise ChannelClosed(f"an unreadable frame: {e}") from e
+        return frame
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
 
 
 def families_to_wire(metrics: Metrics) -> list[WireFamily]:
@@ -276,7 +320,7 @@ class ChannelDesk:
     ``serve`` reads the channel until it ends: it resolves the asks and answers the main
     process's ``MetricsAsk`` with ``metrics``."""
 
-    def __init__(self, channel: Channel[Frame], metrics: Metrics) -> None:
+    def __init__(self, channel: Channel, metrics: Metrics) -> None:
         self.channel = channel
         self._metrics = metrics
         self._ids = itertools.count(1)
@@ -350,7 +394,7 @@ class MainSide:
     """The main process's end of one front's channel: answers asks as they arrive (each one
     synchronously, in order), and asks the front for its metrics."""
 
-    def __init__(self, channel: Channel[Frame], desk: LocalDesk) -> None:
+    def __init__(self, channel: Channel, desk: LocalDesk) -> None:
         self.channel = channel
         self._desk = desk
         self._ids = itertools.count(1)
@@ -490,7 +534,7 @@ class PermitFront:
         finally:
             theirs.close()
         self._process = process
-        channel = await Channel.open(ours, FRAMES)
+        channel = await Channel.open(ours)
         side = self._side = MainSide(channel, self._desk)
         channel.send(self._start)
         log.info("permit_front_started", pid=process.pid)
@@ -575,7 +619,7 @@ def _lower_priority(config: PermitFrontConfig) -> None:
 
 
 async def _front(channel_sock: socket.socket, listen_sock: socket.socket) -> None:
-    channel = await Channel.open(channel_sock, FRAMES)
+    channel = await Channel.open(channel_sock)
     start = await channel.receive()
     if not isinstance(start, Start):
         raise ChannelClosed(f"expected the start frame, got {type(start).__name__}")

@@ -13,15 +13,12 @@ gets ``Deposed`` and sends nothing. ``may_write`` is ``Extender.may_write``: the
 this replica began writing in, and whether it still holds it
 (``core.leadership.Elector.may_write``). Reads and token reviews are not writes and are not
 gated (the standby keeps its ledger warm).
-
-A Binding goes out through the binding worker (``binding_worker``) while one runs, the gate
-asked here first as for every write; until then, through this process's own client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 from kube_io.client import KubeClient
 from kube_io.errors import KubeError, Unavailable
@@ -39,21 +36,9 @@ def _always() -> bool:
     return True
 
 
-class BindingSender(Protocol):
-    """Where Bindings go when not through ``client`` (``binding_worker.BindingWorker``)."""
-
-    @property
-    def is_up(self) -> bool: ...
-
-    async def bind_pod(
-        self, namespace: str, name: str, *, uid: str, node: str, resource_version: str | None
-    ) -> None: ...
-
-
 class KubeLink:
     def __init__(self) -> None:
         self.client: KubeClient | None = None
-        self.bindings: BindingSender | None = None
         # The gate (module docstring); the only replica (no leader election) always writes.
         self.may_write: Callable[[], bool] = _always
 
@@ -75,14 +60,7 @@ class KubeLink:
     async def bind_pod(
         self, namespace: str, name: str, *, uid: str, node: str, resource_version: str | None
     ) -> None:
-        client = self._writer()
-        bindings = self.bindings
-        if bindings is not None and bindings.is_up:
-            await bindings.bind_pod(
-                namespace, name, uid=uid, node=node, resource_version=resource_version
-            )
-            return
-        await client.bind_pod(
+        await self._writer().bind_pod(
             namespace, name, uid=uid, node=node, resource_version=resource_version
         )
 

@@ -33,7 +33,6 @@ from scheduler_extender.http.app import (
 from scheduler_extender.http.bodies import Bodies
 from scheduler_extender.http.connections import GuardedSite, server_options
 from scheduler_extender.http.front import (
-    FRAMES,
     Channel,
     ChannelDesk,
     MainSide,
@@ -43,7 +42,6 @@ from scheduler_extender.http.front import (
 from scheduler_extender.http.keys import EXTENDER, EXTRA_METRICS, TASKS
 from scheduler_extender.http.moves import controller_authenticator
 from scheduler_extender.http.permit_port import LocalDesk
-from scheduler_extender.kube.binding_worker import BindingWorker
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.service import Extender
@@ -127,22 +125,15 @@ async def launch(
     *,
     via: str = "local",
     wait_synced: bool = True,
-    bindings: BindingWorker | None = None,
 ) -> Running:
     """An extender on ``kube_api`` with its permit port ``via`` "local" or "channel" (see
-    ``front_via``), its Bindings sent through ``bindings`` while it is up; what must be
-    stopped after it goes into ``cleanups``."""
+    ``front_via``); what must be stopped after it goes into ``cleanups``."""
     config = config or make_config()
 
     async def connect() -> KubeClient:
         return KubeClient.for_url(kube_api.url)
 
-    deps = Deps(
-        registry=CollectorRegistry(),
-        connect_kube=connect,
-        wall_clock=lambda: WALL_CLOCK,
-        bindings=bindings,
-    )
+    deps = Deps(registry=CollectorRegistry(), connect_kube=connect, wall_clock=lambda: WALL_CLOCK)
     verbs_app = make_app(config, deps)
     if via == "channel":
         permits_app = await _front_over_channel(config, verbs_app, connect, cleanups)
@@ -182,12 +173,10 @@ async def _front_over_channel(
     """The permit front's app as its process builds it (own metrics, own API client, own
     bodies budget), its desk across a socketpair to the main side's ``LocalDesk``."""
     ours, theirs = socket.socketpair()
-    main_side = MainSide(
-        await Channel.open(ours, FRAMES), LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS])
-    )
+    main_side = MainSide(await Channel.open(ours), LocalDesk(verbs_app[EXTENDER], verbs_app[TASKS]))
     verbs_app[EXTRA_METRICS] = main_side.families
     front_metrics = Metrics(CollectorRegistry())
-    front_channel = await Channel.open(theirs, FRAMES)
+    front_channel = await Channel.open(theirs)
     desk = ChannelDesk(front_channel, front_metrics)
     link = KubeLink()
     link.client = await connect()
