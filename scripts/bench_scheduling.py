@@ -729,8 +729,8 @@ class Bench:
             result["pods_per_second"] = round((len(times) - 1) / span, 1) if span > 0 else None
             if extender is not None:
                 cpu = cpu_seconds(extender_pid) - cpu_before
-                # Its child processes' too (ours: the binding worker's Binding POSTs, the idle
-                # permit front): what the extender as a whole costs per pod.
+                # Its child processes' too (ours: the permit front, idle here): what the
+                # extender as a whole costs per pod.
                 cpu_children = children_cpu_seconds(extender_pid) - children_before
                 metrics_after = scrape(extender)
                 verbs = verb_figures(
@@ -744,7 +744,7 @@ class Bench:
                 if verbs:
                     result["verbs"] = verbs
                 # The main process's (the permit front, a child, serves no verb); its children's
-                # apart (ours: the permit front and the binding worker).
+                # apart (ours: the permit front, a Python process of its own).
                 result["extender_rss_mib"] = status_mib(extender_pid, "VmRSS")
                 result["extender_children_rss_mib"] = round(
                     sum(status_mib(child, "VmRSS") for child in children(extender_pid)), 1
