@@ -158,6 +158,7 @@ def _install(api: Any) -> str:
         ({"hypervisor": "xen"}, "spec.hypervisor", "Unsupported value"),
         ({"vcpus": {"min": 0, "max": 2}}, "spec.vcpus.min", "greater than or equal to 1"),
         ({"ports": [{"name": "metrics", "port": 9100}]}, "spec.ports", "always exposed"),
+        ({"neverMove": "yes"}, "spec.neverMove", "must be of type boolean"),
     ],
     ids=[
         "vcpus-min-above-max",
@@ -166,6 +167,7 @@ def _install(api: Any) -> str:
         "unknown-hypervisor",
         "zero-vcpus",
         "port-taken",
+        "never-move-not-a-boolean",
     ],
 )
 def test_bad_virtual_machines_are_refused_naming_the_field(
@@ -332,6 +334,30 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
         what="the VM's Events",
     )
     assert "ReconcileFailed" not in reasons
+
+
+def test_a_vms_never_move_field_reaches_its_pod_and_follows_it(
+    controller: Path, vms_removed: Names
+):
+    """``spec.neverMove`` (default false) is what the extender's relief and the migration
+    controller read on the pod: the controller writes it on the pod it makes, and patches the
+    running pod when the field changes."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    api.create(vm_path(ns), vm_body("stay", neverMove=True))
+    assert api.get(vm_path(ns, "stay"))["spec"]["neverMove"] is True
+
+    def movable() -> bool | None:
+        pod = _get(api, pod_path(ns, "stay"))
+        if pod is None:
+            return None
+        return ann.parse_vm_spec(pod["metadata"]["annotations"], pod_memory_bytes=0).is_movable
+
+    wait_for(lambda: movable() is False, timeout_seconds=20, what="the pod's never-move")
+    api.merge_patch(vm_path(ns, "stay"), {"spec": {"neverMove": False}})
+    wait_for(lambda: movable() is True, timeout_seconds=20, what="the never-move removed")
+    # Left out, the API server defaults it.
+    api.create(vm_path(ns), vm_body("free"))
+    assert api.get(vm_path(ns, "free"))["spec"]["neverMove"] is False
 
 
 def _get(api: Any, path: str) -> Obj | None:
