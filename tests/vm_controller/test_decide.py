@@ -160,7 +160,8 @@ def test_the_pod_follows_the_vms_never_move_field(
     if on_pod is not None:
         annotations[ann.NEVER_MOVE] = on_pod
     pod = as_pod(manifest, phase="Running")
-    assert decide.reconcile(vm, pod, service=own_service(vm), now=NOW).patch_pod_annotations == patch
+    actions = decide.reconcile(vm, pod, service=own_service(vm), now=NOW)
+    assert actions.patch_pod_annotations == patch
     # Being deleted, or not its own: left alone.
     manifest["metadata"]["deletionTimestamp"] = NOW
     going = as_pod(manifest, phase="Running")
