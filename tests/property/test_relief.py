@@ -768,3 +768,24 @@ def test_state_shows_the_moves_in_flight_only_while_there_are_some():
     ]
     ledger.cancel_move("db")
     assert "moves" not in dump_state(ledger)
+
+
+def test_state_shows_reliefs_migrations_in_flight_reserved_or_not():
+    ledger = ledger_of({"a": Demand(4000, 8 * GI), "b": Demand(4000, 8 * GI)})
+    bind(ledger, "db", "a", lo=2, hi=4)
+    book = ReliefBook()
+    assert "migrations" not in dump_state(ledger, book)
+    move = PlannedMove(uid="db", pod="ns/db", source="a", target="b",
+                       reason=MoveReason.WATERMARK, message="", vm="ns/db")  # fmt: skip
+    book.move_started(move, migration="ns/db-relief-0", now=0.0)
+    assert dump_state(ledger, book)["migrations"] == [
+        {
+            "migration": "ns/db-relief-0",
+            "vm": "ns/db",
+            "toNode": "b",
+            "phase": "Pending",
+            "createdAt": "1970-01-01T00:00:00.000+00:00",
+        }
+    ]
+    book.move_ended("ns/db-relief-0", succeeded=False, now=1.0)
+    assert "migrations" not in dump_state(ledger, book)
