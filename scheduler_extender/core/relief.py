@@ -11,8 +11,7 @@ The rule, in the order a pass applies it (one pass, one budget):
 
 1. **Budget.** At most ``max_moves_in_flight`` moves at once in the cluster, and no more than
    ``max_moves_share`` of the known nodes (at least one); at most one outbound move per node
-   (a node with a move leaving it starts no other); ``ledger.moves`` counts the moves already
-   under way. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
+   (a node with a move leaving it starts no other); the moves *in flight* (below) count. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
    an unverified VM's size is not known, so no target's room can be checked), controlled by a
    VirtualMachine (a VirtualMachineMigration names the VM; a VM pod made by hand has none, so
    nothing could move it), not moving, not
@@ -20,10 +19,13 @@ The rule, in the order a pass applies it (one pass, one budget):
    VirtualMachine's ``spec.neverMove``), not moved in the last ``cooldown_seconds`` (no
    ping-pong; a move that failed counts too), and not within its **failure backoff**: after
    ``n`` failed moves in a row, ``failure_backoff_seconds * 2**(n-1)`` from the last failure's
-   end, at most ``failure_backoff_max_seconds`` (the kubelet's CrashLoopBackOff and the Job
-   controller's pod-failure backoff double the same way, 10 s up to 5 and 6 minutes; a move
-   costs more than a restart, so the steps here are minutes). Failures older than twice the
-   longest backoff are forgiven (the kubelet forgives a container that ran 10 minutes).
+   end, at most ``failure_backoff_max_seconds``. Kubernetes doubles the same way: the
+   kubelet's CrashLoopBackOff from 10 s up to 5 minutes (``pkg/kubelet/kubelet.go``,
+   ``MaxContainerBackOff``), the Job controller's pod-failure backoff from 10 s up to 10
+   minutes (``pkg/controller/job/job_controller.go``, ``MaxJobPodFailureBackOff``); a move
+   costs more than a restart, so the steps here are minutes. Failures older than twice the
+   longest backoff are forgiven (the kubelet forgives a container that ran 10 minutes; a Job's
+   deleted pods take their failures with them, as a deleted VirtualMachineMigration does here).
 
    *In flight* is every move the ledger holds (``ledger.moves``, reserved by the vm-controller's
    ``POST /v1/moves``) and every VirtualMachineMigration not yet ended (``ReliefBook``'s
