@@ -11,12 +11,13 @@ The rule, in the order a pass applies it (one pass, one budget):
 
 1. **Budget.** At most ``max_moves_in_flight`` moves at once in the cluster, and no more than
    ``max_moves_share`` of the known nodes (at least one); at most one outbound move per node
-   (a node with a move leaving it starts no other); the moves *in flight* (below) count. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
-   an unverified VM's size is not known, so no target's room can be checked), controlled by a
+   (a node with a move leaving it starts no other); the moves *in flight* (below) count. A
+   VM is moved only if it is a bound, verified VM of ours (its agent has reported: an
+   unverified VM's size is not known, so no target's room can be checked), controlled by a
    VirtualMachine (a VirtualMachineMigration names the VM; a VM pod made by hand has none, so
-   nothing could move it), not moving, not
-   opted out (``vm-autoscaling.io/never-move: "true"``, which the vm-controller writes from the
-   VirtualMachine's ``spec.neverMove``), not moved in the last ``cooldown_seconds`` (no
+   nothing could move it), not moving, not opted out (``vm-autoscaling.io/never-move:
+   "true"``, which the vm-controller writes from the VirtualMachine's ``spec.neverMove``,
+   and which the ledger follows on a running pod), not moved in the last ``cooldown_seconds`` (no
    ping-pong; a move that failed counts too), and not within its **failure backoff**: after
    ``n`` failed moves in a row, ``failure_backoff_seconds * 2**(n-1)`` from the last failure's
    end, at most ``failure_backoff_max_seconds``. Kubernetes doubles the same way: the

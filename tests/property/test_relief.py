@@ -347,6 +347,27 @@ def test_a_book_rebuilt_from_the_migrations_is_the_live_one():
     assert live == rebuilt
 
 
+def test_a_vm_that_opts_out_on_its_running_pod_stops_being_chosen():
+    """The vm-controller patches a running pod when its VM's ``spec.neverMove`` changes: the
+    ledger follows the pod, and the VM is no longer chosen (nor, opting in again, left out)."""
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=6)
+    bind(ledger, "web", "full", lo=2, hi=2, movable=False)
+    ask(ledger, book, "db", 6, now=1.0)
+    assert [m.pod for m in plan_moves(ledger, book, now=2.0, config=CONFIG).moves] == ["ns/db"]
+    pod = vm_pod("db", "db", node="full", lo=2, hi=6, movable=False)
+    ledger.observe_pod(pod, at=2.0)
+    plan = plan_moves(ledger, book, now=2.0, config=CONFIG)
+    assert plan.moves == [] and "opted out" in plan.unrelieved[0]
+    ledger.observe_pod(msgspec.structs.replace(pod, vm=ann.VmSpec(
+        min_vcpus=2, max_vcpus=6, min_memory_bytes=GI, max_memory_bytes=GI)), at=3.0)  # fmt: skip
+    assert [m.pod for m in plan_moves(ledger, book, now=3.0, config=CONFIG).moves] == ["ns/db"]
+    assert ledger.pods["db"].vm == ann.VmSpec(
+        min_vcpus=2, max_vcpus=6, min_memory_bytes=GI, max_memory_bytes=GI
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "movable"), [("true", False), ("false", True), (None, True)], ids=str
 )
