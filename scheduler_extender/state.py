@@ -76,20 +76,20 @@ def dump_state(ledger: Ledger, book: ReliefBook | None = None) -> dict[str, Any]
     }
     if ledger.moves:  # only while a VM moves: a still cluster dumps as it always did
         out["moves"] = [dump_move(ledger, m) for _, m in sorted(ledger.moves.items())]
-    if book is not None:
-        # Relief's moves in flight, reserved or not yet (``core.relief``: in its budget).
-        flying = [(k, r) for k, r in sorted(book.migrations.items()) if r.is_active]
-        if flying:
-            out["migrations"] = [
-                {
-                    "migration": key,
-                    "vm": r.vm,
-                    "toNode": r.target_node,
-                    "phase": r.phase.value,
-                    "createdAt": _iso(r.created),
-                }
-                for key, r in flying
-            ]
+    if book is not None and book.migrations:
+        # Relief's book of moves (``core.relief``): the unfinished ones are in its budget,
+        # the ended ones hold their VM's cool-down and backoff.
+        out["migrations"] = [
+            {
+                "migration": key,
+                "vm": r.vm,
+                "toNode": r.target_node,
+                "phase": r.phase.value,
+                "createdAt": _iso(r.created),
+                "endedAt": _iso(r.ended) if r.ended is not None else None,
+            }
+            for key, r in sorted(book.migrations.items())
+        ]
     return out
 
 

@@ -791,7 +791,7 @@ def test_state_shows_the_moves_in_flight_only_while_there_are_some():
     assert "moves" not in dump_state(ledger)
 
 
-def test_state_shows_reliefs_migrations_in_flight_reserved_or_not():
+def test_state_shows_reliefs_book_of_migrations():
     ledger = ledger_of({"a": Demand(4000, 8 * GI), "b": Demand(4000, 8 * GI)})
     bind(ledger, "db", "a", lo=2, hi=4)
     book = ReliefBook()
@@ -806,7 +806,11 @@ def test_state_shows_reliefs_migrations_in_flight_reserved_or_not():
             "toNode": "b",
             "phase": "Pending",
             "createdAt": "1970-01-01T00:00:00.000+00:00",
+            "endedAt": None,
         }
     ]
     book.move_ended("ns/db-relief-0", succeeded=False, now=1.0)
+    [ended] = dump_state(ledger, book)["migrations"]
+    assert (ended["phase"], ended["endedAt"]) == ("Failed", "1970-01-01T00:00:01.000+00:00")
+    book.forget_gone(ledger, now=1e6, config=CONFIG)
     assert "migrations" not in dump_state(ledger, book)
