@@ -411,7 +411,7 @@ def _blocked(
     failed_at = 0.0
     for _, _, record in records:
         if record.phase is MovePhase.SUCCEEDED:
-            failures = 0
+            failures, failed_at = 0, 0.0
         elif record.phase is MovePhase.FAILED:
             failures += 1
             failed_at = max(failed_at, record.last)
