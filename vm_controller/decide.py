@@ -8,7 +8,9 @@ Pure: no I/O, no clock (the shell passes ``now`` as the RFC 3339 string a condit
   URL are filled in.
 - ``desired_service(vm)``: a headless Service giving the pod the DNS name the metrics URL uses.
 - ``reconcile(vm, pod, service, now=...)``: the actions and the status for one VM, from the
-  pod and the Service of its name that exist now (or None).
+  pod and the Service of its name that exist now (or None); among them the annotation patch
+  that keeps a running pod's ``never-move`` equal to the VM's ``spec.neverMove``
+  (``never_move_patch``).
 
 A VM has at most one pod at any instant, as a StatefulSet of one: the pod's name is the VM's,
 so the API server itself refuses a second while the first (even a terminating one) holds the
