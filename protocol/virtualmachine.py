@@ -59,6 +59,9 @@ class VirtualMachineSpec(_Obj, frozen=True, kw_only=True):
     scheduler_name: str = "vm-scheduler"
     node_selector: dict[str, str] | None = None
     runner_args: list[str] = msgspec.field(default_factory=list)
+    # Opted out of automatic live moves (relief, drains): the pod carries it as the
+    # ``vm-autoscaling.io/never-move`` annotation (``vm_controller.decide``).
+    never_move: bool = False
 
 
 class Condition(_Obj, frozen=True, kw_only=True):

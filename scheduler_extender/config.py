@@ -474,6 +474,7 @@ class ReliefSection(ReliefConfig, frozen=True, kw_only=True, forbid_unknown_fiel
     interval_seconds: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.drain.enabled:
             raise ValueError("relief.drain.enabled is not supported yet: nothing taints nodes")
 

@@ -11,13 +11,18 @@ out: it reserves the target's room at ``POST /v1/moves``, which the ledger may s
 (the room went meanwhile); then the migration fails with the ledger's reason and the VM stays.
 
 A pass that is not the leader's, or before the lists are in, does nothing. A create that
-fails (the API server unreachable, this replica deposed) is logged and counted; the move is
-not retried before the VM's cool-down ends (``ReliefBook.move_started`` counted it), so a
-failing API server does not turn every pass into the same create.
+fails (the API server unreachable, this replica deposed) is logged and counted, and is a
+failed move to the book: the VM waits out its cool-down and its failure backoff, so a failing
+API server does not turn every pass into the same create.
+
+Each planned move is recorded in the book (``ReliefBook.move_started``) before the pass's
+first await: a migration created but not yet reserved by the vm-controller is in flight, in the
+budget. The book's moves are otherwise the VirtualMachineMigrations the extender watches
+(``sync.follow_migrations``): a restarted or new leader lists them and keeps every VM's
+cool-down and backoff.
 
 Not here: drains (``relief.drain.enabled`` is refused by the config: nothing taints nodes or
-evicts yet), and counting a migration created but not yet reserved against the budget (the
-vm-controller reserves within its next reconcile, well inside a pass's interval).
+evicts yet).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from protocol.virtualmachine import (
     VirtualMachineMigration,
     VirtualMachineMigrationSpec,
 )
+from scheduler_extender.core.ledger import Allocation
 from scheduler_extender.core.relief import PlannedMove
 from scheduler_extender.errors import Unavailable
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
@@ -91,14 +97,21 @@ async def relief_once(
     metrics.relief_unrelieved.set(len(plan.unrelieved))
     for line in plan.unrelieved:
         log.info("relief_unrelieved", why=line)
-    # Read before the first await: the ledger may change while a create is on its way.
-    entries = [(move, extender.ledger.pods.get(move.uid)) for move in plan.moves]
-    outcomes: list[tuple[PlannedMove, str]] = []
-    for move, entry in entries:
+    # Before the first await: the ledger may change while a create is on its way, and the
+    # next pass must count these moves (``move_started``) whatever their creates answer.
+    book = extender.relief_book
+    now = extender.wall_clock()
+    todo: list[tuple[PlannedMove, Allocation, VirtualMachineMigration]] = []
+    for move in plan.moves:
+        entry = extender.ledger.pods.get(move.uid)
         if entry is None or entry.vm_name is None:  # the core never plans one; kept honest
             log.warning("relief_move_skipped", pod=move.pod, why="no VirtualMachine controls it")
             continue
         migration = migration_for(move, vm_name=entry.vm_name, at=wall_clock())
+        book.move_started(move, migration=_key(migration), now=now)
+        todo.append((move, entry, migration))
+    outcomes: list[tuple[PlannedMove, str]] = []
+    for move, entry, migration in todo:
         name = migration.metadata.name
         try:
             await writer.create_virtual_machine_migration(migration)
@@ -107,6 +120,7 @@ async def relief_once(
             outcome = "exists"
         except KubeError as e:
             outcome = "failed"
+            book.move_ended(_key(migration), succeeded=False, now=extender.wall_clock())
             log.warning("relief_migration_failed", pod=move.pod, migration=name, error=e.message)
         metrics.relief_decisions.labels(move.reason.value, outcome).inc()
         outcomes.append((move, outcome))
@@ -134,6 +148,10 @@ async def relief_once(
                 f" (VirtualMachineMigration {name}): {move.message}",
             )
     return outcomes
+
+
+def _key(migration: VirtualMachineMigration) -> str:
+    return f"{migration.metadata.namespace}/{migration.metadata.name}"
 
 
 async def run_relief(

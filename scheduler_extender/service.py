@@ -39,6 +39,7 @@ from protocol.moves import CancelMove, MoveAnswer, MoveRequest
 from protocol.permits import PermitStatus, ResourceRequestBatch
 from protocol.quantity import QuantityError, cpu_millis, memory_bytes
 from protocol.versions import ProtocolVersion
+from protocol.virtualmachine import VirtualMachineMigration
 from scheduler_extender.admission import queue as admission
 from scheduler_extender.admission.queue import AdmissionDecision, AdmissionState, PodKey
 from scheduler_extender.admission.quota import QuotaConfig
@@ -57,7 +58,7 @@ from scheduler_extender.core.podinfo import (
     pod_info,
 )
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
-from scheduler_extender.core.relief import ReliefBook, ReliefPlan, plan_moves
+from scheduler_extender.core.relief import ReliefBook, ReliefPlan, plan_moves, record_of
 from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.core.verbs import BindOutcome
 from scheduler_extender.errors import (
@@ -168,9 +169,10 @@ class Extender:
         self.writing_term: int | None = None
         self._fencing: asyncio.Task[None] | None = None
         metrics.leading.set(1)
-        # What relief remembers between passes (``core.relief``); fed by ``permits`` only
-        # while ``relief.enabled``.
+        # What relief remembers between passes (``core.relief``); fed by ``permits`` and the
+        # VirtualMachineMigration watch only while ``relief.enabled``, on the wall clock.
         self.relief_book = ReliefBook()
+        self.has_migrations = False
         # ``gc.freeze`` once the first lists are in (see ``_freeze_loaded_objects``); off by
         # default because it is process-wide: tests build many extenders in one process.
         self.freeze_gc_when_synced = False
@@ -588,7 +590,7 @@ class Extender:
             return decisions
         if self.config.relief.enabled:
             self.relief_book.permits_decided(
-                self.ledger, batch.requests, decisions, now=self.clock()
+                self.ledger, batch.requests, decisions, now=self.wall_clock()
             )
         counts: dict[str, int] = {}
         shorts: dict[tuple[str, str], int] = {}
@@ -679,20 +681,39 @@ class Extender:
             reserved_memory_bytes=event.held.memory_bytes,
         )
 
+    # -- relief ----------------------------------------------------------------------------
+
+    def migrations_listed(self, migrations: Iterable[VirtualMachineMigration]) -> None:
+        """The VirtualMachineMigration list: relief's moves, cool-downs and backoffs are
+        rebuilt from it (``ReliefBook.migrations_listed``), as after a restart or failover."""
+        now = self.wall_clock()
+        self.relief_book.migrations_listed({_key(m): record_of(m, now=now) for m in migrations})
+        self.has_migrations = True
+
+    def migration_changed(self, change: str, migration: VirtualMachineMigration) -> None:
+        if change == "DELETED":
+            self.relief_book.migration_gone(_key(migration))
+        else:
+            record = record_of(migration, now=self.wall_clock())
+            self.relief_book.migration_seen(_key(migration), record)
+
     def relief_pass(self) -> ReliefPlan:
-        """One relief pass (``core.relief``): the moves to start now, each already counted
-        as started in the book (its cool-down runs from here, so a VM whose migration fails to
-        be created is not chosen again at once). Cordoned nodes are never targets. Raises
-        ``NotLeader`` and ``NotSynced`` as every decision does."""
+        """One relief pass (``core.relief``): the moves to start now. The caller records each
+        in the book (``ReliefBook.move_started``) before its first await. Cordoned nodes are
+        never targets. Raises ``NotLeader`` and ``NotSynced`` as every decision does, and
+        ``NotSynced`` until the VirtualMachineMigrations are listed (without them, moves in
+        flight and cool-downs are unknown)."""
         self.require_synced()
-        now = self.clock()
+        if not self.has_migrations:
+            raise NotSynced(
+                "the extender has not loaded the VirtualMachineMigration list yet",
+                retry_after_seconds=self.config.not_synced_retry_after_seconds,
+            )
+        now = self.wall_clock()
         config = self.config.relief
         book = self.relief_book
         book.forget_gone(self.ledger, now=now, config=config)
-        plan = plan_moves(self.ledger, book, now=now, config=config, closed=self.cordoned)
-        for move in plan.moves:
-            book.move_started(move, now=now)
-        return plan
+        return plan_moves(self.ledger, book, now=now, config=config, closed=self.cordoned)
 
 
 class PermitsDecided(NamedTuple):
@@ -701,6 +722,10 @@ class PermitsDecided(NamedTuple):
     version: ProtocolVersion
     decisions: list[Decision]
     counts: dict[str, int]
+
+
+def _key(migration: VirtualMachineMigration) -> str:
+    return f"{migration.metadata.namespace}/{migration.metadata.name}"
 
 
 def _freeze_loaded_objects() -> None:

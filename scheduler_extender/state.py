@@ -13,6 +13,7 @@ from typing import Any
 from scheduler_extender.admission.view import NamespaceNumbers
 from scheduler_extender.core.ledger import Allocation, Ledger, Move, NodeState
 from scheduler_extender.core.podinfo import Demand
+from scheduler_extender.core.relief import ReliefBook
 
 
 def _resources(d: Demand) -> dict[str, int]:
@@ -69,12 +70,26 @@ def dump_node(state: NodeState) -> dict[str, Any]:
     }
 
 
-def dump_state(ledger: Ledger) -> dict[str, Any]:
+def dump_state(ledger: Ledger, book: ReliefBook | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "nodes": [dump_node(ledger.nodes[name]) for name in sorted(ledger.nodes)]
     }
     if ledger.moves:  # only while a VM moves: a still cluster dumps as it always did
         out["moves"] = [dump_move(ledger, m) for _, m in sorted(ledger.moves.items())]
+    if book is not None and book.migrations:
+        # Relief's book of moves (``core.relief``): the unfinished ones are in its budget,
+        # the ended ones hold their VM's cool-down and backoff.
+        out["migrations"] = [
+            {
+                "migration": key,
+                "vm": r.vm,
+                "toNode": r.target_node,
+                "phase": r.phase.value,
+                "createdAt": _iso(r.created),
+                "endedAt": _iso(r.ended) if r.ended is not None else None,
+            }
+            for key, r in sorted(book.migrations.items())
+        ]
     return out
 
 

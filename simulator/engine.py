@@ -1239,7 +1239,9 @@ class Simulation:
         what = f"move of {vm.spec.name} to {move.target}"
         check_decision(ledger, move.target, before.cpu_millis, what)
         check_memory_decision(ledger, move.target, before.memory_bytes, what)
-        relief.book.move_started(move, now=self.t)
+        relief.book.move_started(
+            move, migration=_migration(vm.spec.namespace, target_name), now=self.t
+        )
         fails = relief.will_fail()
         number = relief.started(
             Flight(
@@ -1263,18 +1265,22 @@ class Simulation:
         flight = relief.flights[number]
         vm = self.vms[flight.vm]
         ext = self.extender
+        migration = _migration(vm.spec.namespace, flight.target_name)
         if vm.is_deleted or vm.uid != flight.source_uid:
             del relief.flights[number]  # the source pod went: its move ended with it
+            relief.book.move_ended(migration, succeeded=False, now=self.t)
             return
         if ext is None or ext.epoch != flight.epoch:
             # The extender that held the move died: its reservation is gone, the move fails.
             del relief.flights[number]
             relief.failed += 1
+            relief.book.move_ended(migration, succeeded=False, now=self.t)
             self.note("move_failed", vm.spec.name, "the extender restarted during the move")
             return
         if flight.fails:
             del relief.flights[number]
             relief.failed += 1
+            relief.book.move_ended(migration, succeeded=False, now=self.t)
             ext.ledger.cancel_move(flight.source_uid)
             self.note("move_failed", vm.spec.name, f"stays on {flight.source}")
             return
@@ -1295,6 +1301,7 @@ class Simulation:
             if old in book:
                 book[vm.uid] = book.pop(old)
         relief.book.move_finished(old, vm.uid)
+        relief.book.move_ended(migration, succeeded=True, now=self.t)
         vm.node = flight.target
         self._reality(flight.source, -vm.vcpus * 1000)
         self._reality(flight.target, vm.vcpus * 1000)
@@ -1320,6 +1327,11 @@ class Simulation:
         self.samples.take(t, self.extender, pending=waiting)
         if t + self.timing.sample_interval_seconds <= self.s.duration_seconds:
             self.at(t + self.timing.sample_interval_seconds, self._sample)
+
+
+def _migration(namespace: str, target_name: str) -> str:
+    """A simulated move's VirtualMachineMigration key (the book's): named as its target pod."""
+    return f"{namespace}/{target_name}"
 
 
 def simulate(

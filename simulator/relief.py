@@ -43,8 +43,9 @@ class Flight:
 
 
 class ReliefRun:
-    """Relief's state in one simulation (the extender's book survives its restarts here: the
-    drains it started are node taints, which do)."""
+    """Relief's state in one simulation (the extender's book survives its restarts here: its
+    moves are VirtualMachineMigrations, which a restarted extender lists again, and the drains
+    it started are node taints)."""
 
     def __init__(self, config: ReliefConfig, moves: sc.Moves, *, seed: int) -> None:
         self.config = config

@@ -275,7 +275,8 @@ def install_crds(api: Api, docs: list[Obj]) -> None:
             path = (
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
             )
-            conditions = api.get(path).get("status", {}).get("conditions", [])
+            # Both null until the API server's CRD controllers have looked at it.
+            conditions = (api.get(path).get("status") or {}).get("conditions") or []
             if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 return False
         return True

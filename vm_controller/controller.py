@@ -214,6 +214,13 @@ class Controller:
         if actions.delete_pod_uid is not None and pod is not None:
             with contextlib.suppress(NotFound, Conflict):  # gone already, or a newer pod
                 await self.client.delete_pod(key[0], pod.metadata.name, uid=actions.delete_pod_uid)
+        if actions.patch_pod_annotations is not None and pod is not None:
+            with contextlib.suppress(NotFound):  # gone meanwhile: its successor is made right
+                await self.client.patch_pod_annotations(
+                    key[0], pod.metadata.name, actions.patch_pod_annotations
+                )
+            log.info("vm_pod_annotated", pod=pod.metadata.name,
+                     annotations=actions.patch_pod_annotations)  # fmt: skip
         if actions.create_pod is not None:
             try:
                 await self.client.create_namespaced("pods", actions.create_pod)

@@ -8,7 +8,9 @@ Pure: no I/O, no clock (the shell passes ``now`` as the RFC 3339 string a condit
   URL are filled in.
 - ``desired_service(vm)``: a headless Service giving the pod the DNS name the metrics URL uses.
 - ``reconcile(vm, pod, service, now=...)``: the actions and the status for one VM, from the
-  pod and the Service of its name that exist now (or None).
+  pod and the Service of its name that exist now (or None); among them the annotation patch
+  that keeps a running pod's ``never-move`` equal to the VM's ``spec.neverMove``
+  (``never_move_patch``).
 
 A VM has at most one pod at any instant, as a StatefulSet of one: the pod's name is the VM's,
 so the API server itself refuses a second while the first (even a terminating one) holds the
@@ -72,14 +74,16 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Actions(msgspec.Struct, frozen=True, kw_only=True):
-    """What the shell does for one VM, in this order: the Service, then delete or create the
-    pod, then the status (written only when it differs from the one the VM has);
+    """What the shell does for one VM, in this order: the Service, then delete, create or
+    patch the pod, then the status (written only when it differs from the one the VM has);
     ``recheck_seconds``: pass over the VM again after that long even if nothing it watches
     changes."""
 
     create_service: Manifest | None = None
     create_pod: Manifest | None = None
     delete_pod_uid: str | None = None
+    # Annotations to merge into the VM's current pod (a None value removes the key).
+    patch_pod_annotations: dict[str, str | None] | None = None
     status: VirtualMachineStatus
     events: tuple[Event, ...] = ()
     recheck_seconds: float | None = None
@@ -129,7 +133,20 @@ def pod_annotations(vm: VirtualMachine) -> dict[str, str]:
     }
     if memory.unit is not None:
         out[ann.MEMORY_UNIT] = _quantity(memory.unit)
+    if spec.never_move:
+        out[ann.NEVER_MOVE] = "true"
     return out
+
+
+def never_move_patch(vm: VirtualMachine, pod: Pod) -> dict[str, str | None] | None:
+    """The annotation patch that makes ``pod`` say what the VM's ``spec.neverMove`` says, or
+    None if it does already. The field is the truth and the pod its copy (the extender and
+    the migration controller read the pod): a VM that opts in or out later is followed on the
+    pod it runs as now, not only on the next pod. Absent and ``"false"`` mean the same."""
+    raw = (pod.metadata.annotations or {}).get(ann.NEVER_MOVE)
+    if vm.spec.never_move:
+        return None if raw == "true" else {ann.NEVER_MOVE: "true"}
+    return None if raw in (None, "false") else {ann.NEVER_MOVE: None}
 
 
 def container_memory_bytes(vm: VirtualMachine) -> int:
@@ -376,6 +393,7 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
     service_taken = service is not None and not is_owned_by(service, vm)
     events: list[Event] = []
     create_pod = delete_uid = None
+    patch: dict[str, str | None] | None = None
     if vm.metadata.deletion_timestamp:
         # Going away: the garbage collector removes the pod and the Service (owner references).
         pass
@@ -399,6 +417,8 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
         events.append(
             Event(type="Warning", reason="PodEnded", message=f"pod phase {pod.status.phase}")
         )
+    elif not pod.metadata.deletion_timestamp:
+        patch = never_move_patch(vm, pod)
     was = next((c for c in vm.status.conditions or () if c.type == "Ready"), None)
     if service_taken and not (was and was.reason == SERVICE_CONFLICT):
         events.append(
@@ -432,6 +452,7 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
         else desired_service(vm),
         create_pod=create_pod,
         delete_pod_uid=delete_uid,
+        patch_pod_annotations=patch,
         status=status,
         events=tuple(events),
         recheck_seconds=SERVICE_RECHECK_SECONDS if service_taken else None,

@@ -429,6 +429,14 @@ class Ledger:
         entry.requests = pod.requests
         if entry.vm is None and pod.vm is not None:
             entry.vm = pod.vm
+        elif (
+            entry.vm is not None
+            and pod.vm is not None
+            and entry.vm.is_movable is not pod.vm.is_movable
+        ):
+            # never-move follows the pod (the vm-controller patches it from the VM's
+            # ``spec.neverMove``); the bounds stay as the VM was placed with.
+            entry.vm = msgspec.structs.replace(entry.vm, is_movable=pod.vm.is_movable)
         if entry.vm is not None:
             entry.memory_extra = pod.memory_extra_bytes
         held = _held_for(entry)

@@ -1,7 +1,8 @@
 """Relief and live drain: which VM moves live to which node, and why.
 
-Pure: no I/O, no awaits, no clock (``now`` is passed in, monotonic seconds), no randomness; the
-same ledger, book, time and config give the same plan. ``plan_moves`` only *reads* the ledger:
+Pure: no I/O, no awaits, no clock (``now`` is passed in: the wall clock's seconds, as the
+API server's timestamps count them, see *The book* below), no randomness; the same ledger,
+book, time and config give the same plan. ``plan_moves`` only *reads* the ledger:
 the caller starts each move it returns with ``Ledger.reserve_move`` (which holds the VM's room on
 the target while the source keeps its own, so no node is over-committed at any step of a move),
 and ends it with the target pod's take-over and the source pod's deletion, or ``cancel_move``.
@@ -10,14 +11,28 @@ The rule, in the order a pass applies it (one pass, one budget):
 
 1. **Budget.** At most ``max_moves_in_flight`` moves at once in the cluster, and no more than
    ``max_moves_share`` of the known nodes (at least one); at most one outbound move per node
-   (a node with a move leaving it starts no other); ``ledger.moves`` counts the moves already
-   under way. A VM is moved only if it is a bound, verified VM of ours (its agent has reported:
-   an unverified VM's size is not known, so no target's room can be checked), controlled by a
+   (a node with a move leaving it starts no other); the moves *in flight* (below) count. A
+   VM is moved only if it is a bound, verified VM of ours (its agent has reported: an
+   unverified VM's size is not known, so no target's room can be checked), controlled by a
    VirtualMachine (a VirtualMachineMigration names the VM; a VM pod made by hand has none, so
-   nothing could move it), not moving, not
-   opted out (``vm-autoscaling.io/never-move: "true"``), and not moved in the last
-   ``cooldown_seconds`` (no ping-pong; a move that failed counts too, so a VM whose move keeps
-   failing is not retried at once).
+   nothing could move it), not moving, not opted out (``vm-autoscaling.io/never-move:
+   "true"``, which the vm-controller writes from the VirtualMachine's ``spec.neverMove``,
+   and which the ledger follows on a running pod), not moved in the last ``cooldown_seconds`` (no
+   ping-pong; a move that failed counts too), and not within its **failure backoff**: after
+   ``n`` failed moves in a row, ``failure_backoff_seconds * 2**(n-1)`` from the last failure's
+   end, at most ``failure_backoff_max_seconds``. Kubernetes doubles the same way: the
+   kubelet's CrashLoopBackOff from 10 s up to 5 minutes (``pkg/kubelet/kubelet.go``,
+   ``MaxContainerBackOff``), the Job controller's pod-failure backoff from 10 s up to 10
+   minutes (``pkg/controller/job/job_controller.go``, ``MaxJobPodFailureBackOff``); a move
+   costs more than a restart, so the steps here are minutes. Failures older than twice the
+   longest backoff are forgiven (the kubelet forgives a container that ran 10 minutes; a Job's
+   deleted pods take their failures with them, as a deleted VirtualMachineMigration does here).
+
+   *In flight* is every move the ledger holds (``ledger.moves``, reserved by the vm-controller's
+   ``POST /v1/moves``) and every VirtualMachineMigration not yet ended (``ReliefBook``'s
+   records, whoever created it), counted once per VM: a migration created but not yet reserved
+   is in the budget, its VM moving, its source node busy and its target's room spoken for in
+   this pass's view, so two passes in a row never start more than the budget allows.
 2. **Relief of a VM cut short.** A VM whose last grow was cut short by its node's room (the
    permit rules' ``ShortOf.NODE``; ``ReliefBook.permits_decided`` keeps its *requested* size),
    oldest shortfall first. Either the VM itself moves, to a node with room for its full
@@ -67,6 +82,20 @@ The references, and where this differs:
   *Deferred* in-place resize. Our VMs never reach Deferred (the extender grants before the agent
   resizes), so the grant cut short is our trigger, and we move rather than evict.
 
+*The book* (``ReliefBook``) is what relief remembers between passes. Its moves are the
+cluster's VirtualMachineMigrations (``MoveRecord``, ``record_of``): the shell feeds it the list
+and every watch event, and records the moves it creates itself (``move_started``) before the
+watch shows them. A restarted or newly leading extender lists the same objects, so it rebuilds
+the same cool-downs, backoffs and moves in flight: a VM is never moved back at once because an
+extender restarted. That is why ``now`` is the wall clock: the objects' times are the API
+server's (``creationTimestamp``, ``status.completionTime``), and with one clock the rebuilt
+book equals the live one exactly (a clock step shifts a cool-down by the step; Kubernetes'
+TTL-after-finished controller judges Jobs' ``completionTime`` the same way). Not rebuilt: the
+wants (the agents report again at once when the extender's epoch changes, and a cut-short
+grow is a want again from that answer), the nodes' hysteresis from grows and joins (drains are
+refused by the shell), and a create that never reached the API server (nothing moved; it is a
+failure only to the book that tried it).
+
 Not here: the moves' I/O (VirtualMachineMigration objects, taints, evictions), which the shell
 does with what ``plan_moves`` returns; and reserving the grower's *requested* size on its
 target (``reserve_move`` holds the VM's size now; the room for the rest was checked in this
@@ -75,9 +104,10 @@ plan, and the VM asks for it again on arrival).
 
 from __future__ import annotations
 
+import datetime
 import enum
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -85,19 +115,24 @@ import msgspec
 
 from protocol.bounds import INT32_MAX, MAX_SECONDS
 from protocol.permits import ResourceRequest
+from protocol.virtualmachine import VirtualMachineMigration
 from scheduler_extender.core.ledger import Allocation, Ledger, NodeState, Owner, held_at
 from scheduler_extender.core.permits import Decision, ShortOf
 from scheduler_extender.core.podinfo import ZERO, Demand
 
 __all__ = [
     "DrainConfig",
+    "MovePhase",
     "MoveReason",
+    "MoveRecord",
     "PlannedMove",
     "ReliefBook",
     "ReliefConfig",
     "ReliefPlan",
     "Want",
+    "in_flight",
     "plan_moves",
+    "record_of",
 ]
 
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
@@ -128,9 +163,19 @@ class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Moves under way at once in the cluster, and as a share of the known nodes (at least one).
     max_moves_in_flight: AtLeastOne = 2
     max_moves_share: Share = 0.1
-    # A VM moved is not moved again for this long.
+    # A VM moved is not moved again for this long (from its move's creation).
     cooldown_seconds: Seconds = 600.0
+    # After a failed move, the VM waits this long from the failure's end, doubled for each
+    # further failure in a row, up to the maximum (see the module docstring).
+    failure_backoff_seconds: Seconds = 600.0
+    failure_backoff_max_seconds: Seconds = 3600.0
     drain: DrainConfig = msgspec.field(default_factory=DrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.failure_backoff_seconds > self.failure_backoff_max_seconds:
+            raise ValueError(
+                "relief.failure_backoff_seconds must not be above failure_backoff_max_seconds"
+            )
 
 
 class MoveReason(enum.StrEnum):
@@ -149,6 +194,8 @@ class PlannedMove(msgspec.Struct, frozen=True, kw_only=True):
     target: str
     reason: MoveReason
     message: str
+    # The VirtualMachine that moves, ``namespace/name`` (what its migration names).
+    vm: str = ""
     # The VM cut short it is for (GROWER: itself; NEIGHBOUR: the neighbour's), else None.
     relieves: str | None = None
 
@@ -161,6 +208,65 @@ class ReliefPlan(msgspec.Struct, frozen=True, kw_only=True):
     emptied: list[str]
     # A sentence for each VM cut short that no move relieves in this pass.
     unrelieved: list[str]
+
+
+class MovePhase(enum.StrEnum):
+    """A VirtualMachineMigration's ``status.phase`` (none yet: ``PENDING``)."""
+
+    PENDING = "Pending"  # created; the vm-controller has not started it (nor reserved, maybe)
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class MoveRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One VirtualMachineMigration as relief counts it, whoever created it: the VM it moves
+    (``namespace/vmName``), its target node, its phase, when it was created
+    (``metadata.creationTimestamp``) and when it ended (``status.completionTime``), in the
+    book's seconds."""
+
+    vm: str
+    target_node: str | None
+    phase: MovePhase
+    created: float
+    ended: float | None = None
+
+    @property
+    def is_active(self) -> bool:
+        return self.phase is MovePhase.PENDING or self.phase is MovePhase.RUNNING
+
+    @property
+    def last(self) -> float:
+        return self.ended if self.ended is not None else self.created
+
+
+def _seconds(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
+def record_of(migration: VirtualMachineMigration, *, now: float) -> MoveRecord:
+    """``migration`` as the book keeps it. Times are RFC 3339 as the API server writes them;
+    one missing or unreadable counts as ``now`` (creation) or as the creation (an end)."""
+    meta, status = migration.metadata, migration.status
+    created = _seconds(meta.creation_timestamp)
+    created = now if created is None else created
+    phase = MovePhase(status.phase) if status.phase is not None else MovePhase.PENDING
+    ended = None
+    if phase is MovePhase.SUCCEEDED or phase is MovePhase.FAILED:
+        ended = _seconds(status.completion_time)
+        ended = created if ended is None else ended
+    return MoveRecord(
+        vm=f"{meta.namespace}/{migration.spec.vm_name}",
+        target_node=migration.spec.target_node or status.target_node,
+        phase=phase,
+        created=created,
+        ended=ended,
+    )
 
 
 @dataclass(slots=True)
@@ -176,8 +282,9 @@ class ReliefBook:
     """What relief remembers between passes; mutable, pure (every method takes ``now``)."""
 
     wants: dict[str, Want] = field(default_factory=dict)  # by the VM pod's uid
-    moved_at: dict[str, float] = field(default_factory=dict)  # by uid: its last move's start
-    touched_at: dict[str, float] = field(default_factory=dict)  # by node: received / grew
+    # The cluster's VirtualMachineMigrations, by ``namespace/name`` (module docstring).
+    migrations: dict[str, MoveRecord] = field(default_factory=dict)
+    touched_at: dict[str, float] = field(default_factory=dict)  # by node: joined / grew
     draining: set[str] = field(default_factory=set)
 
     def permits_decided(
@@ -217,15 +324,36 @@ class ReliefBook:
         """``node`` joined or received a pod: not drained within the hysteresis."""
         self.touched_at[node] = now
 
-    def move_started(self, move: PlannedMove, *, now: float) -> None:
-        self.moved_at[move.uid] = now
-        self.touched_at[move.target] = now
+    def move_started(self, move: PlannedMove, *, migration: str, now: float) -> None:
+        """The caller creates the migration ``migration`` (``namespace/name``) for ``move``:
+        in flight from now, before the watch shows the object (which then replaces this)."""
+        self.migrations[migration] = MoveRecord(
+            vm=move.vm, target_node=move.target, phase=MovePhase.PENDING, created=now
+        )
+
+    def move_ended(self, migration: str, *, succeeded: bool, now: float) -> None:
+        """A move of this book's own ended (a simulated one, or a create the API server
+        refused: a failure, which the backoff counts)."""
+        found = self.migrations.get(migration)
+        if found is not None and found.is_active:
+            phase = MovePhase.SUCCEEDED if succeeded else MovePhase.FAILED
+            self.migrations[migration] = msgspec.structs.replace(found, phase=phase, ended=now)
+
+    def migration_seen(self, migration: str, record: MoveRecord) -> None:
+        """The watch's ADDED or MODIFIED ``migration`` (``record_of``)."""
+        self.migrations[migration] = record
+
+    def migration_gone(self, migration: str) -> None:
+        """DELETED: whoever deletes a failed migration lets its VM be tried again sooner."""
+        self.migrations.pop(migration, None)
+
+    def migrations_listed(self, records: Mapping[str, MoveRecord]) -> None:
+        """A list: it replaces every record (a restart's rebuild, a relist's reconciliation)."""
+        self.migrations = dict(records)
 
     def move_finished(self, source_uid: str, target_uid: str) -> None:
-        """The VM runs as ``target_uid`` now: its cool-down and want go with it."""
-        started = self.moved_at.pop(source_uid, None)
-        if started is not None:
-            self.moved_at[target_uid] = started
+        """The VM runs as ``target_uid`` now: its want goes with it (its cool-down and backoff
+        are the VM's, by name, and need no carrying)."""
         want = self.wants.pop(source_uid, None)
         if want is not None:
             self.wants[target_uid] = want
@@ -237,9 +365,17 @@ class ReliefBook:
         pods, nodes = ledger.pods, ledger.nodes
         for uid in [u for u in self.wants if u not in pods]:
             del self.wants[uid]
-        cooldown = config.cooldown_seconds
-        for uid in [u for u, t in self.moved_at.items() if u not in pods or now - t >= cooldown]:
-            del self.moved_at[uid]
+        # A move ended long enough ago affects nothing: not the cool-down, nor the backoff
+        # (failures older than twice the longest are forgiven), nor the drain hysteresis.
+        horizon = max(
+            config.cooldown_seconds,
+            2 * config.failure_backoff_max_seconds,
+            config.drain.hysteresis_seconds,
+        )
+        for key in [
+            k for k, r in self.migrations.items() if not r.is_active and now - r.last >= horizon
+        ]:
+            del self.migrations[key]
         hysteresis = config.drain.hysteresis_seconds
         for name in [
             n for n, t in self.touched_at.items() if n not in nodes or now - t >= hysteresis
@@ -249,7 +385,65 @@ class ReliefBook:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.wants or self.moved_at or self.touched_at or self.draining)
+        return not (self.wants or self.migrations or self.touched_at or self.draining)
+
+    def by_vm(self) -> dict[str, list[tuple[float, str, MoveRecord]]]:
+        """Every VM's records, oldest first."""
+        out: dict[str, list[tuple[float, str, MoveRecord]]] = {}
+        for key, record in self.migrations.items():
+            out.setdefault(record.vm, []).append((record.created, key, record))
+        for records in out.values():
+            records.sort()
+        return out
+
+
+def _blocked(
+    records: Sequence[tuple[float, str, MoveRecord]], *, now: float, config: ReliefConfig
+) -> str | None:
+    """The cool-down and the failure backoff over one VM's records, oldest first."""
+    if not records:
+        return None
+    last = max(r.created for _, _, r in records)
+    cooldown = config.cooldown_seconds
+    if now - last < cooldown:
+        return f"it moved {now - last:.0f}s ago (cool-down {cooldown:.0f}s)"
+    failures = 0
+    failed_at = 0.0
+    for _, _, record in records:
+        if record.phase is MovePhase.SUCCEEDED:
+            failures, failed_at = 0, 0.0
+        elif record.phase is MovePhase.FAILED:
+            failures += 1
+            failed_at = max(failed_at, record.last)
+    if failures:
+        wait = min(
+            config.failure_backoff_seconds * 2.0 ** min(failures - 1, 62),
+            config.failure_backoff_max_seconds,
+        )
+        if now - failed_at < wait:
+            return (
+                f"its last {failures} move(s) failed; the next in {failed_at + wait - now:.0f}s"
+                f" (backoff {wait:.0f}s)"
+            )
+    return None
+
+
+def _vm_key(entry: Allocation) -> str:
+    return f"{entry.namespace}/{entry.vm_name}" if entry.vm_name is not None else f"uid:{entry.uid}"
+
+
+def in_flight(ledger: Ledger, book: ReliefBook) -> dict[str, list[MoveRecord]]:
+    """The moves in flight, by VM (``namespace/name``; a pod no VirtualMachine controls by
+    ``uid:<uid>``): every move the ledger holds, with no record, and every migration not yet
+    ended, with its active records."""
+    out: dict[str, list[MoveRecord]] = {}
+    for uid in ledger.moves:
+        source = ledger.pods.get(uid)
+        out.setdefault(_vm_key(source) if source is not None else f"uid:{uid}", [])
+    for record in book.migrations.values():
+        if record.is_active:
+            out.setdefault(record.vm, []).append(record)
+    return out
 
 
 class _View:
@@ -349,6 +543,7 @@ def plan_moves(
     busy: set[str] = set()  # nodes with a move leaving them
     receiving: set[str] = set()  # nodes with a move arriving (never drained meanwhile)
     moving: set[str] = set()  # uids moving (either side)
+    reserved: set[str] = set()  # VMs whose move the ledger holds
     for move in ledger.moves.values():
         moving.add(move.source_uid)
         moving.add(move.target_uid)
@@ -356,9 +551,34 @@ def plan_moves(
         source = ledger.pods.get(move.source_uid)
         if source is not None:
             busy.add(source.node)
+            reserved.add(_vm_key(source))
+    # The VMs' pods, to find a migration's VM (not a move's target pod, which is not it yet).
+    targets = {m.target_uid for m in ledger.moves.values()}
+    pod_of: dict[str, Allocation] = {}
+    for node_state in ledger.nodes.values():
+        for e in node_state.own.values():
+            if e.vm_name is not None and e.uid not in targets and not e.is_tentative:
+                pod_of[_vm_key(e)] = e
+    flying = in_flight(ledger, book)
+    for vm, records in flying.items():
+        if vm in reserved:
+            continue
+        # Created, not (yet) in the ledger: the VM moves, its node has a move leaving it, and
+        # the room its target will be asked for is spoken for in this pass.
+        entry = pod_of.get(vm)
+        if entry is None:
+            continue
+        moving.add(entry.uid)
+        busy.add(entry.node)
+        for record in records:
+            target = record.target_node
+            if record.phase is MovePhase.PENDING and target is not None and target in view.free:
+                view.place(target, entry.held)
+                receiving.add(target)
     budget = min(
         config.max_moves_in_flight, max(1, math.floor(config.max_moves_share * len(view.free)))
-    ) - len(ledger.moves)
+    ) - len(flying)
+    history = book.by_vm()
     moves: list[PlannedMove] = []
     unrelieved: list[str] = []
 
@@ -373,9 +593,9 @@ def plan_moves(
             return "it opted out (never-move)"
         if entry.is_unverified:
             return "its agent has not reported its size since this extender started"
-        since = book.moved_at.get(entry.uid)
-        if since is not None and now - since < config.cooldown_seconds:
-            return f"it moved {now - since:.0f}s ago (cool-down {config.cooldown_seconds:.0f}s)"
+        blocked = _blocked(history.get(_vm_key(entry), ()), now=now, config=config)
+        if blocked is not None:
+            return blocked
         if entry.node not in view.free:
             return f"its node {entry.node} is not known"
         return None
@@ -403,6 +623,7 @@ def plan_moves(
                 target=target,
                 reason=reason,
                 message=message,
+                vm=_vm_key(entry),
                 relieves=relieves,
             )
         )
@@ -560,6 +781,11 @@ def _drains_to_start(
 ) -> list[str]:
     """Up to ``count`` nodes to start draining, least used first (see rule 4)."""
     cfg = config.drain
+    received: dict[str, float] = {}  # by node: when the last move to it was created
+    for record in book.migrations.values():
+        if record.target_node is not None:
+            at = received.get(record.target_node)
+            received[record.target_node] = record.created if at is None else max(at, record.created)
     candidates = []
     for name, state in ledger.nodes.items():
         if name in shut or name not in view.free or not state.own:
@@ -567,8 +793,8 @@ def _drains_to_start(
         share = _share(state)
         if share >= cfg.below_share:
             continue
-        touched = book.touched_at.get(name)
-        if touched is not None and now - touched < cfg.hysteresis_seconds:
+        touched = max(book.touched_at.get(name, -math.inf), received.get(name, -math.inf))
+        if now - touched < cfg.hysteresis_seconds:
             continue
         if state.foreign:
             continue

@@ -94,7 +94,7 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 
 async def state(request: web.Request) -> web.Response:
     extender = request.app[EXTENDER]
-    body = dump_state(extender.ledger)
+    body = dump_state(extender.ledger, extender.relief_book)
     body["namespaces"] = dump_namespaces(queue_numbers(extender.admission))
     body["synced"] = {"nodes": extender.has_nodes, "pods": extender.has_pods}
     return json_response(body)

@@ -12,6 +12,7 @@ the kubelet would; there is no kubelet, so no pod ever really runs.
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from protocol import annotations as ann
 from protocol.virtualmachine import migration_manifest
 from scheduler_extender.core.relief import MoveReason, PlannedMove
 from scheduler_extender.relief import REASON_LABEL, migration_for
-from testkit.cluster import Cluster, Names
+from testkit.cluster import Cluster, Names, new_extender
 from testkit.controlplane import (
     DOCS,
     ApiError,
@@ -158,6 +159,7 @@ def _install(api: Any) -> str:
         ({"hypervisor": "xen"}, "spec.hypervisor", "Unsupported value"),
         ({"vcpus": {"min": 0, "max": 2}}, "spec.vcpus.min", "greater than or equal to 1"),
         ({"ports": [{"name": "metrics", "port": 9100}]}, "spec.ports", "always exposed"),
+        ({"neverMove": "yes"}, "spec.neverMove", "must be of type boolean"),
     ],
     ids=[
         "vcpus-min-above-max",
@@ -166,6 +168,7 @@ def _install(api: Any) -> str:
         "unknown-hypervisor",
         "zero-vcpus",
         "port-taken",
+        "never-move-not-a-boolean",
     ],
 )
 def test_bad_virtual_machines_are_refused_naming_the_field(
@@ -332,6 +335,83 @@ def test_the_controller_makes_pod_service_and_status_and_remakes_the_pod(
         what="the VM's Events",
     )
     assert "ReconcileFailed" not in reasons
+
+
+def test_a_vms_never_move_field_reaches_its_pod_and_follows_it(
+    controller: Path, vms_removed: Names
+):
+    """``spec.neverMove`` (default false) is what the extender's relief and the migration
+    controller read on the pod: the controller writes it on the pod it makes, and patches the
+    running pod when the field changes."""
+    api, ns = vms_removed.api, vms_removed.namespace
+    api.create(vm_path(ns), vm_body("stay", neverMove=True))
+    assert api.get(vm_path(ns, "stay"))["spec"]["neverMove"] is True
+
+    def movable() -> bool | None:
+        pod = _get(api, pod_path(ns, "stay"))
+        if pod is None:
+            return None
+        return ann.parse_vm_spec(pod["metadata"]["annotations"], pod_memory_bytes=0).is_movable
+
+    wait_for(lambda: movable() is False, timeout_seconds=20, what="the pod's never-move")
+    api.merge_patch(vm_path(ns, "stay"), {"spec": {"neverMove": False}})
+    wait_for(lambda: movable() is True, timeout_seconds=20, what="the never-move removed")
+    # Left out, the API server defaults it.
+    api.create(vm_path(ns), vm_body("free"))
+    assert api.get(vm_path(ns, "free"))["spec"]["neverMove"] is False
+
+
+def _instant(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp)
+
+
+def test_reliefs_book_is_rebuilt_from_the_migrations(
+    controller: Path,
+    control_plane: ControlPlane,
+    extender_kubeconfig: Path,
+    names: Names,
+    tmp_path: Path,
+):
+    """What a restarted (or newly leading) extender's relief knows of moves comes from the
+    VirtualMachineMigrations, under the manifests' RBAC: listed as it starts (a refused one,
+    with its times as the API server and the vm-controller wrote them: its VM's backoff), and
+    followed by the watch (deleted: forgotten)."""
+    api, ns = names.api, names.namespace
+    api.create(
+        vmm_path(ns),
+        {
+            "apiVersion": "vm-autoscaling.io/v1alpha1",
+            "kind": "VirtualMachineMigration",
+            "metadata": {"name": "refused"},
+            "spec": {"vmName": "nowhere", "targetNode": "elsewhere"},
+        },
+    )
+
+    def refused() -> Obj | None:
+        found: Obj = api.get(vmm_path(ns, "refused"))
+        return found if found.get("status", {}).get("phase") == "Failed" else None
+
+    made = wait_for(refused, timeout_seconds=20, what="the migration refused (VMNotFound)")
+    extender = new_extender(control_plane, extender_kubeconfig, tmp_path, relief={"enabled": True})
+    extender.start()
+    try:
+
+        def in_book() -> Obj | None:
+            book = extender.state().get("migrations", [])
+            return next((m for m in book if m["migration"] == f"{ns}/refused"), None)
+
+        record = wait_for(in_book, timeout_seconds=20, what="the migration in relief's book")
+        assert (record["vm"], record["toNode"], record["phase"]) == (
+            f"{ns}/nowhere",
+            "elsewhere",
+            "Failed",
+        )
+        assert _instant(record["createdAt"]) == _instant(made["metadata"]["creationTimestamp"])
+        assert _instant(record["endedAt"]) == _instant(made["status"]["completionTime"])
+        api.delete(vmm_path(ns, "refused"))
+        wait_for(lambda: in_book() is None, timeout_seconds=20, what="the deletion watched")
+    finally:
+        extender.stop()
 
 
 def _get(api: Any, path: str) -> Obj | None:

@@ -77,14 +77,17 @@ VM_CONTROLLER_CALLS = {
     "patch_virtual_machine_status",
     "create_namespaced",
     "delete_pod",
-    "list_virtual_machine_migrations",
     "patch_virtual_machine_migration_status",
     "list_services",
     "get_service",
 }
 # Calls the extender makes too: the vm-controller's migration mark on both pods of a move, and
-# the target's label taken off at cut-over.
-VM_CONTROLLER_SHARED_CALLS = {"patch_pod_annotations", "patch_pod_labels"}
+# the target's label taken off at cut-over; the migrations' list (relief's book).
+VM_CONTROLLER_SHARED_CALLS = {
+    "patch_pod_annotations",
+    "patch_pod_labels",
+    "list_virtual_machine_migrations",
+}
 LEASE_CALLS = {"get_lease", "create_lease", "replace_lease"}
 
 EXTENDER_USES = [
@@ -92,7 +95,7 @@ EXTENDER_USES = [
     for name, accesses in CALLS.items()
     if name not in LEASE_CALLS | VM_CONTROLLER_CALLS
     for a in accesses
-]
+] + [Access("watch", "vm-autoscaling.io", "virtualmachinemigrations")]  # relief's book
 VM_CONTROLLER_USES = {
     *(a for name in VM_CONTROLLER_CALLS | VM_CONTROLLER_SHARED_CALLS for a in CALLS[name]),
     Access("list", "", "pods"),

@@ -49,6 +49,7 @@ def test_example_standalone_cluster_loads() -> None:
         ({"relief": {"watermark": 1.5}}, "$.relief.watermark"),
         ({"relief": {"drain": {"enabled": True}}}, "$.relief"),
         ({"relief": {"watermak": 0.8}}, "$.relief"),
+        ({"relief": {"failure_backoff_seconds": 7200}}, "$.relief"),
     ],
     ids=[
         "unknown",
@@ -64,6 +65,7 @@ def test_example_standalone_cluster_loads() -> None:
         "relief-watermark",
         "relief-drain",
         "relief-unknown",
+        "relief-backoff-above-its-max",
     ],
 )
 def test_errors_name_the_path(data: object, path: str) -> None:

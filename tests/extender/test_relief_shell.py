@@ -9,10 +9,12 @@ tier's: ``tests/controlplane/test_virtualmachines.py`` creates migrations there)
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import msgspec
 import pytest
+from msgspec.structs import replace
 from prometheus_client import CollectorRegistry
 
 from kube_io.errors import Conflict, KubeError, Unavailable
@@ -21,7 +23,7 @@ from protocol.kube import Node, Pod
 from protocol.permits import ResourceRequestBatch
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration, migration_manifest
 from scheduler_extender.config import parse_config
-from scheduler_extender.core.relief import MoveReason, PlannedMove
+from scheduler_extender.core.relief import MovePhase, MoveReason, MoveRecord, PlannedMove
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.relief import REASON_LABEL, migration_for, relief_once
@@ -66,7 +68,13 @@ def _owned(pod: dict[str, Any], vm: str) -> dict[str, Any]:
     return pod
 
 
-def _extender(*, enabled: bool = True, db_owned: bool = True) -> Extender:
+def _extender(
+    *,
+    enabled: bool = True,
+    db_owned: bool = True,
+    migrations: tuple[VirtualMachineMigration, ...] = (),
+    wall: float = WALL,
+) -> Extender:
     """node-a (4 cores, 3.2 usable) holds db (1 of up to 4) and web (2, made by hand);
     node-b (8 cores) is empty. db asks for 3: node-a has 0.2 left, so the grant is cut short."""
     config = parse_config({"relief": {"enabled": enabled}})
@@ -78,7 +86,7 @@ def _extender(*, enabled: bool = True, db_owned: bool = True) -> Extender:
         reporter=NodeAllocReporter(metrics, None),
         recorder=None,
         binder=None,
-        wall_clock=lambda: WALL,
+        wall_clock=lambda: wall,
         clock=lambda: now[0],
     )
     nodes = [node_object("node-a", cpu="4"), node_object("node-b", cpu="8")]
@@ -88,6 +96,7 @@ def _extender(*, enabled: bool = True, db_owned: bool = True) -> Extender:
         db = _owned(db, "db")
     web = vm_pod("web-pod", uid=WEB_UID, node="node-a", min_vcpus=2, max_vcpus=2)
     extender.pods_listed([msgspec.convert(p, Pod) for p in (db, web)])
+    extender.migrations_listed(migrations)
     batch = permit_batch("node-a", uid=DB_UID, name="db-pod", current=1, requested=3)
     decided = extender.permits(msgspec.convert(batch, ResourceRequestBatch), token_node="node-a")
     assert not isinstance(decided, Exception)
@@ -180,6 +189,63 @@ def test_a_long_vm_name_still_makes_a_valid_name() -> None:
     migration = migration_for(move, vm_name="v" * 253, at=WALL)
     assert len(migration.metadata.name) == 253
     assert migration.metadata.name.endswith(f"-relief-{int(WALL)}")
+
+
+def _stamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _as_listed(
+    migration: VirtualMachineMigration, *, status: dict[str, Any] | None = None
+) -> VirtualMachineMigration:
+    """``migration`` as the API server lists it: created at WALL, with ``status``."""
+    body = migration_manifest(migration)
+    body["metadata"] = {**body["metadata"], "creationTimestamp": _stamp(WALL), "uid": "m-uid"}
+    body["status"] = status or {}
+    return msgspec.convert(body, VirtualMachineMigration)
+
+
+async def test_a_restarted_extender_keeps_the_cool_down_from_the_migrations() -> None:
+    """What the first extender created is all a second one (restarted, or the standby that
+    takes over) needs: it lists the migration and does not move db again within its
+    cool-down; a migration that failed keeps db away for its backoff, past the cool-down."""
+    first = _extender()
+    writer = Writer()
+    reporter = NodeAllocReporter(first.metrics, None)
+    await relief_once(first, writer, reporter, wall_clock=lambda: WALL)
+    [created] = writer.created
+    cooldown = first.config.relief.cooldown_seconds
+    backoff = first.config.relief.failure_backoff_seconds
+    later = WALL + cooldown / 2
+    running = _as_listed(created, status={"phase": "Running"})
+    second = _extender(migrations=(running,), wall=later)
+    key = f"vms/{created.metadata.name}"
+    # The same move, as the first recorded it and the second listed it (now under way).
+    made = MoveRecord(vm="vms/db", target_node="node-b", phase=MovePhase.PENDING, created=WALL)
+    assert first.relief_book.migrations == {key: made}
+    assert second.relief_book.migrations == {key: replace(made, phase=MovePhase.RUNNING)}
+    assert await relief_once(second, writer, reporter, wall_clock=lambda: later) == []
+    # Failed 60 s after it was made: past the cool-down, db still waits out its backoff...
+    ended = _as_listed(created, status={"phase": "Failed", "completionTime": _stamp(WALL + 60)})
+    after_cooldown = WALL + cooldown + 1
+    third = _extender(migrations=(ended,), wall=after_cooldown)
+    assert await relief_once(third, writer, reporter, wall_clock=lambda: after_cooldown) == []
+    assert "backoff" in " ".join(third.relief_pass().unrelieved)
+    # ... and moves again once it is over.
+    after_backoff = WALL + 60 + backoff + 1
+    fourth = _extender(migrations=(ended,), wall=after_backoff)
+    moved = await relief_once(fourth, writer, reporter, wall_clock=lambda: after_backoff)
+    assert [(m.pod, o) for m, o in moved] == [("vms/db-pod", "created")]
+
+
+async def test_no_pass_before_the_migrations_are_listed() -> None:
+    extender = _extender()
+    extender.has_migrations = False
+    writer = Writer()
+    reporter = NodeAllocReporter(extender.metrics, None)
+    assert await relief_once(extender, writer, reporter, wall_clock=lambda: WALL) == []
+    extender.migrations_listed([])
+    assert len(await relief_once(extender, writer, reporter, wall_clock=lambda: WALL)) == 1
 
 
 async def test_no_pass_before_the_lists_are_in() -> None:

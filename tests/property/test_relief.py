@@ -25,17 +25,28 @@ from hypothesis.stateful import (
 )
 
 from protocol import annotations as ann
+from protocol.kube import ObjectMeta
 from protocol.permits import PodRef, ResourceRequest, Resources
-from scheduler_extender.core.ledger import Ledger, NoRoom, SystemReserve, UnknownNode
+from protocol.virtualmachine import (
+    VirtualMachineMigration,
+    VirtualMachineMigrationSpec,
+    VirtualMachineMigrationStatus,
+)
+from scheduler_extender.core.ledger import Conflict, Ledger, NoRoom, SystemReserve, UnknownNode
 from scheduler_extender.core.permits import decide_batch
 from scheduler_extender.core.podinfo import Demand, PodInfo
 from scheduler_extender.core.refusals import Refused
 from scheduler_extender.core.relief import (
     DrainConfig,
+    MovePhase,
     MoveReason,
+    MoveRecord,
+    PlannedMove,
     ReliefBook,
     ReliefConfig,
+    in_flight,
     plan_moves,
+    record_of,
 )
 from scheduler_extender.state import dump_state
 
@@ -47,6 +58,8 @@ CONFIG = ReliefConfig(
     max_moves_in_flight=2,
     max_moves_share=1.0,
     cooldown_seconds=100.0,
+    failure_backoff_seconds=50.0,
+    failure_backoff_max_seconds=200.0,
     drain=DrainConfig(enabled=True, below_share=0.5, hysteresis_seconds=30.0),
 )
 
@@ -60,8 +73,9 @@ def vm_pod(
     hi: int,
     movable: bool = True,
     controlled: bool = True,
+    vm_name: str | None = None,
 ):
-    """A VM pod; ``controlled``: a VirtualMachine of the same name owns it."""
+    """A VM pod; ``controlled``: a VirtualMachine owns it, ``vm_name`` or of the same name."""
     return PodInfo(
         uid=uid,
         namespace="ns",
@@ -81,7 +95,7 @@ def vm_pod(
             max_memory_bytes=GI,
             is_movable=movable,
         ),
-        vm_name=name if controlled else None,
+        vm_name=(vm_name or name) if controlled else None,
     )
 
 
@@ -221,6 +235,139 @@ def test_drain_is_off_by_default():
     assert plan_moves(ledger, ReliefBook(), now=1e6, config=ReliefConfig()).drain == []
 
 
+def _cut_short_pair() -> tuple[Ledger, ReliefBook]:
+    """Two full nodes, each with a VM cut short, and two roomy ones."""
+    ledger = ledger_of({"f1": Demand(4000, 8 * GI), "f2": Demand(4000, 8 * GI),
+                        "r1": Demand(8000, 8 * GI), "r2": Demand(8000, 8 * GI)})  # fmt: skip
+    book = ReliefBook()
+    for vm, node in (("a", "f1"), ("b", "f2")):
+        bind(ledger, vm, node, lo=2, hi=6)
+        bind(ledger, f"{vm}-side", node, lo=2, hi=2, movable=False)
+        ask(ledger, book, vm, 6, now=1.0)
+    return ledger, book
+
+
+def test_a_migration_created_but_not_reserved_is_in_the_budget():
+    """Budget one: the first pass's move is only a created migration (the vm-controller has
+    not reserved its room) and the second pass, before the reservation, starts nothing."""
+    ledger, book = _cut_short_pair()
+    config = msgspec.structs.replace(CONFIG, max_moves_in_flight=1)
+    first = plan_moves(ledger, book, now=2.0, config=config)
+    [move] = first.moves
+    assert move.vm == "ns/a"
+    book.move_started(move, migration="ns/a-relief-2", now=2.0)
+    assert ledger.moves == {}
+    second = plan_moves(ledger, book, now=3.0, config=config)
+    assert second.moves == []
+    assert second.unrelieved == ["ns/b: the budget of moves in flight is spent"]
+    # Budget two: b moves, and not to the node a's migration will take (both take one).
+    ledger2, book2 = _cut_short_pair()
+    config2 = msgspec.structs.replace(CONFIG, max_moves_in_flight=2)
+    [a_move] = [m for m in plan_moves(ledger2, book2, now=2.0, config=config2).moves
+                if m.vm == "ns/a"][:1]  # fmt: skip
+    book2.move_started(a_move, migration="ns/a-relief-2", now=2.0)
+    book2.wants.pop("a")  # only b wants now
+    [b_move] = plan_moves(ledger2, book2, now=3.0, config=config2).moves
+    assert b_move.vm == "ns/b" and b_move.target != a_move.target
+    # Once the controller reserves it, the ledger's move and the record are one move, not two.
+    ledger2.reserve_move("a", target_name="a-2", target_node=a_move.target, at=3.0)
+    assert list(in_flight(ledger2, book2)) == ["ns/a"]
+
+
+def test_a_failed_move_backs_off_doubling_and_is_forgiven():
+    ledger, book = _cut_short_pair()
+    ledger.forget_pod("b")
+    config = msgspec.structs.replace(CONFIG, cooldown_seconds=10.0,
+                                     failure_backoff_seconds=50.0,
+                                     failure_backoff_max_seconds=150.0)  # fmt: skip
+    now = 2.0
+    waits = []
+    for n in range(5):
+        [move] = plan_moves(ledger, book, now=now, config=config).moves
+        book.move_started(move, migration=f"ns/a-{n}", now=now)
+        book.move_ended(f"ns/a-{n}", succeeded=False, now=now + 1)
+        # Not before its backoff: 50, 100, 150, 150 ... after the failure's end.
+        wait = 0.0
+        while plan_moves(ledger, book, now=now + 1 + wait, config=config).moves == []:
+            wait += 1.0
+        waits.append(wait)
+        now += 1 + wait
+    assert waits == [50.0, 100.0, 150.0, 150.0, 150.0]
+    assert "backoff 150s" in plan_moves(ledger, book, now=now - 1, config=config).unrelieved[0]
+    # A success ends the streak: the next failure waits the first step again.
+    [move] = plan_moves(ledger, book, now=now, config=config).moves
+    book.move_started(move, migration="ns/a-ok", now=now)
+    book.move_ended("ns/a-ok", succeeded=True, now=now + 1)
+    now += 20  # past the cool-down
+    [move] = plan_moves(ledger, book, now=now, config=config).moves
+    book.move_started(move, migration="ns/a-again", now=now)
+    book.move_ended("ns/a-again", succeeded=False, now=now)
+    assert "backoff 50s" in plan_moves(ledger, book, now=now + 49, config=config).unrelieved[0]
+    assert plan_moves(ledger, book, now=now + 50, config=config).moves != []
+    # Moves that ended twice the longest backoff ago are forgotten (and so forgiven).
+    book.forget_gone(ledger, now=now + 299, config=config)
+    assert list(book.migrations) == ["ns/a-again"]
+    book.forget_gone(ledger, now=now + 300, config=config)
+    assert book.migrations == {}
+
+
+def test_a_book_rebuilt_from_the_migrations_is_the_live_one():
+    """``record_of`` reads what the API server stores; the live book, once the watch has shown
+    it the objects, and a book that only listed them agree."""
+    made = VirtualMachineMigration(
+        metadata=ObjectMeta(name="db-relief-1", namespace="ns",
+                            creation_timestamp="2026-11-29T01:00:00Z"),
+        spec=VirtualMachineMigrationSpec(vm_name="db", target_node="n2"),
+    )  # fmt: skip
+    at = 1795914000.0  # 2026-11-29T01:00:00Z
+    assert record_of(made, now=0.0) == MoveRecord(
+        vm="ns/db", target_node="n2", phase=MovePhase.PENDING, created=at
+    )
+    failed = msgspec.structs.replace(
+        made,
+        status=VirtualMachineMigrationStatus(
+            phase="Failed", completion_time="2026-11-29T01:01:00Z"
+        ),
+    )
+    assert record_of(failed, now=0.0).ended == at + 60
+    # Without a readable time (never from the API server): created now, ended when created.
+    odd = msgspec.structs.replace(
+        failed, metadata=ObjectMeta(name="x", namespace="ns", creation_timestamp="yesterday"),
+        status=VirtualMachineMigrationStatus(phase="Failed"),
+    )  # fmt: skip
+    assert (record_of(odd, now=5.0).created, record_of(odd, now=5.0).ended) == (5.0, 5.0)
+    live, rebuilt = ReliefBook(), ReliefBook()
+    live.move_started(
+        PlannedMove(uid="u", pod="ns/db-0", source="n1", target="n2",
+                    reason=MoveReason.GROWER, message="", vm="ns/db"),
+        migration="ns/db-relief-1", now=at,
+    )  # fmt: skip
+    live.migration_seen("ns/db-relief-1", record_of(failed, now=at + 70))
+    rebuilt.migrations_listed({"ns/db-relief-1": record_of(failed, now=at + 90)})
+    assert live == rebuilt
+
+
+def test_a_vm_that_opts_out_on_its_running_pod_stops_being_chosen():
+    """The vm-controller patches a running pod when its VM's ``spec.neverMove`` changes: the
+    ledger follows the pod, and the VM is no longer chosen (nor, opting in again, left out)."""
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=6)
+    bind(ledger, "web", "full", lo=2, hi=2, movable=False)
+    ask(ledger, book, "db", 6, now=1.0)
+    assert [m.pod for m in plan_moves(ledger, book, now=2.0, config=CONFIG).moves] == ["ns/db"]
+    pod = vm_pod("db", "db", node="full", lo=2, hi=6, movable=False)
+    ledger.observe_pod(pod, at=2.0)
+    plan = plan_moves(ledger, book, now=2.0, config=CONFIG)
+    assert plan.moves == [] and "opted out" in plan.unrelieved[0]
+    ledger.observe_pod(msgspec.structs.replace(pod, vm=ann.VmSpec(
+        min_vcpus=2, max_vcpus=6, min_memory_bytes=GI, max_memory_bytes=GI)), at=3.0)  # fmt: skip
+    assert [m.pod for m in plan_moves(ledger, book, now=3.0, config=CONFIG).moves] == ["ns/db"]
+    assert ledger.pods["db"].vm == ann.VmSpec(
+        min_vcpus=2, max_vcpus=6, min_memory_bytes=GI, max_memory_bytes=GI
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "movable"), [("true", False), ("false", True), (None, True)], ids=str
 )
@@ -289,6 +436,11 @@ def test_every_planned_move_fits_at_every_step(sizes, vms, asks, config):
 
 
 class ReliefMachine(RuleBasedStateMachine):
+    """The extender's book as the shell keeps it: fed its own creates (``move_started``) and
+    the API server's VirtualMachineMigrations as the watch delivers them, late (``api`` holds
+    the objects, ``unseen`` the events on their way). The vm-controller reserves a created
+    move's room later (``controller_reserved``), or at once; humans create migrations too."""
+
     def __init__(self):
         super().__init__()
         self.ledger = ledger_of(NODES)
@@ -297,7 +449,10 @@ class ReliefMachine(RuleBasedStateMachine):
         self.counter = 0
         self.api_pods: dict[str, PodInfo] = {}
         self.vm_of: dict[str, str] = {}  # pod uid -> the VM it runs (a move changes the pod)
-        self.moved_at: dict[str, float] = {}  # VM -> when its last move started
+        self.api: dict[str, MoveRecord] = {}  # the VirtualMachineMigrations, by ns/name
+        self.unseen: list[str] = []  # keys whose latest state the watch has yet to deliver
+        self.known: dict[str, MoveRecord] = {}  # what the book was shown of ``api``
+        self.source_of: dict[str, str] = {}  # a reserved migration's key -> its source uid
 
     def _uid(self) -> str:
         self.counter += 1
@@ -306,6 +461,28 @@ class ReliefMachine(RuleBasedStateMachine):
     def _pick(self, data, uids) -> str | None:
         uids = sorted(uids)
         return data.draw(st.sampled_from(uids)) if uids else None
+
+    def _write(self, key: str, record: MoveRecord) -> None:
+        """The API server's object changes; the watch brings it later."""
+        self.api[key] = record
+        self.unseen.append(key)
+
+    def _end(self, key: str, *, succeeded: bool) -> None:
+        phase = MovePhase.SUCCEEDED if succeeded else MovePhase.FAILED
+        self._write(key, msgspec.structs.replace(self.api[key], phase=phase, ended=self.now))
+        self.source_of.pop(key, None)
+
+    def _pod_of(self, vm: str) -> str | None:
+        """The VM's pod (not a move's target)."""
+        targets = {m.target_uid for m in self.ledger.moves.values()}
+        found = [u for u, v in self.vm_of.items() if v == vm and u not in targets]
+        return found[0] if found else None
+
+    def _in_flight(self) -> set[str]:
+        """Counted here from what the book was shown (a migration the watch has yet to bring
+        is one nobody can count), not by the core's ``in_flight``."""
+        vms = {self.vm_of[u] for u in self.ledger.moves}
+        return vms | {r.vm for r in self.known.values() if r.is_active}
 
     @initialize(
         fleet=st.lists(
@@ -317,6 +494,10 @@ class ReliefMachine(RuleBasedStateMachine):
     def fleet_bound(self, fleet):
         for node, lo, extra, movable in fleet:
             self.vm_bound(node, lo, extra, movable)
+        for uid in sorted(self.api_pods):  # their agents report: a verified VM may move
+            entry = self.ledger.pods[uid]
+            assert entry.vm is not None
+            ask(self.ledger, self.book, uid, entry.vm.max_vcpus, now=self.now)
 
     @rule(
         node=st.sampled_from(sorted(NODES)),
@@ -333,7 +514,7 @@ class ReliefMachine(RuleBasedStateMachine):
             return
         self.api_pods[uid] = msgspec.structs.replace(pod, node_name=node)
         self.ledger.observe_pod(self.api_pods[uid], at=self.now)
-        self.vm_of[uid] = uid
+        self.vm_of[uid] = f"ns/vm-{uid}"
         self.book.node_touched(node, now=self.now)
 
     @rule(want=st.integers(1, 7), data=st.data())
@@ -346,70 +527,175 @@ class ReliefMachine(RuleBasedStateMachine):
         ask(self.ledger, self.book, uid, max(entry.vm.min_vcpus, min(entry.vm.max_vcpus, want)),
             now=self.now)  # fmt: skip
 
-    @rule()
-    def relief_ran(self):
+    @rule(reserve_now=st.booleans())
+    def relief_ran(self, reserve_now):
+        self.relief_pass(reserve_now)
+
+    def relief_pass(self, reserve_now):
+        flying = self._in_flight()
+        leaving = {self.ledger.pods[u].node for u in self.ledger.moves}
+        for vm in flying:
+            uid = self._pod_of(vm)
+            if uid is not None and uid in self.ledger.pods:
+                leaving.add(self.ledger.pods[uid].node)
         plan = plan_moves(self.ledger, self.book, now=self.now, config=CONFIG)
+        # The budget counts every move in flight, reserved or only created.
+        assert len(plan.moves) <= max(0, CONFIG.max_moves_in_flight - len(flying)), (
+            plan.moves, flying)  # fmt: skip
+        assert len({m.source for m in plan.moves}) == len(plan.moves)
         for move in plan.moves:
             entry = self.ledger.pods[move.uid]
             assert entry.vm is not None and entry.vm.is_movable, "an opted-out VM moves"
             vm = self.vm_of[move.uid]
-            since = self.moved_at.get(vm)
+            assert move.vm == vm and vm not in flying
+            assert move.source not in leaving, "two moves leave one node"
+            # Its last move the book knows of (a deleted migration is forgotten on purpose).
+            since = max((r.created for r in self.known.values() if r.vm == vm), default=None)
             assert since is None or self.now - since >= CONFIG.cooldown_seconds, "ping-pong"
+            self.check_backoff(vm)
             assert move.target not in self.book.draining
             if move.reason is MoveReason.GROWER:
                 # Room for its full requested size on the target, at this moment.
                 want = self.book.wants[move.uid].requested
                 free = self.ledger.nodes[move.target].free
                 assert want.cpu_millis <= free.cpu_millis and want.memory_bytes <= free.memory_bytes
-            self.ledger.reserve_move(
-                move.uid, target_name=f"{entry.name}-{self._uid()}", target_node=move.target,
-                at=self.now,
-            )  # fmt: skip
-            self.book.move_started(move, now=self.now)
-            self.moved_at[vm] = self.now
-            self.check_budgets()
+            key = f"ns/m{self._uid()}"
+            self.book.move_started(move, migration=key, now=self.now)
+            self.api[key] = self.known[key] = MoveRecord(
+                vm=vm, target_node=move.target, phase=MovePhase.PENDING, created=self.now
+            )
+            self.unseen.append(key)
+            if reserve_now:
+                # A planned move is one the ledger accepts at once.
+                self.reserve(key, move.uid)
         for node in plan.emptied:
             state = self.ledger.nodes[node]
             assert not state.own and not state.foreign
         self.book.draining.update(plan.drain)
 
+    def check_backoff(self, vm: str) -> None:
+        """The VM's failures in a row that the book knows of (and has not forgiven) are
+        waited out."""
+        horizon = 2 * CONFIG.failure_backoff_max_seconds
+        failed: list[float] = []
+        for r in sorted(self.known.values(), key=lambda r: r.created):
+            if r.vm != vm or r.ended is None or self.now - r.ended >= horizon:
+                continue
+            failed = [*failed, r.ended] if r.phase is MovePhase.FAILED else []
+        if failed:
+            wait = min(
+                CONFIG.failure_backoff_seconds * 2 ** (len(failed) - 1),
+                CONFIG.failure_backoff_max_seconds,
+            )
+            assert self.now - max(failed) >= wait, ("retried within its backoff", vm, failed)
+
+    def reserve(self, key: str, uid: str) -> bool:
+        entry = self.ledger.pods[uid]
+        record = self.api[key]
+        assert record.target_node is not None
+        self.ledger.reserve_move(
+            uid, target_name=f"{entry.name}-{self._uid()}", target_node=record.target_node,
+            at=self.now,
+        )  # fmt: skip
+        self._write(key, msgspec.structs.replace(record, phase=MovePhase.RUNNING))
+        self.source_of[key] = uid
+        return True
+
     @rule(data=st.data())
-    def move_finished(self, data):
-        uid = self._pick(data, self.ledger.moves)
+    def controller_reserved(self, data):
+        """The vm-controller's ``POST /v1/moves`` for a migration created earlier: the
+        ledger may refuse it (the room went meanwhile), and the migration fails."""
+        key = self._pick(data, (k for k, r in self.api.items() if r.phase is MovePhase.PENDING))
+        if key is None:
+            return
+        uid = self._pod_of(self.api[key].vm)
+        if uid is None or uid not in self.ledger.pods:
+            self._end(key, succeeded=False)  # VMNotRunning
+            return
+        try:
+            self.reserve(key, uid)
+        except (NoRoom, UnknownNode, Conflict):
+            self._end(key, succeeded=False)
+
+    @rule(data=st.data(), node=st.sampled_from(sorted(NODES)))
+    def human_migrated(self, data, node):
+        """A VirtualMachineMigration made by hand: relief counts it as its own."""
+        uid = self._pick(data, (u for u in self.api_pods if u in self.ledger.pods))
         if uid is None:
             return
+        key = f"ns/human-{self._uid()}"
+        self._write(key, MoveRecord(vm=self.vm_of[uid], target_node=node,
+                                    phase=MovePhase.PENDING, created=self.now))  # fmt: skip
+
+    @rule(data=st.data())
+    def move_finished(self, data):
+        key = self._pick(data, self.source_of)
+        if key is None:
+            return
+        uid = self.source_of[key]
         move = self.ledger.moves[uid]
         source = self.ledger.pods[uid]
         assert source.vm is not None
         target_uid = self._uid()
+        vm = self.vm_of[uid]
         pod = vm_pod(target_uid, move.target_key.split("/")[1], node=move.target_node,
-                     lo=source.vm.min_vcpus, hi=source.vm.max_vcpus)  # fmt: skip
+                     lo=source.vm.min_vcpus, hi=source.vm.max_vcpus,
+                     vm_name=vm.split("/")[1])  # fmt: skip
         self.api_pods[target_uid] = pod
         self.ledger.observe_pod(pod, at=self.now)
         self.vm_of[target_uid] = self.vm_of.pop(uid)
         self.book.move_finished(uid, target_uid)
         del self.api_pods[uid]
         self.ledger.forget_pod(uid)
+        self._end(key, succeeded=True)
 
     @rule(data=st.data())
     def move_failed(self, data):
-        uid = self._pick(data, self.ledger.moves)
-        if uid is not None:
-            self.ledger.cancel_move(uid)
+        key = self._pick(data, self.source_of)
+        if key is not None:
+            self.ledger.cancel_move(self.source_of[key])
+            self._end(key, succeeded=False)
 
     @rule(data=st.data())
     def vm_deleted(self, data):
         uid = self._pick(data, (u for u in self.api_pods if u in self.ledger.pods))
         if uid is None:
             return
+        vm = self.vm_of[uid]
+        if uid in self.ledger.moves:
+            self.ledger.cancel_move(uid)
         del self.api_pods[uid]
         self.vm_of.pop(uid, None)
         self.ledger.forget_pod(uid)
+        for key, record in sorted(self.api.items()):
+            if record.vm == vm and record.is_active:
+                self._end(key, succeeded=False)  # the controller: VMNotFound, or aborted
 
-    @rule(seconds=st.sampled_from([1.0, 20.0, 60.0]))
-    def time_passed(self, seconds):
+    @rule(data=st.data())
+    def migration_deleted(self, data):
+        """Someone deletes an ended migration: its VM's history goes with it, everywhere."""
+        key = self._pick(data, (k for k, r in self.api.items() if not r.is_active))
+        if key is not None:
+            del self.api[key]
+            self.unseen.append(key)
+
+    @rule(count=st.integers(1, 4))
+    def watch_delivered(self, count):
+        for key in self.unseen[:count]:
+            if key in self.api:
+                record = self.known[key] = self.api[key]
+                self.book.migration_seen(key, record)
+            else:
+                self.book.migration_gone(key)
+                self.known.pop(key, None)
+        del self.unseen[:count]
+
+    @rule(seconds=st.sampled_from([1.0, 20.0, 60.0, 200.0]), reserve_now=st.booleans())
+    def time_passed(self, seconds, reserve_now):
+        """Time passes, and relief's periodic pass runs."""
         self.now += seconds
         self.book.forget_gone(self.ledger, now=self.now, config=CONFIG)
+        self.relief_pass(reserve_now)
 
     @precondition(lambda self: self.book.draining)
     @rule()
@@ -420,10 +706,27 @@ class ReliefMachine(RuleBasedStateMachine):
                 self.ledger.remove_node(node)
         self.book.forget_gone(self.ledger, now=self.now, config=CONFIG)
 
-    def check_budgets(self):
-        assert len(self.ledger.moves) <= CONFIG.max_moves_in_flight
-        sources = [self.ledger.pods[u].node for u in self.ledger.moves]
-        assert len(sources) == len(set(sources)), "two moves leave one node"
+    @invariant()
+    def a_restart_rebuilds_the_same_book(self):
+        """Once the watch has delivered everything, a book rebuilt from the list of
+        VirtualMachineMigrations (a restart, a failover) equals the one that lived through it,
+        and so plans the same (``plan_moves`` is a function of the ledger and the book)."""
+        if self.unseen:
+            return
+        book = self.book
+        live = ReliefBook(
+            wants=dict(book.wants),
+            migrations=dict(book.migrations),
+            touched_at=dict(book.touched_at),
+            draining=set(book.draining),
+        )
+        rebuilt = ReliefBook(
+            wants=dict(book.wants), touched_at=dict(book.touched_at), draining=set(book.draining)
+        )
+        rebuilt.migrations_listed(self.api)
+        for b in (live, rebuilt):
+            b.forget_gone(self.ledger, now=self.now, config=CONFIG)
+        assert rebuilt == live
 
     @invariant()
     def never_over_a_node(self):
@@ -431,10 +734,19 @@ class ReliefMachine(RuleBasedStateMachine):
         for name, state in self.ledger.nodes.items():
             free = state.free
             assert free.cpu_millis >= 0 and free.memory_bytes >= 0, (name, free)
-        self.check_budgets()
-        for uid in self.ledger.moves:
+        sources = [self.ledger.pods[u].node for u in self.ledger.moves]
+        humans = [
+            k
+            for k, r in [*self.api.items(), *self.known.items()]
+            if r.is_active or k in self.source_of
+        ]
+        if not any(k.startswith("ns/human-") for k in humans):  # humans have no budget
+            assert len(self._in_flight()) <= CONFIG.max_moves_in_flight
+            assert len(sources) == len(set(sources)), "two moves leave one node"
+        for key, uid in self.source_of.items():
             vm = self.ledger.pods[uid].vm
-            assert vm is not None and vm.is_movable
+            # A human's migration of an opted-out VM is carried out; relief's never.
+            assert vm is not None and (vm.is_movable or key.startswith("ns/human-"))
 
     def teardown(self):
         for uid in list(self.ledger.moves):
@@ -444,12 +756,16 @@ class ReliefMachine(RuleBasedStateMachine):
         for node in sorted(self.book.draining):
             self.ledger.remove_node(node)
         assert not self.ledger.pods and self.ledger.totals() == Demand(0, 0)
+        for key, record in sorted(self.api.items()):
+            if record.is_active:
+                self._end(key, succeeded=False)
+        self.watch_delivered(len(self.unseen))
         self.book.forget_gone(self.ledger, now=self.now + 1e6, config=CONFIG)
         assert self.book.is_empty, self.book
 
 
 ReliefMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=40, deadline=None,
+    max_examples=60, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_relief_rules = ReliefMachine.TestCase
@@ -473,3 +789,28 @@ def test_state_shows_the_moves_in_flight_only_while_there_are_some():
     ]
     ledger.cancel_move("db")
     assert "moves" not in dump_state(ledger)
+
+
+def test_state_shows_reliefs_book_of_migrations():
+    ledger = ledger_of({"a": Demand(4000, 8 * GI), "b": Demand(4000, 8 * GI)})
+    bind(ledger, "db", "a", lo=2, hi=4)
+    book = ReliefBook()
+    assert "migrations" not in dump_state(ledger, book)
+    move = PlannedMove(uid="db", pod="ns/db", source="a", target="b",
+                       reason=MoveReason.WATERMARK, message="", vm="ns/db")  # fmt: skip
+    book.move_started(move, migration="ns/db-relief-0", now=0.0)
+    assert dump_state(ledger, book)["migrations"] == [
+        {
+            "migration": "ns/db-relief-0",
+            "vm": "ns/db",
+            "toNode": "b",
+            "phase": "Pending",
+            "createdAt": "1970-01-01T00:00:00.000+00:00",
+            "endedAt": None,
+        }
+    ]
+    book.move_ended("ns/db-relief-0", succeeded=False, now=1.0)
+    [ended] = dump_state(ledger, book)["migrations"]
+    assert (ended["phase"], ended["endedAt"]) == ("Failed", "1970-01-01T00:00:01.000+00:00")
+    book.forget_gone(ledger, now=1e6, config=CONFIG)
+    assert "migrations" not in dump_state(ledger, book)

@@ -61,6 +61,7 @@ def vms(draw: st.DrawFn) -> VirtualMachine:
             "vcpus": {"min": lo, "max": hi, "unit": unit},
             "memory": memory,
             "hypervisor": draw(st.sampled_from(["qmp+qga", "qmp"])),
+            "neverMove": draw(st.booleans()),
         },
     }
     return msgspec.convert(body, VirtualMachine)
@@ -84,6 +85,8 @@ def test_the_pod_carries_what_the_extender_and_the_agent_parse(vm: VirtualMachin
     assert spec.min_memory_bytes == min_memory
     assert spec.max_memory_bytes == (memory_bytes(str(memory.max)) if memory.max else min_memory)
     assert spec.memory_unit_bytes == (256 * MI if memory.unit else ann.DEFAULT_MEMORY_UNIT)
+    # The opt-out the extender's relief reads (``VmSpec.is_movable``) is the VM's field.
+    assert spec.is_movable is not vm.spec.never_move
     assert ann.vm_container_name(pod) == decide.VM_CONTAINER
     assert spec.hypervisor is not None
     # The agent sees the host's / at its socket root (manifests/config/agent.yaml: /host).
@@ -129,6 +132,47 @@ def test_a_pass_is_idempotent(vm: VirtualMachine, phase: str | None, deleting: b
     assert (first.create_service is not None) == (svc == "none")
     assert "ServiceConflict" not in {e.reason for e in again.events}
     assert (first.recheck_seconds is not None) == (svc == "foreign")
+    # A pod made from the VM already says what the VM says: nothing to patch.
+    assert first.patch_pod_annotations is None
+
+
+@pytest.mark.parametrize(
+    ("never_move", "on_pod", "patch"),
+    [
+        (True, None, {ann.NEVER_MOVE: "true"}),
+        (True, "false", {ann.NEVER_MOVE: "true"}),
+        (True, "true", None),
+        (False, "true", {ann.NEVER_MOVE: None}),
+        (False, "yes", {ann.NEVER_MOVE: None}),
+        (False, "false", None),
+        (False, None, None),
+    ],
+    ids=str,
+)
+def test_the_pod_follows_the_vms_never_move_field(
+    never_move: bool, on_pod: str | None, patch: dict[str, str | None] | None
+):
+    """A VM that opts out (or back in) after its pod was made: its running pod is patched to
+    say so, once; the field, not a hand edit of the pod, decides."""
+    vm = make_vm(neverMove=never_move)
+    manifest = decide.desired_pod(make_vm())
+    annotations = manifest["metadata"]["annotations"]
+    if on_pod is not None:
+        annotations[ann.NEVER_MOVE] = on_pod
+    pod = as_pod(manifest, phase="Running")
+    actions = decide.reconcile(vm, pod, service=own_service(vm), now=NOW)
+    assert actions.patch_pod_annotations == patch
+    # Being deleted, or not its own: left alone.
+    manifest["metadata"]["deletionTimestamp"] = NOW
+    going = as_pod(manifest, phase="Running")
+    assert decide.reconcile(vm, going, service=None, now=NOW).patch_pod_annotations is None
+
+
+def test_never_move_defaults_to_false_and_reaches_a_moves_target_pod():
+    assert make_vm().spec.never_move is False
+    assert ann.NEVER_MOVE not in decide.pod_annotations(make_vm())
+    target = decide.desired_pod(make_vm(neverMove=True))  # ``migrations.target_pod``'s base
+    assert target["metadata"]["annotations"][ann.NEVER_MOVE] == "true"
 
 
 def test_a_new_vm_gets_its_service_and_pod():
