@@ -33,10 +33,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Benchmarks are kept apart from the tests (their runs take minutes and check the scripts
     more than the product): ``--bench`` runs them alone, the default run leaves them out. So is
-    the real-node tier (minutes, and root): ``--node``."""
+    the real-node tier (minutes, and root): ``--node``.
+
+    ``tryfirst``: pytest-xdist reads the ``xdist_group`` marks in its own hook of this name, on
+    each worker; a mark added after it is ignored, and without its groups both workers started
+    a control plane and booted guests side by side."""
     bench = bool(config.getoption("--bench"))
     node = bool(config.getoption("--node"))
     keep, drop = [], []
