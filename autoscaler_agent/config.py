@@ -10,7 +10,10 @@ Every key and its default (all optional; an empty file is a valid config)::
 
     scrape:
       interval_seconds: 1.0          # how often each VM's node_exporter is read
-      timeout_seconds: 0.8           # a slower scrape counts as failed; the VM keeps its size
+      timeout_seconds: 0.8           # a slower scrape counts as failed
+      keep_goal_seconds: 3.0         # after a failed scrape the VM keeps its last decision
+                                     # (goal, windows, permit asked) while its last good scrape
+                                     # is at most this old; past it, it holds its current size
       cgroup_root: null              # the host's cgroup filesystem (mounted read-only in the
                                      # agent's pod): each scrape also reads the VM container's
                                      # CPU throttling (cpu.stat) below it; null: not read
@@ -104,6 +107,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class ScrapeSection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     interval_seconds: Seconds = 1.0
     timeout_seconds: Seconds = 0.8
+    keep_goal_seconds: NonNegativeSeconds = 3.0
     cgroup_root: str | None = None
 
 
@@ -207,6 +211,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         """The slice of the config the pure core needs."""
         return CoreConfig(
             scrape_interval_seconds=self.scrape.interval_seconds,
+            scrape_keep_goal_seconds=self.scrape.keep_goal_seconds,
             policy=PolicyConfig(
                 target_load_per_vcpu=self.policy.target_load_per_vcpu,
                 shrink_load_per_vcpu=self.policy.shrink_load_per_vcpu,

@@ -90,6 +90,12 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Timing knobs of the state machine. Units are in the names."""
 
     scrape_interval_seconds: float = 1.0
+    # A failed scrape keeps the last decision while the last good one is at most this old:
+    # a guest under load (a TCG one on a busy host) misses the scrape timeout now and then,
+    # and forgetting its goal there dropped a permit being asked for and restarted the grow
+    # window (seen on the real node: a memory permit of 1152 MiB given back one scrape after
+    # it was granted, the pod's limit resized up, down and up again within a second).
+    scrape_keep_goal_seconds: float = 3.0
     policy: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
     # After a denied or partial grant, ask again for the same amount no sooner than this.
     permit_retry_seconds: float = 5.0
@@ -342,12 +348,13 @@ class _Busy(enum.Enum):
 class _Scrapes:
     """The guest's node_exporter, as a peer."""
 
-    __slots__ = ("failures", "in_flight", "next_at", "started_at")
+    __slots__ = ("failures", "in_flight", "next_at", "started_at", "succeeded_at")
 
     def __init__(self, now: float) -> None:
         self.in_flight = False
         self.next_at = now
         self.started_at = now
+        self.succeeded_at: float | None = None
         self.failures = 0  # consecutive
 
 
@@ -664,6 +671,7 @@ class VmState:
         unknown)."""
         self._scrapes.in_flight = False
         self._scrapes.failures = 0
+        self._scrapes.succeeded_at = now
         self._cpu_busy = cpu_busy_fraction(self.samples, samples)
         self.samples = samples
         current = self.vcpus.current
@@ -737,14 +745,24 @@ class VmState:
         else:
             mem.residue = None
 
-    def scrape_failed(self, now: float, error: str) -> None:
-        """No metrics: hold the current size (never act on stale data) and restart hysteresis."""
-        self._scrapes.in_flight = False
-        self._scrapes.failures += 1
+    def scrape_failed(self, now: float, error: str) -> bool:
+        """No metrics. While the last good scrape is at most ``scrape_keep_goal_seconds`` old,
+        keep the decision made on it (goal, windows, the permit being asked for) and return
+        True; after that, hold the current size (never act on stale data), restart the
+        hysteresis and return False."""
+        s = self._scrapes
+        s.in_flight = False
+        s.failures += 1
+        if (
+            s.succeeded_at is not None
+            and now - s.succeeded_at <= self.config.scrape_keep_goal_seconds
+        ):
+            return True
         self.goal = None
         self._policy_state = PolicyState()
         self.memory_goal = None
         self._memory_policy_state = MemoryPolicyState()
+        return False
 
     # -- events: hypervisor --------------------------------------------------------------
 

@@ -336,12 +336,12 @@ class VmRunner:
             )
         except ScrapeError as e:
             m.scrape_errors.labels(kind=e.kind).inc()
-            self.state.scrape_failed(self._now(), str(e))
+            kept = self.state.scrape_failed(self._now(), str(e))
             log.warning(
                 "scrape_failed",
                 error=str(e),
                 failures=self.state.scrape_failures,
-                reason="holding the current size",
+                reason="keeping the last decision" if kept else "holding the current size",
             )
         else:
             cfs = self._cfs_counters()

@@ -66,7 +66,6 @@ from observability.log import configure_logging
 from scheduler_extender.config import (
     AuthMode,
     Config,
-    ConfigError,
     FrontMode,
     FrontScheduling,
     PermitFrontConfig,
@@ -93,9 +92,9 @@ from scheduler_extender.http.permit_port import readyz as front_readyz
 from scheduler_extender.kube.auth import (
     Authenticator,
     Identity,
-    StaticTokenAuth,
     TokenBucket,
     TokenReviewAuth,
+    by_config,
 )
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
@@ -134,26 +133,24 @@ _STABLE_SECONDS: Final = 60.0
 def authenticator(config: Config, link: KubeLink | None, metrics: Metrics) -> Authenticator:
     """Who may ask for permits: the static token, or TokenReviews through ``link``."""
     auth = config.auth
-    if auth.mode is AuthMode.STATIC:
-        assert auth.static_token is not None  # Config.__post_init__ checked it
-        return StaticTokenAuth(auth.static_token)
-    if link is None:
-        raise ConfigError(
-            "standalone mode has no API server for TokenReviews: set auth.mode static"
-        )
-    audiences = [auth.audience]
-    return TokenReviewAuth(
-        lambda token: link.review_token(token, audiences=audiences),
-        link.get_pod,
-        agent_service_account=auth.agent_service_account,
-        ttl_seconds=auth.identity_cache_ttl_seconds,
-        negative_ttl_seconds=auth.negative_cache_ttl_seconds,
-        max_entries=auth.identity_cache_max_entries,
-        negative_max_entries=auth.negative_cache_max_entries,
-        budget=TokenBucket(rate_per_second=auth.review_rate_per_second, burst=auth.review_burst),
-        pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
-        metrics=metrics,
-        audience=auth.audience,
+    return by_config(
+        auth,
+        link,
+        lambda review, link: TokenReviewAuth(
+            review,
+            link.get_pod,
+            agent_service_account=auth.agent_service_account,
+            ttl_seconds=auth.identity_cache_ttl_seconds,
+            negative_ttl_seconds=auth.negative_cache_ttl_seconds,
+            max_entries=auth.identity_cache_max_entries,
+            negative_max_entries=auth.negative_cache_max_entries,
+            budget=TokenBucket(
+                rate_per_second=auth.review_rate_per_second, burst=auth.review_burst
+            ),
+            pod_ttl_seconds=auth.agent_pod_cache_ttl_seconds,
+            metrics=metrics,
+            audience=auth.audience,
+        ),
     )
 
 

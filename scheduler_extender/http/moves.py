@@ -18,15 +18,15 @@ from __future__ import annotations
 import structlog
 from aiohttp import web
 
-from scheduler_extender.config import AuthMode, Config, ConfigError
+from scheduler_extender.config import Config
 from scheduler_extender.http.answers import response
 from scheduler_extender.http.middleware import read_body
 from scheduler_extender.http.permit_port import DESK
 from scheduler_extender.kube.auth import (
     Authenticator,
     ControllerAuth,
-    StaticTokenAuth,
     TokenBucket,
+    by_config,
 )
 from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.metrics import Metrics
@@ -43,21 +43,16 @@ def controller_authenticator(
 ) -> Authenticator:
     """Who may reserve moves: the static token (local runs), or the vm-controller's
     ServiceAccount by TokenReview through ``link``."""
-    auth = config.auth
-    if auth.mode is AuthMode.STATIC:
-        assert auth.static_token is not None  # Config.__post_init__ checked it
-        return StaticTokenAuth(auth.static_token)
-    if link is None:
-        raise ConfigError(
-            "standalone mode has no API server for TokenReviews: set auth.mode static"
-        )
-    audiences = [auth.audience]
-    return ControllerAuth(
-        lambda token: link.review_token(token, audiences=audiences),
-        controller_service_account=auth.controller_service_account,
-        audience=auth.audience,
-        budget=TokenBucket(rate_per_second=REVIEW_RATE_PER_SECOND, burst=REVIEW_BURST),
-        metrics=metrics,
+    return by_config(
+        config.auth,
+        link,
+        lambda review, _: ControllerAuth(
+            review,
+            controller_service_account=config.auth.controller_service_account,
+            audience=config.auth.audience,
+            budget=TokenBucket(rate_per_second=REVIEW_RATE_PER_SECOND, burst=REVIEW_BURST),
+            metrics=metrics,
+        ),
     )
 
 

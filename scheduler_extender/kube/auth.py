@@ -32,12 +32,14 @@ import structlog
 from kube_io.errors import KubeError, NotFound
 from kube_io.objects import TokenReviewResult
 from protocol.kube import Pod
+from scheduler_extender.config import AuthConfig, AuthMode, ConfigError
 from scheduler_extender.errors import (
     NotTheAgent,
     NotTheController,
     Unauthenticated,
     Unavailable,
 )
+from scheduler_extender.kube.link import KubeLink
 from scheduler_extender.kube.token_cache import Refused, TokenCache
 from scheduler_extender.kube.token_shape import local_refusal
 from scheduler_extender.metrics import Metrics
@@ -62,6 +64,24 @@ async def reviewed(review: ReviewToken, token: str, metrics: Metrics) -> TokenRe
         ) from e
     metrics.token_reviews.labels("authenticated" if result.authenticated else "rejected").inc()
     return result
+
+
+def by_config(
+    auth: AuthConfig,
+    link: KubeLink | None,
+    reviewing: Callable[[ReviewToken, KubeLink], Authenticator],
+) -> Authenticator:
+    """The authenticator ``auth`` asks for on one port: the static token (local runs), or
+    ``reviewing`` given TokenReviews for the extender's audience through ``link``."""
+    if auth.mode is AuthMode.STATIC:
+        assert auth.static_token is not None  # Config.__post_init__ checked it
+        return StaticTokenAuth(auth.static_token)
+    if link is None:
+        raise ConfigError(
+            "standalone mode has no API server for TokenReviews: set auth.mode static"
+        )
+    audiences = [auth.audience]
+    return reviewing(lambda token: link.review_token(token, audiences=audiences), link)
 
 
 # (namespace, name) -> the pod as the API server has it; raises kube_io's NotFound.

@@ -335,13 +335,33 @@ def test_never_above_max_nor_hypervisor_max(clock):
     assert vm.next_actions(clock.now).request_permit.vcpus.requested == 4
 
 
-def test_scrape_failure_holds_size(clock):
+def test_a_failed_scrape_keeps_the_last_decision_while_the_last_good_one_is_recent(clock):
+    """A guest under load misses the scrape timeout now and then: its goal, and the permit
+    asked for it, stay; once no scrape has succeeded for ``scrape_keep_goal_seconds``, the VM
+    holds its current size and its windows start again."""
     vm = started(clock, current=2, load1=5.0)
+    goal = vm.desired_vcpus
+    assert goal == 6
+    for _ in range(3):  # 1, 2 and 3 s after the last good scrape: kept
+        clock.advance(1.0)
+        vm.scrape_started(clock.now)
+        assert vm.scrape_failed(clock.now, "timeout")
+        assert vm.desired_vcpus == goal
+        assert vm.next_actions(clock.now).request_permit.vcpus.requested == goal
     clock.advance(1.0)
     vm.scrape_started(clock.now)
-    vm.scrape_failed(clock.now, "timeout")
+    assert not vm.scrape_failed(clock.now, "timeout")  # 4 s: stale
     assert vm.desired_vcpus == 2
     assert vm.next_actions(clock.now) == Actions(wait_seconds=1.0)
+
+
+def test_a_failed_first_scrape_holds_the_size(clock):
+    vm = VmState(spec=SPEC, config=CONFIG, now=clock.now)
+    vm.vcpus_read_started(clock.now)
+    vm.vcpus_read(clock.now, current_vcpus=2, max_vcpus=4)
+    vm.scrape_started(clock.now)
+    assert not vm.scrape_failed(clock.now, "timeout")
+    assert vm.desired_vcpus == 2
 
 
 def test_first_read_adopts_a_larger_running_size_as_the_permit(clock):

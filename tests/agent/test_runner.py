@@ -302,12 +302,13 @@ async def test_scrapes_failing_while_a_grow_is_in_flight_do_not_abandon_its_late
     world, recovers
 ):
     """Onlining CPUs stalls a TCG guest for a moment, so its node_exporter misses scrapes while
-    the grow is landing. Without metrics the agent has no wish (it holds), and once they come
-    back its hysteresis restarts with a hold: neither is "the load went away", so the grow is
-    still timed once the guest shows its CPUs online."""
+    the grow is landing. Without metrics for longer than it keeps its last decision (here not
+    at all) the agent has no wish (it holds), and once they come back its hysteresis restarts
+    with a hold: neither is "the load went away", so the grow is still timed once the guest
+    shows its CPUs online."""
     interval = CORE.scrape_interval_seconds
     policy = msgspec.structs.replace(CORE.policy, grow_after_seconds=3 * interval)
-    world.deps.core = msgspec.structs.replace(CORE, policy=policy)
+    world.deps.core = msgspec.structs.replace(CORE, policy=policy, scrape_keep_goal_seconds=0.0)
     world.deps.stuck_after_seconds = 60.0
     target = world.vm("vm-1", current=2, max_vcpus=8, load=0.5)
     world.metrics_app.online["vm-1"] = 2

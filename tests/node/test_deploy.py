@@ -19,6 +19,8 @@ which an operator of a node this small needs too, and shorter shrink windows).
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import itertools
 import json
 import os
@@ -114,26 +116,42 @@ def cores(quota_us: int) -> float:
 @dataclass
 class CgroupWatch:
     """Samples one of the VM container's cgroup files (an integer) every
-    ``CGROUP_POLL_SECONDS``: (time, ``convert(value)``) at each change, -1 when unreadable."""
+    ``CGROUP_POLL_SECONDS``: (time, ``convert(value)``) at each change, -1 when unreadable.
+    A sample's time is when the read that saw it began; ``reads`` keeps every read's."""
 
     file: Path
     convert: Callable[[int], float] = float
     samples: list[tuple[float, float]] = field(default_factory=list)
+    reads: list[float] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         while not self.stop.is_set():
+            began = time.time()
             try:
                 value = self.convert(int(self.file.read_text()))
             except (OSError, ValueError):
                 value = -1
+            self.reads.append(began)
             if not self.samples or self.samples[-1][1] != value:
-                self.samples.append((time.time(), value))
+                self.samples.append((began, value))
             self.stop.wait(CGROUP_POLL_SECONDS)
 
-    def at(self, t: float) -> float:
-        """The value at ``t``: the last change seen by then, allowing one poll of lateness."""
-        return [v for u, v in self.samples if u <= t + CGROUP_POLL_SECONDS][-1]
+    def _seen_at(self, read: float) -> float:
+        return [v for u, v in self.samples if u <= read][-1]
+
+    def seen_after(self, t: float) -> float:
+        """What the first read begun at or after ``t`` saw (the last value if none was): the
+        file held it at some time after ``t``, however late this thread ran."""
+        later = self.reads[bisect.bisect_left(self.reads, t) :]
+        return self._seen_at(later[0]) if later else self.samples[-1][1]
+
+    def most_during(self, a: float, b: float) -> float:
+        """The largest value the file may have held at some time in ``[a, b]``: what the reads
+        in it saw, and those just before and after it (each may have held through an end)."""
+        first = max(0, bisect.bisect_right(self.reads, a) - 1)
+        last = bisect.bisect_left(self.reads, b) + 1
+        return max(self._seen_at(r) for r in self.reads[first:last])
 
 
 @dataclass
@@ -171,6 +189,35 @@ def cfs_counters(vm: Obj) -> tuple[int, int]:
     return int(stat["nr_periods"]), int(stat["nr_throttled"])
 
 
+@dataclass
+class ThrottleWatch:
+    """Samples the VM container's CFS counters every ``THROTTLE_POLL_SECONDS``: (time,
+    nr_periods, nr_throttled), the test's own reading of what the agent reads."""
+
+    vm: Obj
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                self.samples.append((time.time(), *cfs_counters(self.vm)))
+            self.stop.wait(THROTTLE_POLL_SECONDS)
+
+    def throttled_before(self, t: float, seconds: float) -> float | None:
+        """The share of CFS periods the container was throttled in over ``seconds`` before
+        ``t`` (0 if it ran in none: nothing to throttle), or None if too few samples cover it."""
+        inside = [s for s in self.samples if t - seconds <= s[0] <= t]
+        if len(inside) < 2:
+            return None
+        if inside[-1][1] == inside[0][1]:
+            return 0.0
+        return (inside[-1][2] - inside[0][2]) / (inside[-1][1] - inside[0][1])
+
+
+THROTTLE_POLL_SECONDS = 0.1
+
+
 # Load for the VM held at its quota: run-bench's defaults (8 clients, select-only), from the
 # host's pgbench; long enough for the grow window and several permit retries (5 s apart).
 HELD_LOAD_SECONDS = 25
@@ -184,8 +231,10 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     scrape in between that holds. Runs before the tier's overlay gives the VM room."""
     ip, node = vm["status"]["podIP"], vm["spec"]["nodeName"]
     quota = CgroupWatch(container_cgroup(vm, "cpu") / "cpu.cfs_quota_us", cores)
-    thread = threading.Thread(target=quota.run, daemon=True)
-    thread.start()
+    throttling = ThrottleWatch(vm)
+    threads = [threading.Thread(target=w.run, daemon=True) for w in (quota, throttling)]
+    for thread in threads:
+        thread.start()
     wait_postgres(ip)
 
     def wants() -> int:
@@ -205,7 +254,9 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     ended = time.time()
     periods_after, throttled_after = cfs_counters(vm)
     quota.stop.set()
-    thread.join()
+    throttling.stop.set()
+    for thread in threads:
+        thread.join()
     throttled = (throttled_after - throttled_before) / max(1, periods_after - periods_before)
     events = deployed.agent_events(started - 1, node)
     goals = [e for e in events if e["event"] == "goal"]
@@ -229,10 +280,19 @@ def test_a_vm_held_at_its_quota_under_load_keeps_asking(deployed: Node, vm: Obj)
     assert len(during) >= 3, asks
     assert any("held back: throttled" in a["reason"] for a in during), during
     # ... and no scrape from its first request to the last seconds of the load (pgbench winding
-    # down) held it back to its size.
+    # down) that saw the container throttled held it back to its size. A scrape that did not
+    # may hold: when the host itself is busy, the container gets less than its quota, is not
+    # throttled, and its guest is really less busy (seen: "busy 0.24 of 1 vCPUs, load1 0.41"
+    # mid-load) -- more vCPUs would not help it. The test judges each hold by its own reading
+    # of the container's counters over the two seconds before it (the agent's scrape interval
+    # is one): throttled in half the periods or more is far past the agent's 10 %.
     first = during[0]["t"]
     holds = [g for g in goals if first < g["t"] <= ended - 2 and g["desired_vcpus"] == 1]
-    assert holds == [], goals
+    judged = [(g, throttling.throttled_before(g["t"], 2.0)) for g in holds]
+    for g, share in judged:
+        print(f"hold at {g['t'] - started:.1f}s; throttled in {share} of the periods before")
+    wrong = [g for g, share in judged if share is None or share >= 0.5]
+    assert wrong == [], (wrong, goals)
     gaps = [round(b["t"] - a["t"], 1) for a, b in itertools.pairwise(during)]
     print(
         f"load -> first request {first - started:.1f}s; requests while loaded {len(during)}, "
@@ -371,10 +431,14 @@ class GuestMemoryWatch:
 
     url: str
     samples: list[tuple[float, float]] = field(default_factory=list)
+    # For each sample: when the scrape that read it began and ended (the guest had that
+    # MemTotal at some time between the two).
+    read_at: list[tuple[float, float]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         while not self.stop.is_set():
+            began = time.time()
             try:
                 with urllib.request.urlopen(self.url, timeout=2) as answer:
                     text = answer.read().decode()
@@ -386,6 +450,7 @@ class GuestMemoryWatch:
                 total = -1
             if total > 0 and (not self.samples or self.samples[-1][1] != total):
                 self.samples.append((time.time(), total))
+                self.read_at.append((began, self.samples[-1][0]))
             self.stop.wait(0.25)
 
 
@@ -484,12 +549,15 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     assert grows, events
     assert grown > written, limit.samples
     # The guest is given memory (QMP starts plugging) only once the container's limit has room
-    # for all of it on top of QEMU's own.
+    # for all of it on top of QEMU's own: the limit read first after the agent's start of the
+    # resize already has it. (Each check below reads the samples so that a late-running sampler
+    # on a busy host cannot make a correct order look wrong.)
     for e in grows:
-        assert limit.at(e["t"]) >= e["to_bytes"] + overhead, (e, limit.samples)
-    # What the guest itself reports never outgrows the limit's room.
-    for t, total in guest.samples:
-        assert total + overhead <= limit.at(t), (t, total, limit.samples)
+        assert limit.seen_after(e["t"]) >= e["to_bytes"] + overhead, (e, limit.samples)
+    # What the guest itself reports never outgrows the limit's room, at any time the guest may
+    # have reported it.
+    for (t, total), (began, ended) in zip(guest.samples, guest.read_at, strict=True):
+        assert total + overhead <= limit.most_during(began, ended), (t, total, limit.samples)
 
     # The limit comes down only after the guest has given the memory back: at each decrease,
     # the most the guest can hold by then (a resize under way: the larger of its two ends; a
@@ -497,7 +565,13 @@ def test_memory_grows_live_only_into_the_limit_the_kubelet_applied(tuned: Node, 
     # next shrink: the kubelet applies it late (it refuses to go below the usage it last
     # sampled, from before the unplug, and retries on a later sync).
     def most_plugged_at(t: float) -> int:
-        last = [e for e in events if e["event"].startswith("memory_resize_") and e["t"] <= t][-1]
+        resizes = [e for e in events if e["event"].startswith("memory_resize_") and e["t"] <= t]
+        if not resizes:
+            # None begun yet: the guest has the minimum it had before the load (the limit was
+            # seen going 1536 -> 1664 -> 1536 MiB before the first plug, a permit's size applied
+            # and then a later one: the kubelet's order, harmless while nothing is plugged).
+            return min_memory
+        last = resizes[-1]
         if last["event"] == "memory_resize_started":
             return int(max(last["from_bytes"], last["to_bytes"]))
         assert last["event"] in ("memory_resize_succeeded", "memory_resize_incomplete"), last

@@ -1,13 +1,23 @@
-"""Boots the real minimal guest under TCG and scales it up live, end to end.
+"""Boots the real minimal guest under TCG with the runner's defaults, and powers it down.
 
-What it proves, in order: the runner's command line boots the image; node_exporter inside the
-guest is reachable through the user-net forward and sees 1 CPU; a raw QMP ``device_add`` plus the
-guest's onliner makes it 2 CPUs; SIGTERM makes the runner power the guest down through ACPI and
-exit 0. (Load inside the guest, and the agent growing it, is tests/e2e/test_guest_scaling.py.)
+What it proves, in order: the runner's command line (its default ``--vcpu-mode online``: every
+vCPU created at boot, the kernel bringing up the minimum) boots the image; node_exporter inside
+the guest is reachable through the user-net forward and sees 1 of its 4 CPUs online;
+qemu-guest-agent answers on the socket the runner made beside the QMP socket and reports the
+4 vCPUs QEMU created; SIGTERM makes the runner power the guest down through ACPI and exit 0.
+(Onlining vCPUs on that socket under load, and the agent growing the VM for it, is
+tests/e2e/test_guest_scaling.py; memory is tests/e2e/test_memory_scaling.py.)
+
+Not here: the guest onlining a vCPU hot-added by QMP (``--vcpu-mode hotplug``). Under TCG on
+QEMU 7.2 a hot-added vCPU sometimes hangs the whole guest (the kernel stops at "smpboot: Booting
+Node 0 Processor 1"): 3 of 10 bare QEMU runs hot-adding at once, and under a loaded host even
+10 s after boot (the suite's run beside another guest hung this way). That is QEMU's defect and
+why the runner's default mode never hot-plugs; the hot-plug mode's QMP side (``device_add``
+with the slots ``query-hotpluggable-cpus`` lists) runs against a real QEMU in
+tests/hypervisor/test_qmp_qemu.py.
 
 Every wait is bounded, generously (90 s per step): the same machine shared with other test runs
-makes TCG several times slower. The hot-plug waits until the guest is 10 s past its boot, by its
-own clock (see ``SETTLED_SECONDS``).
+makes TCG several times slower.
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
+from autoscaler_agent.hypervisor.base import VcpuState
+from autoscaler_agent.hypervisor.errors import HypervisorUnavailable
+from autoscaler_agent.hypervisor.factory import qga_socket_beside
+from autoscaler_agent.hypervisor.qga import QgaClient, plan_online, vcpu_state
 from testkit.local_stack import Samples, parse_metrics
 from testkit.ports import free_port
 from tests.support import require_binary
@@ -32,20 +46,6 @@ from tests.vm.conftest import REPO, MinimalImage
 T = TypeVar("T")
 
 pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-# A vCPU hot-added in the guest's first seconds sometimes hangs the whole guest under TCG (the
-# kernel stops at "smpboot: Booting Node 0 Processor 1"; node_exporter and ACPI powerdown go
-# unanswered): 1 of 6 runs of this test, 3 of 10 of a bare QEMU hot-adding at once (with and
-# without tsc=unstable and single-threaded TCG); none of 14 hot-adding 10 s after boot. The
-# hot-plug vCPU mode is not the runner's default (online), and the agent grows a VM only after
-# its grow window of load; this test waits the same way.
-SETTLED_SECONDS = 10.0
-
-
-def guest_uptime(samples: Samples) -> float:
-    """Seconds since the guest booted, by its own clock: the boot vCPU's time in every mode."""
-    return sum(v for labels, v in samples.get("node_cpu_seconds_total", []) if labels["cpu"] == "0")
 
 
 def online_cpus(samples: Samples) -> int:
@@ -66,7 +66,7 @@ async def eventually(
     while time.monotonic() < deadline:
         try:
             value = await probe()
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except (aiohttp.ClientError, OSError, TimeoutError, HypervisorUnavailable) as e:
             last = e
         else:
             if accept(value):
@@ -76,56 +76,13 @@ async def eventually(
     raise AssertionError(f"{what} not seen within {timeout_seconds}s; last: {last!r:.300}")
 
 
-class RawQmp:
-    """The QMP wire by hand: one JSON object per line, events interleaved with answers."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.events: list[dict[str, Any]] = []
-
-    async def execute(self, command: str, **arguments) -> object:
-        request = {"execute": command, **({"arguments": arguments} if arguments else {})}
-        self.writer.write(json.dumps(request).encode() + b"\n")
-        await self.writer.drain()
-        while True:
-            message = json.loads(await asyncio.wait_for(self.reader.readline(), 10))
-            if "event" in message:
-                self.events.append(message)
-                continue
-            assert "error" not in message, message
-            return message["return"]
-
-
-async def hotplug_one_vcpu(qmp_socket: Path) -> dict[str, Any]:
-    reader, writer = await asyncio.open_unix_connection(str(qmp_socket))
-    try:
-        greeting = json.loads(await asyncio.wait_for(reader.readline(), 10))
-        assert "QMP" in greeting
-        qmp = RawQmp(reader, writer)
-        assert await qmp.execute("qmp_capabilities") == {}
-        slots = await qmp.execute("query-hotpluggable-cpus")
-        assert isinstance(slots, list)
-        assert len(slots) == 4
-        assert sum("qom-path" in slot for slot in slots) == 1  # only the boot vCPU is plugged
-        free: dict[str, Any] = next(slot for slot in slots if "qom-path" not in slot)
-        await qmp.execute("device_add", driver=free["type"], id="vcpu-hp1", **free["props"])
-        plugged = await qmp.execute("query-hotpluggable-cpus")
-        assert isinstance(plugged, list)
-        assert sum("qom-path" in slot for slot in plugged) == 2
-        return free
-    finally:
-        writer.close()
-        await writer.wait_closed()
-
-
 def log_events(stderr_path: Path) -> list[dict[str, Any]]:
     return [
         json.loads(line) for line in stderr_path.read_text().splitlines() if line.startswith("{")
     ]
 
 
-async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: MinimalImage, tmp_path):
+async def test_guest_boots_onlines_a_vcpu_and_powers_down(minimal_image: MinimalImage, tmp_path):
     require_binary("qemu-system-x86_64")
     port = free_port()
     qmp_socket = tmp_path / "qmp" / "vm.sock"  # the runner must create the directory
@@ -138,11 +95,12 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             sys.executable, "-m", "vm_runner",
             "--kernel", str(minimal_image.kernel), "--initrd", str(minimal_image.initrd),
             "--min-vcpus", "1", "--max-vcpus", "4", "--memory", "512Mi",
-            "--accel", "tcg", "--qmp-socket", str(qmp_socket), "--vcpu-mode", "hotplug",
+            "--accel", "tcg", "--qmp-socket", str(qmp_socket),
             "--serial-socket", str(serial_socket), "--forward", f"127.0.0.1:{port}:9100",
             "--grace-seconds", "40",
             cwd=REPO, stdout=stdout, stderr=stderr,
         )  # fmt: skip
+    qga = QgaClient(Path(qga_socket_beside(str(qmp_socket))))
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
 
@@ -156,29 +114,29 @@ async def test_guest_boots_hotplugs_a_vcpu_and_powers_down(minimal_image: Minima
             )
             timings["boot"] = time.monotonic() - started
             assert online_cpus(samples) == 1
-            samples = await eventually(
-                scrape,
-                lambda s: guest_uptime(s) >= SETTLED_SECONDS,
+            # QEMU created all four; the guest brought up one (maxcpus=1) and its agent says so.
+            processors = await eventually(
+                qga.processors,
+                lambda p: len(p) == 4,
                 timeout_seconds=90,
-                what=f"the guest {SETTLED_SECONDS} s past its boot",
+                what="qemu-guest-agent listing 4 vCPUs",
             )
+            assert vcpu_state(processors) == VcpuState(current=1, max=4)
 
             mark = time.monotonic()
-            await hotplug_one_vcpu(qmp_socket)
+            assert await qga.set_online(plan_online(processors, 2)) == 1
             samples = await eventually(
                 scrape, lambda s: online_cpus(s) == 2, timeout_seconds=90, what="2 online CPUs"
             )
-            timings["hotplug_to_online"] = time.monotonic() - mark
-
-            # Load inside the guest reaching its node_exporter (and the agent growing the VM
-            # for it) is shown by tests/e2e/test_guest_scaling.py; here busy loops on a
-            # saturated TCG guest made scrapes time out on a loaded host, one run in three.
+            timings["online_to_seen"] = time.monotonic() - mark
+        await qga.close()
 
         mark = time.monotonic()
         runner.send_signal(signal.SIGTERM)
         returncode = await asyncio.wait_for(runner.wait(), 70)
         timings["sigterm_to_exit"] = time.monotonic() - mark
     finally:
+        await qga.close()
         if runner.returncode is None:  # the test failed midway: still shut down cleanly
             runner.send_signal(signal.SIGTERM)
             try:
