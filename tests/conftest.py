@@ -22,8 +22,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--bench",
         action="store_true",
-        help="run the benchmarks' runs (tests marked bench) and nothing else; without it they"
-        " are deselected (scripts/test runs them as a step of their own)",
+        help="run the benchmarks' runs (tests marked bench) and nothing else; without it (or"
+        " --with-bench) they are deselected",
+    )
+    parser.addoption(
+        "--with-bench",
+        action="store_true",
+        help="run the benchmarks' runs with the suite, on its workers (scripts/test's first step)",
     )
     parser.addoption(
         "--node",
@@ -33,15 +38,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Benchmarks are kept apart from the tests (their runs take minutes and check the scripts
-    more than the product): ``--bench`` runs them alone, the default run leaves them out. So is
-    the real-node tier (minutes, and root): ``--node``."""
+    more than the product): ``--bench`` runs them alone, the default run leaves them out,
+    ``--with-bench`` runs them with the suite. The real-node tier (minutes, and root) runs
+    only with ``--node``, alone.
+
+    ``tryfirst``: pytest-xdist reads the ``xdist_group`` marks in its own hook of this name, on
+    each worker; a mark added after it is ignored, and without its groups both workers started
+    a control plane and booted guests side by side."""
     bench = bool(config.getoption("--bench"))
+    with_bench = bool(config.getoption("--with-bench"))
     node = bool(config.getoption("--node"))
     keep, drop = [], []
     for item in items:
-        wanted = (item.get_closest_marker("bench") is not None) == bench and (
+        is_bench = item.get_closest_marker("bench") is not None
+        wanted = (is_bench == bench or with_bench) and (
             item.get_closest_marker("node") is not None
         ) == node
         (keep if wanted else drop).append(item)

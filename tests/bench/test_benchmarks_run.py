@@ -2,7 +2,8 @@
 
 Benchmark runs, not tests of the product (which the suite tests directly): they take minutes
 together and their figures depend on the machine, so they are marked ``bench`` and run only
-with ``--bench`` (the second step of ``scripts/test``; ``scripts/test --bench -n 0`` alone).
+with ``--bench`` (alone: ``scripts/test --bench -n 0``) or ``--with-bench`` (with the suite,
+the first step of ``scripts/test``).
 Each run must exit 0 and print one JSON object with the keys its readers use, every key in
 snake_case (``testkit.bench.emit``); no figure is asserted. ``scripts/bench_memory.py`` boots
 a guest for minutes: its --help is in test_help.py, and what it measures runs in

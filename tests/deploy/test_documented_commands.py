@@ -130,7 +130,7 @@ COMMANDS: dict[str, tuple[How, object]] = {
     "examples/standalone-cluster.yaml": (How.SERVE, None),
     "scripts/run --kubeconfig PATH --config FILE": (How.PARSE, _parse_run),
     "scripts/test": (How.ELSEWHERE, ".ci/run"),
-    "scripts/test --bench": (How.ELSEWHERE, ".ci/run"),
+    "scripts/test --bench -n 0": (How.ELSEWHERE, ".ci/run"),
     "scripts/test --node -n 0": (How.ELSEWHERE, ".ci/run"),
     "scripts/kube-bin ../shared/kube-bin": (How.ELSEWHERE, "scripts/test"),
     "scripts/setup": (How.RUN, None),
