@@ -74,6 +74,30 @@ class Refusal(enum.StrEnum):
     NEVER_MOVE = "NeverMove"
 
 
+class NotStarted(enum.StrEnum):
+    """Why an admitted move failed before QEMU was asked to send anything (its reason)."""
+
+    # The source pod was deleted (or replaced) after the move was admitted.
+    SOURCE_GONE = "SourceGone"
+    # The source pod has no IP: the driver cannot reach its QMP port, nor could the target
+    # receive from it (a pod the kubelet lost track of, or one being torn down).
+    SOURCE_WITHOUT_IP = "SourceWithoutIP"
+    # The target pod never ran with an IP in its time, or ended.
+    TARGET_NEVER_READY = "TargetNeverReady"
+
+
+def cannot_start(source: Pod | None, target: Pod | None, *, waited: bool) -> NotStarted | None:
+    """Whether an admitted move can start: the source running with an IP, and (once the shell
+    has ``waited`` for it) the target too. None: start it."""
+    if source is None or source.metadata.deletion_timestamp:
+        return NotStarted.SOURCE_GONE
+    if not source.status.pod_ip:
+        return NotStarted.SOURCE_WITHOUT_IP
+    if waited and (target is None or not target.status.pod_ip):
+        return NotStarted.TARGET_NEVER_READY
+    return None
+
+
 class Refused(msgspec.Struct, frozen=True, kw_only=True):
     reason: str  # a Refusal, or the extender's own reason (NoRoom, UnknownNode ...)
     message: str

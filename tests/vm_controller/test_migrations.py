@@ -275,3 +275,23 @@ def test_statuses() -> None:
     assert refused.phase == "Failed" and refused.start_time is None
     (condition,) = refused.conditions or []
     assert (condition.status, condition.reason, condition.message) == ("False", "NoRoom", "full")
+
+
+def test_a_move_that_cannot_start_names_which_side_kept_it() -> None:
+    vm = make_vm()
+    source = running_pod(vm)
+    target = as_pod(decide.desired_pod(vm), phase="Running", podIP="10.0.0.9")
+    no_ip = as_pod(decide.desired_pod(vm), phase="Running")
+    gone = msgspec.structs.replace(source.metadata, deletion_timestamp=NOW)
+    deleted = msgspec.structs.replace(source, metadata=gone)
+    cannot = migrations.cannot_start
+    # Before the target is waited for: only the source decides.
+    assert cannot(source, None, waited=False) is None
+    assert cannot(None, None, waited=False) == migrations.NotStarted.SOURCE_GONE
+    assert cannot(deleted, None, waited=False) == migrations.NotStarted.SOURCE_GONE
+    assert cannot(no_ip, None, waited=False) == migrations.NotStarted.SOURCE_WITHOUT_IP
+    # After: the target too; a source without an IP is named as such, never as the target.
+    assert cannot(source, target, waited=True) is None
+    assert cannot(source, None, waited=True) == migrations.NotStarted.TARGET_NEVER_READY
+    assert cannot(source, no_ip, waited=True) == migrations.NotStarted.TARGET_NEVER_READY
+    assert cannot(no_ip, None, waited=True) == migrations.NotStarted.SOURCE_WITHOUT_IP
