@@ -243,9 +243,18 @@ class Migrator:
         assert vm is not None and source is not None
         plan = decided
         try:
-            await self.extender.reserve(plan)
+            answer = await self.extender.reserve(plan)
         except MoveRefusedByExtender as e:
             await self._refuse(key, vmm, migrations.Refused(reason=e.reason, message=e.message))
+            return
+        plan = migrations.placed(plan, answer.target_node)
+        if plan.target_node is None:
+            await self.extender.cancel(plan.source_uid)
+            why = migrations.Refused(
+                reason=migrations.Refusal.NO_TARGET_NODE,
+                message="the extender reserved room without naming the node",
+            )
+            await self._refuse(key, vmm, why)
             return
         status = migrations.started(plan, now=_now())
         try:

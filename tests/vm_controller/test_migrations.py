@@ -84,7 +84,14 @@ def test_refusals_name_their_reason() -> None:
     foreign = running_pod(vm, ownerReferences=[])
     assert _refusal(make_vmm(), vm, foreign) == Refusal.VM_NOT_RUNNING
     assert _refusal(make_vmm("node-a"), vm, source) == Refusal.SAME_NODE
-    assert _refusal(make_vmm(None), vm, source) == Refusal.TARGET_NODE_REQUIRED
+    # No target named: admitted, the node left to the extender's reservation.
+    chosen = migrations.admit(make_vmm(None), vm, source, [])
+    assert isinstance(chosen, Plan) and chosen.target_node is None
+    assert migrations.placed(chosen, "node-c").target_node == "node-c"
+    assert migrations.placed(chosen, None).target_node is None  # refused by the shell
+    named = migrations.admit(make_vmm(), vm, source, [])
+    assert isinstance(named, Plan)
+    assert migrations.placed(named, "node-b") == named == migrations.placed(named, None)
     with_disk = make_vm(runnerArgs=["--disk=/var/lib/vm/pg.img"])
     assert _refusal(make_vmm(), with_disk, running_pod(with_disk)) == Refusal.LOCAL_DISK
     other = make_vmm(name="move-0", uid="00000000-0000-4000-8000-000000000000", phase="Running")
