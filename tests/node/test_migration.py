@@ -100,7 +100,7 @@ def plugged_bytes(ip: str) -> int:
     return asyncio.run(asyncio.wait_for(get(), 15))
 
 
-def annotations(node: Node, pod: str) -> dict[str, str]:
+def pod_annotations(node: Node, pod: str) -> dict[str, str]:
     found: dict[str, str] = node.pod("default", pod)["metadata"].get("annotations", {})
     return found
 
@@ -151,7 +151,7 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
             # The size to keep: the guest's once the source carries the move's mark (the agent
             # resizes it no more), before the target pod exists (the mark comes first).
             wait_for(
-                lambda: ann.MIGRATION in annotations(node, source_name),
+                lambda: ann.MIGRATION in pod_annotations(node, source_name),
                 timeout_seconds=30, what=f"{source_name} marked as moving", interval=0.1,
             )  # fmt: skip
             vcpus, plugged = online_vcpus(ip), plugged_bytes(ip)
