@@ -436,10 +436,11 @@ def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
 ):
     """The controller's whole shell but QEMU: the real extender reserves the target's room
     (the controller's token, reviewed), the target pod is made on the target node with the
-    marks on both pods; the target never runs (no kubelet here), so the move fails by its
-    deadline: the target pod deleted, the source unmarked, and the reservation cancelled (a
-    second move of the same VM is reserved again, which the extender refuses while the first
-    still holds it)."""
+    marks on both pods. The source has no IP yet, so the move fails at once, naming that
+    (``SourceWithoutIP``): the target pod deleted, the source unmarked, and the reservation
+    cancelled (a second move of the same VM is reserved again, which the extender refuses
+    while the first still holds it). With its IP, the second fails by the target's deadline,
+    as the target never runs (no kubelet here): ``TargetNeverReady``."""
     api, ns = vms_removed.api, vms_removed.namespace
     nodes = [vms_removed.node("a", cpu="8"), vms_removed.node("b", cpu="8")]
     api.create(vm_path(ns), vm_body("pg", nodeSelector={"vma-test-group": vms_removed.group}))
@@ -474,7 +475,7 @@ def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
     # it, so what the move made is read from what stays (the status, the terminating pod).
     failed = wait_for(lambda: phase_of("first", "Failed"), timeout_seconds=30, what="Failed")
     (condition,) = failed["conditions"]
-    assert condition["reason"] == "TargetNeverReady"
+    assert condition["reason"] == "SourceWithoutIP"
     target_name = failed["targetPod"]
     assert target_name == "pg-m" + first["metadata"]["uid"].replace("-", "")[:8]
     assert (failed["sourcePod"], failed["targetNode"]) == ("pg", target_node)
@@ -492,12 +493,13 @@ def test_a_move_whose_target_never_runs_leaves_the_source_as_it_was(
     assert api.get(vm_path(ns, "pg"))["status"]["pod"] == "pg"
 
     # The first reservation is gone: the extender reserves the next move of the same VM (while
-    # the first held it, it would refuse: Conflict, already moving), which fails as the first.
+    # the first held it, it would refuse: Conflict, already moving).
+    api.set_pod_phase(ns, "pg", "Running", pod_ip="10.88.0.5")
     move("second")
     second = wait_for(lambda: phase_of("second", "Failed"), timeout_seconds=30, what="Failed")
     assert second["conditions"][0]["reason"] == "TargetNeverReady"
     reasons = {e["reason"] for e in api.events_for(ns, "first")}
-    assert {"Started", "TargetNeverReady"} <= reasons
+    assert {"Started", "SourceWithoutIP"} <= reasons
 
 
 def test_a_service_deleted_by_hand_comes_back_and_anothers_is_left_alone(
