@@ -155,3 +155,24 @@ def test_a_qemu_that_sent_its_vm_away_is_quit_without_the_power_button(tmp_path)
     assert events(log_path)[-1]["how"] == "quit"
     sent = [line for line in log_path.read_text().splitlines() if not line.startswith("{")]
     assert "system_powerdown" not in sent and sent[-1] == "quit", sent
+
+
+def test_a_migration_target_restarted_boots_the_guest_instead_of_waiting_again(tmp_path):
+    """The first start of a target waits for the source's state (``-incoming``); a restart of
+    the same pod's runner (its socket directory kept) boots the guest, as the pod's flags stay a
+    target's after the move."""
+    fake_qemu = tmp_path / "fake-qemu"
+    argvs = tmp_path / "argv"
+    fake_qemu.write_text(f'#!/bin/sh\necho "$*" >> {argvs}\n')  # and exits at once, as QEMU may
+    fake_qemu.chmod(0o755)
+    for _ in range(2):
+        subprocess.run(
+            [sys.executable, "-m", "vm_runner", "--qemu-binary", str(fake_qemu),
+             "--kernel", "/nonexistent", "--min-vcpus", "1", "--max-vcpus", "2",
+             "--accel", "tcg", "--qmp-socket", str(tmp_path / "pod" / "qmp.sock"),
+             "--incoming-port", "4444"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=True,
+        )  # fmt: skip
+    first, second = argvs.read_text().splitlines()
+    assert "-incoming tcp:0:4444" in first
+    assert "-incoming" not in second
