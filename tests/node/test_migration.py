@@ -1,7 +1,7 @@
 """A VM under pgbench moved live to the other node by the vm-controller (issue 36's drill).
 
-Runs after test_failures, which leaves the example VM ``pg-vm`` freshly applied on one node and
-the double VMs filling the other; they go first (test_node_failures' drills remove them
+Runs after test_failures, which leaves the example VM ``pg-vm`` freshly applied on a worker and
+the double VMs filling node 1; they go first (test_node_failures' drills remove them
 anyway), so the move pays for no guest boot of its own. Then, with rows written and pgbench
 loading the guest: a ``VirtualMachineMigration`` to the other node, carried out by the
 vm-controller as deployed (``kubectl apply -k manifests/``): the extender reserves the target's
@@ -124,10 +124,19 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
     # The double VMs fill one node (test_failures): the move goes there.
     node.kubectl("delete", "-k", str(ROOT / "manifests" / "examples" / "double"),
                  "--ignore-not-found", "--wait=true", timeout=180)  # fmt: skip
+    if not node.kubectl("get", "virtualmachine", VM, "--ignore-not-found", "-o", "name").stdout:
+        # Run alone (-k): the VM starts where test_failures leaves it, on a worker (one CPU:
+        # the VM is 1 vCPU there), so that node 1 (two CPUs) has room for it at any size.
+        node.kubectl("cordon", node.name)
+        try:
+            example_vm(node)
+        finally:
+            node.kubectl("uncordon", node.name)
     source = example_vm(node)
     ip, here = source["status"]["podIP"], source["spec"]["nodeName"]
     source_name = source["metadata"]["name"]
-    there = next(n for n in node.members if n != here)
+    assert here != node.name, f"{VM} runs on node 1; the move goes there from a worker"
+    there = node.name
     wait_postgres(ip)
     psql(ip, "DROP TABLE IF EXISTS moved; CREATE TABLE moved AS SELECT i, md5(i::text) AS v"
              f" FROM generate_series(1, {ROWS}) AS i")  # fmt: skip
@@ -151,9 +160,12 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
             # The size to keep: the guest's once the source carries the move's mark (the agent
             # resizes it no more), before the target pod exists (the mark comes first).
             wait_for(
-                lambda: ann.MIGRATION in pod_annotations(node, source_name),
+                lambda: ann.MIGRATION in pod_annotations(node, source_name)
+                or migration(node, name).get("status", {}).get("phase") == "Failed",
                 timeout_seconds=30, what=f"{source_name} marked as moving", interval=0.1,
             )  # fmt: skip
+            refused = migration(node, name).get("status", {})
+            assert refused.get("phase") != "Failed", refused
             vcpus, plugged = online_vcpus(ip), plugged_bytes(ip)
             done: Obj = wait_for(
                 lambda: (m := migration(node, name)).get("status", {}).get("phase")
