@@ -31,11 +31,12 @@ class _Strict(
 
 class ReserveMove(_Strict, tag="reserve", tag_field="op", frozen=True, kw_only=True):
     """Hold the room of the VM pod ``source_uid`` on ``target_node`` for its target pod
-    ``target_pod`` (same namespace), before that pod exists."""
+    ``target_pod`` (same namespace), before that pod exists. ``target_node`` left out (null):
+    the extender chooses it (``core.relief.choose_target``) and names it in its answer."""
 
     source_uid: Uid
     target_pod: Name
-    target_node: Name
+    target_node: Name | None = None
 
 
 class CancelMove(_Strict, tag="cancel", tag_field="op", frozen=True, kw_only=True):
@@ -49,9 +50,11 @@ MoveRequest = ReserveMove | CancelMove
 
 
 class MoveAnswer(_Strict, frozen=True, kw_only=True):
-    """200: done. ``reserved``: the hold the target node now keeps for the move (0 on cancel)."""
+    """200: done. ``reserved``: the hold the target node now keeps for the move (0 on cancel);
+    ``target_node``: the node holding it (None on cancel)."""
 
     op: Literal["reserve", "cancel"]
     source_uid: str
+    target_node: str | None = None
     reserved_millicpu: int = 0
     reserved_memory_bytes: int = 0

@@ -58,7 +58,13 @@ from scheduler_extender.core.podinfo import (
     pod_info,
 )
 from scheduler_extender.core.refusals import SEQUENCE_REFUSALS, Refused
-from scheduler_extender.core.relief import ReliefBook, ReliefPlan, plan_moves, record_of
+from scheduler_extender.core.relief import (
+    ReliefBook,
+    ReliefPlan,
+    choose_target,
+    plan_moves,
+    record_of,
+)
 from scheduler_extender.core.sequences import SequenceBook
 from scheduler_extender.core.verbs import BindOutcome
 from scheduler_extender.errors import (
@@ -643,7 +649,8 @@ class Extender:
 
     def move(self, request: MoveRequest) -> MoveAnswer:
         """``POST /v1/moves`` (``protocol.moves``), decided by the ledger (*Moves*): reserve a
-        moving VM's room on its target node before the target pod exists, or cancel that. Only
+        moving VM's room on its target node before the target pod exists (a target node left
+        out: relief's own choice, ``choose_target``, cordoned nodes never), or cancel that. Only
         the leader, synced, answers (``require_synced``: at most one replica holds a move).
         The ledger refuses with nothing changed; each refusal is a 4xx here, named."""
         self.require_synced()
@@ -652,11 +659,16 @@ class Extender:
             self.reporter.report(self.ledger.cancel_move(uid))
             log.info("move_cancelled", source_uid=uid)
             return MoveAnswer(op="cancel", source_uid=uid)
+        target = request.target_node
         try:
+            if target is None:
+                target = choose_target(
+                    self.ledger, uid, config=self.config.relief, closed=self.cordoned
+                )
             event = self.ledger.reserve_move(
                 uid,
                 target_name=request.target_pod,
-                target_node=request.target_node,
+                target_node=target,
                 at=self.wall_clock(),
             )
         except ledger_errors.UnknownPod as e:
@@ -672,11 +684,13 @@ class Extender:
             "move_reserved",
             source_uid=uid,
             target_pod=request.target_pod,
-            target_node=request.target_node,
+            target_node=target,
+            chosen=request.target_node is None,
         )
         return MoveAnswer(
             op="reserve",
             source_uid=uid,
+            target_node=target,
             reserved_millicpu=event.held.cpu_millis,
             reserved_memory_bytes=event.held.memory_bytes,
         )

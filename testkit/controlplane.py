@@ -197,11 +197,16 @@ class Api:
         )["items"]
         return items
 
-    def set_pod_phase(self, namespace: str, name: str, phase: str) -> Obj:
-        """The kubelet's part: report the pod's phase (and Ready for Running)."""
+    def set_pod_phase(
+        self, namespace: str, name: str, phase: str, *, pod_ip: str | None = None
+    ) -> Obj:
+        """The kubelet's part: report the pod's phase (and Ready for Running), and its IP."""
         status: Obj = {"phase": phase}
         if phase == "Running":
             status["conditions"] = [{"type": "Ready", "status": "True"}]
+        if pod_ip is not None:
+            status["podIP"] = pod_ip
+            status["podIPs"] = [{"ip": pod_ip}]
         return self.request(
             "PATCH",
             pod_path(namespace, name) + "/status",

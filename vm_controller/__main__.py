@@ -1,8 +1,9 @@
 """``vm-controller``: run the VirtualMachine controller until SIGTERM or SIGINT.
 
 Shell: parse the flags, check that the API server answers (one line and an exit code if not,
-``observability.exits``), bind ``/healthz``, ``/readyz`` (true once its three watches have listed)
-and ``/metrics``, then run ``Controller``. No policy here.
+``observability.exits``), bind ``/healthz``, ``/readyz`` (true once its four watches have
+listed: VMs, pods, Services, migrations) and ``/metrics``, then run ``Controller`` and
+``Migrator``. No policy here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ Needs the CRDs of manifests/vm-controller/crds/ installed (kubectl apply -k mani
 """
 
 CONTROLLER = web.AppKey("controller", Controller)
+MIGRATOR = web.AppKey("migrator", Migrator)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
@@ -107,16 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_app(controller: Controller, registry: CollectorRegistry) -> web.Application:
+def make_app(
+    controller: Controller, migrator: Migrator, registry: CollectorRegistry
+) -> web.Application:
     app = web.Application()
     app[CONTROLLER] = controller
+    app[MIGRATOR] = migrator
     app[REGISTRY] = registry
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if request.app[CONTROLLER].is_synced:
+        # The migrations' list too: a replica that served before it would not yet act on (or
+        # recover) a move it is responsible for.
+        if request.app[CONTROLLER].is_synced and request.app[MIGRATOR].listed.is_set():
             return web.Response(text="ok\n")
         return web.Response(status=503, text="watches not listed yet\n")
 
@@ -162,7 +169,7 @@ async def run(args: argparse.Namespace) -> None:
         config,
         target_pod_timeout_seconds=args.migration_target_pod_timeout_seconds,
     )
-    runner = web.AppRunner(make_app(controller, registry), access_log=None)
+    runner = web.AppRunner(make_app(controller, migrator, registry), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.http_host, args.http_port).start()

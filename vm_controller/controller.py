@@ -36,6 +36,25 @@ RETRY_FIRST_SECONDS: Final = 0.5
 RETRY_MAX_SECONDS: Final = 30.0
 
 
+class Backoff:
+    """Per-key retry delays for failures a retry can fix: ``first`` seconds, doubling at each
+    failure up to ``cap``, back to ``first`` once the key succeeds (``forget``). The VM loop and
+    the migrations' share it (controller-runtime's per-item exponential rate limiter)."""
+
+    def __init__(self, first: float = RETRY_FIRST_SECONDS, cap: float = RETRY_MAX_SECONDS) -> None:
+        self.first = first
+        self.cap = cap
+        self.delays: dict[Key, float] = {}
+
+    def next_delay(self, key: Key) -> float:
+        delay = min(self.delays.get(key, self.first / 2) * 2, self.cap)
+        self.delays[key] = delay
+        return delay
+
+    def forget(self, key: Key) -> None:
+        self.delays.pop(key, None)
+
+
 def _key_of(vm: VirtualMachine) -> Key:
     return vm.metadata.namespace, vm.metadata.name
 
@@ -66,7 +85,7 @@ class Controller:
         self.services: dict[Key, Service] = {}
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
-        self.retries: dict[Key, float] = {}
+        self.retries = Backoff()
         self.rechecks: dict[Key, asyncio.TimerHandle] = {}
         self.pod_listeners: list[Callable[[Key], None]] = []
         self.vms_listed = asyncio.Event()
@@ -178,12 +197,11 @@ class Controller:
                     log.error("vm_reconcile_failed", error=repr(e))
                     await self.event(vm, "Warning", "ReconcileFailed", e.message)
                     return
-                delay = min(self.retries.get(key, RETRY_FIRST_SECONDS / 2) * 2, RETRY_MAX_SECONDS)
-                self.retries[key] = delay
+                delay = self.retries.next_delay(key)
                 log.warning("vm_reconcile_retrying", error=repr(e), delay_seconds=delay)
                 asyncio.get_running_loop().call_later(delay, self.enqueue, key)
             else:
-                self.retries.pop(key, None)
+                self.retries.forget(key)
                 self.metrics.reconciles.labels(result="ok").inc()
 
     def pod_changed(self, key: Key) -> None:

@@ -65,13 +65,39 @@ class Refusal(enum.StrEnum):
     VM_NOT_RUNNING = "VMNotRunning"
     ALREADY_MOVING = "AlreadyMoving"
     SAME_NODE = "SameNode"
-    TARGET_NODE_REQUIRED = "TargetNodeRequired"
     # The runner's --disk is a file on the source's node: QEMU's migration moves memory and
     # device state, not disk contents (no block migration here), so the target would boot
     # from another disk under the guest's feet.
     LOCAL_DISK = "LocalDisk"
     # Relief's migration of a VM that opted out of automatic moves (module docstring).
     NEVER_MOVE = "NeverMove"
+    # The extender reserved room without naming the node (one older than this controller,
+    # asked to choose): the reservation is cancelled.
+    NO_TARGET_NODE = "NoTargetNode"
+
+
+class NotStarted(enum.StrEnum):
+    """Why an admitted move failed before QEMU was asked to send anything (its reason)."""
+
+    # The source pod was deleted (or replaced) after the move was admitted.
+    SOURCE_GONE = "SourceGone"
+    # The source pod has no IP: the driver cannot reach its QMP port, nor could the target
+    # receive from it (a pod the kubelet lost track of, or one being torn down).
+    SOURCE_WITHOUT_IP = "SourceWithoutIP"
+    # The target pod never ran with an IP in its time, or ended.
+    TARGET_NEVER_READY = "TargetNeverReady"
+
+
+def cannot_start(source: Pod | None, target: Pod | None, *, waited: bool) -> NotStarted | None:
+    """Whether an admitted move can start: the source running with an IP, and (once the shell
+    has ``waited`` for it) the target too. None: start it."""
+    if source is None or source.metadata.deletion_timestamp:
+        return NotStarted.SOURCE_GONE
+    if not source.status.pod_ip:
+        return NotStarted.SOURCE_WITHOUT_IP
+    if waited and (target is None or not target.status.pod_ip):
+        return NotStarted.TARGET_NEVER_READY
+    return None
 
 
 class Refused(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,13 +106,21 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
-    """An admitted move: from the VM's running pod to a new pod on ``target_node``."""
+    """An admitted move: from the VM's running pod to a new pod on ``target_node`` (None: the
+    migration names no node; the extender chooses it when it reserves the room, ``placed``)."""
 
     source_pod: str
     source_uid: str
     source_node: str
     target_pod: str
-    target_node: str
+    target_node: str | None
+
+
+def placed(plan: Plan, target_node: str | None) -> Plan:
+    """The plan on the node the extender reserved room on: the node it names (the one it chose,
+    or the one the migration named); still None only from an extender that chose a node
+    without naming it, which the shell refuses (``NoTargetNode``) and cancels."""
+    return msgspec.structs.replace(plan, target_node=target_node or plan.target_node)
 
 
 def is_active(vmm: VirtualMachineMigration) -> bool:
@@ -145,12 +179,7 @@ def admit(
             message=f"VM {name} has a --disk on its node; only memory-resident guests move",
         )
     target = vmm.spec.target_node
-    if target is None:
-        return Refused(
-            reason=Refusal.TARGET_NODE_REQUIRED,
-            message="spec.targetNode is required: the controller does not choose nodes yet",
-        )
-    if target == source.spec.node_name:
+    if target is not None and target == source.spec.node_name:
         return Refused(reason=Refusal.SAME_NODE, message=f"VM {name} already runs on node {target}")
     return Plan(
         source_pod=source.metadata.name,

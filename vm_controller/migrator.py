@@ -43,15 +43,13 @@ from protocol.virtualmachine import (
     VirtualMachineMigrationStatus,
 )
 from vm_controller import decide, migrations
-from vm_controller.controller import Controller, Key
+from vm_controller.controller import Backoff, Controller, Key
 from vm_controller.metrics import ControllerMetrics
 from vm_runner.migrate import migrate
 from vm_runner.migration import MigrationConfig, Outcome
 
 log = structlog.get_logger("vm_controller.migrator")
 
-# A transient failure (the extender unreachable, an API error a retry can fix): try again.
-RETRY_SECONDS: Final = 2.0
 # The target pod gets this long to be Running with an IP before the move is given up.
 DEFAULT_TARGET_POD_TIMEOUT_SECONDS: Final = 120.0
 _POLL_SECONDS: Final = 0.5
@@ -138,6 +136,9 @@ class Migrator:
         self.ended: set[str] = set()
         self.queue: asyncio.Queue[Key] = asyncio.Queue()
         self.queued: set[Key] = set()
+        # A transient failure (the extender unreachable, an API error a retry can fix): the
+        # migration comes back after a delay that doubles while it keeps failing.
+        self.retries = Backoff()
         self.listed = asyncio.Event()
         controller.pod_listeners.append(self._vm_pods_changed)
 
@@ -190,8 +191,15 @@ class Migrator:
                 try:
                     await self.handle(key, vmm)
                 except (KubeError, OSError, aiohttp.ClientError, TimeoutError) as e:
-                    log.warning("migration_retrying", error=repr(e), delay_seconds=RETRY_SECONDS)
-                    asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+                    self._retry(key, "migration_retrying", e)
+                else:
+                    if key not in self.driving:
+                        self.retries.forget(key)
+
+    def _retry(self, key: Key, event: str, error: Exception) -> None:
+        delay = self.retries.next_delay(key)
+        log.warning(event, error=repr(error), delay_seconds=delay)
+        asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
     # -- one migration ----------------------------------------------------------------------
 
@@ -235,9 +243,18 @@ class Migrator:
         assert vm is not None and source is not None
         plan = decided
         try:
-            await self.extender.reserve(plan)
+            answer = await self.extender.reserve(plan)
         except MoveRefusedByExtender as e:
             await self._refuse(key, vmm, migrations.Refused(reason=e.reason, message=e.message))
+            return
+        plan = migrations.placed(plan, answer.target_node)
+        if plan.target_node is None:
+            await self.extender.cancel(plan.source_uid)
+            why = migrations.Refused(
+                reason=migrations.Refusal.NO_TARGET_NODE,
+                message="the extender reserved room without naming the node",
+            )
+            await self._refuse(key, vmm, why)
             return
         status = migrations.started(plan, now=_now())
         try:
@@ -300,10 +317,18 @@ class Migrator:
         began = asyncio.get_running_loop().time()
         try:
             assert status.source_pod and status.target_pod
-            target = await self._target_ready(vmm, status.target_pod)
+            target: Pod | None = None
             source = self._pods(vmm).get(status.source_pod)
+            # The source checked first: a move that cannot start fails at once, not after the
+            # target's timeout.
+            cannot = migrations.cannot_start(source, target, waited=False)
+            if cannot is None:
+                target = await self._target_ready(vmm, status.target_pod)
+                source = self._pods(vmm).get(status.source_pod)
+                cannot = migrations.cannot_start(source, target, waited=True)
             outcome: Outcome | None = None
-            if target is not None and source is not None and source.status.pod_ip:
+            if cannot is None:
+                assert source is not None and target is not None
                 src_qmp, tgt_qmp = migrations.qmp_address(source), migrations.qmp_address(target)
                 uri = migrations.incoming_uri(target)
                 assert src_qmp and tgt_qmp and uri
@@ -337,7 +362,7 @@ class Migrator:
                     total_ms=outcome.qemu_total_time_ms,
                 )
                 return
-            reason = "TargetNeverReady" if outcome is None else _camel(outcome.reason.value)
+            reason = _camel(outcome.reason.value) if outcome is not None else str(cannot)
             await self._abort(vmm, status, self._pods(vmm).get(status.source_pod), target)
             await self._finish(
                 key,
@@ -350,8 +375,7 @@ class Migrator:
             )
         except (KubeError, OSError, aiohttp.ClientError) as e:
             # The next pass of this migration (Running, no driver) recovers from the objects.
-            log.error("migration_driver_failed", error=repr(e))
-            asyncio.get_running_loop().call_later(RETRY_SECONDS, self.enqueue, key)
+            self._retry(key, "migration_driver_failed", e)
         finally:
             self.driving.pop(key, None)
 
@@ -404,6 +428,7 @@ class Migrator:
         downtime_ms: int | None = None,
         total_ms: int | None = None,
     ) -> None:
+        self.retries.forget(key)
         final = migrations.finished(
             status,
             succeeded=succeeded,

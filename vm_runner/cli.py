@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -233,6 +234,28 @@ def spec_from_args(args: argparse.Namespace, *, is_kvm_usable: bool, control_soc
     )
 
 
+# Beside the QMP socket (a pod's own directory, kept across its container's restarts): this
+# runner has started QEMU in incoming mode once already.
+INCOMING_MARKER = "incoming-started"
+
+
+def _incoming_once(spec: VmSpec) -> VmSpec:
+    """A migration target waits for the source's state only the first time its container
+    starts. The pod's flags stay those of a target after the move (a pod's spec is fixed), so a
+    runner restarted there (QEMU exited: the guest powered off, or QEMU died) would wait for a
+    migration that never comes, and the VM would never run again; it boots the guest instead,
+    as the VM's first pod would. (A restart during the move fails the move either way: the
+    driver aborts it and deletes the target.)"""
+    if spec.incoming_port is None:
+        return spec
+    marker = Path(spec.qmp_socket).parent / INCOMING_MARKER
+    if marker.exists():
+        log.warning("incoming_already_started_booting", marker=str(marker))
+        return dataclasses.replace(spec, incoming_port=None)
+    marker.touch()
+    return spec
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -252,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             if path is not None:
                 # QEMU creates the socket (replacing a stale one) but not its directory.
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+        spec = _incoming_once(spec)
         log.info(
             "vm_runner_configured",
             accel_requested=args.accel,

@@ -10,6 +10,11 @@ Shutdown ladder on SIGTERM/SIGINT, each step only if the previous one did not en
 A step whose QMP command cannot be sent is skipped without waiting. QEMU also gets SIGKILL from
 the kernel if the runner itself dies (PDEATHSIG), so it is never left behind as an orphan.
 
+A QEMU that has sent its VM away (a live migration's source: QEMU's run state ``postmigrate``,
+the guest paused for good and running on the target) starts at step 2: the paused guest cannot
+answer the power button, and waiting for it would only hold the pod, its room on the node and
+its DNS record for ``grace_seconds`` after the move.
+
 Keep ``grace_seconds + quit_timeout_seconds`` below the pod's ``terminationGracePeriodSeconds``,
 or the kubelet's own SIGKILL takes the last step for us.
 """
@@ -73,6 +78,16 @@ async def _qmp(spec: VmSpec, command: str) -> bool:
     return True
 
 
+async def _run_state(spec: VmSpec) -> str | None:
+    """QEMU's run state (``query-status``), None when it does not answer."""
+    try:
+        async with await QmpClient.connect(spec.control_socket) as qmp:
+            status = await qmp.execute("query-status")
+    except (OSError, QmpError):
+        return None
+    return str(status.get("status")) if isinstance(status, dict) else None
+
+
 async def stop(
     process: asyncio.subprocess.Process,
     spec: VmSpec,
@@ -83,9 +98,13 @@ async def stop(
     """Walk the shutdown ladder (module docstring) and say which step ended QEMU."""
     if process.returncode is not None:
         return Shutdown.GUEST
-    log.info("powerdown_requested", grace_seconds=grace_seconds)
+    moved_away = await _run_state(spec) == "postmigrate"
+    if moved_away:
+        log.info("moved_away_quitting")
+    else:
+        log.info("powerdown_requested", grace_seconds=grace_seconds)
     # A step whose QMP command could not be sent is skipped without waiting: nothing will happen.
-    if await _qmp(spec, "system_powerdown"):
+    if not moved_away and await _qmp(spec, "system_powerdown"):
         if await _wait(process, grace_seconds):
             return Shutdown.POWERDOWN
         log.warning("guest_ignored_powerdown", grace_seconds=grace_seconds)

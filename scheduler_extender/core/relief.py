@@ -58,6 +58,10 @@ The rule, in the order a pass applies it (one pass, one budget):
 
 Drained and ``closed`` nodes (cordoned, or the caller's own reasons) are never targets.
 
+A move someone asks for without naming a node (a ``VirtualMachineMigration`` without
+``targetNode``) goes where this rule sends a moving VM: ``choose_target``, the same target
+choice as rules 3 and 4 (the open node, under the watermark with the VM, with the most room left).
+
 The references, and where this differs:
 
 * Neon's scheduler plugin (neondatabase/autoscaling ``pkg/plugin/state``: ``node.go``'s
@@ -116,7 +120,15 @@ import msgspec
 from protocol.bounds import INT32_MAX, MAX_SECONDS
 from protocol.permits import ResourceRequest
 from protocol.virtualmachine import VirtualMachineMigration
-from scheduler_extender.core.ledger import Allocation, Ledger, NodeState, Owner, held_at
+from scheduler_extender.core.ledger import (
+    Allocation,
+    Ledger,
+    NodeState,
+    NoRoom,
+    Owner,
+    UnknownPod,
+    held_at,
+)
 from scheduler_extender.core.permits import Decision, ShortOf
 from scheduler_extender.core.podinfo import ZERO, Demand
 
@@ -507,6 +519,33 @@ class _View:
             if best is None or (used, name) < best:
                 best = (used, name)
         return None if best is None else best[1]
+
+
+def choose_target(
+    ledger: Ledger,
+    source_uid: str,
+    *,
+    config: ReliefConfig,
+    closed: Iterable[str] = (),
+) -> str:
+    """The node a move of the VM pod ``source_uid`` goes to when its caller names none: relief's
+    own choice for a VM moving away (``_View.target``: the open node that takes what the VM
+    holds, stays under the watermark with it, and has the most room left), never the VM's own
+    node nor a ``closed`` one (moves under way already hold their targets' room in the
+    ledger). Reads the ledger, changes nothing. Raises
+    ``UnknownPod`` (it holds nothing here) and ``NoRoom`` (no node takes it), as
+    ``Ledger.reserve_move`` does for a named node."""
+    entry = ledger.pods.get(source_uid)
+    if entry is None:
+        raise UnknownPod(f"pod uid {source_uid} holds nothing here")
+    target = _View(ledger, config).target(entry.held, shut={*closed, entry.node})
+    if target is None:
+        raise NoRoom(
+            f"no open node other than {entry.node} has room for VM {entry.key} "
+            f"({entry.held.cpu_millis}m CPU, {entry.held.memory_bytes} B memory) under the "
+            "watermark"
+        )
+    return target
 
 
 def _share(state: NodeState) -> float:

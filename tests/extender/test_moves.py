@@ -84,7 +84,7 @@ async def test_reserve_then_cancel(kube_api: FakeKubeApi, start_extender: StartE
     [
         (b"{", 400, "BadRequest", "MoveRequest"),
         (_reserve(op="teleport"), 400, "BadRequest", "op"),
-        (_reserve(targetNode=None), 400, "BadRequest", "targetNode"),
+        (_reserve(targetNode=1), 400, "BadRequest", "targetNode"),
         (_reserve(targetPod="Not_A_Name"), 400, "BadRequest", "targetPod"),
         (_reserve(sourceUid="u-1"), 400, "BadRequest", "sourceUid"),
         (_reserve(extra=1), 400, "BadRequest", "extra"),
@@ -122,6 +122,34 @@ async def test_no_room_on_the_target_is_refused(
     response = await _post(running, _reserve())
     assert response.status == 409
     assert (await response.json())["reason"] == "NoRoom"
+    assert await running.state() == before
+
+
+async def test_a_move_without_a_target_goes_where_relief_would_send_the_vm(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """No targetNode: the extender chooses (``core.relief.choose_target``: never the VM's own
+    node), holds the room there, and names the node in its answer."""
+    _cluster(kube_api)
+    running = await start_extender()
+    before = await running.state()
+    response = await _post(running, _reserve(targetNode=None))
+    assert response.status == 200, await response.text()
+    answer = await response.json()
+    assert (answer["targetNode"], answer["reservedMillicpu"]) == ("node-b", 2000)
+    assert _node(await running.state(), "node-b") != _node(before, "node-b")
+
+
+async def test_a_move_without_a_target_and_no_node_with_room_is_refused(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    _cluster(kube_api, node_b_cpu="1")
+    running = await start_extender()
+    before = await running.state()
+    response = await _post(running, _reserve(targetNode=None))
+    assert response.status == 409
+    error = await response.json()
+    assert error["reason"] == "NoRoom" and "node-a" in error["message"], error
     assert await running.state() == before
 
 

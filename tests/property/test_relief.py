@@ -12,6 +12,8 @@ the end, with every pod gone, the ledger and the book are back to zero.
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -44,6 +46,7 @@ from scheduler_extender.core.relief import (
     PlannedMove,
     ReliefBook,
     ReliefConfig,
+    choose_target,
     in_flight,
     plan_moves,
     record_of,
@@ -430,6 +433,46 @@ def test_every_planned_move_fits_at_every_step(sizes, vms, asks, config):
         for state in ledger.nodes.values():
             assert state.free.cpu_millis >= 0 and state.free.memory_bytes >= 0
     ledger.check_invariants()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 8), min_size=2, max_size=4),
+    vms=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3)), min_size=1, max_size=8),
+    closed=st.sets(st.integers(0, 3), max_size=2),
+    config=st.sampled_from([CONFIG, msgspec.structs.replace(CONFIG, watermark=None)]),
+)
+def test_a_move_without_a_named_target_goes_where_the_ledger_takes_it(sizes, vms, closed, config):
+    """``choose_target`` (a migration naming no node): never the VM's own node nor a closed
+    one, and the ledger's ``reserve_move`` takes the move there; when it says no node has room,
+    no open node under the watermark would take the VM."""
+    nodes = {f"n{i}": Demand(cpu * 1000, 8 * GI) for i, cpu in enumerate(sizes)}
+    shut = {f"n{i}" for i in closed}
+    ledger = ledger_of(nodes)
+    bound = []
+    for i, (node, lo) in enumerate(vms):
+        with contextlib.suppress(NoRoom):
+            bind(ledger, f"v{i}", f"n{node % len(nodes)}", lo=lo, hi=lo)
+            bound.append(f"v{i}")
+    for uid in bound:
+        entry = ledger.pods[uid]
+        try:
+            target = choose_target(ledger, uid, config=config, closed=shut)
+        except NoRoom:
+            mark = 1.0 if config.watermark is None else config.watermark
+            for name, state in ledger.nodes.items():
+                if name in shut or name == entry.node:
+                    continue
+                after = state.allocated + entry.held
+                assert not state.fits(entry.held) or (
+                    after.cpu_millis > state.usable.cpu_millis * mark
+                    or after.memory_bytes > state.usable.memory_bytes * mark
+                ), (name, uid)
+            continue
+        assert target != entry.node and target not in shut
+        ledger.reserve_move(uid, target_name=f"{uid}-2", target_node=target, at=0.0)
+        ledger.check_invariants()
+        ledger.cancel_move(uid)
 
 
 # -- the rules, over random histories -----------------------------------------------------------

@@ -92,3 +92,87 @@ def test_qemu_dies_with_a_killed_runner(tmp_path):
         assert wait_until_dead(qemu_pid)
     finally:
         runner.kill()
+
+
+# A QEMU that has sent its VM away: its control socket answers query-status with
+# ``postmigrate`` and quits on ``quit``; ``system_powerdown`` is answered and ignored, as a
+# paused guest would (it never powers off).
+MOVED_AWAY_QEMU = r"""
+import json, os, socket, sys
+path = next(a for a in sys.argv if a.startswith("socket,id=control,"))
+path = path.split("path=", 1)[1].split(",server=")[0]
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)
+server.listen()
+while True:
+    conn, _ = server.accept()
+    stream = conn.makefile("rwb")
+    stream.write(b'{"QMP": {"version": {}, "capabilities": []}}\n')
+    stream.flush()
+    for line in stream:
+        command = json.loads(line)["execute"]
+        answer = {"status": "postmigrate", "running": False} if command == "query-status" else {}
+        stream.write(json.dumps({"return": answer}).encode() + b"\n")
+        stream.flush()
+        print(command, file=sys.stderr, flush=True)
+        if command == "quit":
+            os._exit(0)
+    conn.close()
+"""
+
+
+def test_a_qemu_that_sent_its_vm_away_is_quit_without_the_power_button(tmp_path):
+    """A live migration's source: the guest runs on the target, and this paused copy would
+    ignore the power button for the whole grace period (600 s here)."""
+    fake_qemu = tmp_path / "fake-qemu"
+    fake_qemu.write_text(f"#!{sys.executable}\n{MOVED_AWAY_QEMU}")
+    fake_qemu.chmod(0o755)
+    log_path = tmp_path / "runner.log"
+    with log_path.open("wb") as log:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "vm_runner", "--qemu-binary", str(fake_qemu),
+             "--kernel", "/nonexistent", "--min-vcpus", "1", "--max-vcpus", "2",
+             "--accel", "tcg", "--qmp-socket", str(tmp_path / "qmp" / "vm.sock"),
+             "--grace-seconds", "600", "--quit-timeout-seconds", "600"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    try:
+        wait_for_qemu_pid(log_path)
+        control = next(e for e in events(log_path) if e["event"] == "qemu_starting")["argv"]
+        socket_path = Path(
+            next(a for a in control if a.startswith("socket,id=control,"))
+            .split("path=", 1)[1].split(",server=")[0]
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) == 0
+    finally:
+        runner.kill()
+    names = [e["event"] for e in events(log_path)]
+    assert "moved_away_quitting" in names and "powerdown_requested" not in names, names
+    assert events(log_path)[-1]["how"] == "quit"
+    sent = [line for line in log_path.read_text().splitlines() if not line.startswith("{")]
+    assert "system_powerdown" not in sent and sent[-1] == "quit", sent
+
+
+def test_a_migration_target_restarted_boots_the_guest_instead_of_waiting_again(tmp_path):
+    """The first start of a target waits for the source's state (``-incoming``); a restart of
+    the same pod's runner (its socket directory kept) boots the guest, as the pod's flags stay a
+    target's after the move."""
+    fake_qemu = tmp_path / "fake-qemu"
+    argvs = tmp_path / "argv"
+    fake_qemu.write_text(f'#!/bin/sh\necho "$*" >> {argvs}\n')  # and exits at once, as QEMU may
+    fake_qemu.chmod(0o755)
+    for _ in range(2):
+        subprocess.run(
+            [sys.executable, "-m", "vm_runner", "--qemu-binary", str(fake_qemu),
+             "--kernel", "/nonexistent", "--min-vcpus", "1", "--max-vcpus", "2",
+             "--accel", "tcg", "--qmp-socket", str(tmp_path / "pod" / "qmp.sock"),
+             "--incoming-port", "4444"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=True,
+        )  # fmt: skip
+    first, second = argvs.read_text().splitlines()
+    assert "-incoming tcp:0:4444" in first
+    assert "-incoming" not in second

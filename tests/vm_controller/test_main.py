@@ -7,15 +7,20 @@ from prometheus_client import CollectorRegistry
 
 from kube_io import KubeClient
 from vm_controller.__main__ import main, make_app
-from vm_controller.controller import Controller
+from vm_controller.controller import Backoff, Controller
 from vm_controller.metrics import ControllerMetrics
+from vm_controller.migrator import ExtenderMoves, Migrator
+from vm_runner.migration import MigrationConfig
 
 
 async def test_ready_only_once_every_watch_has_listed(aiohttp_client):
     registry = CollectorRegistry()
     client = KubeClient.for_url("http://127.0.0.1:9")  # never called: nothing is watched here
-    controller = Controller(client, ControllerMetrics(registry))
-    http = await aiohttp_client(make_app(controller, registry))
+    metrics = ControllerMetrics(registry)
+    controller = Controller(client, metrics)
+    moves = ExtenderMoves("http://127.0.0.1:9", "/nonexistent")  # never called either
+    migrator = Migrator(controller, moves, metrics, MigrationConfig())
+    http = await aiohttp_client(make_app(controller, migrator, registry))
     try:
         assert (await http.get("/healthz")).status == 200
         assert (await http.get("/readyz")).status == 503
@@ -24,12 +29,23 @@ async def test_ready_only_once_every_watch_has_listed(aiohttp_client):
         controller.pods_listed.set()
         assert (await http.get("/readyz")).status == 503
         controller.services_listed.set()
+        assert (await http.get("/readyz")).status == 503
+        migrator.listed.set()
         assert (await http.get("/readyz")).status == 200
         metrics = await (await http.get("/metrics")).text()
         assert "vmautoscale_vmcontroller_reconciles_total" in metrics
         assert "vmautoscale_vmcontroller_pods_created_total" in metrics
     finally:
         await client.close()
+
+
+def test_retries_back_off_per_key_doubling_to_the_cap_and_start_over_after_success() -> None:
+    backoff = Backoff(first=0.5, cap=4.0)
+    a, b = ("db", "a"), ("db", "b")
+    assert [backoff.next_delay(a) for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert backoff.next_delay(b) == 0.5  # each key its own
+    backoff.forget(a)
+    assert backoff.next_delay(a) == 0.5
 
 
 def test_an_unreadable_kubeconfig_is_one_line(tmp_path, capsys):

@@ -84,7 +84,14 @@ def test_refusals_name_their_reason() -> None:
     foreign = running_pod(vm, ownerReferences=[])
     assert _refusal(make_vmm(), vm, foreign) == Refusal.VM_NOT_RUNNING
     assert _refusal(make_vmm("node-a"), vm, source) == Refusal.SAME_NODE
-    assert _refusal(make_vmm(None), vm, source) == Refusal.TARGET_NODE_REQUIRED
+    # No target named: admitted, the node left to the extender's reservation.
+    chosen = migrations.admit(make_vmm(None), vm, source, [])
+    assert isinstance(chosen, Plan) and chosen.target_node is None
+    assert migrations.placed(chosen, "node-c").target_node == "node-c"
+    assert migrations.placed(chosen, None).target_node is None  # refused by the shell
+    named = migrations.admit(make_vmm(), vm, source, [])
+    assert isinstance(named, Plan)
+    assert migrations.placed(named, "node-b") == named == migrations.placed(named, None)
     with_disk = make_vm(runnerArgs=["--disk=/var/lib/vm/pg.img"])
     assert _refusal(make_vmm(), with_disk, running_pod(with_disk)) == Refusal.LOCAL_DISK
     other = make_vmm(name="move-0", uid="00000000-0000-4000-8000-000000000000", phase="Running")
@@ -275,3 +282,23 @@ def test_statuses() -> None:
     assert refused.phase == "Failed" and refused.start_time is None
     (condition,) = refused.conditions or []
     assert (condition.status, condition.reason, condition.message) == ("False", "NoRoom", "full")
+
+
+def test_a_move_that_cannot_start_names_which_side_kept_it() -> None:
+    vm = make_vm()
+    source = running_pod(vm)
+    target = as_pod(decide.desired_pod(vm), phase="Running", podIP="10.0.0.9")
+    no_ip = as_pod(decide.desired_pod(vm), phase="Running")
+    gone = msgspec.structs.replace(source.metadata, deletion_timestamp=NOW)
+    deleted = msgspec.structs.replace(source, metadata=gone)
+    cannot = migrations.cannot_start
+    # Before the target is waited for: only the source decides.
+    assert cannot(source, None, waited=False) is None
+    assert cannot(None, None, waited=False) == migrations.NotStarted.SOURCE_GONE
+    assert cannot(deleted, None, waited=False) == migrations.NotStarted.SOURCE_GONE
+    assert cannot(no_ip, None, waited=False) == migrations.NotStarted.SOURCE_WITHOUT_IP
+    # After: the target too; a source without an IP is named as such, never as the target.
+    assert cannot(source, target, waited=True) is None
+    assert cannot(source, None, waited=True) == migrations.NotStarted.TARGET_NEVER_READY
+    assert cannot(source, no_ip, waited=True) == migrations.NotStarted.TARGET_NEVER_READY
+    assert cannot(no_ip, None, waited=True) == migrations.NotStarted.SOURCE_WITHOUT_IP
