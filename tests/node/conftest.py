@@ -152,7 +152,8 @@ def watching(
         return
     started = time.monotonic()
     prom = monitoring.start(deployed, tmp_path_factory.mktemp("prometheus"))
-    deployed.timings["monitoring applied to Prometheus ready"] = time.monotonic() - started
+    took = deployed.timings["monitoring applied to Prometheus ready"] = time.monotonic() - started
+    print(f"monitoring applied -> Prometheus ready: {took:.1f}s")
     try:
         yield prom
     finally:
