@@ -54,6 +54,7 @@ FOR_DIVISOR = 30
 # last failure it counts.
 WINDOW_DIVISOR = 20
 SCRAPE_SECONDS = 2
+LEADING = "sum(vmautoscale_extender_leading)"
 GAP_STEPS = 3
 
 
@@ -239,6 +240,9 @@ def start(node: Node, work: Path) -> Prometheus:
     p = Prometheus(f"http://127.0.0.1:{port}", process, work, discovery, time.time())
     try:
         wait_for(lambda: _ready(p), timeout_seconds=60, what="Prometheus ready", interval=0.5)
+        # The record begins with the extenders scraped: before, every series is absent.
+        wait_for(lambda: p.api("query", query=LEADING)["result"], timeout_seconds=60,
+                 what="the extenders scraped", interval=0.5)  # fmt: skip
     except BaseException:
         p.stop()
         raise
