@@ -28,7 +28,7 @@ import pytest
 
 from testkit.controlplane import Api, ApiError, wait_for
 from testkit.manifests import MONITORING
-from tests.node.harness import Node
+from tests.node.harness import VM, Node
 from tests.node.monitoring import (
     GAP_STEPS,
     LEADING,
@@ -107,7 +107,7 @@ def test_prometheus_scrapes_the_extender_every_agent_and_the_guests(
         ever.setdefault(m["job"], set()).add(m.get("pod") or m.get("vm", "?"))
     print(f"targets up now: {want}; ever up over the run: "
           f"{ {job: sorted(names) for job, names in ever.items()} }")  # fmt: skip
-    assert "default/pg-vm-0" in ever.get("vm-autoscaling-guests", set()), ever
+    assert f"default/{VM}" in ever.get("vm-autoscaling-guests", set()), ever
     # The extender's metrics came through its authenticated port: one replica leads.
     leading = prom.api("query", query=LEADING)["result"]
     assert leading and float(leading[0]["value"][1]) == 1, leading
