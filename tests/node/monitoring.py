@@ -47,8 +47,7 @@ from tests.node.harness import Node, Obj
 
 NAMESPACE = "vm-autoscaling"
 SCRAPER_SECRET = "vm-autoscaling-scraper-token"
-# for: 1m -> 2 s, 5m -> 10 s: longer than a scrape, so that one slow scrape of the extender
-# (its first review of the token, a busy host) does not raise an alert by itself.
+# for: 1m -> 2 s, 2m -> 4 s, 5m -> 10 s: seconds where a cluster would wait minutes.
 FOR_DIVISOR = 30
 # [5m] -> [15s]: seven 2 s scrapes in every window; an alert on a rate clears 15 s after the
 # last failure it counts.
