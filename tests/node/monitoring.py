@@ -150,9 +150,9 @@ class Prometheus:
         assert body["status"] == "success", body
         return body["data"]
 
-    def firing(self) -> set[str]:
-        return {a["labels"]["alertname"] for a in self.api("alerts")["alerts"]
-                if a["state"] == "firing"}  # fmt: skip
+    def active(self) -> set[str]:
+        """The alerts pending (their condition holds, their ``for`` not yet over) or firing."""
+        return {a["labels"]["alertname"] for a in self.api("alerts")["alerts"]}
 
     def record(self, query: str, step: float = 1.0) -> list[Obj]:
         """``query`` over the whole record: every series, its (time, value) samples."""
