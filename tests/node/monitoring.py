@@ -8,7 +8,7 @@ then runs Debian's ``prometheus`` on the host with the shipped scrape jobs and r
   ``vm-autoscaling-scraper-token``), which the extender reviews and authorizes, the agents and
   the guests' node_exporter without one, as ``prometheus/scrape.yaml`` says;
 - Debian builds Prometheus without Kubernetes discovery, so a thread lists the pods with that
-  same token every second and writes what ``kubernetes_sd_configs`` would have found
+  same token every scrape interval and writes what ``kubernetes_sd_configs`` would have found
   (``testkit/prometheus.py``); the relabelling that picks and labels the targets is the
   shipped one;
 - the rules are the shipped ones with ``for`` divided by ``FOR_DIVISOR`` and their windows by
@@ -89,7 +89,7 @@ def spans(timestamps: list[float], step: float, until: float) -> list[Span]:
 
 class Discovery:
     """What ``kubernetes_sd_configs`` does, with the scraper's token: list the pods every
-    second and rewrite the targets files (only when they change)."""
+    scrape interval and rewrite the targets files (only when they change)."""
 
     def __init__(self, node: Node, token: str, jobs: list[Obj], sd_dir: Path) -> None:
         context = ssl.create_default_context(cafile=str(node.pki / "ca.crt"))
@@ -109,7 +109,7 @@ class Discovery:
             self._last = seen
 
     def _run(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(SCRAPE_SECONDS):
             try:
                 self.refresh()
             except (ApiError, OSError) as e:  # the API server is busy: try again next second
