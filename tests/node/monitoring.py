@@ -167,13 +167,12 @@ class Prometheus:
             for s in result
         ]  # fmt: skip
 
-    def drawn(self, query: str) -> bool:
-        """Whether ``query`` gave a number (not NaN) anywhere in the record: what a panel of
-        it would have drawn over the run."""
-        return any(
-            not math.isnan(v)
+    def drawn(self, query: str) -> int:
+        """How many of ``query``'s series gave a number (not NaN) somewhere in the record:
+        the lines a panel of it would have drawn over the run."""
+        return sum(
+            any(not math.isnan(v) for _, v in series["values"])
             for series in self.record(query, step=SCRAPE_SECONDS)
-            for _, v in series["values"]
         )
 
     def stop(self) -> None:

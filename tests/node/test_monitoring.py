@@ -170,6 +170,8 @@ def test_the_drills_without_a_leader_fire_two_alerts_that_clear_after(
 def test_every_dashboard_panel_drew_over_the_run(prom: Prometheus) -> None:
     dashboard = json.loads((MONITORING / "dashboards" / "vm-autoscaling.json").read_text())
     queries = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
-    dead = [(title, q) for title, q in queries if not prom.drawn(q)]
+    drawn = [(title, q, prom.drawn(q)) for title, q in queries]
+    dead = [(title, q) for title, q, lines in drawn if not lines]
     assert not dead, f"dead panels: {dead}"
-    print(f"{len(queries)} queries of {len(dashboard['panels'])} panels drew numbers over the run")
+    print(f"{len(queries)} queries of {len(dashboard['panels'])} panels drew numbers over the "
+          f"run, {sum(n for *_, n in drawn)} series in all: {[n for *_, n in drawn]}")  # fmt: skip
