@@ -176,3 +176,11 @@ def test_every_dashboard_panel_drew_over_the_run(prom: Prometheus) -> None:
     assert not dead, f"dead panels: {dead}"
     print(f"{len(queries)} queries of {len(dashboard['panels'])} panels drew numbers over the "
           f"run, {sum(n for *_, n in drawn)} series in all: {[n for *_, n in drawn]}")  # fmt: skip
+
+
+def test_spans_split_on_a_gap_and_end_unless_the_record_ends_within_one() -> None:
+    times = [10.0, 11.0, 13.0, 20.0, 21.0]  # a 2 s gap is a late evaluation, 7 s is a new span
+    assert spans(times, 1.0, until=22.0) == [Span(10.0, 14.0), Span(20.0, None)]
+    assert spans(times, 1.0, until=30.0) == [Span(10.0, 14.0), Span(20.0, 22.0)]
+    assert spans(times, 1.0, until=math.inf)[-1] == Span(20.0, 22.0)
+    assert spans([], 1.0, until=30.0) == []
