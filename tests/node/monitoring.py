@@ -12,8 +12,9 @@ then runs Debian's ``prometheus`` on the host with the shipped scrape jobs and r
   (``testkit/prometheus.py``); the relabelling that picks and labels the targets is the
   shipped one;
 - the rules are the shipped ones with ``for`` divided by ``FOR_DIVISOR`` and their windows by
-  ``WINDOW_DIVISOR``; Prometheus scrapes every 2 s and evaluates every second: the tier's
-  overlay of the timing, never of the expressions.
+  ``WINDOW_DIVISOR``; Prometheus scrapes every 2 s (the guests every 10 s) and evaluates
+  every second: the tier's overlay of the timing, never of the expressions. It runs at
+  SCHED_IDLE: on this host it shares the CPUs with the nodes it watches.
 
 It runs while the tier's drills run (the extender's leader deleted, its node stopped, it cut
 off from the API server, VMs growing under load), so ``tests/node/test_monitoring.py``, run
