@@ -398,7 +398,7 @@ def test_run_bench_grows_the_vm_under_load_and_shrinks_it_after(
     # grew, offlined before it shrank.
     # A quota change is seen up to one poll late; the agent acts on the kubelet's report of it,
     # which comes after it, so the order is only ever blurred by that much.
-    cores_at = watch.at
+    cores_at = watch.seen_after
     online = [e for e in events if e["event"] == "grow_online"]
     assert online
     for e in online:
