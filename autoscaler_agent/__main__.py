@@ -40,7 +40,13 @@ from autoscaler_agent.extender_client import (
 )
 from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
 from autoscaler_agent.metrics import AgentMetrics
-from autoscaler_agent.runner import RunnerDeps, Supervisor, VmLoops
+from autoscaler_agent.runner import (
+    RESIZE_DIRECTIONS,
+    RESIZE_RESULTS,
+    RunnerDeps,
+    Supervisor,
+    VmLoops,
+)
 from observability.exits import EXIT_CODES_HELP, ExitCode, OneLineParser, fail
 from observability.log import configure_logging
 from observability.running import run_service
@@ -135,6 +141,14 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
     # counter sees the first failure too (a series born at 1 shows no increase).
     for error in ExtenderError.__subclasses__():
         metrics.extender_errors.labels(kind=error.kind)
+    # The same for resizes, each direction and result of both resources: the dashboard's
+    # resize latency is a rate over the histogram, which a VM's first grow would not move.
+    for direction in RESIZE_DIRECTIONS:
+        for histogram in (metrics.resize_duration, metrics.memory_resize_duration):
+            histogram.labels(direction=direction)
+        for result in RESIZE_RESULTS:
+            for counter in (metrics.resizes, metrics.memory_resizes):
+                counter.labels(direction=direction, result=result)
     root = Path(config.hypervisor.socket_root)
 
     def hypervisor_for(target: VmTarget) -> Hypervisor:

@@ -112,6 +112,11 @@ class RunnerDeps:
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
 # How often a VM loop looks again for its container's cpu.stat while it has not found it.
 _FIND_CPU_STAT_SECONDS = 30.0
+# The labels of the resize metrics (``resizes_total``, ``resize_duration_seconds`` and their
+# memory twins), as ``_resize`` sets them: every value is exported at 0 from the start
+# (``__main__``).
+RESIZE_DIRECTIONS = ("grow", "shrink")
+RESIZE_RESULTS = ("ok", "error", "incomplete")
 
 
 def first_scrape_offset_seconds(uid: str, interval_seconds: float) -> float:

@@ -28,7 +28,8 @@ request id. The pure core raises none of these: it returns typed refusals
      └── Unavailable              503  + Retry-After: retrying later will help
           ├── TooManyRequests     429  + Retry-After: this caller's own budget is spent
           ├── NotSynced           503  the first node and pod lists are not in yet
-          └── NotLeader           503  a standby: the other replica decides (or will soon)
+          └── NotLeader           503  a standby: the other replica decides (or will soon);
+                                       + Connection: close, so the retry reaches it
 
 For kube-scheduler's verbs a node that does not fit is *data* (``FailedNodes``), and a failed
 bind is an ``Error`` string in a 200: kube-scheduler treats any other status as a failure of
@@ -44,6 +45,9 @@ class ExtenderError(Exception):
     status: ClassVar[int] = 500
     # A stable CamelCase word for machines; the message is for humans.
     default_reason: ClassVar[str] = "InternalError"
+    # The connection is closed after the answer (``Connection: close``): the caller's retry
+    # must open a new one, through the Service, to reach another replica.
+    closes_connection: ClassVar[bool] = False
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
@@ -161,6 +165,13 @@ class NotSynced(Unavailable):
 
 class NotLeader(Unavailable):
     """This replica does not hold the extender's Lease: it decides nothing. Retrying helps:
-    the Service sends the next request to the leader, or this one leads by then."""
+    the Service sends the next request to the leader, or this one leads by then.
+
+    Only on a new connection: kube-proxy picks a Service's endpoint when a connection opens,
+    and keeps an established one on its pod after the pod leaves the endpoints (a conntrack
+    entry, for TCP). An agent whose kept-alive connection reached the old leader would get
+    this answer for as long as both lived (seen in the node tier after the cut-off drill:
+    an agent refused every 5 s for minutes), so the answer closes the connection."""
 
     default_reason = "NotLeader"
+    closes_connection = True

@@ -25,13 +25,15 @@ INTERNAL_ERROR: Final = "internal error; see the extender's log"
 
 
 class DeskAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """What the desk answers: the HTTP status, body and headers, and what the one ``request``
-    log line of the call says: its ``reason`` (the statuses counted, or the error), and the
-    batch's ``node`` and number of ``vms`` once it is decoded."""
+    """What the desk answers: the HTTP status, body and headers, whether the connection is
+    closed after it (``close``: the error's ``closes_connection``), and what the one
+    ``request`` log line of the call says: its ``reason`` (the statuses counted, or the
+    error), and the batch's ``node`` and number of ``vms`` once it is decoded."""
 
     status: int
     body: bytes
     headers: dict[str, str] = {}
+    close: bool = False
     reason: dict[str, int] | str | None = None
     node: str | None = None
     vms: int | None = None
@@ -52,6 +54,7 @@ def error_answer(
         status=error.status,
         body=body,
         headers=error.headers,
+        close=error.closes_connection,
         reason=error.message,
         node=node,
         vms=vms,
@@ -66,6 +69,8 @@ def internal_error() -> ExtenderError:
 def response(answer: DeskAnswer, *, content_type: str = JSON) -> web.Response:
     out = web.Response(body=answer.body, status=answer.status, content_type=content_type)
     out.headers.update(answer.headers)
+    if answer.close:
+        out.force_close()
     return out
 
 

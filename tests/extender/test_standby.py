@@ -48,6 +48,7 @@ async def test_the_standby_is_warm_but_refuses_to_decide(
         answer = await running.verbs.post(path, json=body)
         assert answer.status == 503
         assert answer.headers["Retry-After"] == "1"
+        assert answer.headers["Connection"] == "close"
         assert (await answer.json())["reason"] == "NotLeader"
     refused = await running.permits.post(
         "/v1/permits",
@@ -56,6 +57,9 @@ async def test_the_standby_is_warm_but_refuses_to_decide(
     )
     assert refused.status == 503
     assert refused.headers["Retry-After"] == "1"
+    # Closed after the answer: the agent's retry opens a new connection, which the Service
+    # sends to the leader (a kept-alive one would stay on this pod; errors.NotLeader).
+    assert refused.headers["Connection"] == "close"
     body = await refused.json()
     assert body["reason"] == "NotLeader" and "ha-a_1" in body["message"]
     # Warm: the ledger follows the cluster, and holds the VM up to its maximum (unverified).

@@ -11,7 +11,11 @@ Public, for every module of the tier (each is session-scoped: the tier shares on
   node by name, ``node.timings`` what each step took.
 - ``deployed``: ``kubectl apply -k manifests/`` as written, on ``node``: both extender replicas
   and the agent on every node Ready (the vm-controller starting beside them).
-- ``tuned``: ``manifests/`` re-applied through the tier's overlay (``tests/node/overlay.py``).
+- ``tuned``: ``manifests/`` re-applied through the tier's overlay (``tests/node/overlay.py``),
+  with ``watching`` started first.
+- ``watching``: a real Prometheus scraping the system through manifests/monitoring
+  (``tests/node/monitoring.py``) from then to the session's end; ``test_monitoring`` reads its
+  record last.
 - ``vm``: ``kubectl apply -k manifests/examples``: the pod the vm-controller makes of the
   example VirtualMachine, once its container runs.
 
@@ -31,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from testkit.controlplane import kube_bin_dir, wait_for
-from tests.node import images
+from tests.node import images, monitoring
 from tests.node.explain import snapshot
 from tests.node.harness import VM, Node, Obj, Worker, cannot_run, ctr_args
 from tests.node.overlay import tier_overlay
@@ -41,6 +45,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # agent runs twice, and a node can fail with the other left. Each node costs ~150 MB and ~2 %
 # of a core idle (kubelet + containerd).
 NODES = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``test_monitoring`` runs last: it reads what the tier's other modules left in
+    Prometheus's record (the alerts their drills raised, what every dashboard panel drew)."""
+    last = [i for i in items if i.nodeid.startswith("tests/node/test_monitoring.py")]
+    if last:
+        items[:] = [i for i in items if i not in last] + last
 
 
 @pytest.hookimpl(wrapper=True)
@@ -128,9 +140,33 @@ def deployed(node: Node) -> Node:
 
 
 @pytest.fixture(scope="session")
-def tuned(deployed: Node, tmp_path_factory: pytest.TempPathFactory) -> Node:
+def watching(
+    deployed: Node, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[monitoring.Prometheus | None]:
+    """Debian's Prometheus scraping the system through manifests/monitoring, for the rest of
+    the session (None where it is not installed; CI must have it: scripts/setup)."""
+    if monitoring.binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run Prometheus in the real-node tier: scripts/setup installs it")
+        yield None
+        return
+    started = time.monotonic()
+    prom = monitoring.start(deployed, tmp_path_factory.mktemp("prometheus"))
+    took = deployed.timings["monitoring applied to Prometheus ready"] = time.monotonic() - started
+    print(f"monitoring applied -> Prometheus ready: {took:.1f}s")
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+@pytest.fixture(scope="session")
+def tuned(
+    deployed: Node, watching: monitoring.Prometheus | None, tmp_path_factory: pytest.TempPathFactory
+) -> Node:
     """``manifests/`` re-applied through the tier's overlay (``tests/node/overlay.py``: room for
-    a VM to grow on a 2-CPU node, shorter shrink windows), both workloads rolled out again."""
+    a VM to grow on a 2-CPU node, shorter shrink windows), both workloads rolled out again.
+    Prometheus (``watching``) scrapes from before, so its record holds every drill after."""
     started = time.monotonic()
     deployed.kubectl("apply", "-k", str(tier_overlay(tmp_path_factory.mktemp("overlay"))))
     deployed.rollout("deployment/scheduler-extender")

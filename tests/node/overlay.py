@@ -8,7 +8,9 @@ written down here and nowhere else:
 - no CPU requests on the system pods and no extender reserve: the manifests' pods request 400m
   of a node (420m where the vm-controller runs) and the extender keeps 20% of it for the host,
   so a VM placed at 1 vCPU on a 2-CPU node has 200m to grow into and can never reach 2
-  (docs/DEPLOY.md tells small-node operators);
+  (docs/DEPLOY.md tells small-node operators). The price: at 0 the system pods' CPU weight is
+  the minimum, so beside the VM under load they get what the host leaves (the pair on the
+  VM's node may lose its Leases to the standby), which the manifests' requests prevent;
 - the agent's shrink windows (``policy.shrink_after_seconds`` and
   ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
   a shrink is still decided the same way, on a window of scrapes that all ask for less, only
