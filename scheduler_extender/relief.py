@@ -18,7 +18,7 @@ API server does not turn every pass into the same create.
 Each planned move is recorded in the book (``ReliefBook.move_started``) before the pass's
 first await: a migration created but not yet reserved by the vm-controller is in flight, in the
 budget. The book's moves are otherwise the VirtualMachineMigrations the extender watches
-(``sync.follow_migrations``): a restarted or new leader lists them and keeps every VM's
+(``sync.follow_cluster``): a restarted or new leader lists them and keeps every VM's
 cool-down and backoff.
 
 Not here: drains (``relief.drain.enabled`` is refused by the config: nothing taints nodes or

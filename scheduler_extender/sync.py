@@ -12,45 +12,36 @@ Pods of all namespaces are watched, not only ours: foreign pods occupy capacity 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import structlog
 
 from kube_io.client import KubeClient
-from kube_io.watch import Listed, WatchSettings, watch_objects
+from kube_io.watch import Listed, WatchItem, WatchSettings, watch_objects
+from protocol.kube import Node, Pod
+from protocol.virtualmachine import VirtualMachineMigration
 from scheduler_extender.service import Extender
 
 log = structlog.get_logger(__name__)
 
-
-async def follow_nodes(client: KubeClient, extender: Extender, settings: WatchSettings) -> None:
-    async for item in watch_objects(client, "nodes", settings=settings):
-        if isinstance(item, Listed):
-            extender.nodes_listed(item.objects)
-            log.info("nodes_listed", count=len(item.objects))
-        else:
-            extender.node_changed(item.type, item.object)
+Watched = TypeVar("Watched", Pod, Node, VirtualMachineMigration)
 
 
-async def follow_pods(client: KubeClient, extender: Extender, settings: WatchSettings) -> None:
-    async for item in watch_objects(client, "pods", settings=settings):
-        if isinstance(item, Listed):
-            extender.pods_listed(item.objects)
-            log.info("pods_listed", count=len(item.objects))
-        else:
-            extender.pod_changed(item.type, item.object)
-
-
-async def follow_migrations(
-    client: KubeClient, extender: Extender, settings: WatchSettings
+async def follow(
+    items: AsyncIterator[WatchItem[Watched]],
+    listed: Callable[[list[Watched]], None],
+    changed: Callable[[str, Watched], None],
+    event: str,
 ) -> None:
-    """Relief's moves (``relief.enabled`` only): every VirtualMachineMigration, whoever made
-    it, is in relief's book (moves in flight, cool-downs, failure backoffs)."""
-    async for item in watch_objects(client, "virtualmachinemigrations", settings=settings):
+    """One kind's list-then-watch into the extender: a list replaces its view, each change
+    is applied as it comes."""
+    async for item in items:
         if isinstance(item, Listed):
-            extender.migrations_listed(item.objects)
-            log.info("migrations_listed", count=len(item.objects))
+            listed(item.objects)
+            log.info(event, count=len(item.objects))
         else:
-            extender.migration_changed(item.type, item.object)
+            changed(item.type, item.object)
 
 
 async def follow_cluster(client: KubeClient, extender: Extender) -> None:
@@ -59,10 +50,26 @@ async def follow_cluster(client: KubeClient, extender: Extender) -> None:
     settings = WatchSettings(stream_timeout_seconds=extender.config.kube.watch_timeout_seconds)
     try:
         async with asyncio.TaskGroup() as group:
-            group.create_task(follow_nodes(client, extender, settings))
-            group.create_task(follow_pods(client, extender, settings))
+            nodes = watch_objects(client, "nodes", settings=settings)
+            group.create_task(
+                follow(nodes, extender.nodes_listed, extender.node_changed, "nodes_listed")
+            )
+            pods = watch_objects(client, "pods", settings=settings)
+            group.create_task(
+                follow(pods, extender.pods_listed, extender.pod_changed, "pods_listed")
+            )
             if extender.config.relief.enabled:
-                group.create_task(follow_migrations(client, extender, settings))
+                # Relief's moves: every VirtualMachineMigration, whoever made it, is in
+                # relief's book (moves in flight, cool-downs, failure backoffs).
+                migrations = watch_objects(client, "virtualmachinemigrations", settings=settings)
+                group.create_task(
+                    follow(
+                        migrations,
+                        extender.migrations_listed,
+                        extender.migration_changed,
+                        "migrations_listed",
+                    )
+                )
     except* Exception as errors:
         # Task boundary: log why the view of the cluster stopped, then let the app decide.
         for error in errors.exceptions:

@@ -13,11 +13,15 @@ from pathlib import Path
 
 from tests.vm.conftest import REPO
 
+# Ignores SIGTERM like a QEMU whose guest ignores the power button, and serves no QMP.
+DEAF_QEMU = "#!/bin/sh\ntrap '' TERM\nexec sleep 600\n"
 
-def start_runner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+
+def start_runner(
+    tmp_path: Path, qemu_script: str = DEAF_QEMU, *, grace_seconds: float = 0.5
+) -> tuple[subprocess.Popen[bytes], Path]:
     fake_qemu = tmp_path / "fake-qemu"
-    # Ignores SIGTERM like a QEMU whose guest ignores the power button, and serves no QMP.
-    fake_qemu.write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 600\n")
+    fake_qemu.write_text(qemu_script)
     fake_qemu.chmod(0o755)
     log_path = tmp_path / "runner.log"
     with log_path.open("wb") as log:
@@ -25,7 +29,7 @@ def start_runner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
             [sys.executable, "-m", "vm_runner", "--qemu-binary", str(fake_qemu),
              "--kernel", "/nonexistent", "--min-vcpus", "1", "--max-vcpus", "2",
              "--accel", "tcg", "--qmp-socket", str(tmp_path / "qmp" / "vm.sock"),
-             "--grace-seconds", "0.5", "--quit-timeout-seconds", "0.5"],
+             "--grace-seconds", str(grace_seconds), "--quit-timeout-seconds", str(grace_seconds)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
     return runner, log_path
@@ -124,18 +128,9 @@ while True:
 def test_a_qemu_that_sent_its_vm_away_is_quit_without_the_power_button(tmp_path):
     """A live migration's source: the guest runs on the target, and this paused copy would
     ignore the power button for the whole grace period (600 s here)."""
-    fake_qemu = tmp_path / "fake-qemu"
-    fake_qemu.write_text(f"#!{sys.executable}\n{MOVED_AWAY_QEMU}")
-    fake_qemu.chmod(0o755)
-    log_path = tmp_path / "runner.log"
-    with log_path.open("wb") as log:
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "vm_runner", "--qemu-binary", str(fake_qemu),
-             "--kernel", "/nonexistent", "--min-vcpus", "1", "--max-vcpus", "2",
-             "--accel", "tcg", "--qmp-socket", str(tmp_path / "qmp" / "vm.sock"),
-             "--grace-seconds", "600", "--quit-timeout-seconds", "600"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+    runner, log_path = start_runner(
+        tmp_path, f"#!{sys.executable}\n{MOVED_AWAY_QEMU}", grace_seconds=600
+    )
     try:
         wait_for_qemu_pid(log_path)
         control = next(e for e in events(log_path) if e["event"] == "qemu_starting")["argv"]
