@@ -20,7 +20,8 @@ source gone and the target there means the move had cut over (finish it); anythi
 aborted (the source keeps running, the target is deleted, the reservation cancelled), since
 half a transfer cannot be resumed.
 
-*never-move.* A VM whose pod says ``vm-autoscaling.io/never-move: "true"`` opted out of the
+*never-move.* A VM whose pod says ``vm-autoscaling.io/never-move: "true"`` (or whose
+VirtualMachine says ``spec.neverMove``, before the controller has patched its pod) opted out of the
 moves nobody asked for: the extender's relief never chooses it (``core.relief``), and a
 migration relief created (``RELIEF_LABEL``) is refused here (``NeverMove``) if the VM opted out
 after the plan, or its pod's value is unreadable. A migration a human created is carried out:
@@ -168,7 +169,7 @@ def admit(
             message=f"VM {name} has no running pod to move"
             + (f" (pod {source.metadata.name} is {source.status.phase})" if source else ""),
         )
-    if RELIEF_LABEL in (vmm.metadata.labels or {}) and _never_move(source):
+    if RELIEF_LABEL in (vmm.metadata.labels or {}) and (vm.spec.never_move or _never_move(source)):
         return Refused(
             reason=Refusal.NEVER_MOVE,
             message=f"VM {name} opted out of automatic moves (never-move); relief does not move it",

@@ -139,6 +139,22 @@ def test_never_move_refuses_reliefs_migrations_only(
         assert isinstance(decided, Plan)
 
 
+def test_a_vm_that_opted_out_before_its_pod_was_patched_is_not_moved_by_relief() -> None:
+    """``spec.neverMove`` set, the controller's patch of the running pod not yet made: the
+    VirtualMachine's own word counts."""
+    vm = make_vm(neverMove=True)
+    plain = running_pod(make_vm())
+    assert ann.NEVER_MOVE not in (plain.metadata.annotations or {})
+    source = running_pod(vm, annotations=dict(plain.metadata.annotations or {}))
+    vmm = make_vmm()
+    by_relief = msgspec.structs.replace(
+        vmm, metadata=msgspec.structs.replace(vmm.metadata, labels={RELIEF_LABEL: "Watermark"})
+    )
+    decided = migrations.admit(by_relief, vm, source, [])
+    assert isinstance(decided, Refused) and decided.reason == Refusal.NEVER_MOVE
+    assert isinstance(migrations.admit(vmm, vm, source, []), Plan)  # a human's move
+
+
 @given(
     vm=vms(),
     uid=st.uuids().map(str),
