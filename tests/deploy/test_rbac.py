@@ -71,6 +71,7 @@ CALLS: dict[str, list[Access]] = {
     ],
     "list_services": [Access("list", "", "services")],
     "get_service": [Access("get", "", "services")],
+    "patch_service_selector": [Access("patch", "", "services")],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
@@ -80,6 +81,7 @@ VM_CONTROLLER_CALLS = {
     "patch_virtual_machine_migration_status",
     "list_services",
     "get_service",
+    "patch_service_selector",
 }
 # Calls the extender makes too: the vm-controller's migration mark on both pods of a move, and
 # the target's label taken off at cut-over; the migrations' list (relief's book).

@@ -35,6 +35,7 @@ from tests.node.conftest import example_vm
 from tests.node.harness import VM, Node, Obj, wait_postgres
 from tests.node.test_dns import decode, query
 from tests.node.test_node_failures import OverCommitWatch, _leader_ledger
+from vm_controller import decide
 from vm_runner.cmdline import VIRTIO_MEM_ID
 from vm_runner.qmp import QmpClient
 
@@ -111,6 +112,14 @@ def vm_status(node: Node) -> Obj:
     return status
 
 
+def vm_pods(node: Node) -> list[Obj]:
+    out = node.kubectl(
+        "get", "pods", "-n", "default", "-l", f"{decide.VM_NAME_LABEL}={VM}", "-o", "json"
+    ).stdout
+    pods: list[Obj] = json.loads(out)["items"]
+    return pods
+
+
 def migration(node: Node, name: str) -> Obj:
     out = node.kubectl("get", "virtualmachinemigration", name, "-o", "json").stdout
     obj: Obj = json.loads(out)
@@ -167,11 +176,26 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
             refused = migration(node, name).get("status", {})
             assert refused.get("phase") != "Failed", refused
             vcpus, plugged = online_vcpus(ip), plugged_bytes(ip)
+            # What the VM's name resolves to, all through the move; and the addresses of its
+            # pods still a move's target, listed after each answer: an address in both was
+            # given to a client before that pod ran the guest.
+            resolved: list[list[str]] = []
+            early: list[str] = []
+
+            def finished() -> Obj | None:
+                resolved.append(service_addresses(node))
+                targets = {
+                    p["status"].get("podIP")
+                    for p in vm_pods(node)
+                    if decide.MIGRATION_TARGET_LABEL in p["metadata"].get("labels", {})
+                }
+                early.extend(a for a in resolved[-1] if a in targets)
+                m = migration(node, name)
+                return m if m.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
             done: Obj = wait_for(
-                lambda: (m := migration(node, name)).get("status", {}).get("phase")
-                in ("Succeeded", "Failed") and m,
-                timeout_seconds=240, what=f"{name} finished", interval=0.2,
-            )  # fmt: skip
+                finished, timeout_seconds=240, what=f"{name} finished", interval=0.2
+            )
             moved = time.monotonic()
             status = done["status"]
             assert status["phase"] == "Succeeded", status
@@ -202,6 +226,10 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
     print(f"the guest's size before and after: {vcpus} vCPUs online, {plugged} B plugged; "
           f"after: {size}")  # fmt: skip
     assert rows == written
+    seen = [a for i, a in enumerate(resolved) if i == 0 or a != resolved[i - 1]]
+    print(f"the VM's name resolved to, in turn, during the move: {seen}")
+    assert not early, (early, seen)
+    assert seen[0] == [ip], seen
     assert target["spec"]["nodeName"] == there
     assert size == (vcpus, plugged)
     wait_for(
