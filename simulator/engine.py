@@ -38,6 +38,13 @@ is queued, so the order in which one instant's events run: nothing that VMs shar
 on that order. A node's permit batch is in the order sent, ties in VM order, and a
 request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
+A VM denied for want of room asks again every ``permit_retry_seconds``, and a node's batch that
+changed nothing, asked again with the same calls while the node's ledger has not changed, is
+answered as the extender answered it then, not decided again
+(``simulator.scheduling.RepeatedBatches``; counted as ``permit_batches_repeated``): the same
+answers from the same inputs, so it too changes how much work is done, never a decision, and
+the report's other numbers are what deciding every batch gives.
+
 This module is the event loop and what runs on it per event (each VM's agent loop, its
 operations, the node's permit batches, placement): the hot path, kept in one class so that an
 event costs no more calls than it must. What has another reason to change lives next to it:
@@ -192,6 +199,7 @@ class Simulation:
                 "scrapes",
                 "scrapes_skipped",
                 "permit_batches",
+                "permit_batches_repeated",
                 "permit_requests",
                 "resizes",
                 "placements",
@@ -970,7 +978,9 @@ class Simulation:
         if repeats is not None and not ext.ledger.moves:
             key = tuple((vm.ref, call.kind, call.vcpus, call.memory) for vm, call, _, _ in live)
             decisions = repeats.answer(node, key, self.seqs)
-        if decisions is None:
+        if decisions is not None:
+            self.counts["permit_batches_repeated"] += 1
+        else:
             requests = [
                 resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
                 for vm, call, _, _ in live

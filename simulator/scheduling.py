@@ -129,11 +129,10 @@ class RepeatedBatches:
     ``answer`` gives them again, and numbers the agents' seqs as sending the batch would.
     """
 
-    __slots__ = ("_by_node", "answered")
+    __slots__ = ("_by_node",)
 
     def __init__(self) -> None:
         self._by_node: dict[str, dict[BatchKey, list[Decision]]] = {}
-        self.answered = 0  # batches answered again
 
     def node_changed(self, node: str) -> None:
         """Something changed on ``node``'s ledger: its kept answers may no longer hold."""
@@ -149,7 +148,6 @@ class RepeatedBatches:
         kept = self._by_node.get(node)
         decisions = kept.get(key) if kept is not None else None
         if decisions is not None:
-            self.answered += 1
             for pod, _, _, _ in key:
                 seqs[pod.uid] = seqs.get(pod.uid, 0) + 1
         return decisions
