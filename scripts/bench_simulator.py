@@ -109,6 +109,7 @@ def main() -> int:
         "scrapes_skipped": c.scrapes_skipped,
         "permit_requests": c.permit_requests,
         "permit_batches": c.permit_batches,
+        "permit_batches_repeated": c.permit_batches_repeated,
         "resizes": c.resizes,
         "denials": sum(v.denials for v in report.vms),
         "full_checks": c.full_checks,

@@ -38,6 +38,13 @@ is queued, so the order in which one instant's events run: nothing that VMs shar
 on that order. A node's permit batch is in the order sent, ties in VM order, and a
 request made at its flush's instant goes in the next batch; each VM draws its own jitter.
 
+A VM denied for want of room asks again every ``permit_retry_seconds``, and a node's batch that
+changed nothing, asked again with the same calls while the node's ledger has not changed, is
+answered as the extender answered it then, not decided again
+(``simulator.scheduling.RepeatedBatches``; counted as ``permit_batches_repeated``): the same
+answers from the same inputs, so it too changes how much work is done, never a decision, and
+the report's other numbers are what deciding every batch gives.
+
 This module is the event loop and what runs on it per event (each VM's agent loop, its
 operations, the node's permit batches, placement): the hot path, kept in one class so that an
 event costs no more calls than it must. What has another reason to change lives next to it:
@@ -78,7 +85,7 @@ from autoscaler_agent.memory_policy import MemoryPolicyConfig
 from autoscaler_agent.policy import PolicyConfig, PolicyState, Samples
 from autoscaler_agent.wire import resource_request
 from protocol.annotations import VmSpec
-from protocol.permits import PodRef
+from protocol.permits import PodRef, ResourceRequest
 from scheduler_extender.admission import queue as adm
 from scheduler_extender.admission.quota import QuotaConfig
 from scheduler_extender.core.ledger import LedgerError
@@ -124,7 +131,7 @@ from simulator.report import (
     Report,
     Violation,
 )
-from simulator.scheduling import bind, choose_node, permit_batch
+from simulator.scheduling import Answers, RepeatedBatches, bind, choose_node, permit_batch
 from simulator.settling import Settling
 from simulator.world import SEED_MIX, GuestLoad, given_back_to, memory_segments, mix64, used_at
 
@@ -148,6 +155,7 @@ class Simulation:
         *,
         after_step: Hook | None = None,
         skip_settled: bool = True,
+        repeat_answers: bool = True,
         only_nodes: Collection[str] | None = None,
     ) -> None:
         """``only_nodes``: simulate only these of the scenario's nodes and the VMs bound to
@@ -156,6 +164,15 @@ class Simulation:
         self.only_nodes = None if only_nodes is None else frozenset(only_nodes)
         # Off only in the tests that show skipping changes no decision.
         self.skip_settled = skip_settled
+        # A permit batch that changed nothing, sent again to a node whose ledger stands still,
+        # is answered as ``permit_batch`` answered it (``scheduling.RepeatedBatches``). Not with
+        # quotas (a namespace's room moves with other nodes) nor relief (moves); off only in
+        # the tests that show it changes nothing.
+        self.repeats = (
+            RepeatedBatches()
+            if repeat_answers and scenario.quotas is None and scenario.relief is None
+            else None
+        )
         self.after_step = after_step
         a = scenario.agent
         mp = scenario.memory_policy
@@ -182,6 +199,7 @@ class Simulation:
                 "scrapes",
                 "scrapes_skipped",
                 "permit_batches",
+                "permit_batches_repeated",
                 "permit_requests",
                 "resizes",
                 "placements",
@@ -433,6 +451,8 @@ class Simulation:
             node.overcommit_since = None
 
     def _ledger_changed(self, name: str) -> None:
+        if self.repeats is not None:
+            self.repeats.node_changed(name)
         ext = self.extender
         node = self.nodes.get(name)
         if ext is None or node is None:
@@ -451,6 +471,8 @@ class Simulation:
     def _start_extender(self, _: int) -> None:
         """A fresh extender lists nodes and pods from the API server and rebuilds its ledger."""
         self.epoch += 1
+        if self.repeats is not None:
+            self.repeats.clear()
         ext, pods = rebuild_extender(
             epoch=self.epoch,
             quotas=self.quotas,
@@ -943,15 +965,30 @@ class Simulation:
                 self.at(fail_at, self._permit_timeout, (vm.index << 32) | (token & 0xFFFFFFFF))
             return
         self.counts["permit_batches"] += 1
-        requests = [
-            resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
-            for vm, call, _, _ in live
-        ]
         free = ext.ledger.nodes[node].free
         before, before_memory = free.cpu_millis, free.memory_bytes
         # As the extender decides it: negotiation, seqs, then each VM's decision (upscales
-        # limited by namespace quotas; a namespace without one is unlimited).
-        decisions = permit_batch(ext, node, requests, self.seqs)
+        # limited by namespace quotas; a namespace without one is unlimited). A batch that
+        # changed nothing, sent again to a node whose ledger stands still, gets its answers
+        # again (``RepeatedBatches``): VMs denied for want of room ask every few seconds.
+        repeats = self.repeats
+        decisions: Answers | None = None
+        requests: list[ResourceRequest] = []
+        key = None
+        if repeats is not None and not ext.ledger.moves:
+            key = tuple((vm.ref, call.kind, call.vcpus, call.memory) for vm, call, _, _ in live)
+            decisions = repeats.answer(node, key, self.seqs)
+        if decisions is not None:
+            self.counts["permit_batches_repeated"] += 1
+        else:
+            requests = [
+                resource_request(call, pod=vm.ref, node=node, spec=vm.vm_spec)
+                for vm, call, _, _ in live
+            ]
+            if repeats is not None and key is not None:
+                decisions = repeats.decide(ext, node, key, requests, self.seqs)
+            else:
+                decisions = permit_batch(ext, node, requests, self.seqs)
         if isinstance(decisions, Refused):
             raise InvariantViolation("permit batch refused", decisions.message)
         check_decision(ext.ledger, node, before, f"permit batch for {node}")

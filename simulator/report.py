@@ -134,6 +134,9 @@ class Counters(_Out, frozen=True):
     scrapes: int
     scrapes_skipped: int  # scrapes a settled VM did not need (see engine docstring)
     permit_batches: int
+    # Of those, batches that changed nothing sent again to a node whose ledger stood still:
+    # answered as the extender answered them before, not decided again (engine docstring).
+    permit_batches_repeated: int
     permit_requests: int
     resizes: int
     placements: int
@@ -349,6 +352,10 @@ def format_table(report: Report, *, max_vms: int = 40, max_nodes: int = 20) -> s
         f"{c.scrapes_skipped} more scrapes were skipped while settled: a VM whose load cannot"
         " change its size needs no scrape until it can; skipping saves work, never changes a"
         " decision."
+    )
+    lines.append(
+        f"{c.permit_batches_repeated} of those batches were answered again, not decided again:"
+        " each had changed nothing when decided, and came back to a node whose ledger stood still."
     )
     if report.violation is not None:
         v = report.violation
