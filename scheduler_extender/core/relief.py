@@ -35,9 +35,13 @@ The rule, in the order a pass applies it (one pass, one budget):
    this pass's view, so two passes in a row never start more than the budget allows.
 2. **Relief of a VM cut short.** A VM whose last grow was cut short by its node's room (the
    permit rules' ``ShortOf.NODE``; ``ReliefBook.permits_decided`` keeps its *requested* size),
-   oldest shortfall first. Either the VM itself moves, to a node with room for its full
-   requested size now, or a neighbour on its node moves away, the smallest (by memory: the
-   quickest move) whose leaving frees what the VM still lacks. Of the two, the one that moves
+   oldest shortfall first, for as long as the VM keeps asking: the agent asks again at every
+   permit retry while it still wants more (``extender.permit_retry_seconds``, 5 s) and says
+   nothing once its load has gone, so a want not asked again within ``want_ttl_seconds`` is
+   over (a VM cut short while its guest booted is not moved long after, when room appears).
+   Either the VM itself moves, to a node with room for its full requested size now, or a
+   neighbour on its node moves away, the smallest (by memory: the quickest move) whose
+   leaving frees what the VM still lacks. Of the two, the one that moves
    less memory; on a tie, the VM itself. A target never lacks room for what the moving VM is
    to hold (a VM cut short: its requested size; a neighbour: its size), and never ends above
    the watermark.
@@ -177,6 +181,10 @@ class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_moves_share: Share = 0.1
     # A VM moved is not moved again for this long (from its move's creation).
     cooldown_seconds: Seconds = 600.0
+    # A grow cut short is wanted for this long after the VM last asked for it (the agent asks
+    # again every permit retry, 5 s by default, while it still wants more): keep it above the
+    # agents' ``extender.permit_retry_seconds``.
+    want_ttl_seconds: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)] = 30.0
     # After a failed move, the VM waits this long from the failure's end, doubled for each
     # further failure in a row, up to the maximum (see the module docstring).
     failure_backoff_seconds: Seconds = 600.0
@@ -283,10 +291,15 @@ def record_of(migration: VirtualMachineMigration, *, now: float) -> MoveRecord:
 
 @dataclass(slots=True)
 class Want:
-    """A VM's grow cut short by its node: the size it asked for, as its pod would hold it."""
+    """A VM's grow cut short by its node: the size it asked for, as its pod would hold it,
+    since its first shortfall, and when it last asked."""
 
     requested: Demand
     since: float
+    asked: float
+
+    def is_live(self, *, now: float, config: ReliefConfig) -> bool:
+        return now - self.asked < config.want_ttl_seconds
 
 
 @dataclass(slots=True)
@@ -323,7 +336,7 @@ class ReliefBook:
                     entry, vcpus=req.requested.vcpus, memory_bytes=req.requested.memory_bytes
                 )
                 found = self.wants.get(uid)
-                self.wants[uid] = Want(want, found.since if found is not None else now)
+                self.wants[uid] = Want(want, found.since if found is not None else now, now)
             else:
                 self.wants.pop(uid, None)
             granted = decision.permit.permit
@@ -371,11 +384,16 @@ class ReliefBook:
             self.wants[target_uid] = want
 
     def forget_gone(self, ledger: Ledger, *, now: float, config: ReliefConfig) -> None:
-        """Drop what no longer matters: pods and nodes gone, cool-downs and hysteresis over.
+        """Drop what no longer matters: pods and nodes gone, wants not asked again within
+        ``want_ttl_seconds``, cool-downs and hysteresis over.
         When every pod is gone and time has passed them, the book is empty again (a drained
         node stays in ``draining`` until it is removed)."""
         pods, nodes = ledger.pods, ledger.nodes
-        for uid in [u for u in self.wants if u not in pods]:
+        for uid in [
+            u
+            for u, w in self.wants.items()
+            if u not in pods or not w.is_live(now=now, config=config)
+        ]:
             del self.wants[uid]
         # A move ended long enough ago affects nothing: not the cool-down, nor the backoff
         # (failures older than twice the longest are forgiven), nor the drain hysteresis.
@@ -670,7 +688,7 @@ def plan_moves(
     # 2. VMs cut short, oldest shortfall first.
     for uid, want in sorted(book.wants.items(), key=lambda kv: (kv[1].since, kv[0])):
         entry = ledger.pods.get(uid)
-        if entry is None or entry.uid in moving:
+        if entry is None or entry.uid in moving or not want.is_live(now=now, config=config):
             continue
         node = entry.node
         state = ledger.nodes.get(node)
@@ -717,7 +735,11 @@ def plan_moves(
         )
         for n in neighbours:
             n_want = book.wants.get(n.uid)
-            n_need = n.held if n_want is None else n.held.max(n_want.requested)
+            n_need = (
+                n.held
+                if n_want is None or not n_want.is_live(now=now, config=config)
+                else n.held.max(n_want.requested)
+            )
             target = view.target(n_need, shut=shut | {node})
             if target is not None:
                 options.append(

@@ -231,6 +231,23 @@ def test_a_quiet_node_is_drained_only_after_its_hysteresis_and_reported_empty():
     assert plan_moves(ledger, book, now=62.0, config=CONFIG).emptied == ["quiet"]
 
 
+def test_a_want_the_vm_stops_asking_for_is_over_after_its_ttl():
+    """The agent asks again at every permit retry while it still wants more; once its load
+    has gone it says nothing, and its last want must not move it when room appears later."""
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=6)
+    bind(ledger, "web", "full", lo=2, hi=2, movable=False)
+    config = msgspec.structs.replace(CONFIG, watermark=None, want_ttl_seconds=30.0)
+    ask(ledger, book, "db", 6, now=0.0)
+    ask(ledger, book, "db", 6, now=20.0)  # asked again: live until 50, first short at 0
+    assert book.wants["db"].since == 0.0
+    assert [m.pod for m in plan_moves(ledger, book, now=49.0, config=config).moves] == ["ns/db"]
+    assert plan_moves(ledger, book, now=50.0, config=config).moves == []
+    book.forget_gone(ledger, now=50.0, config=config)
+    assert book.wants == {}
+
+
 def test_drain_is_off_by_default():
     ledger = ledger_of({"quiet": Demand(8000, 8 * GI), "busy": Demand(8000, 8 * GI)})
     bind(ledger, "a", "quiet", lo=1, hi=1)
@@ -282,7 +299,8 @@ def test_a_failed_move_backs_off_doubling_and_is_forgiven():
     ledger.forget_pod("b")
     config = msgspec.structs.replace(CONFIG, cooldown_seconds=10.0,
                                      failure_backoff_seconds=50.0,
-                                     failure_backoff_max_seconds=150.0)  # fmt: skip
+                                     failure_backoff_max_seconds=150.0,
+                                     want_ttl_seconds=1e6)  # a's want held throughout  # fmt: skip
     now = 2.0
     waits = []
     for n in range(5):
