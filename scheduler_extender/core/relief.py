@@ -48,15 +48,22 @@ The rule, in the order a pass applies it (one pass, one budget):
 3. **Watermark.** A node whose reservations (ours and foreign) exceed ``watermark`` of what it
    can give, in CPU or memory, moves one VM away per pass, the oldest (longest held there)
    first, to a node that stays under the watermark with it.
-4. **Drain** (``drain.enabled``, off by default). A node being drained moves its VMs away, the
-   smallest first, one at a time (rule 1); once no pod of ours and no foreign pod holds
-   anything there, the plan reports it ``emptied`` (removing it is the cloud's: cluster-
-   autoscaler deletes a node it finds empty after ``scale-down-unneeded-time``; Karpenter's
-   emptiness consolidation does the same for a NodeClaim). A new drain starts, at most
-   ``drain.max_nodes`` at once, on the least used node (the larger of its CPU and memory shares)
-   below ``drain.below_share``, with **hysteresis**: not one that received a VM, had one grow or
-   joined in the last ``drain.hysteresis_seconds``; not one running a foreign pod (evicting them
-   through the Eviction API is the shell's, and not built); not one with a VM that cannot move;
+4. **Drain** (``drain.enabled``, off by default), in Karpenter's order: taint first (the
+   caller puts ``DRAIN_TAINT``, NoSchedule, on each node of ``drain``: nothing new lands
+   there), then the node's VMs move away, the smallest first, one at a time (rule 1), then,
+   once none of ours holds anything there, its other pods are **evicted** (``evict``: each
+   through the Eviction API, so their PodDisruptionBudgets decide when; a refusal, HTTP 429,
+   is tried again ``EVICTION_RETRY_SECONDS`` later, as ``kubectl drain`` retries, never by
+   deleting the pod), except the pods ``kubectl drain --ignore-daemonsets`` leaves
+   (``Disruption``: DaemonSet pods and mirror pods). Once nothing but such pods holds
+   anything there, the plan reports it ``emptied`` (removing it is the cloud's:
+   cluster-autoscaler deletes a node it finds empty, DaemonSet and mirror pods aside, after
+   ``scale-down-unneeded-time``; Karpenter's emptiness consolidation does the same for a
+   NodeClaim). A new drain starts, at most ``drain.max_nodes`` at once, on the least used node
+   (the larger of its CPU and memory shares) below ``drain.below_share``, with
+   **hysteresis**: not one that received a VM, had one grow or joined in the last
+   ``drain.hysteresis_seconds``; not one with a pod kubectl drain would refuse to evict (no
+   controller, or an ``emptyDir``: ``Disruption.blocks``); not one with a VM that cannot move;
    and only if every VM there fits elsewhere now (first fit on this pass's view, under the
    watermark).
 
@@ -100,14 +107,15 @@ server's (``creationTimestamp``, ``status.completionTime``), and with one clock 
 book equals the live one exactly (a clock step shifts a cool-down by the step; Kubernetes'
 TTL-after-finished controller judges Jobs' ``completionTime`` the same way). Not rebuilt: the
 wants (the agents report again at once when the extender's epoch changes, and a cut-short
-grow is a want again from that answer), the nodes' hysteresis from grows and joins (drains are
-refused by the shell), and a create that never reached the API server (nothing moved; it is a
-failure only to the book that tried it).
+grow is a want again from that answer), the nodes' hysteresis from grows and joins, the
+evictions under way (a pod evicted is terminating, and evicting it again is harmless), and a
+create that never reached the API server (nothing moved; it is a failure only to the book that
+tried it). The drains are the nodes' ``DRAIN_TAINT`` (the shell sets ``draining`` from them).
 
 Not here: the moves' I/O (VirtualMachineMigration objects, taints, evictions), which the shell
-does with what ``plan_moves`` returns; and reserving the grower's *requested* size on its
-target (``reserve_move`` holds the VM's size now; the room for the rest was checked in this
-plan, and the VM asks for it again on arrival).
+does with what ``plan_moves`` returns (``scheduler_extender.relief``); and reserving the
+grower's *requested* size on its target (``reserve_move`` holds the VM's size now; the room for
+the rest was checked in this plan, and the VM asks for it again on arrival).
 """
 
 from __future__ import annotations
@@ -134,10 +142,12 @@ from scheduler_extender.core.ledger import (
     held_at,
 )
 from scheduler_extender.core.permits import Decision, ShortOf
-from scheduler_extender.core.podinfo import ZERO, Demand
+from scheduler_extender.core.podinfo import ZERO, Demand, Disruption
 
 __all__ = [
+    "EVICTION_RETRY_SECONDS",
     "DrainConfig",
+    "Eviction",
     "MovePhase",
     "MoveReason",
     "MoveRecord",
@@ -150,6 +160,11 @@ __all__ = [
     "plan_moves",
     "record_of",
 ]
+
+# After an eviction refused (429: a PodDisruptionBudget allows no disruption now), the pod is
+# tried again this much later, or the API server's Retry-After if longer: kubectl drain's 5 s
+# (``staging/src/k8s.io/kubectl/pkg/drain/drain.go``, ``evictPods``).
+EVICTION_RETRY_SECONDS = 5.0
 
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
@@ -220,14 +235,26 @@ class PlannedMove(msgspec.Struct, frozen=True, kw_only=True):
     relieves: str | None = None
 
 
+class Eviction(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod to evict (the Eviction API, with its ``uid`` as a precondition) from a drained
+    node."""
+
+    uid: str
+    pod: str  # namespace/name
+    node: str
+
+
 class ReliefPlan(msgspec.Struct, frozen=True, kw_only=True):
     moves: list[PlannedMove]
     # Nodes this pass starts to drain (the caller taints them and adds them to the book).
     drain: list[str]
-    # Nodes being drained that nothing holds anything on any more.
+    # Nodes being drained that nothing holds anything on any more (but the pods a drain
+    # leaves: ``Disruption.is_left``).
     emptied: list[str]
     # A sentence for each VM cut short that no move relieves in this pass.
     unrelieved: list[str]
+    # Pods to evict now from drained nodes that none of our VMs holds anything on any more.
+    evict: list[Eviction] = msgspec.field(default_factory=list)
 
 
 class MovePhase(enum.StrEnum):
@@ -311,6 +338,10 @@ class ReliefBook:
     migrations: dict[str, MoveRecord] = field(default_factory=dict)
     touched_at: dict[str, float] = field(default_factory=dict)  # by node: joined / grew
     draining: set[str] = field(default_factory=set)
+    # By pod uid: evictions the API server accepted (the pod is terminating: not again), and
+    # when a refused one may be tried again.
+    evicted: set[str] = field(default_factory=set)
+    evict_retry_at: dict[str, float] = field(default_factory=dict)
 
     def permits_decided(
         self,
@@ -364,6 +395,19 @@ class ReliefBook:
             phase = MovePhase.SUCCEEDED if succeeded else MovePhase.FAILED
             self.migrations[migration] = msgspec.structs.replace(found, phase=phase, ended=now)
 
+    def eviction_answered(
+        self, uid: str, *, accepted: bool, now: float, retry_after: float | None = None
+    ) -> None:
+        """The API server's answer to an eviction of ``plan.evict``: accepted (or the pod was
+        gone), or refused (a 429; any other failure too), to be tried again after
+        ``EVICTION_RETRY_SECONDS`` or the server's ``retry_after``, whichever is longer."""
+        if accepted:
+            self.evicted.add(uid)
+            self.evict_retry_at.pop(uid, None)
+        else:
+            wait = max(EVICTION_RETRY_SECONDS, retry_after or 0.0)
+            self.evict_retry_at[uid] = now + wait
+
     def migration_seen(self, migration: str, record: MoveRecord) -> None:
         """The watch's ADDED or MODIFIED ``migration`` (``record_of``)."""
         self.migrations[migration] = record
@@ -395,6 +439,9 @@ class ReliefBook:
             if u not in pods or not w.is_live(now=now, config=config)
         ]:
             del self.wants[uid]
+        self.evicted &= set(pods)
+        for uid in [u for u in self.evict_retry_at if u not in pods]:
+            del self.evict_retry_at[uid]
         # A move ended long enough ago affects nothing: not the cool-down, nor the backoff
         # (failures older than twice the longest are forgiven), nor the drain hysteresis.
         horizon = max(
@@ -415,7 +462,14 @@ class ReliefBook:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.wants or self.migrations or self.touched_at or self.draining)
+        return not (
+            self.wants
+            or self.migrations
+            or self.touched_at
+            or self.draining
+            or self.evicted
+            or self.evict_retry_at
+        )
 
     def by_vm(self) -> dict[str, list[tuple[float, str, MoveRecord]]]:
         """Every VM's records, oldest first."""
@@ -791,13 +845,24 @@ def plan_moves(
     # 4. Drains.
     drain: list[str] = []
     emptied: list[str] = []
+    evict: list[Eviction] = []
     if config.drain.enabled:
         for name in sorted(book.draining):
             state = ledger.nodes.get(name)
             if state is None:
                 continue
-            if not state.own and not state.foreign:
-                emptied.append(name)
+            if not state.own:
+                # The VMs are gone: the other pods go, through the Eviction API.
+                staying = [e for e in state.foreign.values() if not e.disruption.is_left]
+                if not staying:
+                    emptied.append(name)
+                for e in sorted(staying, key=lambda e: e.key):
+                    if (
+                        e.disruption is Disruption.EVICT
+                        and e.uid not in book.evicted
+                        and now >= book.evict_retry_at.get(e.uid, -math.inf)
+                    ):
+                        evict.append(Eviction(uid=e.uid, pod=e.key, node=name))
                 continue
             if budget <= 0 or name in busy:
                 continue
@@ -826,7 +891,7 @@ def plan_moves(
                 moving=moving,
                 count=room,
             )
-    return ReliefPlan(moves=moves, drain=drain, emptied=emptied, unrelieved=unrelieved)
+    return ReliefPlan(moves=moves, drain=drain, emptied=emptied, unrelieved=unrelieved, evict=evict)
 
 
 def _drains_to_start(
@@ -857,7 +922,7 @@ def _drains_to_start(
         touched = max(book.touched_at.get(name, -math.inf), received.get(name, -math.inf))
         if now - touched < cfg.hysteresis_seconds:
             continue
-        if state.foreign:
+        if any(e.disruption.blocks for e in state.foreign.values()):
             continue
         if any(
             e.uid in moving
