@@ -183,6 +183,13 @@ def vm(deployed: Node) -> Obj:
     return example_vm(deployed)
 
 
+def opt_in(deployed: Node) -> None:
+    """The example VM may be moved by relief from now on (``spec.neverMove`` false: the
+    vm-controller patches its running pod, and the extender follows the pod)."""
+    deployed.kubectl("patch", "virtualmachine", VM, "--type", "merge",
+                     "-p", '{"spec": {"neverMove": false}}')  # fmt: skip
+
+
 # The example VM's vCPU maximum where relief is to move it (test_migration): node 1's two CPUs,
 # the most any node here holds. At the example's 4, a VM under load asks for more than any node
 # has, and no move can give it its requested size.
@@ -191,7 +198,9 @@ RELIEVABLE_MAX_VCPUS = 2
 
 def apply_example_vm(deployed: Node, *, max_vcpus: int | None = None) -> None:
     """``kubectl apply -k manifests/examples``; with ``max_vcpus``, the same objects with the
-    VirtualMachine's ``spec.vcpus.max`` set to it."""
+    VirtualMachine's ``spec.vcpus.max`` set to it and ``spec.neverMove`` true: the VM relief is
+    to move (test_migration), opted out until its drill opts it in (``opt_in``), so that no
+    grow cut short before (its guest's boot) moves it first."""
     examples = str(ROOT / "manifests" / "examples")
     if max_vcpus is None:
         deployed.kubectl("apply", "-k", examples)
@@ -200,6 +209,7 @@ def apply_example_vm(deployed: Node, *, max_vcpus: int | None = None) -> None:
     for doc in docs:
         if doc["kind"] == "VirtualMachine":
             doc["spec"]["vcpus"]["max"] = max_vcpus
+            doc["spec"]["neverMove"] = True
     deployed.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
 
 

@@ -3,11 +3,12 @@ with room for its requested size, where it grows to it (issue 37's drill, on iss
 
 Runs after test_failures, which leaves the example VM ``pg-vm`` freshly applied on a worker (one
 CPU: the VM holds all of it at 1 vCPU) at node 1's size (``RELIEVABLE_MAX_VCPUS``, 2: at the
-example's 4 it would ask for more than any node here has), and node 1 full with the double VMs
-(which say ``neverMove``). With rows written, pgbench loads the guest and the double VMs are
-deleted at the same moment: the agent asks for 2 vCPUs, the worker has no room (the answer is
-cut short by the node), and once the double VMs' pods are gone node 1 has room for the VM's
-requested size. Nothing else is done by the test: the extender's relief (on in the tier's
+example's 4 it would ask for more than any node here has), opted out of moves until this drill
+(``neverMove``: a grow cut short while its guest boots must not move it first), and the double
+VMs on node 1 on their way out. With rows written, pgbench loads the guest and the drill opts
+the VM in: the agent asks for 2 vCPUs, the worker has no room (the answer is cut short by the
+node), and node 1 has room for the VM's requested size once the double VMs' pods are gone.
+Nothing else is done by the test: the extender's relief (on in the tier's
 overlay, a pass a second) creates a ``VirtualMachineMigration`` (``GrowerToRoom``), the
 vm-controller carries it out as deployed (``kubectl apply -k manifests/``): the extender
 reserves the target's room, the target runner pod starts in QEMU's incoming mode, the
@@ -18,8 +19,8 @@ memory from QMP) and then reached its requested vCPUs on node 1; the VirtualMach
 names the new pod and node; the rows are there, read through the VM's Service (its DNS name,
 as the tier's DNS answers it); pgbench completes through it; the leader's ledger holds nothing
 for the source afterwards; no ledger sample over-committed a node (``OverCommitWatch``).
-Printed: cut short -> room on node 1 -> move created -> Succeeded -> grown to the requested
-size, QEMU's downtime, the time to the first answered query after the move.
+Printed, from the load's start: cut short, room on node 1, move created, Succeeded, grown to
+the requested size; QEMU's downtime; the time to the first answered query after the move.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import pytest
 from protocol import annotations as ann
 from protocol.virtualmachine import RELIEF_LABEL
 from testkit.controlplane import wait_for
-from tests.node.conftest import RELIEVABLE_MAX_VCPUS, example_vm
+from tests.node.conftest import RELIEVABLE_MAX_VCPUS, example_vm, opt_in
 from tests.node.harness import VM, Node, Obj, wait_postgres
 from tests.node.test_dns import decode, query
 from tests.node.test_node_failures import OverCommitWatch, _leader_ledger
@@ -172,6 +173,7 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
             env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
+            opt_in(node)
             # Node 1's room comes back once the double VMs' guests have powered off.
             node.kubectl("delete", "-k", double, "--ignore-not-found", "--wait=false")
             room: list[float] = []
@@ -236,13 +238,13 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
     print(f"pgbench during the move (-P 2):\n{bench[-1500:]}")
     at = room[0] - started if room else float("nan")
     print(
-        f"{VM} under pgbench on {here}, relieved to {there}: load -> cut short "
-        f"{cut - started:.1f}s (asked {requested} vCPUs); load -> room on {there} {at:.1f}s; "
-        f"cut short -> move created {seen - cut:.1f}s; created -> Succeeded {moved - seen:.1f}s "
-        f"(QEMU total {status.get('totalMilliseconds')} ms, downtime "
-        f"{status.get('downtimeMilliseconds')} ms); Succeeded -> grown to {requested} vCPUs "
-        f"{grown - moved:.1f}s; cut short -> full size {grown - cut:.1f}s; Succeeded -> first "
-        f"query answered through the Service {answered - moved:.2f}s"
+        f"{VM} under pgbench on {here}, relieved to {there}, from the load's start: cut short "
+        f"{cut - started:.1f}s (asked {requested} vCPUs), room on {there} {at:.1f}s, move "
+        f"created {seen - started:.1f}s, Succeeded {moved - started:.1f}s (QEMU total "
+        f"{status.get('totalMilliseconds')} ms, downtime {status.get('downtimeMilliseconds')} "
+        f"ms), grown to {requested} vCPUs {grown - started:.1f}s; cut short -> full size "
+        f"{grown - cut:.1f}s; Succeeded -> first query answered through the Service "
+        f"{answered - moved:.2f}s"
     )
     print(f"the guest's size before and after the move: {vcpus} vCPUs online, {plugged} B "
           f"plugged; after: {size}")  # fmt: skip
