@@ -8,11 +8,13 @@ example's 4 it would ask for more than any node here has), opted out of moves un
 VMs on node 1 on their way out. With rows written, pgbench loads the guest and the drill opts
 the VM in: the agent asks for 2 vCPUs, the worker has no room (the answer is cut short by the
 node), and node 1 has room for the VM's requested size once the double VMs' pods are gone.
-Nothing else is done by the test: the extender's relief (on in the tier's
-overlay, a pass a second) creates a ``VirtualMachineMigration`` (``GrowerToRoom``), the
+The test does nothing else but load the VM: the extender's relief (on in the tier's overlay, a
+pass a second) creates a ``VirtualMachineMigration`` (``GrowerToRoom``), the
 vm-controller carries it out as deployed (``kubectl apply -k manifests/``): the extender
 reserves the target's room, the target runner pod starts in QEMU's incoming mode, the
-controller drives QEMU over TCP QMP and cuts over; the agent on node 1 asks again and gets it.
+controller drives QEMU over TCP QMP and cuts over; pgbench, started again through the VM's
+Service (the source's clients lose their connections with it), loads the guest on node 1, whose
+agent asks again and gets it.
 Asserted: the migration is relief's, to node 1, and Succeeded; an Event on the VM's pod says
 why; the guest kept its size through the move (online vCPUs from its node_exporter, plugged
 memory from QMP) and then reached its requested vCPUs on node 1; the VirtualMachine's status
@@ -166,12 +168,17 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
     digest = "SELECT count(*) || ' ' || md5(string_agg(v, ',' ORDER BY i)) FROM moved"
     written = psql(ip, digest)
     doubles = [f"{VM}-a", f"{VM}-b"]
-    with OverCommitWatch(node, interval=0.5):
-        started = time.time()
-        load = subprocess.Popen(
-            ["pgbench", "-h", ip, "-c", "4", "-j", "2", "-T", "300", "-P", "2", "--no-vacuum"],
+
+    def pgbench(host: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["pgbench", "-h", host, "-c", "4", "-j", "2", "-T", "300", "-P", "2", "--no-vacuum"],
             env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+
+    with OverCommitWatch(node, interval=0.5):
+        started = time.time()
+        # The load on the source; its clients lose their connections when the source goes.
+        loads = [pgbench(ip)]
         try:
             opt_in(node)
             # Node 1's room comes back once the double VMs' guests have powered off.
@@ -217,6 +224,8 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
                 timeout_seconds=60, what="a query through the Service", interval=0.2,
             )  # fmt: skip
             answered = time.time()
+            # The load again, on the moved VM through its Service: what it grows for there.
+            loads.append(pgbench(",".join(service_addresses(node))))
             # What the agent on the worker asked for and was refused for lack of room.
             answers = [
                 e for e in node.agent_events(started, here)
@@ -230,12 +239,14 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
                      interval=0.2)  # fmt: skip
             grown = time.time()
         finally:
-            load.kill()
-            bench = load.communicate()[0]
+            for load in loads:
+                load.kill()
+            bench = [load.communicate()[0] for load in loads]
     # The source pod goes (QEMU's shutdown); its room with it.
     wait_for(lambda: node.pod_or_none("default", status["sourcePod"]) is None,
              timeout_seconds=90, what=f"{status['sourcePod']} gone")  # fmt: skip
-    print(f"pgbench during the move (-P 2):\n{bench[-1500:]}")
+    print(f"pgbench on the source (-P 2):\n{bench[0][-1200:]}")
+    print(f"pgbench after the move, through the Service (-P 2):\n{bench[-1][-800:]}")
     at = room[0] - started if room else float("nan")
     print(
         f"{VM} under pgbench on {here}, relieved to {there}, from the load's start: cut short "
