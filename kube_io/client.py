@@ -510,6 +510,14 @@ class KubeClient:
         patch = {"metadata": {"labels": dict(labels)}}
         await self._call("PATCH", _pod_path(namespace, name), body=patch, content_type=_MERGE_PATCH)
 
+    async def patch_service_selector(
+        self, namespace: str, name: str, selector: Mapping[str, str | None]
+    ) -> None:
+        """JSON merge patch of a Service's selector; a None value removes that key."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(name, safe='')}"
+        patch = {"spec": {"selector": dict(selector)}}
+        await self._call("PATCH", path, body=patch, content_type=_MERGE_PATCH)
+
     async def get_lease(self, namespace: str, name: str) -> Lease:
         """Raises ``NotFound`` when there is none yet."""
         _, body = await self._call("GET", _lease_path(namespace, name))

@@ -183,13 +183,19 @@ class Node(_Obj):
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
 
+class ServiceSpec(_Obj):
+    selector: dict[str, str] | None = None
+
+
 class Service(_Obj):
-    """Only who a Service is and who owns it: the vm-controller makes each VM's Service from
-    its VirtualMachine and never reads (nor rewrites) a Service's spec."""
+    """Who a Service is, who owns it, and which pods it selects: the vm-controller makes each
+    VM's Service from its VirtualMachine, and sets the selector of one it owns back to the
+    VM's if it differs (a Service made by an older controller)."""
 
     api_version: str | None = None
     kind: str | None = None
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: ServiceSpec = msgspec.field(default_factory=ServiceSpec)
 
 
 class ListMeta(_Obj):

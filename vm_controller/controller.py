@@ -239,6 +239,16 @@ class Controller:
                 )
             log.info("vm_pod_annotated", pod=pod.metadata.name,
                      annotations=actions.patch_pod_annotations)  # fmt: skip
+        if actions.patch_pod_labels is not None and pod is not None:
+            with contextlib.suppress(NotFound):
+                await self.client.patch_pod_labels(
+                    key[0], pod.metadata.name, actions.patch_pod_labels
+                )
+            log.info("vm_pod_labelled", pod=pod.metadata.name, labels=actions.patch_pod_labels)
+        if actions.patch_service_selector is not None:
+            with contextlib.suppress(NotFound):  # deleted meanwhile: made again next pass
+                await self.client.patch_service_selector(*key, actions.patch_service_selector)
+            log.info("vm_service_selector_set", selector=actions.patch_service_selector)
         if actions.create_pod is not None:
             try:
                 await self.client.create_namespaced("pods", actions.create_pod)

@@ -50,6 +50,12 @@ from protocol.virtualmachine import (
 VM_NAME_LABEL: Final = ann.PREFIX + "virtualmachine"
 # On a live move's target pod until cut-over: the migration's name (``migrations``).
 MIGRATION_TARGET_LABEL: Final = ann.PREFIX + "migration-target"
+# On the pod that runs the VM for its clients, "true": the VM's Service selects it. A live
+# move's target pod has it only from cut-over, when the source loses it (``migrator``), so the
+# VM's name resolves to the one pod that runs its guest at every step of a move; before, it
+# resolved to both, and a client could connect to a target still waiting for the guest's state
+# (its QEMU in incoming mode), where its connection hung until its own timeout.
+SERVING_LABEL: Final = ann.PREFIX + "serving"
 # Inside the container; the hostPath root below it is <root>/<namespace>/<pod> on the host.
 SOCKET_DIR: Final = "/run/vm-autoscaling"
 HOST_SOCKET_ROOT: Final = "/run/vm-autoscaling"
@@ -75,15 +81,19 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 class Actions(msgspec.Struct, frozen=True, kw_only=True):
     """What the shell does for one VM, in this order: the Service, then delete, create or
-    patch the pod, then the status (written only when it differs from the one the VM has);
-    ``recheck_seconds``: pass over the VM again after that long even if nothing it watches
-    changes."""
+    patch the pod, then the Service's selector, then the status (written only when it differs
+    from the one the VM has); ``recheck_seconds``: pass over the VM again after that long even
+    if nothing it watches changes."""
 
     create_service: Manifest | None = None
     create_pod: Manifest | None = None
     delete_pod_uid: str | None = None
     # Annotations to merge into the VM's current pod (a None value removes the key).
     patch_pod_annotations: dict[str, str | None] | None = None
+    # Labels to merge into the VM's current pod (before the Service's selector below).
+    patch_pod_labels: dict[str, str | None] | None = None
+    # The merge patch that gives the VM's own Service the VM's selector, where it has another.
+    patch_service_selector: dict[str, str | None] | None = None
     status: VirtualMachineStatus
     events: tuple[Event, ...] = ()
     recheck_seconds: float | None = None
@@ -242,7 +252,7 @@ def desired_pod(vm: VirtualMachine) -> Manifest:
         "metadata": {
             "name": meta.name,
             "namespace": meta.namespace,
-            "labels": {ann.VM_LABEL: "true", VM_NAME_LABEL: meta.name},
+            "labels": {ann.VM_LABEL: "true", VM_NAME_LABEL: meta.name, SERVING_LABEL: "true"},
             "annotations": annotations,
             "ownerReferences": [owner_reference(vm)],
         },
@@ -267,10 +277,35 @@ def desired_service(vm: VirtualMachine) -> Manifest:
             # Headless: the pod's DNS name (the metrics URL's) exists from its first second.
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {VM_NAME_LABEL: meta.name},
+            "selector": service_selector(vm),
             "ports": ports,
         },
     }
+
+
+def service_selector(vm: VirtualMachine) -> dict[str, str]:
+    """The VM's pod while it serves its clients (``SERVING_LABEL``)."""
+    return {VM_NAME_LABEL: vm.metadata.name, SERVING_LABEL: "true"}
+
+
+def selector_patch(service: Service, vm: VirtualMachine) -> dict[str, str | None] | None:
+    """The merge patch that gives the VM's Service the VM's selector (a Service an older
+    controller made selects every pod of the VM), or None if it has it."""
+    want = service_selector(vm)
+    have = service.spec.selector or {}
+    if have == want:
+        return None
+    return {**dict.fromkeys(have.keys() - want.keys()), **want}
+
+
+def serving_patch(pod: Pod) -> dict[str, str | None] | None:
+    """The label patch that makes the VM's settled pod serve, or None if it does already. Not
+    for a move's source (it carries ``MIGRATION``): cut-over takes the label off it, and the
+    pod is going."""
+    annotations = pod.metadata.annotations or {}
+    if (pod.metadata.labels or {}).get(SERVING_LABEL) == "true" or ann.MIGRATION in annotations:
+        return None
+    return {SERVING_LABEL: "true"}
 
 
 def is_owned_by(obj: Pod | Service, vm: VirtualMachine) -> bool:
@@ -394,6 +429,7 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
     events: list[Event] = []
     create_pod = delete_uid = None
     patch: dict[str, str | None] | None = None
+    labels: dict[str, str | None] | None = None
     if vm.metadata.deletion_timestamp:
         # Going away: the garbage collector removes the pod and the Service (owner references).
         pass
@@ -419,6 +455,7 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
         )
     elif not pod.metadata.deletion_timestamp:
         patch = never_move_patch(vm, pod)
+        labels = serving_patch(pod)
     was = next((c for c in vm.status.conditions or () if c.type == "Ready"), None)
     if service_taken and not (was and was.reason == SERVICE_CONFLICT):
         events.append(
@@ -453,6 +490,10 @@ def reconcile(vm: VirtualMachine, pod: Pod | None, *, service: Service | None, n
         create_pod=create_pod,
         delete_pod_uid=delete_uid,
         patch_pod_annotations=patch,
+        patch_pod_labels=labels,
+        patch_service_selector=None
+        if service is None or service_taken
+        else selector_patch(service, vm),
         status=status,
         events=tuple(events),
         recheck_seconds=SERVICE_RECHECK_SECONDS if service_taken else None,

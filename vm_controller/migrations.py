@@ -220,6 +220,7 @@ def target_pod(vm: VirtualMachine, source: Pod, plan: Plan, migration: str) -> d
     meta, spec = pod["metadata"], pod["spec"]
     meta["name"] = plan.target_pod
     meta["labels"][TARGET_LABEL] = migration
+    del meta["labels"][decide.SERVING_LABEL]  # until cut-over: ``decide.SERVING_LABEL``
     annotations = meta["annotations"]
     socket = decide.qmp_socket_host_path(vm.metadata.namespace, plan.target_pod)
     annotations[ann.HYPERVISOR] = f"{vm.spec.hypervisor}://{socket}"

@@ -382,15 +382,22 @@ class Migrator:
     async def _cut_over(
         self, vmm: VirtualMachineMigration, source: Pod | None, target: Pod
     ) -> None:
-        """The target runs the VM: it becomes the VM's pod (label and annotation off, first),
-        then the source pod is deleted (restartPolicy Always: a source left to exit would be
-        started again)."""
+        """The target runs the VM: it becomes the VM's pod and serves its clients (target label
+        off, serving label on, in one patch; the annotation off), the source serves no more
+        (``decide.SERVING_LABEL``), then the source pod is deleted (restartPolicy Always: a
+        source left to exit would be started again)."""
         ns = vmm.metadata.namespace
         await self.client.patch_pod_labels(
-            ns, target.metadata.name, {migrations.TARGET_LABEL: None}
+            ns,
+            target.metadata.name,
+            {migrations.TARGET_LABEL: None, decide.SERVING_LABEL: "true"},
         )
         await self.client.patch_pod_annotations(ns, target.metadata.name, {ann.MIGRATION: None})
         if source is not None:
+            with contextlib.suppress(NotFound):
+                await self.client.patch_pod_labels(
+                    ns, source.metadata.name, {decide.SERVING_LABEL: None}
+                )
             with contextlib.suppress(NotFound, Conflict):
                 await self.client.delete_pod(ns, source.metadata.name, uid=source.metadata.uid)
 

@@ -55,7 +55,14 @@ def test_image(dockerfile, script, workload, cname, health_port):
     ops = dict(stage)
     # Slim Python of the project's version, built with the project's own metadata.
     assert re.search(r"python:3\.11-slim", (ROOT / dockerfile).read_text())
-    assert "pip install ." in (ROOT / dockerfile).read_text()
+    # The dependencies pyproject.toml lists in a layer of their own, then the project itself.
+    text = (ROOT / dockerfile).read_text()
+    assert (
+        text.index("COPY pyproject.toml .")
+        < text.index("pip install -r")
+        < text.index("COPY . .")
+        < text.index("pip install --no-deps .")
+    )
     # The runtime stage copies the built venv, not sources or build tools.
     assert ("COPY", "--from=build /opt/venv /opt/venv") in stage
     assert not any(op == "RUN" and "pip" in arg for op, arg in stage)

@@ -71,6 +71,7 @@ CALLS: dict[str, list[Access]] = {
     ],
     "list_services": [Access("list", "", "services")],
     "get_service": [Access("get", "", "services")],
+    "patch_service_selector": [Access("patch", "", "services")],
     # A drain (scheduler_extender/relief.py): its taint (the node read, then patched) and
     # its evictions through the Eviction API.
     "taint_node": [Access("get", "", "nodes"), Access("patch", "", "nodes")],
@@ -84,6 +85,7 @@ VM_CONTROLLER_CALLS = {
     "patch_virtual_machine_migration_status",
     "list_services",
     "get_service",
+    "patch_service_selector",
 }
 # Calls the extender makes too: the vm-controller's migration mark on both pods of a move, and
 # the target's label taken off at cut-over; the migrations' list (relief's book).

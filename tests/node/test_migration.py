@@ -20,7 +20,8 @@ agent asks again and gets it.
 Asserted: the migration is relief's, to node 1, and Succeeded; an Event on the VM's pod says
 why; the guest kept its size through the move (online vCPUs from its node_exporter, plugged
 memory from QMP) and then reached its requested vCPUs on node 1; the VirtualMachine's status
-names the new pod and node; the rows are there, read through the VM's Service (its DNS name,
+names the new pod and node; the VM's name led to the source until the cut-over and never to the
+target before it ran the guest; the rows are there, read through the VM's Service (its DNS name,
 as the tier's DNS answers it); pgbench completes through it; the leader's ledger holds nothing
 for the source afterwards; no ledger sample over-committed a node (``OverCommitWatch``).
 Printed, from the load's start: the first grow cut short, the opt-in, room on node 1, move
@@ -51,6 +52,7 @@ from tests.node.conftest import RELIEVABLE_MAX_VCPUS, example_vm, opt_in
 from tests.node.harness import VM, Node, Obj, wait_postgres
 from tests.node.test_dns import decode, query
 from tests.node.test_node_failures import OverCommitWatch, _leader_ledger
+from vm_controller import decide
 from vm_runner.cmdline import VIRTIO_MEM_ID
 from vm_runner.qmp import QmpClient
 
@@ -125,6 +127,14 @@ def vm_status(node: Node) -> Obj:
     out = node.kubectl("get", "virtualmachine", VM, "-o", "json").stdout
     status: Obj = json.loads(out).get("status", {})
     return status
+
+
+def vm_pods(node: Node) -> list[Obj]:
+    out = node.kubectl(
+        "get", "pods", "-n", "default", "-l", f"{decide.VM_NAME_LABEL}={VM}", "-o", "json"
+    ).stdout
+    pods: list[Obj] = json.loads(out)["items"]
+    return pods
 
 
 def migration(node: Node, name: str) -> Obj:
@@ -213,11 +223,26 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
             refused = migration(node, name).get("status", {})
             assert refused.get("phase") != "Failed", refused
             vcpus, plugged = online_vcpus(ip), plugged_bytes(ip)
+            # What the VM's name resolves to, all through the move; and the addresses of its
+            # pods still a move's target, listed after each answer: an address in both was
+            # given to a client before that pod ran the guest.
+            resolved: list[list[str]] = []
+            early: list[str] = []
+
+            def finished() -> Obj | None:
+                resolved.append(service_addresses(node))
+                targets = {
+                    p["status"].get("podIP")
+                    for p in vm_pods(node)
+                    if decide.MIGRATION_TARGET_LABEL in p["metadata"].get("labels", {})
+                }
+                early.extend(a for a in resolved[-1] if a in targets)
+                m = migration(node, name)
+                return m if m.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
             done: Obj = wait_for(
-                lambda: (m := migration(node, name)).get("status", {}).get("phase")
-                in ("Succeeded", "Failed") and m,
-                timeout_seconds=240, what=f"{name} finished", interval=0.2,
-            )  # fmt: skip
+                finished, timeout_seconds=240, what=f"{name} finished", interval=0.2
+            )
             moved = time.time()
             status = done["status"]
             assert status["phase"] == "Succeeded", status
@@ -278,6 +303,10 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
     assert made["metadata"]["labels"][RELIEF_LABEL] == "GrowerToRoom", made["metadata"]
     assert made["spec"].get("targetNode") == there, made["spec"]
     assert rows == written
+    turns = [a for i, a in enumerate(resolved) if i == 0 or a != resolved[i - 1]]
+    print(f"the VM's name resolved to, in turn, during the move: {turns}")
+    assert not early, (early, turns)
+    assert turns[0] == [ip], turns
     assert target["spec"]["nodeName"] == there
     assert size == (vcpus, plugged)
     assert vcpus < requested <= RELIEVABLE_MAX_VCPUS

@@ -132,8 +132,11 @@ def test_a_pass_is_idempotent(vm: VirtualMachine, phase: str | None, deleting: b
     assert (first.create_service is not None) == (svc == "none")
     assert "ServiceConflict" not in {e.reason for e in again.events}
     assert (first.recheck_seconds is not None) == (svc == "foreign")
-    # A pod made from the VM already says what the VM says: nothing to patch.
+    # A pod made from the VM already says what the VM says, and serves; the Service made
+    # from it selects it: nothing to patch.
     assert first.patch_pod_annotations is None
+    assert first.patch_pod_labels is None
+    assert first.patch_service_selector is None
 
 
 @pytest.mark.parametrize(
@@ -168,6 +171,32 @@ def test_the_pod_follows_the_vms_never_move_field(
     assert decide.reconcile(vm, going, service=None, now=NOW).patch_pod_annotations is None
 
 
+def test_the_service_selects_the_serving_pod_and_an_older_one_is_set_right():
+    """The VM's Service selects the pod that serves (``SERVING_LABEL``); a pod and a Service
+    an older controller made (the Service selecting every pod of the VM) are patched, the pod
+    first; a move's source is not given the label back; another's Service is left alone."""
+    vm = make_vm()
+    manifest = decide.desired_pod(vm)
+    del manifest["metadata"]["labels"][decide.SERVING_LABEL]
+    old = decide.desired_service(vm)
+    old["spec"]["selector"] = {decide.VM_NAME_LABEL: "pg", "app": "pg"}
+    service = msgspec.convert(old, Service)
+    actions = decide.reconcile(vm, as_pod(manifest, phase="Running"), service=service, now=NOW)
+    assert actions.patch_pod_labels == {decide.SERVING_LABEL: "true"}
+    assert actions.patch_service_selector == {
+        "app": None,
+        decide.VM_NAME_LABEL: "pg",
+        decide.SERVING_LABEL: "true",
+    }
+    # A move's source (cut over, its label taken off) stays out.
+    manifest["metadata"]["annotations"][ann.MIGRATION] = "move-1"
+    source = as_pod(manifest, phase="Running")
+    assert decide.reconcile(vm, source, service=service, now=NOW).patch_pod_labels is None
+    # Another's Service of the VM's name: not touched.
+    foreign = foreign_service(vm)
+    assert decide.reconcile(vm, source, service=foreign, now=NOW).patch_service_selector is None
+
+
 def test_never_move_defaults_to_false_and_reaches_a_moves_target_pod():
     assert make_vm().spec.never_move is False
     assert ann.NEVER_MOVE not in decide.pod_annotations(make_vm())
@@ -178,7 +207,10 @@ def test_never_move_defaults_to_false_and_reaches_a_moves_target_pod():
 def test_a_new_vm_gets_its_service_and_pod():
     actions = decide.reconcile(make_vm(), None, service=None, now=NOW)
     assert actions.create_service is not None
-    assert actions.create_service["spec"]["selector"] == {decide.VM_NAME_LABEL: "pg"}
+    assert actions.create_service["spec"]["selector"] == {
+        decide.VM_NAME_LABEL: "pg",
+        decide.SERVING_LABEL: "true",
+    }
     assert actions.create_pod is not None
     assert actions.create_pod["spec"]["hostname"] == "pg"
     assert actions.create_pod["spec"]["subdomain"] == "pg"

@@ -195,6 +195,9 @@ def test_the_target_pod_is_the_vms_pod_in_incoming_mode_at_the_sources_size(
     assert target["metadata"]["name"] == plan.target_pod
     assert target["spec"]["nodeName"] == "node-b"
     assert target["metadata"]["labels"][migrations.TARGET_LABEL] == "move-1"
+    # Not in the VM's Service before cut-over: its name resolves to the source alone.
+    assert decide.SERVING_LABEL not in target["metadata"]["labels"]
+    assert source_manifest["metadata"]["labels"][decide.SERVING_LABEL] == "true"
     assert target["metadata"]["annotations"][ann.MIGRATION] == "move-1"
     assert target["metadata"]["annotations"][ann.PERMITTED_VCPUS] == "7"
     assert target["metadata"]["annotations"][ann.HYPERVISOR].endswith(
