@@ -58,7 +58,16 @@ from kube_io.objects import (
     TokenReviewSpec,
 )
 from protocol.codec import ProtocolError, decode
-from protocol.kube import Node, NodeList, Pod, PodList, Service, ServiceList, WatchEvent
+from protocol.kube import (
+    Node,
+    NodeList,
+    Pod,
+    PodList,
+    Service,
+    ServiceList,
+    Taint,
+    WatchEvent,
+)
 from protocol.virtualmachine import API_VERSION as VM_API_VERSION
 from protocol.virtualmachine import MIGRATION_PLURAL as VMM_PLURAL
 from protocol.virtualmachine import PLURAL as VM_PLURAL
@@ -88,6 +97,7 @@ _PATHS: Final[dict[ResourceKind, str]] = {
 }
 _JSON: Final = "application/json"
 _MERGE_PATCH: Final = "application/merge-patch+json"
+_JSON_PATCH: Final = "application/json-patch+json"
 _STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 # An expired ``continue`` token (410) restarts the whole list; more than this means the
 # cluster compacts faster than we can page, which no retry here will fix.
@@ -422,6 +432,42 @@ class KubeClient:
             body=migration_manifest(migration),
         )
 
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Evict the pod through the Eviction API (policy/v1, the pod's ``eviction``
+        subresource), only if it is still the one with ``uid``: the API server deletes it if
+        its PodDisruptionBudget allows a disruption now. Raises ``TooManyRequests`` when it
+        does not (try again later: never delete the pod instead), ``NotFound`` when the pod is
+        gone, ``Conflict`` when another pod has its name."""
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        await self._call("POST", f"{_pod_path(namespace, name)}/eviction", body=eviction)
+
+    async def taint_node(self, name: str, taint: Taint) -> Node:
+        """Add ``taint`` to the node unless one of its key and effect is there; the node as
+        the API server has it after. A JSON patch tested against the resourceVersion just
+        read: the other taints are left exactly as they are (a merge patch would rewrite the
+        whole list). Raises ``Conflict`` when the node changed in between (read again)."""
+        path = f"/api/v1/nodes/{quote(name, safe='')}"
+        _, body = await self._call("GET", path)
+        node = _decode(Node, body)
+        taints = node.spec.taints or []
+        if any(t.key == taint.key and t.effect == taint.effect for t in taints):
+            return node
+        added = msgspec.to_builtins(taint)
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion",
+             "value": node.metadata.resource_version},
+            {"op": "add", "path": "/spec/taints/-", "value": added}
+            if taints
+            else {"op": "add", "path": "/spec/taints", "value": [added]},
+        ]  # fmt: skip
+        _, body = await self._call("PATCH", path, body=ops, content_type=_JSON_PATCH)
+        return _decode(Node, body)
+
     async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
         """Delete the pod only if it is still the one with ``uid`` (a precondition: a newer pod
         of the same name is never deleted by mistake). Raises ``NotFound``, ``Conflict``."""
@@ -622,7 +668,7 @@ class KubeClient:
         path: str,
         *,
         query: list[tuple[str, str]] | None = None,
-        body: msgspec.Struct | dict[str, Any] | None = None,
+        body: msgspec.Struct | dict[str, Any] | list[dict[str, Any]] | None = None,
         content_type: str = _JSON,
     ) -> tuple[int, bytes]:
         """One request whose whole answer is read; non-2xx become typed errors."""
@@ -641,7 +687,7 @@ class KubeClient:
         path: str,
         *,
         query: list[tuple[str, str]] | None = None,
-        body: msgspec.Struct | dict[str, Any] | None = None,
+        body: msgspec.Struct | dict[str, Any] | list[dict[str, Any]] | None = None,
         content_type: str = _JSON,
         client_timeout: aiohttp.ClientTimeout | None = None,
     ) -> aiohttp.ClientResponse:

@@ -16,6 +16,8 @@ callers catch the class whose meaning they care about and ask ``is_retryable`` o
      ├── Invalid                  400, 422, other 4xx: our request is wrong           no retry
      ├── BadResponse              2xx whose body we cannot decode                    no retry
      ├── ServerError              5xx and 429: the server may recover                retry
+     │    └── TooManyRequests     429  throttled, or an eviction a PodDisruptionBudget
+     │                                 refuses now: the same request later            retry
      └── Unavailable              no HTTP answer (refused, reset, timeout)          retry
 
 "Retry" means: the *same* request may succeed later, after a backoff. The others need a
@@ -39,6 +41,7 @@ __all__ = [
     "NotFound",
     "NotSupported",
     "ServerError",
+    "TooManyRequests",
     "Unauthorized",
     "Unavailable",
     "error_from_response",
@@ -138,6 +141,11 @@ class ServerError(KubeError):
     is_retryable = True
 
 
+class TooManyRequests(ServerError):
+    """429: the server throttles, or (the Eviction API) a PodDisruptionBudget allows no
+    disruption now; ``retry_after_seconds`` is the server's hint."""
+
+
 class Unavailable(KubeError):
     """No HTTP answer at all (connection refused or reset, DNS, TLS, timeout): retry later."""
 
@@ -150,7 +158,7 @@ _BY_STATUS: dict[int, type[KubeError]] = {
     404: NotFound,
     409: Conflict,
     410: Gone,
-    429: ServerError,
+    429: TooManyRequests,
 }
 
 

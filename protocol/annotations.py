@@ -85,6 +85,10 @@ DEFAULT_MEMORY_UNIT: Final = 128 * 2**20
 # Beyond this a value is a typo, not a VM (QEMU's q35 tops out at 1024 / 4096 vCPUs).
 MAX_SANE_VCPUS: Final = bounds.MAX_VCPUS
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+# The NoSchedule taint the extender puts on a node it drains (relief's live scale-down): the
+# drain's state, which a restarted extender reads back from the nodes. Removing it stops the
+# drain (what moved or was evicted stays where it went).
+DRAIN_TAINT: Final = PREFIX + "draining"
 
 
 class AnnotationError(ValueError):

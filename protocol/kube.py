@@ -86,6 +86,18 @@ class Affinity(_Obj):
     node_affinity: NodeAffinity | None = None
 
 
+class EmptyDirVolumeSource(_Obj):
+    medium: str | None = None
+    size_limit: str | None = None
+
+
+class Volume(_Obj):
+    """A pod's volume: only whether it is an ``emptyDir`` is read (a drain's rule)."""
+
+    name: str = ""
+    empty_dir: EmptyDirVolumeSource | None = None
+
+
 class PodSpec(_Obj):
     node_name: str | None = None
     # Pod-level resources (KEP-2837): requests for the pod as a whole, beside or instead of the
@@ -101,6 +113,7 @@ class PodSpec(_Obj):
     node_selector: StrMap | None = None
     affinity: Affinity | None = None
     tolerations: list[Toleration] | None = None
+    volumes: list[Volume] | None = None
 
 
 class ContainerStatus(_Obj):

@@ -467,16 +467,11 @@ class ReliefSection(ReliefConfig, frozen=True, kw_only=True, forbid_unknown_fiel
 
     The leader runs a pass every ``interval_seconds``: the grows its permits cut short since
     the last pass, then ``plan_moves``; each planned move becomes a VirtualMachineMigration
-    (``scheduler_extender.relief``) that the vm-controller carries out. ``drain.enabled`` is
-    refused: the shell does not taint nodes or evict yet, so a drain would never start.
+    (``scheduler_extender.relief``) that the vm-controller carries out; with ``drain.enabled``,
+    the nodes it drains are tainted and their other pods evicted there too.
     """
 
     interval_seconds: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.drain.enabled:
-            raise ValueError("relief.drain.enabled is not supported yet: nothing taints nodes")
 
 
 class Config(_Section, frozen=True):

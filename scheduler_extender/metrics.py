@@ -147,6 +147,27 @@ class Metrics:
             ["reason", "outcome"],
             registry=registry,
         )
+        self.relief_drains = Counter(
+            PREFIX + "relief_drains_total",
+            "Nodes relief started to drain (core.relief), by outcome: tainted (the drain taint"
+            " is on the node), failed (the patch failed; tried again on a later pass).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.relief_evictions = Counter(
+            PREFIX + "relief_evictions_total",
+            "Pods a drain evicted through the Eviction API, by outcome: evicted, gone (no such"
+            " pod any more), refused (429: a PodDisruptionBudget allows no disruption now),"
+            " failed (any other error); refused and failed ones are tried again later.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.relief_nodes_emptied = Gauge(
+            PREFIX + "relief_nodes_emptied",
+            "Drained nodes the last relief pass found empty (DaemonSet and mirror pods aside):"
+            " the cloud's to remove.",
+            registry=registry,
+        )
         self.relief_unrelieved = Gauge(
             PREFIX + "relief_unrelieved_vms",
             "VMs whose grow their node cut short and that the last relief pass moved nothing for.",

@@ -1,4 +1,5 @@
-"""Relief, acted on: each move ``core.relief`` plans becomes a VirtualMachineMigration.
+"""Relief, acted on: each move ``core.relief`` plans becomes a VirtualMachineMigration, each
+drain it starts a taint, each pod it evicts an Eviction.
 
 Shell. Behind ``relief.enabled`` (off by default), the leader runs a pass every
 ``relief.interval_seconds`` (``Extender.relief_pass``: the book is fed by every decided permit
@@ -21,8 +22,23 @@ budget. The book's moves are otherwise the VirtualMachineMigrations the extender
 (``sync.follow_cluster``): a restarted or new leader lists them and keeps every VM's
 cool-down and backoff.
 
-Not here: drains (``relief.drain.enabled`` is refused by the config: nothing taints nodes or
-evicts yet).
+Drains (``relief.drain.enabled``), in Karpenter's order, each step the core's decision and
+the shell's I/O only: a node the plan starts to drain gets the NoSchedule taint
+``DRAIN_TAINT`` first (``KubeClient.taint_node``: a JSON patch tested against the node's
+resourceVersion; its answer is fed to the extender at once, as the node watch would, so the
+next pass counts the drain); the nodes carrying that taint are the drains
+(``Extender.relief_pass``: a restarted extender finds them again, and an operator who removes
+the taint stops the drain). Its VMs then move as any other planned move; once none of ours is
+left there, the pods the plan lists in ``evict`` are evicted through the Eviction API
+(``KubeClient.evict_pod``, policy/v1, the pod's uid as a precondition), as ``kubectl drain``
+does (kubernetes/kubernetes ``staging/src/k8s.io/kubectl/pkg/drain/drain.go``, ``evictPods``):
+a 429 (``TooManyRequests``: the pod's PodDisruptionBudget allows no disruption now) is tried
+again on a later pass, after kubectl's 5 s or the server's Retry-After, and never turned into
+a delete; a 404 means the pod is gone. Counted in ``relief_drains_total`` and
+``relief_evictions_total``; an Event on the node says a drain started, one on each pod evicted
+says why. A node the plan reports ``emptied`` is counted (``relief_nodes_emptied``) and logged:
+removing it is the cloud's (cluster-autoscaler deletes it after ``scale-down-unneeded-time``;
+Karpenter's emptiness consolidation, its NodeClaim).
 """
 
 from __future__ import annotations
@@ -33,16 +49,17 @@ from typing import Final, Protocol
 
 import structlog
 
-from kube_io.errors import Conflict, KubeError
+from kube_io.errors import Conflict, KubeError, NotFound, TooManyRequests
 from kube_io.objects import ObjectReference
-from protocol.kube import ObjectMeta
+from protocol.annotations import DRAIN_TAINT
+from protocol.kube import Node, ObjectMeta, Taint
 from protocol.virtualmachine import (
     RELIEF_LABEL,
     VirtualMachineMigration,
     VirtualMachineMigrationSpec,
 )
 from scheduler_extender.core.ledger import Allocation
-from scheduler_extender.core.relief import PlannedMove
+from scheduler_extender.core.relief import Eviction, PlannedMove, ReliefPlan
 from scheduler_extender.errors import Unavailable
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.service import Extender
@@ -57,10 +74,18 @@ MESSAGE_ANNOTATION: Final = "vm-autoscaling.io/relief-message"
 _NAME_MAX: Final = 253  # a custom resource's name: a DNS subdomain
 
 
+# What the drain taint says (NoSchedule: running pods stay; the drain evicts them itself).
+DRAIN = Taint(key=DRAIN_TAINT, value="relief", effect="NoSchedule")
+
+
 class MigrationWriter(Protocol):
     async def create_virtual_machine_migration(
         self, migration: VirtualMachineMigration
     ) -> None: ...
+
+    async def taint_node(self, name: str, taint: Taint) -> Node: ...
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None: ...
 
 
 def migration_for(move: PlannedMove, *, vm_name: str, at: float) -> VirtualMachineMigration:
@@ -95,6 +120,9 @@ async def relief_once(
         return []
     metrics = extender.metrics
     metrics.relief_unrelieved.set(len(plan.unrelieved))
+    metrics.relief_nodes_emptied.set(len(plan.emptied))
+    for name in plan.emptied:
+        log.info("relief_node_emptied", node=name)
     for line in plan.unrelieved:
         log.info("relief_unrelieved", why=line)
     # Before the first await: the ledger may change while a create is on its way, and the
@@ -110,6 +138,8 @@ async def relief_once(
         migration = migration_for(move, vm_name=entry.vm_name, at=wall_clock())
         book.move_started(move, migration=_key(migration), now=now)
         todo.append((move, entry, migration))
+    # Taint first: the nodes it starts to drain take nothing new from now on.
+    await _taint(extender, writer, reporter, plan)
     outcomes: list[tuple[PlannedMove, str]] = []
     for move, entry, migration in todo:
         name = migration.metadata.name
@@ -147,7 +177,69 @@ async def relief_once(
                 message=f"relief moves VM {entry.vm_name} from {move.source} to {move.target}"
                 f" (VirtualMachineMigration {name}): {move.message}",
             )
+    await _evict(extender, writer, reporter, plan.evict)
     return outcomes
+
+
+async def _taint(
+    extender: Extender, writer: MigrationWriter, reporter: NodeAllocReporter, plan: ReliefPlan
+) -> None:
+    for name in plan.drain:
+        try:
+            node = await writer.taint_node(name, DRAIN)
+        except KubeError as e:
+            extender.metrics.relief_drains.labels("failed").inc()
+            log.warning("relief_drain_taint_failed", node=name, error=e.message)
+            continue
+        # As the node watch will say: the next pass counts this drain.
+        extender.node_changed("MODIFIED", node)
+        extender.metrics.relief_drains.labels("tainted").inc()
+        log.info("relief_drain_started", node=name, taint=DRAIN_TAINT)
+        reporter.post(
+            ObjectReference(api_version="v1", kind="Node", name=name, uid=node.metadata.uid),
+            reason="DrainStarted",
+            message=f"relief drains node {name}: tainted {DRAIN_TAINT}:NoSchedule; its VMs "
+            "move away live, then its other pods are evicted (DaemonSet and mirror pods stay)",
+        )
+
+
+async def _evict(
+    extender: Extender,
+    writer: MigrationWriter,
+    reporter: NodeAllocReporter,
+    evictions: list[Eviction],
+) -> None:
+    book = extender.relief_book
+    for eviction in evictions:
+        namespace, _, name = eviction.pod.partition("/")
+        retry_after = None
+        try:
+            await writer.evict_pod(namespace, name, uid=eviction.uid)
+            outcome = "evicted"
+        except NotFound:
+            outcome = "gone"
+        except TooManyRequests as e:
+            outcome, retry_after = "refused", e.retry_after_seconds
+            log.info("relief_eviction_refused", pod=eviction.pod, why=e.message)
+        except KubeError as e:
+            outcome = "failed"
+            log.warning("relief_eviction_failed", pod=eviction.pod, error=e.message)
+        book.eviction_answered(
+            eviction.uid,
+            accepted=outcome in ("evicted", "gone"),
+            now=extender.wall_clock(),
+            retry_after=retry_after,
+        )
+        extender.metrics.relief_evictions.labels(outcome).inc()
+        if outcome == "evicted":
+            log.info("relief_evicted", pod=eviction.pod, node=eviction.node)
+            reporter.post(
+                ObjectReference(
+                    api_version="v1", kind="Pod", name=name, namespace=namespace, uid=eviction.uid
+                ),
+                reason="EvictedForDrain",
+                message=f"relief drains node {eviction.node}: evicted through the Eviction API",
+            )
 
 
 def _key(migration: VirtualMachineMigration) -> str:

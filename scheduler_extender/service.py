@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from kube_io.errors import KubeError, NotFound
-from protocol.annotations import LEADER_TERM, parse_migration_to, vm_container_name
+from protocol.annotations import DRAIN_TAINT, LEADER_TERM, parse_migration_to, vm_container_name
 from protocol.annotations import MIGRATION as ANNOTATION_MIGRATION
 from protocol.kube import Node, Pod, PodSpec, Taint
 from protocol.moves import CancelMove, MoveAnswer, MoveRequest
@@ -712,7 +712,8 @@ class Extender:
             self.relief_book.migration_seen(_key(migration), record)
 
     def relief_pass(self) -> ReliefPlan:
-        """One relief pass (``core.relief``): the moves to start now. The caller records each
+        """One relief pass (``core.relief``): the moves to start now, and the drains' taints
+        and evictions (``scheduler_extender.relief``). The caller records each
         in the book (``ReliefBook.move_started``) before its first await. Cordoned nodes are
         never targets. Raises ``NotLeader`` and ``NotSynced`` as every decision does, and
         ``NotSynced`` until the VirtualMachineMigrations are listed (without them, moves in
@@ -726,6 +727,13 @@ class Extender:
         now = self.wall_clock()
         config = self.config.relief
         book = self.relief_book
+        # The drains are the nodes carrying the drain taint (``scheduler_extender.relief``):
+        # a restarted extender finds them again; an operator who removes it ends the drain.
+        book.draining = {
+            name
+            for name, taints in self.node_taints.items()
+            if any(t.key == DRAIN_TAINT for t in taints)
+        }
         book.forget_gone(self.ledger, now=now, config=config)
         return plan_moves(self.ledger, book, now=now, config=config, closed=self.cordoned)
 

@@ -659,6 +659,7 @@ class Simulation:
         if f.node is None:
             return
         self._reality(f.node, -f.demand.cpu_millis)
+        f.node = None  # ended (or evicted): its later end, if any, finds nothing
         if self.extender is not None:
             self.extender.ledger.forget_pod(f.uid)
         self.note("foreign_ended", f.spec.name, f"left {f.node}")
@@ -1258,6 +1259,13 @@ class Simulation:
                 self.note("node_emptied", name, "nothing runs there: the cloud may remove it")
         for move in plan.moves:
             self._start_move(ext.epoch, move)
+        for eviction in plan.evict:
+            # The Eviction API with no PodDisruptionBudget in the way: the pod ends at once (a
+            # controller's replacement elsewhere is not modelled).
+            found = next((f for f in self.foreign if f.uid == eviction.uid), None)
+            if found is not None:
+                self.note("evicted", found.spec.name, f"from {eviction.node}, which is drained")
+                self._foreign_ended(found.index)
 
     def _start_move(self, epoch: int, move: PlannedMove) -> None:
         relief = self.relief

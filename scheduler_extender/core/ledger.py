@@ -57,7 +57,7 @@ from typing import Final
 import msgspec
 
 from protocol.annotations import VmSpec
-from scheduler_extender.core.podinfo import ZERO, Demand, PodInfo
+from scheduler_extender.core.podinfo import ZERO, Demand, Disruption, PodInfo
 
 
 class Owner(enum.StrEnum):
@@ -102,6 +102,8 @@ class Allocation(msgspec.Struct, kw_only=True):
     # Found bound without this ledger having placed it or heard from its agent: what it may run
     # beyond ``held``, up to its maximum (module docstring, "Unverified VMs"). ZERO otherwise.
     uncertain: Demand = ZERO
+    # A foreign pod's fate in a drain (``PodInfo.disruption``); EVICT for ours (never used).
+    disruption: Disruption = Disruption.EVICT
 
     @property
     def is_unverified(self) -> bool:
@@ -427,6 +429,7 @@ class Ledger:
         entry.is_tentative = False
         entry.priority = pod.priority
         entry.requests = pod.requests
+        entry.disruption = pod.disruption
         if entry.vm is None and pod.vm is not None:
             entry.vm = pod.vm
         elif (
@@ -487,6 +490,7 @@ class Ledger:
             allocated_at=at,
             vm=pod.vm if owner is Owner.OWN else None,
             vm_name=pod.vm_name if owner is Owner.OWN else None,
+            disruption=pod.disruption,
         )
         if entry.vm is not None:
             entry.memory_extra = pod.memory_extra_bytes

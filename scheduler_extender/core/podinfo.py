@@ -44,6 +44,7 @@ neither is a CPU or memory request: DRA claims on node-allocatable resources (al
 
 from __future__ import annotations
 
+import enum
 import functools
 from typing import Final
 
@@ -76,6 +77,48 @@ class Demand(msgspec.Struct, frozen=True, array_like=True):
 ZERO: Final = Demand(0, 0)
 
 
+class Disruption(enum.StrEnum):
+    """What a drain does with a pod that is not one of our VMs: kubectl drain's filters
+    (kubernetes/kubernetes ``staging/src/k8s.io/kubectl/pkg/drain/filters.go``, ``makeFilters``,
+    applied in its order: DaemonSet, mirror, local storage, unreplicated), as ``kubectl drain
+    --ignore-daemonsets`` runs them (no ``--delete-emptydir-data``, no ``--force``). A pod in
+    a terminal phase never reaches a drain: the ledger holds nothing for it."""
+
+    EVICT = "evict"  # evicted through the Eviction API (its PodDisruptionBudget decides when)
+    DAEMONSET = "daemonset"  # controlled by a DaemonSet: left (it tolerates the node anyway)
+    MIRROR = "mirror"  # a static pod's mirror (or a pod a Node owns): left, the kubelet's
+    LOCAL_STORAGE = "local-storage"  # an emptyDir: its data would be lost; blocks the drain
+    UNMANAGED = "no-controller"  # no controller would make it again; blocks the drain
+
+    @property
+    def is_left(self) -> bool:
+        """Left on a drained node: not evicted, and not counted against its emptiness
+        (cluster-autoscaler and Karpenter, too, ignore DaemonSet and mirror pods there)."""
+        return self is Disruption.DAEMONSET or self is Disruption.MIRROR
+
+    @property
+    def blocks(self) -> bool:
+        """A node with such a pod is never drained (kubectl drain refuses it without flags)."""
+        return self is Disruption.LOCAL_STORAGE or self is Disruption.UNMANAGED
+
+
+def disruption_of(pod: Pod) -> Disruption:
+    """``Disruption`` for ``pod``: kubectl drain's filters, in their order. One departure:
+    kubectl also fetches a DaemonSet pod's DaemonSet and refuses an orphan (without
+    ``--force``); here the controller reference alone decides, as the ledger reads no
+    DaemonSets (an orphaned DaemonSet pod is left, never evicted)."""
+    controller = next((r for r in pod.metadata.owner_references or () if r.controller), None)
+    if controller is not None and controller.kind == "DaemonSet":
+        return Disruption.DAEMONSET
+    if is_static_pod(pod):
+        return Disruption.MIRROR
+    if any(v.empty_dir is not None for v in pod.spec.volumes or ()):
+        return Disruption.LOCAL_STORAGE
+    if controller is None:
+        return Disruption.UNMANAGED
+    return Disruption.EVICT
+
+
 class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     uid: str
     namespace: str
@@ -106,6 +149,8 @@ class PodInfo(msgspec.Struct, frozen=True, kw_only=True):
     vm_name: str | None = None
     # The version it was read at: a Binding made for it carries it as a precondition.
     resource_version: str = ""
+    # What a drain does with it, if it is not one of our VMs (``disruption_of``).
+    disruption: Disruption = Disruption.EVICT
 
     @property
     def key(self) -> str:
@@ -307,6 +352,7 @@ def pod_info(pod: Pod, *, scheduler_name: str) -> PodInfo:
         created=meta.creation_timestamp or "",
         vm_name=controlling_vm(pod),
         resource_version=meta.resource_version,
+        disruption=disruption_of(pod),
     )
 
 

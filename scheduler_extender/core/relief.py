@@ -35,24 +35,35 @@ The rule, in the order a pass applies it (one pass, one budget):
    this pass's view, so two passes in a row never start more than the budget allows.
 2. **Relief of a VM cut short.** A VM whose last grow was cut short by its node's room (the
    permit rules' ``ShortOf.NODE``; ``ReliefBook.permits_decided`` keeps its *requested* size),
-   oldest shortfall first. Either the VM itself moves, to a node with room for its full
-   requested size now, or a neighbour on its node moves away, the smallest (by memory: the
-   quickest move) whose leaving frees what the VM still lacks. Of the two, the one that moves
+   oldest shortfall first, for as long as the VM keeps asking: the agent asks again at every
+   permit retry while it still wants more (``extender.permit_retry_seconds``, 5 s) and says
+   nothing once its load has gone, so a want not asked again within ``want_ttl_seconds`` is
+   over (a VM cut short while its guest booted is not moved long after, when room appears).
+   Either the VM itself moves, to a node with room for its full requested size now, or a
+   neighbour on its node moves away, the smallest (by memory: the quickest move) whose
+   leaving frees what the VM still lacks. Of the two, the one that moves
    less memory; on a tie, the VM itself. A target never lacks room for what the moving VM is
    to hold (a VM cut short: its requested size; a neighbour: its size), and never ends above
    the watermark.
 3. **Watermark.** A node whose reservations (ours and foreign) exceed ``watermark`` of what it
    can give, in CPU or memory, moves one VM away per pass, the oldest (longest held there)
    first, to a node that stays under the watermark with it.
-4. **Drain** (``drain.enabled``, off by default). A node being drained moves its VMs away, the
-   smallest first, one at a time (rule 1); once no pod of ours and no foreign pod holds
-   anything there, the plan reports it ``emptied`` (removing it is the cloud's: cluster-
-   autoscaler deletes a node it finds empty after ``scale-down-unneeded-time``; Karpenter's
-   emptiness consolidation does the same for a NodeClaim). A new drain starts, at most
-   ``drain.max_nodes`` at once, on the least used node (the larger of its CPU and memory shares)
-   below ``drain.below_share``, with **hysteresis**: not one that received a VM, had one grow or
-   joined in the last ``drain.hysteresis_seconds``; not one running a foreign pod (evicting them
-   through the Eviction API is the shell's, and not built); not one with a VM that cannot move;
+4. **Drain** (``drain.enabled``, off by default), in Karpenter's order: taint first (the
+   caller puts ``DRAIN_TAINT``, NoSchedule, on each node of ``drain``: nothing new lands
+   there), then the node's VMs move away, the smallest first, one at a time (rule 1), then,
+   once none of ours holds anything there, its other pods are **evicted** (``evict``: each
+   through the Eviction API, so their PodDisruptionBudgets decide when; a refusal, HTTP 429,
+   is tried again ``EVICTION_RETRY_SECONDS`` later, as ``kubectl drain`` retries, never by
+   deleting the pod), except the pods ``kubectl drain --ignore-daemonsets`` leaves
+   (``Disruption``: DaemonSet pods and mirror pods). Once nothing but such pods holds
+   anything there, the plan reports it ``emptied`` (removing it is the cloud's:
+   cluster-autoscaler deletes a node it finds empty, DaemonSet and mirror pods aside, after
+   ``scale-down-unneeded-time``; Karpenter's emptiness consolidation does the same for a
+   NodeClaim). A new drain starts, at most ``drain.max_nodes`` at once, on the least used node
+   (the larger of its CPU and memory shares) below ``drain.below_share``, with
+   **hysteresis**: not one that received a VM, had one grow or joined in the last
+   ``drain.hysteresis_seconds``; not one with a pod kubectl drain would refuse to evict (no
+   controller, or an ``emptyDir``: ``Disruption.blocks``); not one with a VM that cannot move;
    and only if every VM there fits elsewhere now (first fit on this pass's view, under the
    watermark).
 
@@ -96,14 +107,15 @@ server's (``creationTimestamp``, ``status.completionTime``), and with one clock 
 book equals the live one exactly (a clock step shifts a cool-down by the step; Kubernetes'
 TTL-after-finished controller judges Jobs' ``completionTime`` the same way). Not rebuilt: the
 wants (the agents report again at once when the extender's epoch changes, and a cut-short
-grow is a want again from that answer), the nodes' hysteresis from grows and joins (drains are
-refused by the shell), and a create that never reached the API server (nothing moved; it is a
-failure only to the book that tried it).
+grow is a want again from that answer), the nodes' hysteresis from grows and joins, the
+evictions under way (a pod evicted is terminating, and evicting it again is harmless), and a
+create that never reached the API server (nothing moved; it is a failure only to the book that
+tried it). The drains are the nodes' ``DRAIN_TAINT`` (the shell sets ``draining`` from them).
 
 Not here: the moves' I/O (VirtualMachineMigration objects, taints, evictions), which the shell
-does with what ``plan_moves`` returns; and reserving the grower's *requested* size on its
-target (``reserve_move`` holds the VM's size now; the room for the rest was checked in this
-plan, and the VM asks for it again on arrival).
+does with what ``plan_moves`` returns (``scheduler_extender.relief``); and reserving the
+grower's *requested* size on its target (``reserve_move`` holds the VM's size now; the room for
+the rest was checked in this plan, and the VM asks for it again on arrival).
 """
 
 from __future__ import annotations
@@ -130,10 +142,12 @@ from scheduler_extender.core.ledger import (
     held_at,
 )
 from scheduler_extender.core.permits import Decision, ShortOf
-from scheduler_extender.core.podinfo import ZERO, Demand
+from scheduler_extender.core.podinfo import ZERO, Demand, Disruption
 
 __all__ = [
+    "EVICTION_RETRY_SECONDS",
     "DrainConfig",
+    "Eviction",
     "MovePhase",
     "MoveReason",
     "MoveRecord",
@@ -146,6 +160,11 @@ __all__ = [
     "plan_moves",
     "record_of",
 ]
+
+# After an eviction refused (429: a PodDisruptionBudget allows no disruption now), the pod is
+# tried again this much later, or the API server's Retry-After if longer: kubectl drain's 5 s
+# (``staging/src/k8s.io/kubectl/pkg/drain/drain.go``, ``evictPods``).
+EVICTION_RETRY_SECONDS = 5.0
 
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
@@ -177,6 +196,10 @@ class ReliefConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_moves_share: Share = 0.1
     # A VM moved is not moved again for this long (from its move's creation).
     cooldown_seconds: Seconds = 600.0
+    # A grow cut short is wanted for this long after the VM last asked for it (the agent asks
+    # again every permit retry, 5 s by default, while it still wants more): keep it above the
+    # agents' ``extender.permit_retry_seconds``.
+    want_ttl_seconds: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)] = 30.0
     # After a failed move, the VM waits this long from the failure's end, doubled for each
     # further failure in a row, up to the maximum (see the module docstring).
     failure_backoff_seconds: Seconds = 600.0
@@ -212,14 +235,26 @@ class PlannedMove(msgspec.Struct, frozen=True, kw_only=True):
     relieves: str | None = None
 
 
+class Eviction(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod to evict (the Eviction API, with its ``uid`` as a precondition) from a drained
+    node."""
+
+    uid: str
+    pod: str  # namespace/name
+    node: str
+
+
 class ReliefPlan(msgspec.Struct, frozen=True, kw_only=True):
     moves: list[PlannedMove]
     # Nodes this pass starts to drain (the caller taints them and adds them to the book).
     drain: list[str]
-    # Nodes being drained that nothing holds anything on any more.
+    # Nodes being drained that nothing holds anything on any more (but the pods a drain
+    # leaves: ``Disruption.is_left``).
     emptied: list[str]
     # A sentence for each VM cut short that no move relieves in this pass.
     unrelieved: list[str]
+    # Pods to evict now from drained nodes that none of our VMs holds anything on any more.
+    evict: list[Eviction] = msgspec.field(default_factory=list)
 
 
 class MovePhase(enum.StrEnum):
@@ -283,10 +318,15 @@ def record_of(migration: VirtualMachineMigration, *, now: float) -> MoveRecord:
 
 @dataclass(slots=True)
 class Want:
-    """A VM's grow cut short by its node: the size it asked for, as its pod would hold it."""
+    """A VM's grow cut short by its node: the size it asked for, as its pod would hold it,
+    since its first shortfall, and when it last asked."""
 
     requested: Demand
     since: float
+    asked: float
+
+    def is_live(self, *, now: float, config: ReliefConfig) -> bool:
+        return now - self.asked < config.want_ttl_seconds
 
 
 @dataclass(slots=True)
@@ -298,6 +338,10 @@ class ReliefBook:
     migrations: dict[str, MoveRecord] = field(default_factory=dict)
     touched_at: dict[str, float] = field(default_factory=dict)  # by node: joined / grew
     draining: set[str] = field(default_factory=set)
+    # By pod uid: evictions the API server accepted (the pod is terminating: not again), and
+    # when a refused one may be tried again.
+    evicted: set[str] = field(default_factory=set)
+    evict_retry_at: dict[str, float] = field(default_factory=dict)
 
     def permits_decided(
         self,
@@ -323,7 +367,7 @@ class ReliefBook:
                     entry, vcpus=req.requested.vcpus, memory_bytes=req.requested.memory_bytes
                 )
                 found = self.wants.get(uid)
-                self.wants[uid] = Want(want, found.since if found is not None else now)
+                self.wants[uid] = Want(want, found.since if found is not None else now, now)
             else:
                 self.wants.pop(uid, None)
             granted = decision.permit.permit
@@ -351,6 +395,19 @@ class ReliefBook:
             phase = MovePhase.SUCCEEDED if succeeded else MovePhase.FAILED
             self.migrations[migration] = msgspec.structs.replace(found, phase=phase, ended=now)
 
+    def eviction_answered(
+        self, uid: str, *, accepted: bool, now: float, retry_after: float | None = None
+    ) -> None:
+        """The API server's answer to an eviction of ``plan.evict``: accepted (or the pod was
+        gone), or refused (a 429; any other failure too), to be tried again after
+        ``EVICTION_RETRY_SECONDS`` or the server's ``retry_after``, whichever is longer."""
+        if accepted:
+            self.evicted.add(uid)
+            self.evict_retry_at.pop(uid, None)
+        else:
+            wait = max(EVICTION_RETRY_SECONDS, retry_after or 0.0)
+            self.evict_retry_at[uid] = now + wait
+
     def migration_seen(self, migration: str, record: MoveRecord) -> None:
         """The watch's ADDED or MODIFIED ``migration`` (``record_of``)."""
         self.migrations[migration] = record
@@ -371,12 +428,20 @@ class ReliefBook:
             self.wants[target_uid] = want
 
     def forget_gone(self, ledger: Ledger, *, now: float, config: ReliefConfig) -> None:
-        """Drop what no longer matters: pods and nodes gone, cool-downs and hysteresis over.
+        """Drop what no longer matters: pods and nodes gone, wants not asked again within
+        ``want_ttl_seconds``, cool-downs and hysteresis over.
         When every pod is gone and time has passed them, the book is empty again (a drained
         node stays in ``draining`` until it is removed)."""
         pods, nodes = ledger.pods, ledger.nodes
-        for uid in [u for u in self.wants if u not in pods]:
+        for uid in [
+            u
+            for u, w in self.wants.items()
+            if u not in pods or not w.is_live(now=now, config=config)
+        ]:
             del self.wants[uid]
+        self.evicted &= set(pods)
+        for uid in [u for u in self.evict_retry_at if u not in pods]:
+            del self.evict_retry_at[uid]
         # A move ended long enough ago affects nothing: not the cool-down, nor the backoff
         # (failures older than twice the longest are forgiven), nor the drain hysteresis.
         horizon = max(
@@ -397,7 +462,14 @@ class ReliefBook:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.wants or self.migrations or self.touched_at or self.draining)
+        return not (
+            self.wants
+            or self.migrations
+            or self.touched_at
+            or self.draining
+            or self.evicted
+            or self.evict_retry_at
+        )
 
     def by_vm(self) -> dict[str, list[tuple[float, str, MoveRecord]]]:
         """Every VM's records, oldest first."""
@@ -670,7 +742,7 @@ def plan_moves(
     # 2. VMs cut short, oldest shortfall first.
     for uid, want in sorted(book.wants.items(), key=lambda kv: (kv[1].since, kv[0])):
         entry = ledger.pods.get(uid)
-        if entry is None or entry.uid in moving:
+        if entry is None or entry.uid in moving or not want.is_live(now=now, config=config):
             continue
         node = entry.node
         state = ledger.nodes.get(node)
@@ -717,7 +789,11 @@ def plan_moves(
         )
         for n in neighbours:
             n_want = book.wants.get(n.uid)
-            n_need = n.held if n_want is None else n.held.max(n_want.requested)
+            n_need = (
+                n.held
+                if n_want is None or not n_want.is_live(now=now, config=config)
+                else n.held.max(n_want.requested)
+            )
             target = view.target(n_need, shut=shut | {node})
             if target is not None:
                 options.append(
@@ -769,13 +845,24 @@ def plan_moves(
     # 4. Drains.
     drain: list[str] = []
     emptied: list[str] = []
+    evict: list[Eviction] = []
     if config.drain.enabled:
         for name in sorted(book.draining):
             state = ledger.nodes.get(name)
             if state is None:
                 continue
-            if not state.own and not state.foreign:
-                emptied.append(name)
+            if not state.own:
+                # The VMs are gone: the other pods go, through the Eviction API.
+                staying = [e for e in state.foreign.values() if not e.disruption.is_left]
+                if not staying:
+                    emptied.append(name)
+                for e in sorted(staying, key=lambda e: e.key):
+                    if (
+                        e.disruption is Disruption.EVICT
+                        and e.uid not in book.evicted
+                        and now >= book.evict_retry_at.get(e.uid, -math.inf)
+                    ):
+                        evict.append(Eviction(uid=e.uid, pod=e.key, node=name))
                 continue
             if budget <= 0 or name in busy:
                 continue
@@ -804,7 +891,7 @@ def plan_moves(
                 moving=moving,
                 count=room,
             )
-    return ReliefPlan(moves=moves, drain=drain, emptied=emptied, unrelieved=unrelieved)
+    return ReliefPlan(moves=moves, drain=drain, emptied=emptied, unrelieved=unrelieved, evict=evict)
 
 
 def _drains_to_start(
@@ -835,7 +922,7 @@ def _drains_to_start(
         touched = max(book.touched_at.get(name, -math.inf), received.get(name, -math.inf))
         if now - touched < cfg.hysteresis_seconds:
             continue
-        if state.foreign:
+        if any(e.disruption.blocks for e in state.foreign.values()):
             continue
         if any(
             e.uid in moving

@@ -7,12 +7,12 @@ close) every call raises ``kube_io.errors.Unavailable``, which callers already t
 
 It is also the one gate of the extender's writes. Every write to the API server but the Lease's
 own (a Binding, the fence, wake-up touches, Events, the durability writer's patches and
-resizes, the role labels, relief's VirtualMachineMigrations) goes through this link, which asks
-``may_write`` right before sending, with no ``await`` in between; a replica that does not lead
-gets ``Deposed`` and sends nothing. ``may_write`` is ``Extender.may_write``: the Lease's term
-this replica began writing in, and whether it still holds it
-(``core.leadership.Elector.may_write``). Reads and token reviews are not writes and are not
-gated (the standby keeps its ledger warm).
+resizes, the role labels, relief's VirtualMachineMigrations, a drain's taints and evictions)
+goes through this link, which asks ``may_write`` right before sending, with no ``await`` in
+between; a replica that does not lead gets ``Deposed`` and sends nothing. ``may_write`` is
+``Extender.may_write``: the Lease's term this replica began writing in, and whether it still
+holds it (``core.leadership.Elector.may_write``). Reads and token reviews are not writes and
+are not gated (the standby keeps its ledger warm).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Literal
 from kube_io.client import KubeClient
 from kube_io.errors import KubeError, Unavailable
 from kube_io.objects import ObjectReference, SubjectAccessReviewStatus, TokenReviewResult
-from protocol.kube import Pod
+from protocol.kube import Node, Pod, Taint
 from protocol.virtualmachine import VirtualMachineMigration
 
 
@@ -105,6 +105,12 @@ class KubeLink:
 
     async def create_virtual_machine_migration(self, migration: VirtualMachineMigration) -> None:
         await self._writer().create_virtual_machine_migration(migration)
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        await self._writer().evict_pod(namespace, name, uid=uid)
+
+    async def taint_node(self, name: str, taint: Taint) -> Node:
+        return await self._writer().taint_node(name, taint)
 
     async def review_token(self, token: str, *, audiences: Sequence[str]) -> TokenReviewResult:
         return await self._client().review_token(token, audiences=audiences)

@@ -72,6 +72,10 @@ CALLS: dict[str, list[Access]] = {
     "list_services": [Access("list", "", "services")],
     "get_service": [Access("get", "", "services")],
     "patch_service_selector": [Access("patch", "", "services")],
+    # A drain (scheduler_extender/relief.py): its taint (the node read, then patched) and
+    # its evictions through the Eviction API.
+    "taint_node": [Access("get", "", "nodes"), Access("patch", "", "nodes")],
+    "evict_pod": [Access("create", "", "pods/eviction")],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
@@ -111,8 +115,6 @@ AGENT_USES = [Access("list", "", "pods"), Access("watch", "", "pods")]
 
 # Grants in our own roles that no client call needs, each with why it is harmless.
 JUSTIFIED_EXTRAS = {
-    # list already discloses every object; get adds no privilege and helps debugging tools.
-    Access("get", "", "nodes"),
     # The same stored objects as core/v1 events, for recorders using the newer API.
     Access("create", "events.k8s.io", "events"),
 }

@@ -17,9 +17,10 @@ import pytest
 from msgspec.structs import replace
 from prometheus_client import CollectorRegistry
 
-from kube_io.errors import Conflict, KubeError, Unavailable
+from kube_io.errors import Conflict, KubeError, NotFound, TooManyRequests, Unavailable
 from kube_io.objects import ObjectReference
-from protocol.kube import Node, Pod
+from protocol.annotations import DRAIN_TAINT
+from protocol.kube import Node, Pod, Taint
 from protocol.permits import ResourceRequestBatch
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration, migration_manifest
 from scheduler_extender.config import parse_config
@@ -28,7 +29,7 @@ from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.relief import REASON_LABEL, migration_for, relief_once
 from scheduler_extender.service import Extender
-from testkit.kube_api import node_object
+from testkit.kube_api import node_object, pod_object
 from tests.extender.helpers import permit_batch, vm_pod
 
 DB_UID = "0b7d0f52-2a5e-4c57-9d3e-9a1e2b3c4d5e"
@@ -37,14 +38,31 @@ WALL = 1_800_000_000.0
 
 
 class Writer:
+    """What relief writes: migrations, taints (answered with the node as the API server would
+    return it) and evictions (answered by ``evict_errors``, one per call, then success)."""
+
     def __init__(self, error: KubeError | None = None) -> None:
         self.created: list[VirtualMachineMigration] = []
         self.error = error
+        self.nodes: dict[str, Node] = {}
+        self.tainted: list[tuple[str, Taint]] = []
+        self.evicted: list[tuple[str, str, str]] = []
+        self.evict_errors: list[KubeError] = []
 
     async def create_virtual_machine_migration(self, migration: VirtualMachineMigration) -> None:
         self.created.append(migration)
         if self.error is not None:
             raise self.error
+
+    async def taint_node(self, name: str, taint: Taint) -> Node:
+        self.tainted.append((name, taint))
+        node = self.nodes[name]
+        return replace(node, spec=replace(node.spec, taints=[*(node.spec.taints or []), taint]))
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        self.evicted.append((namespace, name, uid))
+        if self.evict_errors:
+            raise self.evict_errors.pop(0)
 
 
 class Poster:
@@ -263,3 +281,137 @@ async def test_no_pass_before_the_lists_are_in() -> None:
     reporter = NodeAllocReporter(metrics, None)
     assert await relief_once(extender, writer, reporter, wall_clock=lambda: WALL) == []
     assert writer.created == []
+
+
+def _draining_extender(wall: list[float]) -> tuple[Extender, Writer]:
+    """Drain on: node-a (8 cores) runs db (1 vCPU, a VirtualMachine's) beside a pod of a
+    ReplicaSet, a DaemonSet's pod and a mirror pod; node-b (8 cores) runs a VM of 4. Nothing
+    touched either node: node-a, below the drain's share, is the one to drain."""
+    config = parse_config({"relief": {"enabled": True, "drain": {"enabled": True}}})
+    metrics = Metrics(CollectorRegistry())
+    extender = Extender(
+        config,
+        metrics=metrics,
+        reporter=NodeAllocReporter(metrics, None),
+        recorder=None,
+        binder=None,
+        wall_clock=lambda: wall[0],
+        clock=lambda: 0.0,
+    )
+    nodes = [msgspec.convert(node_object(n, cpu="8"), Node) for n in ("node-a", "node-b")]
+    extender.nodes_listed(nodes)
+    db = _owned(vm_pod("db-pod", uid=DB_UID, node="node-a", min_vcpus=1, max_vcpus=1), "db")
+    big = _owned(vm_pod("big-pod", uid=WEB_UID, node="node-b", min_vcpus=4, max_vcpus=4), "big")
+    others = []
+    for name, owner, notes in (
+        ("web", "ReplicaSet", None),
+        ("agent", "DaemonSet", None),
+        ("static", None, {"kubernetes.io/config.mirror": "hash"}),
+    ):
+        pod = pod_object(name, namespace="apps", uid=f"{name}-uid", node_name="node-a",
+                         cpu="100m", memory="64Mi", scheduler_name="default-scheduler",
+                         annotations=notes, phase="Running")  # fmt: skip
+        if owner is not None:
+            pod["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": owner,
+                    "name": name,
+                    "uid": "o",
+                    "controller": True,
+                }
+            ]
+        others.append(pod)
+    extender.pods_listed([msgspec.convert(p, Pod) for p in (db, big, *others)])
+    extender.migrations_listed([])
+    writer = Writer()
+    writer.nodes = {n.metadata.name: n for n in nodes}
+    return extender, writer
+
+
+def _db_gone(extender: Extender) -> None:
+    """db's pod is deleted from node-a (its move done)."""
+    db = vm_pod("db-pod", uid=DB_UID, node="node-a", min_vcpus=1, max_vcpus=1)
+    extender.pod_changed("DELETED", msgspec.convert(db, Pod))
+
+
+def _evictions(extender: Extender) -> dict[str, float]:
+    found = {
+        outcome: extender.metrics.registry.get_sample_value(
+            "vmautoscale_extender_relief_evictions_total", {"outcome": outcome}
+        )
+        for outcome in ("evicted", "gone", "refused", "failed")
+    }
+    return {k: v for k, v in found.items() if v is not None}
+
+
+async def test_a_drain_taints_first_moves_the_vms_then_evicts_the_rest() -> None:
+    wall = [WALL]
+    extender, writer = _draining_extender(wall)
+    reporter = NodeAllocReporter(extender.metrics, None)
+    outcomes = await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    # Taint first, and its answer counts at once: the drain is in the book for the next pass.
+    assert [(n, t.key, t.effect) for n, t in writer.tainted] == [
+        ("node-a", DRAIN_TAINT, "NoSchedule")
+    ]
+    assert outcomes == [] and writer.evicted == []
+    assert extender.relief_pass().drain == []
+    assert extender.relief_book.draining == {"node-a"}
+    # The VM moves (a migration to node-b); nothing is evicted while it is on node-a.
+    outcomes = await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert [(m.pod, m.target, m.reason, o) for m, o in outcomes] == [
+        ("vms/db-pod", "node-b", MoveReason.DRAIN, "created")
+    ]
+    assert writer.evicted == []
+    # The VM's pod is gone from node-a: the ReplicaSet's pod is evicted, the others stay.
+    _db_gone(extender)
+    writer.evict_errors = [TooManyRequests("the budget", status=429, retry_after_seconds=0)]
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert writer.evicted == [("apps", "web", "web-uid")]
+    assert _evictions(extender) == {"refused": 1.0}
+    # Refused by its PodDisruptionBudget: not tried again before kubectl's 5 s ...
+    wall[0] += 4.0
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert len(writer.evicted) == 1
+    wall[0] += 1.0
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert len(writer.evicted) == 2 and _evictions(extender) == {"refused": 1.0, "evicted": 1.0}
+    # ... and once accepted, not again while it terminates.
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert len(writer.evicted) == 2
+    assert extender.relief_pass().emptied == []
+    extender.pod_changed("DELETED", msgspec.convert(pod_object("web", namespace="apps",
+                                                              uid="web-uid"), Pod))  # fmt: skip
+    assert extender.relief_pass().emptied == ["node-a"]
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    gauge = "vmautoscale_extender_relief_nodes_emptied"
+    assert extender.metrics.registry.get_sample_value(gauge) == 1
+
+
+async def test_an_eviction_of_a_pod_already_gone_is_done() -> None:
+    wall = [WALL]
+    extender, writer = _draining_extender(wall)
+    reporter = NodeAllocReporter(extender.metrics, None)
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    _db_gone(extender)
+    writer.evict_errors = [NotFound("gone", status=404)]
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0] + 10)
+    assert writer.evicted == [("apps", "web", "web-uid")]
+    assert _evictions(extender) == {"gone": 1.0}
+
+
+async def test_a_drain_ends_when_its_taint_is_removed_and_a_restart_finds_it() -> None:
+    wall = [WALL]
+    extender, writer = _draining_extender(wall)
+    reporter = NodeAllocReporter(extender.metrics, None)
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    tainted = extender.node_taints["node-a"]
+    # A restarted extender lists the node with its taint: the drain goes on, none starts anew.
+    again, _ = _draining_extender(wall)
+    node = writer.nodes["node-a"]
+    again.node_changed("MODIFIED", replace(node, spec=replace(node.spec, taints=tainted)))
+    assert again.relief_pass().drain == [] and again.relief_book.draining == {"node-a"}
+    # The operator removes the taint: the drain is over (a later pass may start one again).
+    extender.node_changed("MODIFIED", node)
+    assert extender.relief_pass() is not None and extender.relief_book.draining == set()

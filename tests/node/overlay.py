@@ -15,6 +15,14 @@ written down here and nowhere else:
   ``memory.shrink_after_seconds``, 30 s in the agent's defaults) at ``SHRINK_AFTER_SECONDS``:
   a shrink is still decided the same way, on a window of scrapes that all ask for less, only
   sooner, which is what the tier's wall time pays for. Growing is untouched;
+- relief on (``relief.enabled``; off in the manifests, so ``test_a_vm_held_at_its_quota_
+  under_load_keeps_asking``, which runs on them before this overlay, sees a VM cut short that
+  nothing moves), its pass every ``RELIEF_INTERVAL_SECONDS`` instead of 15 s (a pass is one
+  pure walk over a two-node ledger; the move drill's wall time is what the interval adds to),
+  and no watermark (``relief.watermark: null``): node 1 holds two CPUs and a VM grows to 2
+  vCPUs on it, which a 0.9 watermark would forbid as a move's target and would drain by moves
+  of its own in the drills that fill it (test_failures), where only a grow cut short may move
+  a VM (test_migration);
 - both Leases of the scheduler pair (kube-scheduler's ``leaderElection`` and the extender's
   ``leader_election``) at ``LEASE_SECONDS`` instead of 15 s, kube-scheduler's renew deadline
   below it as its defaults are: the failover drills wait out a dead holder's Lease (and read
@@ -38,6 +46,8 @@ SHRINK_AFTER_SECONDS = 8.0
 # kube-scheduler's renewDeadline (manifests: 10 s), which must stay below the Lease's.
 LEASE_SECONDS = 10
 RENEW_DEADLINE_SECONDS = 7
+# relief.interval_seconds (the manifests' default: 15 s).
+RELIEF_INTERVAL_SECONDS = 1.0
 
 
 def tier_overlay(directory: Path) -> Path:
@@ -46,6 +56,11 @@ def tier_overlay(directory: Path) -> Path:
     config = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
     config["system_reserve"]["cpu_fraction"] = 0
     config["leader_election"]["lease_duration_seconds"] = LEASE_SECONDS
+    config["relief"] = {
+        "enabled": True,
+        "interval_seconds": RELIEF_INTERVAL_SECONDS,
+        "watermark": None,
+    }
     (directory / "extender.yaml").write_text(yaml.safe_dump(config))
     scheduler = yaml.safe_load((ROOT / "manifests" / "config" / "kube-scheduler.yaml").read_text())
     scheduler["leaderElection"]["leaseDuration"] = f"{LEASE_SECONDS}s"

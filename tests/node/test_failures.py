@@ -16,6 +16,7 @@ import pytest
 
 from protocol.annotations import MIN_VCPUS
 from testkit.controlplane import wait_for
+from tests.node.conftest import RELIEVABLE_MAX_VCPUS, apply_example_vm
 from tests.node.harness import VM, Node, Obj, container_cgroup, wait_postgres
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -146,10 +147,9 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
     waits; deleting pg-vm (its VirtualMachine, so nothing recreates its pod) lets the waiting
     one in. The other nodes are cordoned meanwhile (kube-scheduler's NodeUnschedulable filter
     runs before the extender), so that the one node is all there is; uncordoned, pg-vm applied
-    again finds that node full and vm-scheduler places it on another: VMs on two nodes. Every
-    VM pod here is the vm-controller's."""
+    again (at node 1's size, for test_migration's relief) finds that node full and vm-scheduler
+    places it on another: VMs on two nodes. Every VM pod here is the vm-controller's."""
     double = str(ROOT / "manifests" / "examples" / "double")
-    examples = str(ROOT / "manifests" / "examples")
     here = vm["spec"]["nodeName"]
     others = [n for n in deployed.members if n != here]
     for other in others:
@@ -197,7 +197,8 @@ def test_a_deleted_vm_frees_its_room_for_a_waiting_vm(deployed: Node, vm: Obj) -
         for other in others:
             deployed.kubectl("uncordon", other)
         started = time.monotonic()
-        deployed.kubectl("apply", "-k", examples)
+        # At node 1's size: test_migration, next, has relief move it there under load.
+        apply_example_vm(deployed, max_vcpus=RELIEVABLE_MAX_VCPUS)
         placed: str = wait_for(
             lambda: (deployed.pod_or_none("default", VM) or {}).get("spec", {}).get("nodeName"),
             timeout_seconds=90, what=f"{VM} placed again", interval=0.5,

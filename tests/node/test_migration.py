@@ -1,18 +1,33 @@
-"""A VM under pgbench moved live to the other node by the vm-controller (issue 36's drill).
+"""A VM under pgbench, its grow cut short by its node's room, moved live by relief to a node
+with room for its requested size, where it grows to it (issue 37's drill, on issue 36's move).
 
-Runs after test_failures, which leaves the example VM ``pg-vm`` freshly applied on a worker and
-the double VMs filling node 1; they go first (test_node_failures' drills remove them
-anyway), so the move pays for no guest boot of its own. Then, with rows written and pgbench
-loading the guest: a ``VirtualMachineMigration`` to the other node, carried out by the
-vm-controller as deployed (``kubectl apply -k manifests/``): the extender reserves the target's
-room, the target runner pod starts in QEMU's incoming mode, the controller drives QEMU over
-TCP QMP and cuts over. Asserted: the migration Succeeded; the VirtualMachine's status names
-the new pod and node; the guest has the same online vCPUs (its node_exporter) and plugged
-memory (QMP); the rows are there, read through the VM's Service (its DNS name, as the tier's
-DNS answers it); pgbench connects again through it; the leader's ledger holds nothing for the
-source afterwards; no ledger sample over-committed a node during the move
-(``OverCommitWatch``). Printed: the move's total time, QEMU's downtime, the time to the first
-answered query after.
+Runs after test_failures, which leaves the example VM ``pg-vm`` freshly applied on a worker (one
+CPU: the VM holds all of it at 1 vCPU) at node 1's size (``RELIEVABLE_MAX_VCPUS``, 2: at the
+example's 4 it would ask for more than any node here has), opted out of moves until this drill
+(``neverMove``: its guest's boot asks for more too, and is cut short, which would move it
+before the drill's rows are written), and the double VMs on node 1 on their way out. With rows
+written, pgbench loads the guest and the drill opts the VM in: the agent asks for 2 vCPUs, the
+worker has no room (the answer is cut short by the node; if the boot's last ask is recent,
+that want is still live and relief acts on it at once), and node 1 has room for the VM's
+requested size once the double VMs' pods are gone.
+The test does nothing else but load the VM: the extender's relief (on in the tier's overlay, a
+pass a second) creates a ``VirtualMachineMigration`` (``GrowerToRoom``), the
+vm-controller carries it out as deployed (``kubectl apply -k manifests/``): the extender
+reserves the target's room, the target runner pod starts in QEMU's incoming mode, the
+controller drives QEMU over TCP QMP and cuts over; pgbench, started again through the VM's
+Service (the source's clients lose their connections with it), loads the guest on node 1, whose
+agent asks again and gets it.
+Asserted: the migration is relief's, to node 1, and Succeeded; an Event on the VM's pod says
+why; the guest kept its size through the move (online vCPUs from its node_exporter, plugged
+memory from QMP) and then reached its requested vCPUs on node 1; the VirtualMachine's status
+names the new pod and node; the VM's name led to the source until the cut-over and never to the
+target before it ran the guest; the rows are there, read through the VM's Service (its DNS name,
+as the tier's DNS answers it); pgbench completes through it; the leader's ledger holds nothing
+for the source afterwards; no ledger sample over-committed a node (``OverCommitWatch``).
+Printed, from the load's start: the first grow cut short, the opt-in, room on node 1, move
+created, Succeeded, grown to the requested size; from the moment relief may act (cut short and
+opted in) to the move's creation, its success and the full size; QEMU's downtime; the time to
+the first answered query after the move.
 """
 
 from __future__ import annotations
@@ -25,13 +40,15 @@ import socket
 import subprocess
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from protocol import annotations as ann
+from protocol.virtualmachine import RELIEF_LABEL
 from testkit.controlplane import wait_for
-from tests.node.conftest import example_vm
+from tests.node.conftest import RELIEVABLE_MAX_VCPUS, example_vm, opt_in
 from tests.node.harness import VM, Node, Obj, wait_postgres
 from tests.node.test_dns import decode, query
 from tests.node.test_node_failures import OverCommitWatch, _leader_ledger
@@ -126,48 +143,78 @@ def migration(node: Node, name: str) -> Obj:
     return obj
 
 
-def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned: Node) -> None:
+def relief_migrations(node: Node, since: float) -> list[Obj]:
+    """The VirtualMachineMigrations relief made for the VM (labelled with their reason) since
+    ``since`` (epoch seconds, the API server's creation time, whole seconds)."""
+    out = node.kubectl("get", "virtualmachinemigration", "-l", RELIEF_LABEL, "-o", "json").stdout
+    found = []
+    for m in json.loads(out)["items"]:
+        created = datetime.fromisoformat(m["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        if m["spec"]["vmName"] == VM and created.timestamp() >= int(since):
+            found.append(m)
+    return found
+
+
+def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_request(
+    tuned: Node,
+) -> None:
     node = tuned
     if not node.workers:
         pytest.fail("the move needs a cluster of two or more nodes")
-    # The double VMs fill one node (test_failures): the move goes there.
-    node.kubectl("delete", "-k", str(ROOT / "manifests" / "examples" / "double"),
-                 "--ignore-not-found", "--wait=true", timeout=180)  # fmt: skip
+    double = str(ROOT / "manifests" / "examples" / "double")
     if not node.kubectl("get", "virtualmachine", VM, "--ignore-not-found", "-o", "name").stdout:
-        # Run alone (-k): the VM starts where test_failures leaves it, on a worker (one CPU:
-        # the VM is 1 vCPU there), so that node 1 (two CPUs) has room for it at any size.
+        # Run alone (-k): the VM starts where test_failures leaves it, on a worker, at node 1's
+        # size; node 1 has room at once (no double VMs).
         node.kubectl("cordon", node.name)
         try:
-            example_vm(node)
+            example_vm(node, max_vcpus=RELIEVABLE_MAX_VCPUS)
         finally:
             node.kubectl("uncordon", node.name)
-    source = example_vm(node)
+    source = example_vm(node, max_vcpus=RELIEVABLE_MAX_VCPUS)
     ip, here = source["status"]["podIP"], source["spec"]["nodeName"]
+    booted = datetime.fromisoformat(
+        source["metadata"]["creationTimestamp"].replace("Z", "+00:00")
+    ).timestamp()
     source_name = source["metadata"]["name"]
-    assert here != node.name, f"{VM} runs on node 1; the move goes there from a worker"
+    assert source["metadata"]["annotations"][ann.MAX_VCPUS] == str(RELIEVABLE_MAX_VCPUS)
+    assert here != node.name, f"{VM} runs on node 1; relief moves it there from a worker"
     there = node.name
     wait_postgres(ip)
     psql(ip, "DROP TABLE IF EXISTS moved; CREATE TABLE moved AS SELECT i, md5(i::text) AS v"
              f" FROM generate_series(1, {ROWS}) AS i")  # fmt: skip
     digest = "SELECT count(*) || ' ' || md5(string_agg(v, ',' ORDER BY i)) FROM moved"
     written = psql(ip, digest)
-    load = subprocess.Popen(
-        ["pgbench", "-h", ip, "-c", "4", "-j", "2", "-T", "300", "-P", "2", "--no-vacuum"],
-        env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        name = f"{VM}-to-{there}"
-        body = {
-            "apiVersion": "vm-autoscaling.io/v1alpha1",
-            "kind": "VirtualMachineMigration",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"vmName": VM, "targetNode": there},
-        }
-        with OverCommitWatch(node, interval=0.5):
-            started = time.monotonic()
-            node.kubectl("create", "-f", "-", input_text=json.dumps(body))
-            # The size to keep: the guest's once the source carries the move's mark (the agent
-            # resizes it no more), before the target pod exists (the mark comes first).
+    doubles = [f"{VM}-a", f"{VM}-b"]
+
+    def pgbench(host: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["pgbench", "-h", host, "-c", "4", "-j", "2", "-T", "300", "-P", "2", "--no-vacuum"],
+            env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    with OverCommitWatch(node, interval=0.5):
+        started = time.time()
+        # The load on the source; its clients lose their connections when the source goes.
+        loads = [pgbench(ip)]
+        try:
+            opt_in(node)
+            opted = time.time()
+            # Node 1's room comes back once the double VMs' guests have powered off.
+            node.kubectl("delete", "-k", double, "--ignore-not-found", "--wait=false")
+            room: list[float] = []
+
+            def created() -> Obj | None:
+                if not room and all(node.pod_or_none("default", d) is None for d in doubles):
+                    room.append(time.time())
+                found = relief_migrations(node, started)
+                return found[0] if found else None
+
+            made: Obj = wait_for(created, timeout_seconds=120, what="relief's migration of "
+                                 f"{VM}", interval=0.2)  # fmt: skip
+            seen = time.time()
+            name = made["metadata"]["name"]
+            # The size to keep: the guest's once the source carries the move's mark (the
+            # agent resizes it no more), before the target pod exists (the mark comes first).
             wait_for(
                 lambda: ann.MIGRATION in pod_annotations(node, source_name)
                 or migration(node, name).get("status", {}).get("phase") == "Failed",
@@ -196,7 +243,7 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
             done: Obj = wait_for(
                 finished, timeout_seconds=240, what=f"{name} finished", interval=0.2
             )
-            moved = time.monotonic()
+            moved = time.time()
             status = done["status"]
             assert status["phase"] == "Succeeded", status
             pod: str = status["targetPod"]
@@ -209,29 +256,65 @@ def test_a_vm_under_pgbench_moves_to_the_other_node_with_its_data_and_size(tuned
                 lambda: query_or_none(",".join(service_addresses(node)) or "0.0.0.0", digest),
                 timeout_seconds=60, what="a query through the Service", interval=0.2,
             )  # fmt: skip
-            answered = time.monotonic()
-            # The source pod goes (QEMU's shutdown); its room with it.
-            wait_for(lambda: node.pod_or_none("default", status["sourcePod"]) is None,
-                     timeout_seconds=90, what=f"{status['sourcePod']} gone")  # fmt: skip
-    finally:
-        load.kill()
-        bench = load.communicate()[0]
-    print(f"pgbench during the move (-P 2):\n{bench[-1500:]}")
+            answered = time.time()
+            # The load again, on the moved VM through its Service: what it grows for there.
+            loads.append(pgbench(",".join(service_addresses(node))))
+            # What the agent on the worker asked for and was refused for lack of room, before
+            # the move: under the load, or already while the guest booted (then relief acts as
+            # soon as the drill opts the VM in, on that want, still asked for).
+            answers = [
+                e for e in node.agent_events(booted, here)
+                if e["event"] == "permit_answered" and e["outcome"] in ("denied", "partial")
+                and e["t"] <= seen
+            ]  # fmt: skip
+            assert answers, "no grow of the VM was cut short on the worker before the move"
+            cut, requested = answers[0]["t"], int(answers[-1]["requested_vcpus"])
+            assert all("node" in a["extender_reason"] for a in answers), answers
+            wait_for(lambda: online_vcpus(new_ip) == requested, timeout_seconds=60,
+                     what=f"{VM} at its requested {requested} vCPUs on {there}",
+                     interval=0.2)  # fmt: skip
+            grown = time.time()
+        finally:
+            for load in loads:
+                load.kill()
+            bench = [load.communicate()[0] for load in loads]
+    # The source pod goes (QEMU's shutdown); its room with it.
+    wait_for(lambda: node.pod_or_none("default", status["sourcePod"]) is None,
+             timeout_seconds=90, what=f"{status['sourcePod']} gone")  # fmt: skip
+    print(f"pgbench on the source (-P 2):\n{bench[0][-1200:]}")
+    print(f"pgbench after the move, through the Service (-P 2):\n{bench[-1][-800:]}")
+    at = room[0] - started if room else float("nan")
+    # Relief may act once the VM is cut short and opted in, whichever comes last.
+    could = max(cut, opted)
     print(
-        f"{VM} moved {here} -> {there} under pgbench: created -> Succeeded "
-        f"{moved - started:.1f}s (QEMU total {status.get('totalMilliseconds')} ms, downtime "
-        f"{status.get('downtimeMilliseconds')} ms); Succeeded -> first query answered through "
-        f"the Service {answered - moved:.2f}s"
+        f"{VM} under pgbench on {here}, relieved to {there}, from the load's start: first cut "
+        f"short {cut - started:.1f}s ({len(answers)} answers cut short before the move, the "
+        f"last asking {requested} vCPUs), opted in {opted - started:.1f}s, room on {there} "
+        f"{at:.1f}s, move created {seen - started:.1f}s, Succeeded {moved - started:.1f}s "
+        f"(QEMU total {status.get('totalMilliseconds')} ms, downtime "
+        f"{status.get('downtimeMilliseconds')} ms), grown to {requested} vCPUs "
+        f"{grown - started:.1f}s; cut short and opted in -> move created {seen - could:.1f}s "
+        f"-> Succeeded {moved - seen:.1f}s -> grown {grown - moved:.1f}s (cut short and opted "
+        f"in -> full size {grown - could:.1f}s); Succeeded -> first query answered through the "
+        f"Service {answered - moved:.2f}s"
     )
-    print(f"the guest's size before and after: {vcpus} vCPUs online, {plugged} B plugged; "
-          f"after: {size}")  # fmt: skip
+    print(f"the guest's size before and after the move: {vcpus} vCPUs online, {plugged} B "
+          f"plugged; after: {size}")  # fmt: skip
+    assert made["metadata"]["labels"][RELIEF_LABEL] == "GrowerToRoom", made["metadata"]
+    assert made["spec"].get("targetNode") == there, made["spec"]
     assert rows == written
-    seen = [a for i, a in enumerate(resolved) if i == 0 or a != resolved[i - 1]]
-    print(f"the VM's name resolved to, in turn, during the move: {seen}")
-    assert not early, (early, seen)
-    assert seen[0] == [ip], seen
+    turns = [a for i, a in enumerate(resolved) if i == 0 or a != resolved[i - 1]]
+    print(f"the VM's name resolved to, in turn, during the move: {turns}")
+    assert not early, (early, turns)
+    assert turns[0] == [ip], turns
     assert target["spec"]["nodeName"] == there
     assert size == (vcpus, plugged)
+    assert vcpus < requested <= RELIEVABLE_MAX_VCPUS
+    events = node.kubectl(
+        "get", "events", "-n", "default", "-o", "jsonpath={.items[*].message}",
+        "--field-selector", f"involvedObject.name={source_name},reason=GrowerToRoom",
+    ).stdout  # fmt: skip
+    assert name in events, events
     wait_for(
         lambda: (vm_status(node).get("pod"), vm_status(node).get("node")) == (pod, there),
         timeout_seconds=30, what=f"the VirtualMachine's status naming {pod} on {there}",

@@ -12,6 +12,7 @@ from autoscaler_agent.config import parse_config
 from scheduler_extender.config import load_config as load_extender_config
 from tests.node.overlay import (
     LEASE_SECONDS,
+    RELIEF_INTERVAL_SECONDS,
     RENEW_DEADLINE_SECONDS,
     ROOT,
     SHRINK_AFTER_SECONDS,
@@ -30,17 +31,31 @@ def test_the_agent_config_differs_only_in_its_shrink_windows(tmp_path: Path) -> 
     assert {k: v for k, v in ours.items() if v} == theirs
 
 
-def test_the_extender_config_differs_only_in_its_reserve_and_lease(tmp_path: Path) -> None:
+def test_the_extender_config_differs_only_in_its_reserve_lease_and_relief(tmp_path: Path) -> None:
     directory = tier_overlay(tmp_path / "overlay")
     config = load_extender_config(directory / "extender.yaml")
     assert config.system_reserve.cpu_fraction == 0
     assert config.leader_election is not None
     assert config.leader_election.lease_duration_seconds == LEASE_SECONDS
+    relief = config.relief
+    assert (relief.enabled, relief.interval_seconds, relief.watermark) == (
+        True,
+        RELIEF_INTERVAL_SECONDS,
+        None,
+    )
+    assert "relief" not in yaml.safe_load(
+        (ROOT / "manifests" / "config" / "extender.yaml").read_text()
+    )
+    assert (
+        load_extender_config(ROOT / "manifests" / "config" / "extender.yaml").relief.enabled
+        is False
+    )
     ours = yaml.safe_load((directory / "extender.yaml").read_text())
     theirs = yaml.safe_load((ROOT / "manifests" / "config" / "extender.yaml").read_text())
     ours["system_reserve"]["cpu_fraction"] = theirs["system_reserve"]["cpu_fraction"]
     lease = "lease_duration_seconds"
     ours["leader_election"][lease] = theirs["leader_election"][lease]
+    del ours["relief"]
     assert ours == theirs
 
 

@@ -27,7 +27,14 @@ from hypothesis.stateful import (
 )
 
 from protocol import annotations as ann
-from protocol.kube import ObjectMeta
+from protocol.kube import (
+    EmptyDirVolumeSource,
+    ObjectMeta,
+    OwnerReference,
+    Pod,
+    PodSpec,
+    Volume,
+)
 from protocol.permits import PodRef, ResourceRequest, Resources
 from protocol.virtualmachine import (
     VirtualMachineMigration,
@@ -36,9 +43,10 @@ from protocol.virtualmachine import (
 )
 from scheduler_extender.core.ledger import Conflict, Ledger, NoRoom, SystemReserve, UnknownNode
 from scheduler_extender.core.permits import decide_batch
-from scheduler_extender.core.podinfo import Demand, PodInfo
+from scheduler_extender.core.podinfo import Demand, Disruption, PodInfo, disruption_of, pod_info
 from scheduler_extender.core.refusals import Refused
 from scheduler_extender.core.relief import (
+    EVICTION_RETRY_SECONDS,
     DrainConfig,
     MovePhase,
     MoveReason,
@@ -231,6 +239,23 @@ def test_a_quiet_node_is_drained_only_after_its_hysteresis_and_reported_empty():
     assert plan_moves(ledger, book, now=62.0, config=CONFIG).emptied == ["quiet"]
 
 
+def test_a_want_the_vm_stops_asking_for_is_over_after_its_ttl():
+    """The agent asks again at every permit retry while it still wants more; once its load
+    has gone it says nothing, and its last want must not move it when room appears later."""
+    ledger = ledger_of({"full": Demand(4000, 8 * GI), "roomy": Demand(8000, 8 * GI)})
+    book = ReliefBook()
+    bind(ledger, "db", "full", lo=2, hi=6)
+    bind(ledger, "web", "full", lo=2, hi=2, movable=False)
+    config = msgspec.structs.replace(CONFIG, watermark=None, want_ttl_seconds=30.0)
+    ask(ledger, book, "db", 6, now=0.0)
+    ask(ledger, book, "db", 6, now=20.0)  # asked again: live until 50, first short at 0
+    assert book.wants["db"].since == 0.0
+    assert [m.pod for m in plan_moves(ledger, book, now=49.0, config=config).moves] == ["ns/db"]
+    assert plan_moves(ledger, book, now=50.0, config=config).moves == []
+    book.forget_gone(ledger, now=50.0, config=config)
+    assert book.wants == {}
+
+
 def test_drain_is_off_by_default():
     ledger = ledger_of({"quiet": Demand(8000, 8 * GI), "busy": Demand(8000, 8 * GI)})
     bind(ledger, "a", "quiet", lo=1, hi=1)
@@ -282,7 +307,8 @@ def test_a_failed_move_backs_off_doubling_and_is_forgiven():
     ledger.forget_pod("b")
     config = msgspec.structs.replace(CONFIG, cooldown_seconds=10.0,
                                      failure_backoff_seconds=50.0,
-                                     failure_backoff_max_seconds=150.0)  # fmt: skip
+                                     failure_backoff_max_seconds=150.0,
+                                     want_ttl_seconds=1e6)  # a's want held throughout  # fmt: skip
     now = 2.0
     waits = []
     for n in range(5):
@@ -857,3 +883,155 @@ def test_state_shows_reliefs_book_of_migrations():
     assert (ended["phase"], ended["endedAt"]) == ("Failed", "1970-01-01T00:00:01.000+00:00")
     book.forget_gone(ledger, now=1e6, config=CONFIG)
     assert "migrations" not in dump_state(ledger, book)
+
+
+# -- drain: the other pods, by kubectl drain's rules -------------------------------------------
+
+
+def foreign_pod(uid: str, node: str, disruption: Disruption, *, cpu: int = 100) -> PodInfo:
+    """A pod another scheduler placed, of ``disruption``'s kind."""
+    return PodInfo(
+        uid=uid,
+        namespace="ns",
+        name=uid,
+        node_name=node,
+        scheduler_name="default-scheduler",
+        requests=Demand(cpu, 64 * 2**20),
+        priority=0,
+        is_ours=False,
+        is_vm=False,
+        is_static=disruption is Disruption.MIRROR,
+        is_terminated=False,
+        disruption=disruption,
+    )
+
+
+def _pod(owner: str | None = None, *, mirror: bool = False, empty_dir: bool = False) -> Pod:
+    refs = [OwnerReference(kind=owner, name="x", controller=True)] if owner else None
+    return Pod(
+        metadata=ObjectMeta(
+            name="p",
+            namespace="ns",
+            owner_references=refs,
+            annotations={ann.MIRROR_ANNOTATION: "abc"} if mirror else None,
+        ),
+        spec=PodSpec(
+            volumes=[Volume(name="scratch", empty_dir=EmptyDirVolumeSource())]
+            if empty_dir
+            else [Volume(name="config")]
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (_pod("ReplicaSet"), Disruption.EVICT),
+        (_pod("StatefulSet"), Disruption.EVICT),
+        (_pod("DaemonSet"), Disruption.DAEMONSET),
+        (_pod("DaemonSet", empty_dir=True), Disruption.DAEMONSET),  # kubectl: DaemonSet first
+        (_pod(mirror=True), Disruption.MIRROR),
+        (_pod("Node"), Disruption.MIRROR),
+        (_pod("ReplicaSet", empty_dir=True), Disruption.LOCAL_STORAGE),
+        (_pod(), Disruption.UNMANAGED),
+        (_pod(empty_dir=True), Disruption.LOCAL_STORAGE),  # kubectl: local storage first
+    ],
+    ids=["replicaset", "statefulset", "daemonset", "daemonset-emptydir", "mirror",
+         "node-owned", "emptydir", "no-controller", "no-controller-emptydir"],
+)  # fmt: skip
+def test_a_pods_fate_in_a_drain_is_kubectl_drains(pod, expected):
+    assert disruption_of(pod) is expected
+    assert pod_info(pod, scheduler_name="vm-scheduler").disruption is expected
+
+
+def _quiet_node_with(*kinds: Disruption) -> tuple[Ledger, ReliefBook]:
+    ledger = ledger_of({"quiet": Demand(8000, 8 * GI), "busy": Demand(8000, 8 * GI)})
+    bind(ledger, "a", "quiet", lo=1, hi=1)
+    bind(ledger, "b", "busy", lo=4, hi=4)
+    for i, kind in enumerate(kinds):
+        ledger.observe_pod(foreign_pod(f"f{i}-{kind.value}", "quiet", kind), at=0.0)
+    return ledger, ReliefBook()
+
+
+def test_a_drain_moves_the_vms_then_evicts_the_rest_and_leaves_daemonsets_and_mirrors():
+    ledger, book = _quiet_node_with(Disruption.EVICT, Disruption.DAEMONSET, Disruption.MIRROR)
+    plan = plan_moves(ledger, book, now=100.0, config=CONFIG)
+    assert plan.drain == ["quiet"]
+    book.draining.update(plan.drain)
+    plan = plan_moves(ledger, book, now=101.0, config=CONFIG)
+    # VMs first: nothing is evicted while one of ours is still there.
+    assert [m.pod for m in plan.moves] == ["ns/a"] and plan.evict == []
+    ledger.forget_pod("a")
+    plan = plan_moves(ledger, book, now=102.0, config=CONFIG)
+    assert [(e.pod, e.node) for e in plan.evict] == [("ns/f0-evict", "quiet")]
+    assert plan.emptied == []
+    # Refused (a PodDisruptionBudget): tried again 5 s later, or at the server's Retry-After.
+    book.eviction_answered("f0-evict", accepted=False, now=102.0)
+    assert plan_moves(ledger, book, now=106.9, config=CONFIG).evict == []
+    assert len(plan_moves(ledger, book, now=107.0, config=CONFIG).evict) == 1
+    book.eviction_answered("f0-evict", accepted=False, now=107.0, retry_after=10.0)
+    assert plan_moves(ledger, book, now=116.9, config=CONFIG).evict == []
+    # Accepted: the pod terminates, and is not evicted again meanwhile.
+    book.eviction_answered("f0-evict", accepted=True, now=117.0)
+    assert plan_moves(ledger, book, now=118.0, config=CONFIG).evict == []
+    ledger.forget_pod("f0-evict")
+    assert plan_moves(ledger, book, now=119.0, config=CONFIG).emptied == ["quiet"]
+    book.forget_gone(ledger, now=119.0, config=CONFIG)
+    assert book.evicted == set() and book.evict_retry_at == {}
+
+
+@pytest.mark.parametrize("kind", [Disruption.UNMANAGED, Disruption.LOCAL_STORAGE], ids=str)
+def test_a_node_with_a_pod_kubectl_drain_refuses_is_never_drained(kind):
+    ledger, book = _quiet_node_with(Disruption.EVICT, kind)
+    assert plan_moves(ledger, book, now=100.0, config=CONFIG).drain == []
+    # Drained anyway (its taint put by hand): such a pod is never evicted, the node never empty.
+    book.draining.add("quiet")
+    ledger.forget_pod("a")
+    plan = plan_moves(ledger, book, now=101.0, config=CONFIG)
+    assert [e.pod for e in plan.evict] == ["ns/f0-evict"] and plan.emptied == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pods=st.lists(
+        st.tuples(st.sampled_from(["n0", "n1", "n2"]), st.sampled_from(list(Disruption))),
+        max_size=10,
+    ),
+    vms=st.lists(st.sampled_from(["n0", "n1", "n2"]), max_size=3),
+    draining=st.sets(st.sampled_from(["n0", "n1", "n2"])),
+    answered=st.lists(st.tuples(st.integers(0, 9), st.booleans(), st.integers(0, 20))),
+    later=st.floats(0.0, 30.0),
+)
+def test_evictions_only_take_evictable_pods_from_drained_nodes_without_our_vms(
+    pods, vms, draining, answered, later
+):
+    """Whatever the cluster and the answers so far: a pod is evicted only from a node being
+    drained that none of our VMs holds anything on, never a DaemonSet or mirror pod nor one
+    kubectl drain refuses, never one already evicted or refused less than its retry ago; and a
+    node is empty exactly when only DaemonSet and mirror pods are left on it."""
+    ledger = ledger_of({n: Demand(64000, 64 * GI) for n in ("n0", "n1", "n2")})
+    for i, node in enumerate(vms):
+        bind(ledger, f"v{i}", node, lo=1, hi=1)
+    kinds = {}
+    for i, (node, kind) in enumerate(pods):
+        ledger.observe_pod(foreign_pod(f"f{i}", node, kind), at=0.0)
+        kinds[f"f{i}"] = kind
+    book = ReliefBook(draining=set(draining))
+    answers: dict[str, tuple[bool, float]] = {}
+    for i, accepted, at in answered:
+        if f"f{i}" in kinds:
+            book.eviction_answered(f"f{i}", accepted=accepted, now=float(at))
+            answers[f"f{i}"] = (accepted, float(at))
+    now = 20.0 + later
+    plan = plan_moves(ledger, book, now=now, config=CONFIG)
+    for e in plan.evict:
+        entry = ledger.pods[e.uid]
+        assert entry.disruption is Disruption.EVICT, entry
+        assert e.node == entry.node in draining and not ledger.nodes[e.node].own
+        found = answers.get(e.uid)
+        assert found is None or (not found[0] and now - found[1] >= EVICTION_RETRY_SECONDS)
+    assert len({e.uid for e in plan.evict}) == len(plan.evict)
+    for node in draining:
+        state = ledger.nodes[node]
+        only_left = not state.own and all(e.disruption.is_left for e in state.foreign.values())
+        assert (node in plan.emptied) is only_left

@@ -9,6 +9,7 @@ import msgspec
 from simulator.cli import main
 from simulator.engine import simulate
 from simulator.report import Report, encode_report, relief_line
+from simulator.scenario import ForeignPod
 from tests.simulator.helpers import SCENARIOS, library
 
 
@@ -62,3 +63,17 @@ def test_the_summary_prints_the_cut_short_share_with_and_without_relief(tmp_path
     assert relief_line(report.relief) in out
     assert "nodes emptied: node-c" in out
     assert "without relief: cut-short VM-seconds" in out
+
+
+def test_a_drained_nodes_other_pods_are_evicted_once_its_vms_have_moved():
+    """A pod of another scheduler on quiet node-c (a ReplicaSet's, as the simulator's are):
+    the drain still starts, moves node-c's VM away first, then evicts the pod, and the node
+    is empty after; the same figures otherwise."""
+    scenario = library("relief")
+    web = ForeignPod(name="web-0", cpu="100m", memory="128Mi", node="node-c")
+    report = simulate(msgspec.structs.replace(scenario, foreign_pods=[web]))
+    assert report.is_ok, report.violation
+    assert report.relief is not None and report.relief.nodes_emptied == ["node-c"]
+    kinds = [(e.kind, e.subject) for e in report.log]
+    moved = next(i for i, k in enumerate(kinds) if k == ("move_started", "lone"))
+    assert kinds.index(("evicted", "web-0")) > moved
