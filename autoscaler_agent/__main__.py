@@ -163,7 +163,13 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
 
     token = TokenFile(Path(config.extender.token_file) if config.extender.token_file else None)
     # One pool per node for every scrape: hundreds of VMs, each one short GET per second.
-    connector = aiohttp.TCPConnector(limit=256)
+    # No DNS cache of our own (aiohttp keeps an answer 10 s by default, whatever its TTL): a
+    # VM's metrics URL names its pod's record in the VM's headless Service, and after a live
+    # move that record leads to the new pod; a cached answer kept the agent scraping the old
+    # pod's address for up to 10 s after the cut-over, its guest gone, the VM unsized. The
+    # cluster's DNS caches by the records' TTLs; connections are kept alive, so a lookup is made
+    # only for a new connection.
+    connector = aiohttp.TCPConnector(limit=256, use_dns_cache=False)
     async with (
         aiohttp.ClientSession(connector=connector) as session,
         serving(make_app(registry), config.http.host, config.http.port),
