@@ -50,6 +50,7 @@ from autoscaler_agent.extender_client import (
     permit_vcpus,
 )
 from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResizeIncomplete
+from autoscaler_agent.hypervisor import signals as memory_signals
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
@@ -68,6 +69,8 @@ class PermitClient(Protocol):
 
 
 HypervisorFactory = Callable[[VmTarget], Hypervisor]
+# The unix socket of a VM's memory-pressure port (hypervisor/signals.py), or None: no port.
+MemorySignalSocket = Callable[[VmTarget], Path | None]
 
 
 class RunnerDeps:
@@ -88,6 +91,7 @@ class RunnerDeps:
         epochs: EpochWatch | None = None,
         stuck_after_seconds: float = 60.0,
         cgroup_root: Path | None = None,
+        memory_signal_socket: MemorySignalSocket | None = None,
     ) -> None:
         self.core = core
         self.node = node
@@ -107,6 +111,8 @@ class RunnerDeps:
         # The host's cgroup filesystem, where each scrape also reads the VM container's CPU
         # throttling (None: not read, the policy goes by the guest's own signs).
         self.cgroup_root = cgroup_root
+        # Where each VM's guest signals memory pressure; None: the agent does not listen.
+        self.memory_signal_socket = memory_signal_socket
 
 
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
@@ -199,6 +205,14 @@ class VmRunner:
             # (the first hypervisor read waits with it: less than one interval, once).
             await asyncio.sleep(offset)
             async with asyncio.TaskGroup() as tasks:
+                signal_socket = (
+                    self._deps.memory_signal_socket(self.target)
+                    if self._deps.memory_signal_socket is not None
+                    else None
+                )
+                if signal_socket is not None:
+                    # Cancelled with the loop (the TaskGroup ends when the loop is cancelled).
+                    tasks.create_task(memory_signals.watch(signal_socket, self._memory_signalled))
                 while True:
                     # Clear before deciding: a task finishing from here on sets it again, so
                     # the wait below cannot miss an event.
@@ -224,6 +238,12 @@ class VmRunner:
             # moves in steps (looptime's) that spins for ever. Wait at least two resolutions.
             async with asyncio.timeout(max(seconds, _MIN_WAIT_SECONDS)):
                 await self._changed.wait()
+
+    def _memory_signalled(self) -> None:
+        self._deps.metrics.memory_signals.inc()
+        self.state.memory_signalled(self._now())
+        log.debug("memory_signalled", reason="the guest's workload crossed its memory.high")
+        self._changed.set()
 
     def _start(self, actions: Actions, tasks: asyncio.TaskGroup, hypervisor: Hypervisor) -> None:
         now = self._now()

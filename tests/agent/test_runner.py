@@ -7,6 +7,9 @@ milliseconds and what they assert of time is the agent's own schedule.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -532,3 +535,39 @@ async def test_a_vm_throttled_at_its_quota_asks_on_every_scrape_until_granted(wo
     retry = CORE.permit_retry_seconds + CORE.scrape_interval_seconds
     assert 7 * CORE.permit_retry_seconds <= between <= 8 * retry, (between, wanted)
     assert (world.sample("vmautoscale_agent_permit_denials_total") or 0) >= 7
+
+
+async def test_a_guest_memory_signal_brings_the_next_scrape_forward(world):
+    sock_dir = Path(tempfile.mkdtemp(prefix="sig-", dir="/tmp"))  # unix paths are short
+    path = sock_dir / "vm.memory.sock"
+    guest_ends: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        guest_ends.append(writer)
+
+    server = await asyncio.start_unix_server(serve, path=str(path))
+    # Scrapes 30 s apart, starting at once: any second scrape soon after is the signal's.
+    world.deps.core = msgspec.structs.replace(CORE, scrape_interval_seconds=30.0)
+    world.deps.stagger_scrapes = False
+    world.deps.memory_signal_socket = lambda target: path
+    target = world.vm("vm-1", current=1, load=0.1, memory=512 * MiB, max_memory=2048 * MiB)
+    guest_memory(world, target, {"bytes": 100 * MiB})
+
+    def scrapes() -> float:
+        return world.sample("vmautoscale_agent_scrapes_total") or 0.0
+
+    try:
+        await world.supervisor.apply({target.key: target})
+        await eventually(lambda: bool(guest_ends) and scrapes() == 1)
+        await asyncio.sleep(5.0)
+        assert scrapes() == 1  # the next is 25 s away
+        guest_ends[0].write(b"high 1\n")
+        await eventually(lambda: scrapes() == 2, within_seconds=1.0)
+        assert world.sample("vmautoscale_agent_memory_signals_total") == 1
+    finally:
+        await world.supervisor.close()
+        for writer in guest_ends:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+        shutil.rmtree(sock_dir, ignore_errors=True)
