@@ -749,15 +749,18 @@ class VmState:
         else:
             mem.residue = None
 
-    def memory_signalled(self, now: float) -> None:
+    def memory_signalled(self, now: float) -> float:
         """The guest says its workload crossed its memory.high (vm_image/guest/memory-watch):
         the kernel is throttling it now. Scrape at once rather than at the next interval
         (no sooner than ``memory_signal_min_interval_seconds`` after the last scrape started,
         and after the one in flight), and decide on those samples with the same policy: the
-        signal brings the decision forward; what to do stays the memory policy's."""
+        signal brings the decision forward; what to do stays the memory policy's. Returns
+        when the next scrape was due before the signal (what the scrapes alone would do)."""
         s = self._scrapes
+        due = s.next_at
         soonest = max(now, s.started_at + self.config.memory_signal_min_interval_seconds)
         s.next_at = min(s.next_at, soonest)
+        return due
 
     def scrape_failed(self, now: float, error: str) -> bool:
         """No metrics. While the last good scrape is at most ``scrape_keep_goal_seconds`` old,

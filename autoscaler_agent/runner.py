@@ -160,6 +160,9 @@ class VmRunner:
         self._is_memory_stuck = False
         self._memory_changes = 0  # memory resizes finished, to tell a scrape that overlapped one
         self._memory_overhead: int | None = None
+        # The first memory signal since the last scrape started, and when that scrape was due
+        # without it; handed to the next scrape, whose grow says what the signal gained.
+        self._signal: tuple[float, float] | None = None
         # The VM container's cpu.stat once found, and when to look again while it is not.
         self._cpu_stat: Path | None = None
         self._find_cpu_stat_at = self._loop.time()
@@ -241,7 +244,10 @@ class VmRunner:
 
     def _memory_signalled(self) -> None:
         self._deps.metrics.memory_signals.inc()
-        self.state.memory_signalled(self._now())
+        now = self._now()
+        due = self.state.memory_signalled(now)
+        if self._signal is None:
+            self._signal = (now, due)
         log.debug("memory_signalled", reason="the guest's workload crossed its memory.high")
         self._changed.set()
 
@@ -250,7 +256,8 @@ class VmRunner:
         state = self.state
         if actions.scrape:
             state.scrape_started(now)
-            tasks.create_task(self._scrape(self._memory_changes))
+            signal, self._signal = self._signal, None
+            tasks.create_task(self._scrape(self._memory_changes, now, signal))
         if actions.read_vcpus:
             state.vcpus_read_started(now)
             tasks.create_task(self._read(hypervisor))
@@ -352,7 +359,14 @@ class VmRunner:
 
     # -- the I/O of each action; each ends by feeding its outcome back --------------------
 
-    async def _scrape(self, memory_changes_at_start: int) -> None:
+    async def _scrape(
+        self,
+        memory_changes_at_start: int,
+        started: float,
+        signal: tuple[float, float] | None,
+    ) -> None:
+        """``signal``: (when, due) of the first memory signal before this scrape started, and
+        when the scrape was due without it."""
         m = self._deps.metrics
         m.scrapes.inc()
         try:
@@ -398,6 +412,16 @@ class VmRunner:
                 is_new = mem_after != mem_before
                 if is_new and mem_goal.is_pressure_grow:
                     m.memory_pressure_grows.inc()
+                # A decision on a scrape a guest's signal brought forward: how long after the
+                # signal it came, and how much later the scrape alone would have started.
+                signalled = (
+                    {
+                        "signal_to_goal_seconds": round(self._now() - signal[0], 3),
+                        "scrape_later_seconds": round(max(0.0, signal[1] - started), 3),
+                    }
+                    if signal is not None
+                    else {}
+                )
                 (log.info if is_new else log.debug)(
                     "memory_goal",
                     desired_memory_bytes=mem_after,
@@ -405,6 +429,7 @@ class VmRunner:
                     stalled_seconds=mem_goal.stalled_seconds,
                     is_pressure_grow=mem_goal.is_pressure_grow,
                     reason=mem_goal.reason,
+                    **signalled,
                 )
         finally:
             self._changed.set()

@@ -22,9 +22,11 @@ agent's shrinks settled after its memory was freed (``release``).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ from testkit.local_stack import (
 
 MiB = 2**20
 DONE = "/tmp/workload.done"
+# The tmpfs the kernel and writer workloads fill: no size or inode limit of its own.
+MOUNT_TMPFS = "mount -t tmpfs -o size=8g,nr_inodes=0 tmpfs /mnt/k"
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def boot(
         },
         started=services,
     )
-    guest.type("mkdir -p /mnt/k && mount -t tmpfs -o size=8g,nr_inodes=0 tmpfs /mnt/k")
+    guest.type(f"mkdir -p /mnt/k && {MOUNT_TMPFS}")
     return guest, agent
 
 
@@ -225,6 +229,50 @@ def oom_report(guest: Guest) -> str:
     )
 
 
+def agent_events(agent: Agent, *, skip: int = 0) -> list[dict[str, Any]]:
+    """The agent's log lines (JSON) from the ``skip``-th on; what is not JSON is left out."""
+    events = []
+    lines = agent.service.log_path.read_text(errors="replace").splitlines()
+    for line in lines[skip:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+    return events
+
+
+def log_lines(agent: Agent) -> int:
+    return len(agent.service.log_path.read_text(errors="replace").splitlines())
+
+
+def signalled_grows(events: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """For each memory grow the agent decided on a scrape a guest's signal brought forward
+    (its ``memory_goal`` line says so): seconds from the signal to the memory plugged (its
+    next ``memory_resize_succeeded``), by the fast path and as the scrapes alone would have
+    done it (the same decision, ``scrape_later_seconds`` later)."""
+    grows = []
+    for i, event in enumerate(events):
+        if event["event"] != "memory_goal" or "signal_to_goal_seconds" not in event:
+            continue
+        decided = datetime.fromisoformat(event["timestamp"])
+        plugged = next(
+            (e for e in events[i + 1 :] if e["event"] == "memory_resize_succeeded"), None
+        )
+        if plugged is None:
+            continue
+        to_plugged = (datetime.fromisoformat(plugged["timestamp"]) - decided).total_seconds()
+        fast = event["signal_to_goal_seconds"] + to_plugged
+        grows.append(
+            {
+                "fast_path_seconds": round(fast, 2),
+                "scrape_seconds": round(fast + event["scrape_later_seconds"], 2),
+            }
+        )
+    return grows
+
+
 def grow_anon(mib: int) -> str:
     """A shell command: a process whose anonymous memory grows by 1 MiB strings to ``mib``
     (64 MiB a second), held for 2 s."""
@@ -255,8 +303,10 @@ def kernel(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         f"cd /mnt/k && seq 1 {sizes.files} | xargs touch",
         timeout_seconds=sizes.timeout_seconds,
     )
+    # Unmounted, not removed file by file: the kernel frees every inode and dentry at once,
+    # where rm -rf of 600,000 files under TCG takes longer than creating them.
     result["plugged_after_release_mib"] = release(
-        guest, "rm -rf /mnt/k; mkdir -p /mnt/k", wait_seconds=sizes.release_seconds
+        guest, f"umount /mnt/k && {MOUNT_TMPFS}", wait_seconds=sizes.release_seconds
     )
     return result
 

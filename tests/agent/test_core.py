@@ -816,7 +816,7 @@ def test_a_memory_signal_brings_the_next_scrape_forward_and_its_samples_decide(c
     assert vm.desired_memory == 512 * MiB
     clock.advance(0.3)
     assert not vm.next_actions(clock.now).scrape  # the next one is due 0.7 s from now
-    vm.memory_signalled(clock.now)
+    assert vm.memory_signalled(clock.now) == pytest.approx(clock.now + 0.7)
     actions = vm.next_actions(clock.now)
     assert actions.scrape  # at once, not at the interval
     vm.scrape_started(clock.now)
