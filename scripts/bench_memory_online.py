@@ -30,7 +30,9 @@ Workloads, in order, on one guest per policy (``WORKLOADS``):
 
 For each: the guest's OOM kills (dmesg, cumulative), PSI memory ``full`` stall seconds, time
 from the first poll showing pressure (PSI ``some`` rising, or MemAvailable below the agent's
-low headroom) to MemTotal growing, the memory plugged at the end, and what was still plugged
+low headroom) to MemTotal growing, for each grow the agent decided on a scrape the guest's
+signal brought forward the seconds from that signal to the memory plugged (and as the scrapes
+alone would have done it), the memory plugged at the end, and what was still plugged
 after the workload's memory was freed and the agent's shrinks settled (``release``): what a
 later shrink could not give back.
 
@@ -50,7 +52,15 @@ from typing import Any
 
 from testkit import bench as kit
 from testkit.local_stack import stopping, value
-from testkit.memory_workloads import WORKLOADS, Sizes, boot, oom_kills
+from testkit.memory_workloads import (
+    WORKLOADS,
+    Sizes,
+    agent_events,
+    boot,
+    log_lines,
+    oom_kills,
+    signalled_grows,
+)
 
 POLICIES = {
     # The runner's own: the guest's memory-onliner chooses each block's zone.
@@ -81,7 +91,9 @@ def run_policy(
         )
         out: dict[str, Any] = {"kernel_args": kernel_args}
         for workload in workloads:
+            logged = log_lines(agent)
             result = WORKLOADS[workload](guest, sizes)
+            result["signalled_grows"] = signalled_grows(agent_events(agent, skip=logged))
             result["oom_kills_since_boot"] = oom_kills(guest)
             out[workload] = result
             print(json.dumps({name: {workload: result}}), file=sys.stderr, flush=True)
