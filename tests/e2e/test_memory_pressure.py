@@ -41,10 +41,13 @@ SIZES = Sizes(
     max_memory="2560Mi",
     disk_mib=3072,  # sparse; larger than the VM's maximum
     anon_mib=400,
-    files=600_000,
+    # Half of issue 39's 600,000 (which cost a minute of TCG here): still more kernel memory
+    # than the boot memory leaves free, so the agent grows and the onliner must choose a
+    # kernel zone, which the test reads from its log.
+    files=300_000,
     writer_mib=1024,  # twice the boot memory, at dd's speed
     shrink_after_seconds=2.0,
-    release_seconds=5.0,  # longer than the agent's shrink window plus a scrape
+    release_seconds=4.0,  # longer than the agent's shrink window plus a scrape
     timeout_seconds=180.0,
 )
 ORDER = ("kernel", "writer", "page_cache")
@@ -76,7 +79,7 @@ def test_each_workload_grows_the_vm_without_an_oom(guest_image: GuestImage, tmp_
             if name == "kernel":
                 # The kernel's growth went to a kernel zone: the onliner chose it.
                 assert online_kernel_blocks(guest) > kernel_blocks, oom_report(guest)
-        # The writer crossed its memory.high: the guest said so on its port, and the agent
+        # A workload crossed its memory.high: the guest said so on its port, and the agent
         # heard it (the fast path is wired end to end, not only its scrapes).
         signals = value(agent.metrics(), "vmautoscale_agent_memory_signals_total")
         assert signals is not None and signals > 0
