@@ -11,9 +11,10 @@ process whose anonymous memory grows). One guest for all of them: each boot cost
 suite's QEMU tier. Each must end without an OOM kill, and the agent must have grown the VM
 during it; the kernel workload's growth must have gone to a kernel zone (what the onliner
 logged), and the guest's signals (its workload crossing memory.high) must have reached the
-agent. Nothing asserts on time; the benchmark measures that. Printed per workload: its figures (``watch``, ``release``) and, for each grow decided on
-a scrape the guest's signal brought forward, the seconds from the signal to the memory
-plugged by the fast path and as the scrapes alone would have done it.
+agent. Nothing asserts on time; the benchmark measures that. Printed per workload: its
+figures (``watch``, ``release``), the signals the agent heard and, for each grow decided on a
+scrape a signal brought forward, the seconds from the signal to the memory plugged by the
+fast path and as the scrapes alone would have done it.
 """
 
 from __future__ import annotations
