@@ -38,7 +38,11 @@ from autoscaler_agent.extender_client import (
     PermitBatcher,
     TokenFile,
 )
-from autoscaler_agent.hypervisor import Hypervisor, hypervisor_from_url
+from autoscaler_agent.hypervisor import (
+    Hypervisor,
+    hypervisor_from_url,
+    memory_signal_socket_from_url,
+)
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.runner import (
     RESIZE_DIRECTIONS,
@@ -161,6 +165,9 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             memory_resize_timeout_seconds=config.hypervisor.memory_resize_timeout_seconds,
         )
 
+    def memory_signal_socket(target: VmTarget) -> Path | None:
+        return memory_signal_socket_from_url(target.hypervisor_url, root=root)
+
     token = TokenFile(Path(config.extender.token_file) if config.extender.token_file else None)
     # One pool per node for every scrape: hundreds of VMs, each one short GET per second.
     # No DNS cache of our own (aiohttp keeps an answer 10 s by default, whatever its TTL): a
@@ -195,6 +202,7 @@ async def run_agent(config: Config, *, node: str, source: VmSource) -> None:
             stuck_after_seconds=config.metrics.stuck_after_seconds,
             cgroup_root=Path(config.scrape.cgroup_root) if config.scrape.cgroup_root else None,
             epochs=epochs,
+            memory_signal_socket=memory_signal_socket if config.memory.guest_signals else None,
         )
         loops = VmLoops(deps)
         supervisor = Supervisor(loops.run, node=node, metrics=metrics, update_vm=loops.update)

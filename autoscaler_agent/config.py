@@ -44,6 +44,9 @@ Every key and its default (all optional; an empty file is a valid config)::
       pressure_fraction: 0.1         # grow when some task waited for memory (PSI some) for
                                      # more than this share of the last scrape interval ...
       pressure_grow_fraction: 0.25   # ... by this share of the VM's size (at least a unit)
+      guest_signals: true            # read the guest's memory-pressure port (QEMU VMs with
+                                     # memory hot-plug) and scrape at once when it signals ...
+      signal_min_interval_seconds: 0.2  # ... but no sooner than this after the last scrape
     extender:
       url: http://127.0.0.1:10299    # the extender's permit port
       token_file: null               # bearer token (projected SA token); null sends none
@@ -139,6 +142,8 @@ class MemorySection(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     memory_per_vcpu_bytes: Bytes = 0
     pressure_fraction: Fraction = 0.1
     pressure_grow_fraction: Headroom = 0.25
+    guest_signals: bool = True
+    signal_min_interval_seconds: NonNegativeSeconds = 0.2
 
     def __post_init__(self) -> None:
         if self.target_headroom_fraction <= self.low_headroom_fraction:
@@ -226,6 +231,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             backoff_max_seconds=self.retry.backoff_max_seconds,
             backoff_jitter_fraction=self.retry.jitter_fraction,
             resize_failure_hold_seconds=self.retry.resize_failure_hold_seconds,
+            memory_signal_min_interval_seconds=self.memory.signal_min_interval_seconds,
             memory=MemoryPolicyConfig(
                 low_headroom_fraction=self.memory.low_headroom_fraction,
                 target_headroom_fraction=self.memory.target_headroom_fraction,

@@ -108,6 +108,10 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Also after a memory shrink the guest could not complete.
     resize_failure_hold_seconds: float = 60.0
     memory: MemoryPolicyConfig = msgspec.field(default_factory=MemoryPolicyConfig)
+    # After the guest signals memory pressure (``memory_signalled``), scrape at once, but no
+    # sooner than this after the last scrape started: a guest whose page cache turns over at
+    # its memory.high signals many times a second.
+    memory_signal_min_interval_seconds: float = 0.2
 
 
 class Resource(enum.StrEnum):
@@ -744,6 +748,19 @@ class VmState:
             )
         else:
             mem.residue = None
+
+    def memory_signalled(self, now: float) -> float:
+        """The guest says its workload crossed its memory.high (vm_image/guest/memory-watch):
+        the kernel is throttling it now. Scrape at once rather than at the next interval
+        (no sooner than ``memory_signal_min_interval_seconds`` after the last scrape started,
+        and after the one in flight), and decide on those samples with the same policy: the
+        signal brings the decision forward; what to do stays the memory policy's. Returns
+        when the next scrape was due before the signal (what the scrapes alone would do)."""
+        s = self._scrapes
+        due = s.next_at
+        soonest = max(now, s.started_at + self.config.memory_signal_min_interval_seconds)
+        s.next_at = min(s.next_at, soonest)
+        return due
 
     def scrape_failed(self, now: float, error: str) -> bool:
         """No metrics. While the last good scrape is at most ``scrape_keep_goal_seconds`` old,

@@ -209,6 +209,12 @@ class AgentMetrics:
             " policy's pressure_fraction), not because MemAvailable ran low",
             registry=registry,
         )
+        self.memory_signals = Counter(
+            p + "memory_signals_total",
+            "Memory-pressure signals from guests (their workload crossed its memory.high),"
+            " each bringing the next scrape forward",
+            registry=registry,
+        )
         self.vm_loop_restarts = Counter(
             p + "vm_loop_restarts_total",
             "VM loops restarted after an unexpected error",

@@ -50,6 +50,7 @@ from autoscaler_agent.extender_client import (
     permit_vcpus,
 )
 from autoscaler_agent.hypervisor import Hypervisor, HypervisorError, MemoryResizeIncomplete
+from autoscaler_agent.hypervisor import signals as memory_signals
 from autoscaler_agent.hypervisor.base import MemoryState, VcpuState
 from autoscaler_agent.metrics import AgentMetrics
 from autoscaler_agent.progress import ScalingProgress
@@ -68,6 +69,8 @@ class PermitClient(Protocol):
 
 
 HypervisorFactory = Callable[[VmTarget], Hypervisor]
+# The unix socket of a VM's memory-pressure port (hypervisor/signals.py), or None: no port.
+MemorySignalSocket = Callable[[VmTarget], Path | None]
 
 
 class RunnerDeps:
@@ -88,6 +91,7 @@ class RunnerDeps:
         epochs: EpochWatch | None = None,
         stuck_after_seconds: float = 60.0,
         cgroup_root: Path | None = None,
+        memory_signal_socket: MemorySignalSocket | None = None,
     ) -> None:
         self.core = core
         self.node = node
@@ -107,6 +111,8 @@ class RunnerDeps:
         # The host's cgroup filesystem, where each scrape also reads the VM container's CPU
         # throttling (None: not read, the policy goes by the guest's own signs).
         self.cgroup_root = cgroup_root
+        # Where each VM's guest signals memory pressure; None: the agent does not listen.
+        self.memory_signal_socket = memory_signal_socket
 
 
 _MIN_WAIT_SECONDS = 2 * time.get_clock_info("monotonic").resolution
@@ -154,6 +160,9 @@ class VmRunner:
         self._is_memory_stuck = False
         self._memory_changes = 0  # memory resizes finished, to tell a scrape that overlapped one
         self._memory_overhead: int | None = None
+        # The first memory signal since the last scrape started, and when that scrape was due
+        # without it; handed to the next scrape, whose grow says what the signal gained.
+        self._signal: tuple[float, float] | None = None
         # The VM container's cpu.stat once found, and when to look again while it is not.
         self._cpu_stat: Path | None = None
         self._find_cpu_stat_at = self._loop.time()
@@ -199,6 +208,14 @@ class VmRunner:
             # (the first hypervisor read waits with it: less than one interval, once).
             await asyncio.sleep(offset)
             async with asyncio.TaskGroup() as tasks:
+                signal_socket = (
+                    self._deps.memory_signal_socket(self.target)
+                    if self._deps.memory_signal_socket is not None
+                    else None
+                )
+                if signal_socket is not None:
+                    # Cancelled with the loop (the TaskGroup ends when the loop is cancelled).
+                    tasks.create_task(memory_signals.watch(signal_socket, self._memory_signalled))
                 while True:
                     # Clear before deciding: a task finishing from here on sets it again, so
                     # the wait below cannot miss an event.
@@ -225,12 +242,22 @@ class VmRunner:
             async with asyncio.timeout(max(seconds, _MIN_WAIT_SECONDS)):
                 await self._changed.wait()
 
+    def _memory_signalled(self) -> None:
+        self._deps.metrics.memory_signals.inc()
+        now = self._now()
+        due = self.state.memory_signalled(now)
+        if self._signal is None:
+            self._signal = (now, due)
+        log.debug("memory_signalled", reason="the guest's workload crossed its memory.high")
+        self._changed.set()
+
     def _start(self, actions: Actions, tasks: asyncio.TaskGroup, hypervisor: Hypervisor) -> None:
         now = self._now()
         state = self.state
         if actions.scrape:
             state.scrape_started(now)
-            tasks.create_task(self._scrape(self._memory_changes))
+            signal, self._signal = self._signal, None
+            tasks.create_task(self._scrape(self._memory_changes, now, signal))
         if actions.read_vcpus:
             state.vcpus_read_started(now)
             tasks.create_task(self._read(hypervisor))
@@ -332,7 +359,14 @@ class VmRunner:
 
     # -- the I/O of each action; each ends by feeding its outcome back --------------------
 
-    async def _scrape(self, memory_changes_at_start: int) -> None:
+    async def _scrape(
+        self,
+        memory_changes_at_start: int,
+        started: float,
+        signal: tuple[float, float] | None,
+    ) -> None:
+        """``signal``: (when, due) of the first memory signal before this scrape started, and
+        when the scrape was due without it."""
         m = self._deps.metrics
         m.scrapes.inc()
         try:
@@ -378,6 +412,16 @@ class VmRunner:
                 is_new = mem_after != mem_before
                 if is_new and mem_goal.is_pressure_grow:
                     m.memory_pressure_grows.inc()
+                # A decision on a scrape a guest's signal brought forward: how long after the
+                # signal it came, and how much later the scrape alone would have started.
+                signalled = (
+                    {
+                        "signal_to_goal_seconds": round(self._now() - signal[0], 3),
+                        "scrape_later_seconds": round(max(0.0, signal[1] - started), 3),
+                    }
+                    if signal is not None
+                    else {}
+                )
                 (log.info if is_new else log.debug)(
                     "memory_goal",
                     desired_memory_bytes=mem_after,
@@ -385,6 +429,7 @@ class VmRunner:
                     stalled_seconds=mem_goal.stalled_seconds,
                     is_pressure_grow=mem_goal.is_pressure_grow,
                     reason=mem_goal.reason,
+                    **signalled,
                 )
         finally:
             self._changed.set()

@@ -12,7 +12,9 @@ extender and the agent; ``WORKLOADS`` are, in order:
   reclaimable);
 * ``grown``: the VM grows to its maximum (a process's anonymous memory growing to
   ``Sizes.fill_mib``, at the grower's pace) and shrinks back once it exits; then the kernel
-  workload again.
+  workload again;
+* ``writer``: ``dd`` writes ``Sizes.writer_mib`` into a tmpfs as fast as it can (memory no
+  reclaim can free, faster than one scrape interval), then the file is removed.
 
 Each returns the guest's figures while it ran (``watch``) and what stayed plugged once the
 agent's shrinks settled after its memory was freed (``release``).
@@ -20,9 +22,11 @@ agent's shrinks settled after its memory was freed (``release``).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +44,36 @@ from testkit.local_stack import (
 
 MiB = 2**20
 DONE = "/tmp/workload.done"
+# The tmpfs the kernel and writer workloads fill: no size or inode limit of its own.
+MOUNT_TMPFS = "mount -t tmpfs -o size=8g,nr_inodes=0 tmpfs /mnt/k"
 
 
 @dataclass(frozen=True)
 class Sizes:
     memory: str = "512Mi"
-    max_memory: str = "2048Mi"
+    max_memory: str = "2560Mi"
     disk_mib: int = 3072  # above the maximum: the page cache can never hold it all
     anon_mib: int = 600
     files: int = 600_000
     fill_mib: int = 1200
+    writer_mib: int = 1024
     shrink_after_seconds: float = 4.0
     release_seconds: float = 8.0  # the plugged size settled: unchanged this long
     timeout_seconds: float = 300.0
 
 
 def boot(
-    workdir: Path, sizes: Sizes, kernel_args: str, services: list[Service]
+    workdir: Path,
+    sizes: Sizes,
+    kernel_args: str,
+    services: list[Service],
+    *,
+    guest_signals: bool = True,
 ) -> tuple[Guest, Agent]:
     """The guest with a sparse data disk, the extender and the agent; services are appended
-    to ``services`` as they start, so the caller stops them whatever happens."""
+    to ``services`` as they start, so the caller stops them whatever happens.
+    ``guest_signals``: whether the agent reads the guest's memory-pressure port (the fast
+    path) or waits for its scrapes alone."""
     disk = workdir / "data.img"
     with disk.open("wb") as f:
         f.truncate(sizes.disk_mib * MiB)  # sparse: costs nothing on the host
@@ -83,13 +97,16 @@ def boot(
         node_cpu="4",
         agent_config={
             "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
-            "memory": {"shrink_after_seconds": sizes.shrink_after_seconds},
+            "memory": {
+                "shrink_after_seconds": sizes.shrink_after_seconds,
+                "guest_signals": guest_signals,
+            },
             "extender": {"permit_retry_seconds": 1.0},
             "log": {"level": "info"},
         },
         started=services,
     )
-    guest.type("mkdir -p /mnt/k && mount -t tmpfs -o size=8g,nr_inodes=0 tmpfs /mnt/k")
+    guest.type(f"mkdir -p /mnt/k && {MOUNT_TMPFS}")
     return guest, agent
 
 
@@ -202,6 +219,60 @@ def oom_kills(guest: Guest) -> int:
     return int(found.group(1)) if found else -1
 
 
+def oom_report(guest: Guest) -> str:
+    """What the guest's kernel said of its OOM kills (who asked, in which zone, whom it
+    killed) and what the memory onliner chose: the message of a failed no-OOM assertion."""
+    return type_in(
+        guest,
+        "dmesg | grep -i -e 'invoked oom' -e 'out of memory' -e oom-kill -e 'memory-onliner'"
+        " -e 'Node 0 Normal free' -e 'Node 0 Movable free' | tail -n 40",
+    )
+
+
+def agent_events(agent: Agent, *, skip: int = 0) -> list[dict[str, Any]]:
+    """The agent's log lines (JSON) from the ``skip``-th on; what is not JSON is left out."""
+    events = []
+    lines = agent.service.log_path.read_text(errors="replace").splitlines()
+    for line in lines[skip:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+    return events
+
+
+def log_lines(agent: Agent) -> int:
+    return len(agent.service.log_path.read_text(errors="replace").splitlines())
+
+
+def signalled_grows(events: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """For each memory grow the agent decided on a scrape a guest's signal brought forward
+    (its ``memory_goal`` line says so): seconds from the signal to the memory plugged (its
+    next ``memory_resize_succeeded``), by the fast path and as the scrapes alone would have
+    done it (the same decision, ``scrape_later_seconds`` later)."""
+    grows = []
+    for i, event in enumerate(events):
+        if event["event"] != "memory_goal" or "signal_to_goal_seconds" not in event:
+            continue
+        decided = datetime.fromisoformat(event["timestamp"])
+        plugged = next(
+            (e for e in events[i + 1 :] if e["event"] == "memory_resize_succeeded"), None
+        )
+        if plugged is None:
+            continue
+        to_plugged = (datetime.fromisoformat(plugged["timestamp"]) - decided).total_seconds()
+        fast = event["signal_to_goal_seconds"] + to_plugged
+        grows.append(
+            {
+                "fast_path_seconds": round(fast, 2),
+                "scrape_seconds": round(fast + event["scrape_later_seconds"], 2),
+            }
+        )
+    return grows
+
+
 def grow_anon(mib: int) -> str:
     """A shell command: a process whose anonymous memory grows by 1 MiB strings to ``mib``
     (64 MiB a second), held for 2 s."""
@@ -232,8 +303,10 @@ def kernel(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         f"cd /mnt/k && seq 1 {sizes.files} | xargs touch",
         timeout_seconds=sizes.timeout_seconds,
     )
+    # Unmounted, not removed file by file: the kernel frees every inode and dentry at once,
+    # where rm -rf of 600,000 files under TCG takes longer than creating them.
     result["plugged_after_release_mib"] = release(
-        guest, "rm -rf /mnt/k; mkdir -p /mnt/k", wait_seconds=sizes.release_seconds
+        guest, f"umount /mnt/k && {MOUNT_TMPFS}", wait_seconds=sizes.release_seconds
     )
     return result
 
@@ -250,4 +323,16 @@ def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
     return result
 
 
-WORKLOADS = {"page_cache": page_cache, "kernel": kernel, "grown": grown}
+def writer(guest: Guest, sizes: Sizes) -> dict[str, Any]:
+    result = watch(
+        guest,
+        f"dd if=/dev/zero of=/mnt/k/written bs=1M count={sizes.writer_mib}",
+        timeout_seconds=sizes.timeout_seconds,
+    )
+    result["plugged_after_release_mib"] = release(
+        guest, "rm -f /mnt/k/written", wait_seconds=sizes.release_seconds
+    )
+    return result
+
+
+WORKLOADS = {"page_cache": page_cache, "kernel": kernel, "grown": grown, "writer": writer}

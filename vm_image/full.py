@@ -74,10 +74,11 @@ def build(*, out_root: Path, cache_dir: Path, source_date_epoch: int) -> Path:
     (root / "etc/apt/sources.list").write_text(
         "".join(f"deb {mirror} {suite} main\n" for mirror, suite in SOURCES)
     )
-    onliner = root / "usr/local/sbin/cpu-onliner"
-    shutil.copy(_GUEST_DIR / "cpu-onliner", onliner)
-    onliner.chmod(0o755)  # do not depend on the checkout's file modes
-    shutil.copy(_GUEST_DIR / "cpu-onliner.service", root / "etc/systemd/system/")
+    for name in ("cpu-onliner", "memory-onliner"):
+        onliner = root / "usr/local/sbin" / name
+        shutil.copy(_GUEST_DIR / name, onliner)
+        onliner.chmod(0o755)  # do not depend on the checkout's file modes
+        shutil.copy(_GUEST_DIR / f"{name}.service", root / "etc/systemd/system/")
     (root / "etc/systemd/network").mkdir(parents=True, exist_ok=True)
     shutil.copy(_GUEST_DIR / "10-eth.network", root / "etc/systemd/network/")
     shutil.copy(_GUEST_DIR / "full-setup.sh", root / "full-setup.sh")

@@ -3,7 +3,7 @@
 Shell: downloads and unpacks packages (``debs``), then assembles the archive with the pure
 ``cpio`` writer. Outputs in ``<out>/minimal/``: ``vmlinuz``, ``initramfs.cpio.gz``,
 ``manifest.txt``. What the guest does at boot is in ``vm_image/guest/`` (init, inittab,
-rc.sysinit, cpu-onliner, power-button).
+rc.sysinit, cpu-onliner, memory-onliner, memory-watch, power-button).
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ _GUEST_FILES = {  # guest/<name> -> (path in the image, permissions)
     "inittab": ("etc/inittab", 0o644),
     "rc.sysinit": ("etc/rc.sysinit", 0o755),
     "cpu-onliner": ("usr/sbin/cpu-onliner", 0o755),
+    "memory-onliner": ("usr/sbin/memory-onliner", 0o755),
+    "memory-watch": ("usr/sbin/memory-watch", 0o755),
+    "workload-shell": ("usr/sbin/workload-shell", 0o755),
     "qga-start": ("usr/sbin/qga-start", 0o755),
     "power-button": ("etc/acpi/PWRF/00000080", 0o755),
 }

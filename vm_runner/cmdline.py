@@ -22,27 +22,27 @@ _MEMORY_UNITS = {"": 1, "Ki": 1024, "Mi": MIB, "Gi": 1024 * MIB}
 # restarts instead of hanging. quiet: under TCG every console byte is emulated UART work.
 BASE_KERNEL_ARGS = ("console=ttyS0", "panic=-1", "quiet")
 DISK_KERNEL_ARGS = ("root=/dev/vda", "rw")
-# With hot-pluggable memory (max_memory_bytes above memory_bytes): how the kernel onlines each
-# memory block virtio-mem adds. The Debian cloud kernel onlines nothing by itself
-# (CONFIG_MEMORY_HOTPLUG_DEFAULT_ONLINE unset). The choice, measured on the minimal guest under
-# every policy with the real agent (scripts/bench_memory_online.py; the figures are in its
-# output): ZONE_MOVABLE can be unplugged again, because the kernel never puts its own
-# unmovable allocations there, but holds no kernel data (slab, page tables, the memmap of the
-# hot-plugged memory itself): with every block movable (online_movable, or auto-movable at its
-# default ratio of 301%, which keeps all of a VM with max = 4x boot movable) a guest filling
-# its kernel memory (many files in a tmpfs) stalled and OOM-killed its shell and agents while
-# the plugged memory sat free. Every block normal (online_kernel) survives that, and gave back
-# about as much on this guest, but nothing then keeps the kernel's allocations out of any
-# block: whether a shrink succeeds depends on where they happened to land. auto-movable with a
-# ratio of 100%: plugged memory is movable while there is no more of it than boot memory in the
-# kernel's zones, and normal beyond, so the kernel's zones grow with the VM while the movable
-# part stays unpluggable; the guest survived every workload and gave most memory back.
-# Linux's Documentation/admin-guide/mm/memory-hotplug.rst describes the policy and its ratio.
-MEMORY_HOTPLUG_KERNEL_ARGS = (
-    "memhp_default_state=online",
-    "memory_hotplug.online_policy=auto-movable",
-    "memory_hotplug.auto_movable_ratio=100",
-)
+# With hot-pluggable memory (max_memory_bytes above memory_bytes): the kernel onlines no memory
+# block itself; the guest's memory-onliner (vm_image/guest/memory-onliner) does, choosing each
+# block's zone when it comes online. ZONE_MOVABLE can be unplugged again, because the kernel
+# never puts its own unmovable allocations there, but holds no kernel data (slab, page tables,
+# the memmap of the hot-plugged memory itself); a kernel zone holds them and may be pinned by
+# them. The kernel's own policies choose by amount, not by need, and each failed one workload
+# when measured on the minimal guest under TCG with the real agent
+# (scripts/bench_memory_online.py; the figures are in its output): with every block movable
+# (online_movable, or auto-movable at its default ratio of 301%) a guest filling its kernel
+# memory (many files in a tmpfs) stalled and OOM-killed while the plugged memory sat free;
+# auto-movable at 100% keeps the first boot-sized part of what is plugged movable, so a 512 MiB
+# guest creating 600,000 files was OOM-killed before any kernel-zone memory came; every block
+# normal (online_kernel) survives that, but nothing then keeps the kernel's allocations out of
+# any block, and shrinks give back what happens to be free. The onliner gives a block to a
+# kernel zone when unreclaimable kernel memory is growing at that moment or already fills half
+# of the kernel zones, or when the kernel zones are nearly out of memory reclaim could free,
+# and to ZONE_MOVABLE otherwise: kernel growth gets kernel memory at once, anonymous and
+# page-cache growth stay unpluggable.
+# Linux's Documentation/admin-guide/mm/memory-hotplug.rst describes the zones and the states a
+# block can be onlined to.
+MEMORY_HOTPLUG_KERNEL_ARGS = ("memhp_default_state=offline",)
 # virtio-mem's block size: the unit in which memory is plugged and unplugged. 2 MiB (QEMU's
 # default on x86, the THP size) rather than 128 MiB (a whole Linux memory block): the guest then
 # unplugs in 2 MiB pieces, so a shrink succeeds as far as there are free 2 MiB ranges, instead
@@ -62,6 +62,12 @@ QGA_SOCKET_SUFFIX = ".qga.sock"
 # installed QEMU's newest is, so two nodes with different QEMU builds would disagree. 7.2 is
 # Debian bookworm's QEMU; a newer QEMU still offers pc-q35-7.2.
 DEFAULT_MACHINE_TYPE = "pc-q35-7.2"
+# With hot-pluggable memory: the virtio-serial port on which the guest's memory-watch says "my
+# workload crossed memory.high" (vm_image/guest/memory-watch), one line per crossing, and the
+# suffix of its host end, a unix socket beside the QMP socket that the agent reads (the agent's
+# ``autoscaler_agent.hypervisor.factory.memory_signal_socket_beside`` derives the same name).
+MEMORY_SIGNAL_PORT_NAME = "org.vm-autoscaling.memory.0"
+MEMORY_SIGNAL_SOCKET_SUFFIX = ".memory.sock"
 
 
 class VcpuMode(enum.Enum):
@@ -89,6 +95,12 @@ def qga_socket_beside(qmp_socket: str) -> str:
     (``autoscaler_agent.hypervisor.factory``), so an annotation names only the QMP socket.
     """
     return qmp_socket.removesuffix(".sock") + QGA_SOCKET_SUFFIX
+
+
+def memory_signal_socket_beside(qmp_socket: str) -> str:
+    """``/run/vm/qmp.sock`` -> ``/run/vm/qmp.memory.sock``: the host end of the guest's
+    memory-pressure port (``MEMORY_SIGNAL_PORT_NAME``), always beside the QMP socket."""
+    return qmp_socket.removesuffix(".sock") + MEMORY_SIGNAL_SOCKET_SUFFIX
 
 
 class Accel(enum.Enum):
@@ -271,18 +283,25 @@ def _smp_option(spec: VmSpec) -> str:
     return f"{spec.min_vcpus},maxcpus={spec.max_vcpus}"
 
 
-def _qga_options(spec: VmSpec) -> list[str]:
-    """A virtio-serial controller with one port, named as qemu-guest-agent expects, whose host
-    end is a unix socket the agent connects to (QEMU listens; the guest's qemu-ga answers)."""
-    assert spec.qga_socket is not None
-    return [
-        "-device",
-        "virtio-serial-pci,id=vser0",
-        "-chardev",
-        _socket_chardev("qga0", spec.qga_socket),
-        "-device",
-        f"virtserialport,bus=vser0.0,chardev=qga0,name={QGA_PORT_NAME}",
-    ]
+def _serial_port_options(spec: VmSpec) -> list[str]:
+    """A virtio-serial controller and its ports, each with a unix socket as its host end that
+    the agent connects to (QEMU listens): in ``VcpuMode.ONLINE`` one named as qemu-guest-agent
+    expects (the guest's qemu-ga answers on it); with memory hot-plug the guest's
+    memory-pressure port (its memory-watch writes on it). Nothing without either."""
+    ports = []
+    if spec.vcpu_mode is VcpuMode.ONLINE:
+        assert spec.qga_socket is not None
+        ports.append(("qga0", spec.qga_socket, QGA_PORT_NAME))
+    if has_memory_hotplug(spec):
+        path = memory_signal_socket_beside(spec.qmp_socket)
+        ports.append(("memsig0", path, MEMORY_SIGNAL_PORT_NAME))
+    if not ports:
+        return []
+    argv = ["-device", "virtio-serial-pci,id=vser0"]
+    for chardev_id, path, name in ports:
+        argv += ["-chardev", _socket_chardev(chardev_id, path)]
+        argv += ["-device", f"virtserialport,bus=vser0.0,chardev={chardev_id},name={name}"]
+    return argv
 
 
 def build_qemu_command(spec: VmSpec) -> list[str]:
@@ -338,8 +357,7 @@ def build_qemu_command(spec: VmSpec) -> list[str]:
     if spec.migration_port is not None:
         tcp = f"socket,id=migration-tcp,host=0.0.0.0,port={spec.migration_port},server=on,wait=off"
         argv += ["-chardev", tcp, "-mon", "chardev=migration-tcp,mode=control"]
-    if spec.vcpu_mode is VcpuMode.ONLINE:
-        argv += _qga_options(spec)
+    argv += _serial_port_options(spec)
     if spec.serial_socket is not None:
         argv += ["-chardev", _socket_chardev("serial0", spec.serial_socket)]
     else:

@@ -14,6 +14,7 @@ Modules:
     qga               qemu-guest-agent: vCPUs onlined and offlined in the guest; memory by QMP
     unix              opening a unix socket with a bounded wait (QMP, QGA)
     factory           ``hypervisor_from_url`` for the pod's ``hypervisor`` annotation
+    signals           the guest's memory-pressure lines (``memory_signal_socket_from_url``)
 """
 
 from autoscaler_agent.hypervisor.base import Hypervisor, MemoryState, VcpuState
@@ -30,7 +31,10 @@ from autoscaler_agent.hypervisor.errors import (
     VcpuResizeIncomplete,
     VmNotFound,
 )
-from autoscaler_agent.hypervisor.factory import hypervisor_from_url
+from autoscaler_agent.hypervisor.factory import (
+    hypervisor_from_url,
+    memory_signal_socket_from_url,
+)
 
 __all__ = [
     "Hypervisor",
@@ -48,4 +52,5 @@ __all__ = [
     "VcpuState",
     "VmNotFound",
     "hypervisor_from_url",
+    "memory_signal_socket_from_url",
 ]

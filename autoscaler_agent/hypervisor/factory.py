@@ -41,6 +41,25 @@ DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 QGA_SOCKET_SUFFIX: Final = ".qga.sock"
 
 
+MEMORY_SIGNAL_SOCKET_SUFFIX: Final = ".memory.sock"
+
+
+def memory_signal_socket_beside(qmp_socket: str) -> str:
+    """``/run/vm/qmp.sock`` -> ``/run/vm/qmp.memory.sock``: the host end of the guest's
+    memory-pressure port, where ``vm_runner`` always puts it (the same function there; a test
+    pins that both agree)."""
+    return qmp_socket.removesuffix(".sock") + MEMORY_SIGNAL_SOCKET_SUFFIX
+
+
+def memory_signal_socket_from_url(url: str, *, root: Path) -> Path | None:
+    """The memory-signal socket (below ``root``) of a QEMU VM's hypervisor URL; None for the
+    other hypervisors, which have no such port. ValueError as ``socket_paths_from_url``."""
+    scheme, _, _ = socket_paths_from_url(url, root=root)
+    if scheme not in ("qmp", "qmp+qga"):
+        return None
+    return _below_root(url, memory_signal_socket_beside(unquote(urlsplit(url).path)), root)
+
+
 def qga_socket_beside(qmp_socket: str) -> str:
     """``/run/vm/qmp.sock`` -> ``/run/vm/qmp.qga.sock``: where ``vm_runner`` puts the QGA
     socket unless told otherwise (the runner's container does not ship this package, hence

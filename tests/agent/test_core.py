@@ -808,3 +808,50 @@ def test_a_moving_vm_is_neither_resized_nor_grown_and_is_read_afresh_after(clock
     assert vm.next_actions(clock.now).request_permit == request(
         vm, current=3, requested=6, permit=3
     )
+
+
+def test_a_memory_signal_brings_the_next_scrape_forward_and_its_samples_decide(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=100 * MiB)  # plenty available: steady
+    assert vm.desired_memory == 512 * MiB
+    clock.advance(0.3)
+    assert not vm.next_actions(clock.now).scrape  # the next one is due 0.7 s from now
+    assert vm.memory_signalled(clock.now) == pytest.approx(clock.now + 0.7)
+    actions = vm.next_actions(clock.now)
+    assert actions.scrape  # at once, not at the interval
+    vm.scrape_started(clock.now)
+    clock.advance(0.05)
+    vm.metrics_scraped(clock.now, mem_samples(512 * MiB, 400 * MiB))
+    # The policy decides on those samples (a use rising this fast is projected ahead, so
+    # the grow is larger than the use alone asks): grown without waiting for the interval.
+    assert vm.desired_memory is not None and vm.desired_memory > 512 * MiB
+    assert vm.next_actions(clock.now).request_permit is not None
+
+
+def test_memory_signals_scrape_no_sooner_than_the_minimum_interval(clock):
+    vm = mem_started(clock)
+    mem_scrape(vm, clock, used=100 * MiB)
+    started_at = clock.now
+    # A signal during the scrape's own minimum interval waits for it; a burst asks for one.
+    clock.advance(0.05)
+    for _ in range(5):
+        vm.memory_signalled(clock.now)
+    actions = vm.next_actions(clock.now)
+    assert not actions.scrape
+    assert actions.wait_seconds == pytest.approx(
+        started_at + CONFIG.memory_signal_min_interval_seconds - clock.now
+    )
+    clock.advance(actions.wait_seconds)
+    assert vm.next_actions(clock.now).scrape
+
+
+def test_a_memory_signal_during_a_scrape_in_flight_scrapes_again_after_it(clock):
+    vm = mem_started(clock)
+    clock.advance(1.0)
+    assert vm.next_actions(clock.now).scrape
+    vm.scrape_started(clock.now)
+    clock.advance(0.3)
+    vm.memory_signalled(clock.now)
+    assert not vm.next_actions(clock.now).scrape  # one scrape at a time
+    vm.metrics_scraped(clock.now, mem_samples(512 * MiB, 100 * MiB))
+    assert vm.next_actions(clock.now).scrape  # the signal came after it started

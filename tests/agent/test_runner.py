@@ -7,10 +7,14 @@ milliseconds and what they assert of time is the agent's own schedule.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
+from pathlib import Path
 
 import msgspec
 import pytest
 import structlog
+import structlog.testing
 
 from autoscaler_agent.hypervisor import ResizeInProgress, ResizeRejected
 from autoscaler_agent.runner import Supervisor, first_scrape_offset_seconds
@@ -532,3 +536,49 @@ async def test_a_vm_throttled_at_its_quota_asks_on_every_scrape_until_granted(wo
     retry = CORE.permit_retry_seconds + CORE.scrape_interval_seconds
     assert 7 * CORE.permit_retry_seconds <= between <= 8 * retry, (between, wanted)
     assert (world.sample("vmautoscale_agent_permit_denials_total") or 0) >= 7
+
+
+async def test_a_guest_memory_signal_brings_the_next_scrape_forward(world):
+    sock_dir = Path(tempfile.mkdtemp(prefix="sig-", dir="/tmp"))  # unix paths are short
+    path = sock_dir / "vm.memory.sock"
+    guest_ends: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        guest_ends.append(writer)
+
+    server = await asyncio.start_unix_server(serve, path=str(path))
+    # Scrapes 30 s apart, starting at once: any second scrape soon after is the signal's.
+    world.deps.core = msgspec.structs.replace(CORE, scrape_interval_seconds=30.0)
+    world.deps.stagger_scrapes = False
+    world.deps.memory_signal_socket = lambda target: path
+    target = world.vm("vm-1", current=1, load=0.1, memory=512 * MiB, max_memory=2048 * MiB)
+    used = {"bytes": 100 * MiB}
+    guest_memory(world, target, used)
+
+    def scrapes() -> float:
+        return world.sample("vmautoscale_agent_scrapes_total") or 0.0
+
+    try:
+        await world.supervisor.apply({target.key: target})
+        await eventually(lambda: bool(guest_ends) and scrapes() == 1)
+        await asyncio.sleep(5.0)
+        assert scrapes() == 1  # the next is 25 s away
+        used["bytes"] = 480 * MiB  # the guest filled up: the signal's scrape asks to grow
+        with structlog.testing.capture_logs() as logs:
+            guest_ends[0].write(b"high 1\n")
+            await eventually(lambda: scrapes() == 2, within_seconds=1.0)
+            await eventually(lambda: any(e["event"] == "memory_goal" for e in logs))
+        assert world.sample("vmautoscale_agent_memory_signals_total") == 1
+        # The grow's line says what the signal gained: the scrape alone would have come at
+        # its interval, 25 s after the signal.
+        goal = next(e for e in logs if e["event"] == "memory_goal")
+        assert goal["desired_memory_bytes"] > 512 * MiB
+        assert 0 <= goal["signal_to_goal_seconds"] < 1.0
+        assert goal["scrape_later_seconds"] == pytest.approx(25.0, abs=0.5)
+    finally:
+        await world.supervisor.close()
+        for writer in guest_ends:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+        shutil.rmtree(sock_dir, ignore_errors=True)

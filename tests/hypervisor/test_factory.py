@@ -128,3 +128,24 @@ def test_qga_socket_symlinked_out_of_root_is_refused(tmp_path):
 def test_agent_and_runner_derive_the_same_qga_socket(qmp):
     """The runner's container does not ship the agent, so the rule is written twice."""
     assert factory.qga_socket_beside(qmp) == cmdline.qga_socket_beside(qmp)
+
+
+@pytest.mark.parametrize(
+    "qmp", ["/run/vm/qmp.sock", "/var/run/vm-autoscaling/qmp/3f2a.sock", "/run/vm/monitor"]
+)
+def test_agent_and_runner_derive_the_same_memory_signal_socket(qmp):
+    assert factory.memory_signal_socket_beside(qmp) == cmdline.memory_signal_socket_beside(qmp)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("qmp:///run/vm/qmp.sock", "run/vm/qmp.memory.sock"),
+        ("qmp+qga:///run/vm/qmp.sock?qga=/run/vm/ga.sock", "run/vm/qmp.memory.sock"),
+        ("cloud-hypervisor:///run/vm/ch.sock", None),
+        ("ch-remote:///run/vm/ch.sock", None),
+    ],
+)
+def test_memory_signal_socket_of_each_hypervisor(tmp_path, url, expected):
+    found = factory.memory_signal_socket_from_url(url, root=tmp_path)
+    assert found == (None if expected is None else tmp_path / expected)

@@ -314,17 +314,36 @@ def test_bad_flags_exit_with_status_2(capsys):
     assert "1 <= min_vcpus <= max_vcpus" in capsys.readouterr().err
 
 
-def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_and_auto_movable_onlining():
+def test_max_memory_adds_a_virtio_mem_device_plugged_at_zero_onlined_by_the_guest():
     argv = build_qemu_command(make_spec(max_memory_bytes=2048 * MIB))
     assert option(argv, "-m") == ["512M,maxmem=2048M"]
     assert option(argv, "-object") == ["memory-backend-ram,id=vmem0-ram,size=1536M"]
     assert "virtio-mem-pci,id=vmem0,memdev=vmem0-ram,block-size=2M,requested-size=0" in option(
         argv, "-device"
     )
-    assert option(argv, "-append") == [
-        "console=ttyS0 panic=-1 quiet memhp_default_state=online"
-        " memory_hotplug.online_policy=auto-movable memory_hotplug.auto_movable_ratio=100"
-    ]
+    # The guest's memory-onliner chooses each block's zone; the kernel onlines nothing itself.
+    assert option(argv, "-append") == ["console=ttyS0 panic=-1 quiet memhp_default_state=offline"]
+
+
+@pytest.mark.parametrize("mode", list(VcpuMode))
+def test_memory_hotplug_adds_the_memory_signal_port_beside_the_qmp_socket(mode):
+    argv = build_qemu_command(
+        make_spec(max_memory_bytes=2048 * MIB, vcpu_mode=mode, qga_socket="/run/vm/qmp.qga.sock")
+    )
+    assert "socket,id=memsig0,path=/run/vm/qmp.memory.sock,server=on,wait=off" in option(
+        argv, "-chardev"
+    )
+    devices = option(argv, "-device")
+    assert devices.count("virtio-serial-pci,id=vser0") == 1
+    assert "virtserialport,bus=vser0.0,chardev=memsig0,name=org.vm-autoscaling.memory.0" in devices
+    assert ("virtserialport,bus=vser0.0,chardev=qga0,name=org.qemu.guest_agent.0" in devices) is (
+        mode is VcpuMode.ONLINE
+    )
+
+
+def test_no_serial_ports_without_memory_hotplug_or_qga():
+    argv = build_qemu_command(make_spec())
+    assert not [d for d in option(argv, "-device") if "virtio-serial" in d or "virtserialport" in d]
 
 
 @pytest.mark.parametrize("max_memory", [None, 512 * MIB], ids=["unset", "equal"])

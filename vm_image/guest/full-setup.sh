@@ -18,13 +18,15 @@ apt-get clean
 echo vm > /etc/hostname
 echo '/dev/vda / ext4 defaults,noatime 0 1' > /etc/fstab
 passwd -d root
-for unit in systemd-networkd.service cpu-onliner.service prometheus-node-exporter.service \
-        postgresql.service; do
+for unit in systemd-networkd.service cpu-onliner.service memory-onliner.service \
+        prometheus-node-exporter.service postgresql.service; do
     systemctl enable "$unit"
 done
 # Fail the build, not the boot, if the onliner would not start (it is what makes vCPUs usable).
 test -L /etc/systemd/system/multi-user.target.wants/cpu-onliner.service
 test -x /usr/local/sbin/cpu-onliner
+test -L /etc/systemd/system/multi-user.target.wants/memory-onliner.service
+test -x /usr/local/sbin/memory-onliner
 # Root shell on the serial console without a password: the console is the test's keyboard.
 mkdir -p /etc/systemd/system/serial-getty@ttyS0.service.d
 # $TERM is for systemd to expand when it starts agetty, not for this shell.
