@@ -89,6 +89,11 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 # drain's state, which a restarted extender reads back from the nodes. Removing it stops the
 # drain (what moved or was evicted stays where it went).
 DRAIN_TAINT: Final = PREFIX + "draining"
+# cluster-autoscaler's: the pod's local volumes (comma-separated names) whose data may be lost,
+# so that they do not keep its node from being emptied (kubernetes/autoscaler
+# ``cluster-autoscaler/utils/drain/drain.go``, ``SafeToEvictLocalVolumesKey``; its FAQ, "What
+# types of pods can prevent CA from removing a node?"). A drain honours it (``Disruption``).
+SAFE_TO_EVICT_LOCAL_VOLUMES: Final = "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"
 
 
 class AnnotationError(ValueError):

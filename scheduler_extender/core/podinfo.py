@@ -81,8 +81,13 @@ class Disruption(enum.StrEnum):
     """What a drain does with a pod that is not one of our VMs: kubectl drain's filters
     (kubernetes/kubernetes ``staging/src/k8s.io/kubectl/pkg/drain/filters.go``, ``makeFilters``,
     applied in its order: DaemonSet, mirror, local storage, unreplicated), as ``kubectl drain
-    --ignore-daemonsets`` runs them (no ``--delete-emptydir-data``, no ``--force``). A pod in
-    a terminal phase never reaches a drain: the ledger holds nothing for it."""
+    --ignore-daemonsets`` runs them (no ``--delete-emptydir-data``, no ``--force``), with one
+    addition from cluster-autoscaler, which is what removes an emptied node: an ``emptyDir``
+    the pod names in ``cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes``
+    (``ann.SAFE_TO_EVICT_LOCAL_VOLUMES``) is data its owner says may be lost, and does not
+    block (kubectl drain knows no such annotation; its ``--delete-emptydir-data`` is the same
+    choice made for every pod at once, by whoever drains). A pod in a terminal phase never
+    reaches a drain: the ledger holds nothing for it."""
 
     EVICT = "evict"  # evicted through the Eviction API (its PodDisruptionBudget decides when)
     DAEMONSET = "daemonset"  # controlled by a DaemonSet: left (it tolerates the node anyway)
@@ -102,6 +107,18 @@ class Disruption(enum.StrEnum):
         return self is Disruption.LOCAL_STORAGE or self is Disruption.UNMANAGED
 
 
+def local_volumes_at_risk(pod: Pod) -> list[str]:
+    """The pod's ``emptyDir`` volumes that ``ann.SAFE_TO_EVICT_LOCAL_VOLUMES`` does not name
+    (read as cluster-autoscaler's ``getNonBlockingVolumes`` reads it: the value split on
+    commas, each part a name as written), in the pod's order: what an eviction would lose
+    against its owner's word."""
+    listed = (pod.metadata.annotations or {}).get(ann.SAFE_TO_EVICT_LOCAL_VOLUMES, "")
+    safe = set(listed.split(",")) if listed else set()
+    return [
+        v.name for v in pod.spec.volumes or () if v.empty_dir is not None and v.name not in safe
+    ]
+
+
 def disruption_of(pod: Pod) -> Disruption:
     """``Disruption`` for ``pod``: kubectl drain's filters, in their order. One departure:
     kubectl also fetches a DaemonSet pod's DaemonSet and refuses an orphan (without
@@ -112,7 +129,7 @@ def disruption_of(pod: Pod) -> Disruption:
         return Disruption.DAEMONSET
     if is_static_pod(pod):
         return Disruption.MIRROR
-    if any(v.empty_dir is not None for v in pod.spec.volumes or ()):
+    if local_volumes_at_risk(pod):
         return Disruption.LOCAL_STORAGE
     if controller is None:
         return Disruption.UNMANAGED

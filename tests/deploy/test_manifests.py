@@ -10,8 +10,11 @@ import copy
 from pathlib import Path
 
 import kubernetes_validate
+import msgspec
 import pytest
 
+from protocol.kube import Pod
+from scheduler_extender.core.podinfo import Disruption, disruption_of
 from testkit.manifests import (
     KUSTOMIZATION_DIRS,
     MANIFESTS,
@@ -240,3 +243,29 @@ def test_network_policy_lets_only_the_agents_and_the_vm_controller_reach_the_per
             <= d["spec"]["template"]["metadata"]["labels"].items()
         ]
         assert matched == [allowed]
+
+
+def test_the_extenders_pod_as_written_may_be_evicted_by_a_drain():
+    """manifests/extender.yaml names its one emptyDir (/tmp) safe to evict: without it, no node
+    running a replica could ever be emptied (ours, or cluster-autoscaler's scale-down)."""
+    deployment = next(
+        d for d in render(MANIFESTS) if (d["kind"], d["metadata"]["name"])
+        == ("Deployment", "scheduler-extender")
+    )  # fmt: skip
+    template = deployment["spec"]["template"]
+    pod = msgspec.convert(
+        {
+            "metadata": {
+                **template["metadata"],
+                "name": "x",
+                "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "u",
+                     "controller": True}
+                ],
+            },
+            "spec": template["spec"],
+        },
+        Pod,
+    )  # fmt: skip
+    assert any(v.empty_dir is not None for v in pod.spec.volumes or ())
+    assert disruption_of(pod) is Disruption.EVICT

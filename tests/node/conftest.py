@@ -48,12 +48,18 @@ ROOT = Path(__file__).resolve().parents[2]
 NODES = 2
 
 
+# Modules that run after all the others, in this order: ``test_drain`` moves the VM off its
+# node and evicts a replica of the scheduler pair there, which the other drills count on being
+# where they left them; ``test_monitoring`` reads what every other module (the drain too) left
+# in Prometheus's record (the alerts their drills raised, what every dashboard panel drew).
+LAST_MODULES = ("tests/node/test_drain.py", "tests/node/test_monitoring.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``test_monitoring`` runs last: it reads what the tier's other modules left in
-    Prometheus's record (the alerts their drills raised, what every dashboard panel drew)."""
-    last = [i for i in items if i.nodeid.startswith("tests/node/test_monitoring.py")]
-    if last:
-        items[:] = [i for i in items if i not in last] + last
+    """The modules of ``LAST_MODULES`` run last, in its order; the others as collected."""
+    last = [[i for i in items if i.nodeid.startswith(module)] for module in LAST_MODULES]
+    moved = {id(i) for group in last for i in group}
+    items[:] = [i for i in items if id(i) not in moved] + [i for group in last for i in group]
 
 
 @pytest.hookimpl(wrapper=True)

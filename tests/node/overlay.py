@@ -23,6 +23,11 @@ written down here and nowhere else:
   vCPUs on it, which a 0.9 watermark would forbid as a move's target and would drain by moves
   of its own in the drills that fill it (test_failures), where only a grow cut short may move
   a VM (test_migration);
+- live scale-down on (``relief.drain.enabled``), with a hysteresis of ``DRAIN_HYSTERESIS_
+  SECONDS`` (the manifests' default when on: 600 s), longer than the tier runs: no node is
+  drained on the relief's own choice, where the tier's drills count on the nodes they fill;
+  the drain drill (test_drain) starts its drain as an operator does, with the drain taint,
+  which the hysteresis does not hold back;
 - both Leases of the scheduler pair (kube-scheduler's ``leaderElection`` and the extender's
   ``leader_election``) at ``LEASE_SECONDS`` instead of 15 s, kube-scheduler's renew deadline
   below it as its defaults are: the failover drills wait out a dead holder's Lease (and read
@@ -48,6 +53,8 @@ LEASE_SECONDS = 10
 RENEW_DEADLINE_SECONDS = 7
 # relief.interval_seconds (the manifests' default: 15 s).
 RELIEF_INTERVAL_SECONDS = 1.0
+# relief.drain.hysteresis_seconds: a day, far beyond the tier's minutes.
+DRAIN_HYSTERESIS_SECONDS = 86_400.0
 
 
 def tier_overlay(directory: Path) -> Path:
@@ -60,6 +67,7 @@ def tier_overlay(directory: Path) -> Path:
         "enabled": True,
         "interval_seconds": RELIEF_INTERVAL_SECONDS,
         "watermark": None,
+        "drain": {"enabled": True, "hysteresis_seconds": DRAIN_HYSTERESIS_SECONDS},
     }
     (directory / "extender.yaml").write_text(yaml.safe_dump(config))
     scheduler = yaml.safe_load((ROOT / "manifests" / "config" / "kube-scheduler.yaml").read_text())

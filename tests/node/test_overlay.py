@@ -11,6 +11,7 @@ import yaml
 from autoscaler_agent.config import parse_config
 from scheduler_extender.config import load_config as load_extender_config
 from tests.node.overlay import (
+    DRAIN_HYSTERESIS_SECONDS,
     LEASE_SECONDS,
     RELIEF_INTERVAL_SECONDS,
     RENEW_DEADLINE_SECONDS,
@@ -42,6 +43,10 @@ def test_the_extender_config_differs_only_in_its_reserve_lease_and_relief(tmp_pa
         True,
         RELIEF_INTERVAL_SECONDS,
         None,
+    )
+    assert (relief.drain.enabled, relief.drain.hysteresis_seconds) == (
+        True,
+        DRAIN_HYSTERESIS_SECONDS,
     )
     assert "relief" not in yaml.safe_load(
         (ROOT / "manifests" / "config" / "extender.yaml").read_text()

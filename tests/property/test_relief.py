@@ -944,6 +944,38 @@ def test_a_pods_fate_in_a_drain_is_kubectl_drains(pod, expected):
     assert pod_info(pod, scheduler_name="vm-scheduler").disruption is expected
 
 
+def _with_volumes(names: list[str], empty_dir: set[str], safe: str | None) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(
+            name="p",
+            namespace="ns",
+            owner_references=[OwnerReference(kind="ReplicaSet", name="x", controller=True)],
+            annotations=None if safe is None else {ann.SAFE_TO_EVICT_LOCAL_VOLUMES: safe},
+        ),
+        spec=PodSpec(
+            volumes=[
+                Volume(name=n, empty_dir=EmptyDirVolumeSource() if n in empty_dir else None)
+                for n in names
+            ]
+        ),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    names=st.lists(st.sampled_from(["tmp", "cache", "config", "data"]), unique=True, max_size=4),
+    empty=st.sets(st.sampled_from(["tmp", "cache", "config", "data"])),
+    listed=st.none() | st.lists(st.sampled_from(["tmp", "cache", "data", " tmp", ""]), max_size=3),
+)
+def test_an_emptydir_blocks_a_drain_unless_the_pod_names_it_safe_to_evict(names, empty, listed):
+    """cluster-autoscaler's rule: every emptyDir must be named in the annotation (split on
+    commas, names as written) for its pod to be evicted; other volumes never matter."""
+    pod = _with_volumes(names, empty, None if listed is None else ",".join(listed))
+    named = set(listed or ())
+    at_risk = [n for n in names if n in empty and n not in named]
+    assert disruption_of(pod) is (Disruption.LOCAL_STORAGE if at_risk else Disruption.EVICT)
+
+
 def _quiet_node_with(*kinds: Disruption) -> tuple[Ledger, ReliefBook]:
     ledger = ledger_of({"quiet": Demand(8000, 8 * GI), "busy": Demand(8000, 8 * GI)})
     bind(ledger, "a", "quiet", lo=1, hi=1)
