@@ -63,9 +63,9 @@ The rule, in the order a pass applies it (one pass, one budget):
    (the larger of its CPU and memory shares) below ``drain.below_share``, with
    **hysteresis**: not one that received a VM, had one grow or joined in the last
    ``drain.hysteresis_seconds``; not one with a pod kubectl drain would refuse to evict (no
-   controller, or an ``emptyDir``: ``Disruption.blocks``); not one with a VM that cannot move;
-   and only if every VM there fits elsewhere now (first fit on this pass's view, under the
-   watermark).
+   controller, or an ``emptyDir`` not named safe to evict: ``Disruption.blocks``); not one
+   with a VM that cannot move; and only if every VM there fits elsewhere now (first fit on
+   this pass's view, under the watermark).
 
 Drained and ``closed`` nodes (cordoned, or the caller's own reasons) are never targets.
 

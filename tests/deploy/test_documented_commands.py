@@ -177,6 +177,14 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.MENTION,
         "an alert's runbook: what to look at",
     ),
+    "kubectl taint node NODE vm-autoscaling.io/draining=manual:NoSchedule": (
+        How.ELSEWHERE,
+        "tests/node/test_drain.py",
+    ),
+    "kubectl taint node NODE vm-autoscaling.io/draining-": (
+        How.ELSEWHERE,
+        "tests/node/test_drain.py",
+    ),
     "kubectl describe node": (How.MENTION, "an alert's runbook: which pods hold a node"),
     "scripts/monitoring.py": (How.ELSEWHERE, "tests/deploy/test_monitoring.py"),
     "kubectl -n vm-autoscaling get pod -l vm-autoscaling.io/extender-role=leader": (

@@ -145,7 +145,7 @@ def test_a_drained_node_is_emptied_with_its_vm_moved_live_and_its_data_intact(
     written = psql(ip, digest)
     with OverCommitWatch(node, interval=0.5):
         tainted = time.time()
-        node.kubectl("taint", "node", here, f"{DRAIN_TAINT}=drill:NoSchedule")
+        node.kubectl("taint", "node", here, f"{DRAIN_TAINT}=manual:NoSchedule")
         try:
 
             def drain_migration() -> Obj | None:
