@@ -23,11 +23,12 @@ written down here and nowhere else:
   vCPUs on it, which a 0.9 watermark would forbid as a move's target and would drain by moves
   of its own in the drills that fill it (test_failures), where only a grow cut short may move
   a VM (test_migration);
-- live scale-down on (``relief.drain.enabled``), with a hysteresis of ``DRAIN_HYSTERESIS_
-  SECONDS`` (the manifests' default when on: 600 s), longer than the tier runs: no node is
-  drained on the relief's own choice, where the tier's drills count on the nodes they fill;
-  the drain drill (test_drain) starts its drain as an operator does, with the drain taint,
-  which the hysteresis does not hold back;
+- live scale-down on (``relief.drain.enabled``), its share ``relief.drain.below_share`` at
+  ``DRAIN_BELOW_SHARE`` (the default: 0.3) so that no node is drained on relief's own choice
+  (a drain only starts on a node with a VM, and the smallest VM here, 1 vCPU, is half a
+  2-CPU node), where the tier's drills count on the nodes they fill; the drain drill
+  (test_drain) starts its drain as an operator does, with the drain taint, which neither the
+  share nor the hysteresis holds back;
 - both Leases of the scheduler pair (kube-scheduler's ``leaderElection`` and the extender's
   ``leader_election``) at ``LEASE_SECONDS`` instead of 15 s, kube-scheduler's renew deadline
   below it as its defaults are: the failover drills wait out a dead holder's Lease (and read
@@ -53,8 +54,8 @@ LEASE_SECONDS = 10
 RENEW_DEADLINE_SECONDS = 7
 # relief.interval_seconds (the manifests' default: 15 s).
 RELIEF_INTERVAL_SECONDS = 1.0
-# relief.drain.hysteresis_seconds: a day, far beyond the tier's minutes.
-DRAIN_HYSTERESIS_SECONDS = 86_400.0
+# relief.drain.below_share: far below what any node with a VM on it holds here.
+DRAIN_BELOW_SHARE = 0.01
 
 
 def tier_overlay(directory: Path) -> Path:
@@ -67,7 +68,7 @@ def tier_overlay(directory: Path) -> Path:
         "enabled": True,
         "interval_seconds": RELIEF_INTERVAL_SECONDS,
         "watermark": None,
-        "drain": {"enabled": True, "hysteresis_seconds": DRAIN_HYSTERESIS_SECONDS},
+        "drain": {"enabled": True, "below_share": DRAIN_BELOW_SHARE},
     }
     (directory / "extender.yaml").write_text(yaml.safe_dump(config))
     scheduler = yaml.safe_load((ROOT / "manifests" / "config" / "kube-scheduler.yaml").read_text())

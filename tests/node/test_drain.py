@@ -3,8 +3,8 @@
 Relief's live scale-down (``scheduler_extender.relief``, rule 4 of ``core.relief``) started as
 an operator starts it (docs/DEPLOY.md, "Live scale-down"): ``kubectl taint`` of the node the
 example VM runs on with ``vm-autoscaling.io/draining:NoSchedule``, the taint being the drain.
-The tier's overlay turns drains on and holds back the relief's own choice of node (its
-hysteresis), so this is the one drain of the tier.
+The tier's overlay turns drains on and holds back relief's own choice of a node (its share),
+so this is the one drain of the tier.
 
 What it shows: relief moves the VM away live (a VirtualMachineMigration labelled ``Drain``,
 Succeeded); rows written before at the VM's pod IP read back after through the VM's Service;
@@ -112,6 +112,7 @@ def test_a_drained_node_is_emptied_with_its_vm_moved_live_and_its_data_intact(
     if not node.kubectl("get", "virtualmachine", VM, "--ignore-not-found", "-o", "name").stdout:
         example_vm(node, max_vcpus=RELIEVABLE_MAX_VCPUS)  # run alone (-k): a VM to move
     opt_in(node)
+    _wait_whole(node, "the system whole before the drain")
     # test_node_failures' VM pods without a VirtualMachine (nothing could move them) are gone.
     wait_for(
         lambda: not node.kubectl("get", "pods", "-A", "-l", DRILL, "-o", "name").stdout,

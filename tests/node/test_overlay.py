@@ -11,7 +11,7 @@ import yaml
 from autoscaler_agent.config import parse_config
 from scheduler_extender.config import load_config as load_extender_config
 from tests.node.overlay import (
-    DRAIN_HYSTERESIS_SECONDS,
+    DRAIN_BELOW_SHARE,
     LEASE_SECONDS,
     RELIEF_INTERVAL_SECONDS,
     RENEW_DEADLINE_SECONDS,
@@ -44,9 +44,9 @@ def test_the_extender_config_differs_only_in_its_reserve_lease_and_relief(tmp_pa
         RELIEF_INTERVAL_SECONDS,
         None,
     )
-    assert (relief.drain.enabled, relief.drain.hysteresis_seconds) == (
+    assert (relief.drain.enabled, relief.drain.below_share) == (
         True,
-        DRAIN_HYSTERESIS_SECONDS,
+        DRAIN_BELOW_SHARE,
     )
     assert "relief" not in yaml.safe_load(
         (ROOT / "manifests" / "config" / "extender.yaml").read_text()
