@@ -1012,6 +1012,19 @@ def test_a_drain_moves_the_vms_then_evicts_the_rest_and_leaves_daemonsets_and_mi
     assert book.evicted == set() and book.evict_retry_at == {}
 
 
+def test_a_drain_an_operator_starts_by_the_taint_ignores_the_share_and_the_hysteresis():
+    """docs/DEPLOY.md: the taint is the drain; put by hand on a node relief would never pick
+    (held well above ``below_share``, a VM grown there a moment ago), it drains all the same."""
+    ledger, book = _quiet_node_with(Disruption.EVICT, Disruption.DAEMONSET)
+    bind(ledger, "c", "quiet", lo=4, hi=4)
+    book.touched_at["quiet"] = 99.0
+    assert plan_moves(ledger, book, now=100.0, config=CONFIG).drain == []
+    book.draining.add("quiet")
+    plan = plan_moves(ledger, book, now=100.0, config=CONFIG)
+    assert [(m.pod, m.reason) for m in plan.moves] == [("ns/a", MoveReason.DRAIN)]
+    assert plan.evict == [] and plan.emptied == []
+
+
 @pytest.mark.parametrize("kind", [Disruption.UNMANAGED, Disruption.LOCAL_STORAGE], ids=str)
 def test_a_node_with_a_pod_kubectl_drain_refuses_is_never_drained(kind):
     ledger, book = _quiet_node_with(Disruption.EVICT, kind)
