@@ -54,7 +54,7 @@ from testkit.local_stack import (
     value,
 )
 
-pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.qemu, pytest.mark.slow, pytest.mark.timeout(600)]
 
 AGENT_CONFIG = {
     "scrape": {"interval_seconds": 1.0, "timeout_seconds": 0.9},
@@ -68,7 +68,10 @@ AGENT_CONFIG = {
 # Six busy loops: a run queue of ~6, so the policy wants its max of 4 vCPUs (6 / 0.9), more than
 # the node has room for; what the permit allows is then what decides the size.
 BUSY_LOOPS = 6
-WAIT_SECONDS = 60  # per step; the steps take 3-7 s on a quiet machine
+# Per step, a bound that only catches a hang: the steps take 3-7 s on a quiet machine, but beside
+# the real-node tier (the suite's default, at low CPU weight) a starved TCG guest was once still
+# at 2 of its 3 vCPUs 60 s after its load stopped, on its way down.
+WAIT_SECONDS = 150
 CYCLES = 30  # grow/shrink cycles through the QGA client on the real guest
 
 
