@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -86,6 +87,22 @@ def _owned(pod: dict[str, Any], vm: str) -> dict[str, Any]:
     return pod
 
 
+def _bare_extender(
+    relief: dict[str, Any], *, wall_clock: Callable[[], float] = lambda: WALL
+) -> Extender:
+    """An extender with the config's ``relief`` section and nothing listed yet."""
+    metrics = Metrics(CollectorRegistry())
+    return Extender(
+        parse_config({"relief": relief}),
+        metrics=metrics,
+        reporter=NodeAllocReporter(metrics, None),
+        recorder=None,
+        binder=None,
+        wall_clock=wall_clock,
+        clock=lambda: 0.0,
+    )
+
+
 def _extender(
     *,
     enabled: bool = True,
@@ -95,18 +112,7 @@ def _extender(
 ) -> Extender:
     """node-a (4 cores, 3.2 usable) holds db (1 of up to 4) and web (2, made by hand);
     node-b (8 cores) is empty. db asks for 3: node-a has 0.2 left, so the grant is cut short."""
-    config = parse_config({"relief": {"enabled": enabled}})
-    metrics = Metrics(CollectorRegistry())
-    now = [0.0]
-    extender = Extender(
-        config,
-        metrics=metrics,
-        reporter=NodeAllocReporter(metrics, None),
-        recorder=None,
-        binder=None,
-        wall_clock=lambda: wall,
-        clock=lambda: now[0],
-    )
+    extender = _bare_extender({"enabled": enabled}, wall_clock=lambda: wall)
     nodes = [node_object("node-a", cpu="4"), node_object("node-b", cpu="8")]
     extender.nodes_listed([msgspec.convert(n, Node) for n in nodes])
     db = vm_pod("db-pod", uid=DB_UID, node="node-a", min_vcpus=1, max_vcpus=4)
@@ -267,18 +273,9 @@ async def test_no_pass_before_the_migrations_are_listed() -> None:
 
 
 async def test_no_pass_before_the_lists_are_in() -> None:
-    config = parse_config({"relief": {"enabled": True}})
-    metrics = Metrics(CollectorRegistry())
-    extender = Extender(
-        config,
-        metrics=metrics,
-        reporter=NodeAllocReporter(metrics, None),
-        recorder=None,
-        binder=None,
-        clock=lambda: 0.0,
-    )
+    extender = _bare_extender({"enabled": True})
     writer = Writer()
-    reporter = NodeAllocReporter(metrics, None)
+    reporter = NodeAllocReporter(extender.metrics, None)
     assert await relief_once(extender, writer, reporter, wall_clock=lambda: WALL) == []
     assert writer.created == []
 
@@ -287,16 +284,8 @@ def _draining_extender(wall: list[float]) -> tuple[Extender, Writer]:
     """Drain on: node-a (8 cores) runs db (1 vCPU, a VirtualMachine's) beside a pod of a
     ReplicaSet, a DaemonSet's pod and a mirror pod; node-b (8 cores) runs a VM of 4. Nothing
     touched either node: node-a, below the drain's share, is the one to drain."""
-    config = parse_config({"relief": {"enabled": True, "drain": {"enabled": True}}})
-    metrics = Metrics(CollectorRegistry())
-    extender = Extender(
-        config,
-        metrics=metrics,
-        reporter=NodeAllocReporter(metrics, None),
-        recorder=None,
-        binder=None,
-        wall_clock=lambda: wall[0],
-        clock=lambda: 0.0,
+    extender = _bare_extender(
+        {"enabled": True, "drain": {"enabled": True}}, wall_clock=lambda: wall[0]
     )
     nodes = [msgspec.convert(node_object(n, cpu="8"), Node) for n in ("node-a", "node-b")]
     extender.nodes_listed(nodes)
