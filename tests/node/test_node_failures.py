@@ -252,7 +252,27 @@ def test_an_agent_killed_leaves_the_other_nodes_vms_alone(drills: Node, vm: Obj)
     (keeper,) = [p for p in _pods(node, NS, AGENT) if p["spec"]["nodeName"] == here]
     leader = _leader(node)
     assert leader is not None
-    before = _leader_ledger(node)[here]
+    # The VM's own agent may still be shrinking it from the load of a drill before (test_migration
+    # ends its pgbench and goes): wait for the idle VM at its minimum, where that agent has
+    # nothing left to change while the other node's agent is killed.
+    spec = json.loads(node.kubectl("get", "virtualmachine", VM, "-o", "json").stdout)["spec"]
+    memory = spec["memory"]
+    least = {
+        "cpuMillis": cpu_millis(str(spec["vcpus"]["min"])),
+        "memoryBytes": memory_bytes(memory["min"]) + memory_bytes(memory["overhead"]),
+    }
+    name = f"default/{pod['metadata']['name']}"
+
+    def at_least() -> Obj | None:
+        entry = _leader_ledger(node)[here]
+        held = {e["pod"]: e["resources"] for e in entry["allocations"]}
+        return entry if held.get(name) == least else None
+
+    started = time.monotonic()
+    before = wait_for(
+        at_least, timeout_seconds=180, what=f"{name} idle at its minimum {least}", interval=1
+    )
+    print(f"{name} at its minimum after {time.monotonic() - started:.1f}s")
     with OverCommitWatch(node):
         procs = container_cgroup(victim, "cpu", "agent") / "cgroup.procs"
         pids = procs.read_text().split()
