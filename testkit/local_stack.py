@@ -187,7 +187,12 @@ def eventually(
                     f" {what}; its log ends:\n{service.log_tail()}"
                 )
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not seen within {timeout_seconds}s; last: {last!r:.400}")
+            # The services' own accounts, so that a wait run out on a starved host can be read
+            # afterwards (what the agent decided, what the extender answered).
+            logs = "".join(f"\n{s.name}'s log ends:\n{s.log_tail()}" for s in alive or ())
+            raise AssertionError(
+                f"{what} not seen within {timeout_seconds}s; last: {last!r:.400}{logs}"
+            )
         time.sleep(interval_seconds)
 
 
