@@ -434,8 +434,6 @@ class Simulation:
         self.node_names = sorted(self.nodes)
         self._node_by_id.append(name)
         self.samples.node_added(name)
-        if self.relief is not None:
-            self.relief.book.node_touched(name, now=self.t)  # just joined: not drained yet
         if self.extender is not None:
             self.extender.ledger.upsert_node(name, allocatable=allocatable, labels=node.labels)
 
@@ -580,8 +578,6 @@ class Simulation:
             vm.vcpus = vm.granted = entry.vcpus or vm.spec.min_vcpus
         vm.peak = max(vm.peak, vm.vcpus)
         self._reality(node, vm.vcpus * 1000)
-        if self.relief is not None:
-            self.relief.book.node_touched(node, now=self.t)
         if decided:
             check_reality(self.nodes[node], ext, f"{vm.spec.name} was bound at {vm.vcpus} vCPUs")
         vm.guest = GuestLoad(

@@ -61,8 +61,11 @@ The rule, in the order a pass applies it (one pass, one budget):
    ``scale-down-unneeded-time``; Karpenter's emptiness consolidation does the same for a
    NodeClaim). A new drain starts, at most ``drain.max_nodes`` at once, on the least used node
    (the larger of its CPU and memory shares) below ``drain.below_share``, with
-   **hysteresis**: not one that received a VM, had one grow or joined in the last
-   ``drain.hysteresis_seconds``; not one with a pod kubectl drain would refuse to evict (no
+   **hysteresis**: not one that received a VM (its allocation's ``allocated_at``, or a move's
+   creation) or had one grow in the last ``drain.hysteresis_seconds`` (an empty node is never
+   a candidate, so a node's joining needs no mark of its own; a rebuilt ledger's allocations
+   are new, so a restart holds drains back a hysteresis, as cluster-autoscaler's unneeded time
+   starts over when it restarts); not one with a pod kubectl drain would refuse to evict (no
    controller, or an ``emptyDir`` not named safe to evict: ``Disruption.blocks``); not one
    with a VM that cannot move; and only if every VM there fits elsewhere now (first fit on
    this pass's view, under the watermark).
@@ -107,7 +110,8 @@ server's (``creationTimestamp``, ``status.completionTime``), and with one clock 
 book equals the live one exactly (a clock step shifts a cool-down by the step; Kubernetes'
 TTL-after-finished controller judges Jobs' ``completionTime`` the same way). Not rebuilt: the
 wants (the agents report again at once when the extender's epoch changes, and a cut-short
-grow is a want again from that answer), the nodes' hysteresis from grows and joins, the
+grow is a want again from that answer), the nodes' hysteresis from grows (a rebuilt ledger's
+allocations are new, so a restart holds every node's drain back a hysteresis), the
 evictions under way (a pod evicted is terminating, and evicting it again is harmless), and a
 create that never reached the API server (nothing moved; it is a failure only to the book that
 tried it). The drains are the nodes' ``DRAIN_TAINT`` (the shell sets ``draining`` from them).
@@ -336,7 +340,7 @@ class ReliefBook:
     wants: dict[str, Want] = field(default_factory=dict)  # by the VM pod's uid
     # The cluster's VirtualMachineMigrations, by ``namespace/name`` (module docstring).
     migrations: dict[str, MoveRecord] = field(default_factory=dict)
-    touched_at: dict[str, float] = field(default_factory=dict)  # by node: joined / grew
+    touched_at: dict[str, float] = field(default_factory=dict)  # by node: a VM there grew
     draining: set[str] = field(default_factory=set)
     # By pod uid: evictions the API server accepted (the pod is terminating: not again), and
     # when a refused one may be tried again.
@@ -375,10 +379,6 @@ class ReliefBook:
                 granted.vcpus > req.current.vcpus or granted.memory_bytes > req.current.memory_bytes
             ):
                 self.touched_at[entry.node] = now
-
-    def node_touched(self, node: str, *, now: float) -> None:
-        """``node`` joined or received a pod: not drained within the hysteresis."""
-        self.touched_at[node] = now
 
     def move_started(self, move: PlannedMove, *, migration: str, now: float) -> None:
         """The caller creates the migration ``migration`` (``namespace/name``) for ``move``:
@@ -919,7 +919,11 @@ def _drains_to_start(
         share = _share(state)
         if share >= cfg.below_share:
             continue
-        touched = max(book.touched_at.get(name, -math.inf), received.get(name, -math.inf))
+        touched = max(
+            book.touched_at.get(name, -math.inf),
+            received.get(name, -math.inf),
+            *(e.allocated_at for e in state.own.values()),  # the VMs it received
+        )
         if now - touched < cfg.hysteresis_seconds:
             continue
         if any(e.disruption.blocks for e in state.foreign.values()):

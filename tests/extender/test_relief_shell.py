@@ -282,8 +282,8 @@ async def test_no_pass_before_the_lists_are_in() -> None:
 
 def _draining_extender(wall: list[float]) -> tuple[Extender, Writer]:
     """Drain on: node-a (8 cores) runs db (1 vCPU, a VirtualMachine's) beside a pod of a
-    ReplicaSet, a DaemonSet's pod and a mirror pod; node-b (8 cores) runs a VM of 4. Nothing
-    touched either node: node-a, below the drain's share, is the one to drain."""
+    ReplicaSet, a DaemonSet's pod and a mirror pod; node-b (8 cores) runs a VM of 4, listed a
+    hysteresis before ``wall`` now: node-a, below the drain's share, is the one to drain."""
     extender = _bare_extender(
         {"enabled": True, "drain": {"enabled": True}}, wall_clock=lambda: wall[0]
     )
@@ -313,6 +313,10 @@ def _draining_extender(wall: list[float]) -> tuple[Extender, Writer]:
         others.append(pod)
     extender.pods_listed([msgspec.convert(p, Pod) for p in (db, big, *others)])
     extender.migrations_listed([])
+    # The list is where this ledger received its VMs: a drain waits a hysteresis from it, as
+    # after any (re)start.
+    assert extender.relief_pass().drain == []
+    wall[0] += extender.config.relief.drain.hysteresis_seconds
     writer = Writer()
     writer.nodes = {n.metadata.name: n for n in nodes}
     return extender, writer

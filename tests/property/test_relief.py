@@ -228,7 +228,7 @@ def test_a_quiet_node_is_drained_only_after_its_hysteresis_and_reported_empty():
     book = ReliefBook()
     bind(ledger, "a", "quiet", lo=1, hi=1)
     bind(ledger, "b", "busy", lo=4, hi=4)
-    book.node_touched("quiet", now=0.0)
+    # It received its VM at 0.0 (the allocation's own time: nobody marks the node).
     assert plan_moves(ledger, book, now=10.0, config=CONFIG).drain == []
     plan = plan_moves(ledger, book, now=60.0, config=CONFIG)
     assert plan.drain == ["quiet"]
@@ -584,7 +584,6 @@ class ReliefMachine(RuleBasedStateMachine):
         self.api_pods[uid] = msgspec.structs.replace(pod, node_name=node)
         self.ledger.observe_pod(self.api_pods[uid], at=self.now)
         self.vm_of[uid] = f"ns/vm-{uid}"
-        self.book.node_touched(node, now=self.now)
 
     @rule(want=st.integers(1, 7), data=st.data())
     def agent_asked(self, want, data):
