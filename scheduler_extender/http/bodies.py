@@ -16,7 +16,8 @@ is never read at all (and, with lingering off, never drained: the connection is 
 4. the bytes, within ``body_timeout_seconds`` (408 after; a body already in whole is taken at
    once, with no timer), inflated chunk by chunk with
    ``zlib``'s ``max_length`` so the *decompressed* size never exceeds the limit by more than
-   one byte before it is refused (413). A body labelled gzip that is not: 400.
+   one byte before it is refused (413). A body labelled gzip that is not: 400. A connection
+   lost before its body was read: 400 ``ConnectionLost`` (nobody reads it; the log does).
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ class Bodies:
         except TimeoutError as e:
             raise BodyTimeout(
                 f"the body did not arrive within {self.limits.body_timeout_seconds} s"
+            ) from e
+        except ConnectionResetError as e:
+            # aiohttp's reader keeps the connection's loss and raises it at the next read, even
+            # of bytes that had arrived (an agent that gave up while a TokenReview ran): the
+            # caller is gone, which is no fault of ours (a 500 with a traceback, before).
+            raise ProtocolError(
+                "the connection was closed before the body was read", reason="ConnectionLost"
             ) from e
         finally:
             self.in_flight -= taken

@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import make_mocked_request
 
-from scheduler_extender.http.bodies import BODIES
+from scheduler_extender.errors import ProtocolError
+from scheduler_extender.http.bodies import BODIES, Bodies
 from testkit.kube_api import FakeKubeApi, node_object
 from tests.extender.conftest import (
     STATIC_TOKEN,
@@ -206,13 +210,34 @@ async def test_bodies_in_flight_are_bounded_across_requests(
             await writer.wait_closed()
 
     # The budget comes back when the slow body is abandoned.
-    bodies = running.permits.server.app[BODIES]  # type: ignore[union-attr]
+    bodies = running.permits.server.app[BODIES]  # type: ignore[attr-defined]
     await wait_until(lambda: bodies.in_flight == 0)
     again = await running.permits.post(
         "/v1/permits", json=permit_batch("node-a", uid="u-1"), headers=_auth()
     )
     assert again.status == 200, await again.text()
     assert reader is not None
+
+
+async def test_a_body_whose_connection_was_lost_before_it_was_read_is_a_400() -> None:
+    """Seen in the node tier: an agent gave up on its permit call while the extender checked
+    its token with the API server; the body had arrived whole, but aiohttp's reader raises the
+    connection's loss at the next read. That was a 500 with a traceback; it is the caller's
+    doing, named, and the in-flight budget comes back."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps(permit_batch("node-a", uid="u-1")).encode()
+    content = StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+    content.feed_data(body)
+    content.feed_eof()
+    content.set_exception(ConnectionResetError("Connection lost"))
+    request = make_mocked_request(
+        "POST", "/v1/permits", headers={"Content-Length": str(len(body))}, payload=content
+    )
+    bodies = Bodies(make_config().limits)
+    with pytest.raises(ProtocolError) as refused:
+        await bodies.read(request, limit=2**20)
+    assert (refused.value.status, refused.value.reason) == (400, "ConnectionLost")
+    assert bodies.in_flight == 0
 
 
 def _reference_nodes(count: int) -> list[dict[str, Any]]:
