@@ -49,7 +49,10 @@ AGENT_CONFIG = {
     "memory": {"shrink_after_seconds": 4.0},
     "extender": {"permit_retry_seconds": 1.0},
     "retry": {"backoff_initial_seconds": 0.5, "backoff_max_seconds": 2.0},
-    "hypervisor": {"unplug_timeout_seconds": 10.0, "memory_stall_seconds": 3.0},
+    # A shrink ends as incomplete when the plugged size stood still this long: the default 3 s
+    # was once met by the guest starved beside the real-node tier, not by memory in use (the
+    # second test's own QMP client keeps 3 s for the case that is).
+    "hypervisor": {"unplug_timeout_seconds": 10.0, "memory_stall_seconds": 30.0},
     "metrics": {"stuck_after_seconds": 30.0},
     "log": {"level": "info"},
 }
