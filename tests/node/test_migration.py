@@ -51,7 +51,7 @@ from testkit.controlplane import wait_for
 from tests.node.conftest import RELIEVABLE_MAX_VCPUS, example_vm, opt_in
 from tests.node.harness import VM, Node, Obj, wait_postgres
 from tests.node.test_dns import decode, query
-from tests.node.test_node_failures import OverCommitWatch, _leader_ledger
+from tests.node.test_node_failures import LEASE, OverCommitWatch, _leader_ledger
 from vm_controller import decide
 from vm_runner.cmdline import VIRTIO_MEM_ID
 from vm_runner.qmp import QmpClient
@@ -155,6 +155,11 @@ def relief_migrations(node: Node, since: float) -> list[Obj]:
     return found
 
 
+def _lease_transitions(node: Node) -> int:
+    lease = node.admin_get(LEASE)["spec"]
+    return int(lease.get("leaseTransitions", 0))
+
+
 def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_request(
     tuned: Node,
 ) -> None:
@@ -192,6 +197,7 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
             env=PG_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
 
+    transitions = _lease_transitions(node)
     with OverCommitWatch(node, interval=0.5):
         started = time.time()
         # The load on the source; its clients lose their connections when the source goes.
@@ -314,7 +320,12 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
         "get", "events", "-n", "default", "-o", "jsonpath={.items[*].message}",
         "--field-selector", f"involvedObject.name={source_name},reason=GrowerToRoom",
     ).stdout  # fmt: skip
-    assert name in events, events
+    # An Event is a courtesy, queued by the leader and dropped by one that stops leading (on a
+    # starved host the pair once failed over mid-move): asserted when one extender led throughout.
+    if _lease_transitions(node) == transitions:
+        assert name in events, events
+    else:
+        print(f"the extender's leadership changed during the move; its Event: {events!r}")
     wait_for(
         lambda: (vm_status(node).get("pod"), vm_status(node).get("node")) == (pod, there),
         timeout_seconds=30, what=f"the VirtualMachine's status naming {pod} on {there}",
