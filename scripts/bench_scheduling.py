@@ -683,10 +683,12 @@ class Bench:
                 with kit.spawning_on(extender_cpus):
                     extender.start()
                 extender_pid = extender_process_id(extender)
-                cpu_before = cpu_seconds(extender_pid)
-                children_before = children_cpu_seconds(extender_pid)
+                # Scraped before its CPU is read: rendering /metrics (ours: a series per node)
+                # is this script's doing, not the run's.
                 metrics_before = scrape(extender)
                 verbs_before = verb_histograms(metrics_before)
+                cpu_before = cpu_seconds(extender_pid)
+                children_before = children_cpu_seconds(extender_pid)
                 if sample is not None:
                     sampler = start_sampler(extender_pid, sample)
             api_before = api_counts(self.api)
