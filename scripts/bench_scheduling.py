@@ -36,7 +36,12 @@ kube-apiserver, kube-scheduler) and this script share the others; ``unpinned`` r
 every process free on every CPU, so the extender's CPU competes with kube-scheduler's, and
 their ratio to the floor measures the CPU each pod costs. ``--pin both`` interleaves them.
 A change to the extender's shell is measured against the code before it with ``--baseline``
-(a checkout of it, run interleaved with ours in every round).
+(a checkout of it, run interleaved with ours in every round). ``--python`` runs ours on
+another interpreter too, interleaved the same way: the image's is CPython built with
+profile-guided and link-time optimization (``python:3.11-slim``), and the one this script
+runs on (a development venv's) may be a build without them, which runs the same Python code
+for more CPU; what the floor ratio says about a deployment is read on a build like the
+image's.
 
 Per run the pods are created first, then the scheduler (and extender) started; throughput is
 pods bound per second between the first and the last bind seen on a pod watch (start-up not
@@ -618,7 +623,13 @@ class Bench:
         kit.pin_process(os.getpid(), plane)
         return (self.extender_cpus, self.plane_cpus) if pinned else (None, None)
 
-    def new_extender(self, *, profile: Path | None = None, source: Path | None = None) -> Extender:
+    def new_extender(
+        self,
+        *,
+        profile: Path | None = None,
+        source: Path | None = None,
+        python: str | None = None,
+    ) -> Extender:
         config = extender_config(
             MANIFEST_EXTENDER_CONFIG, verbs_port=free_port(), permits_port=free_port()
         )
@@ -631,6 +642,8 @@ class Bench:
         )
         if profile is not None:
             extender.python_args = ["-m", "testkit.cpu_profile", "-o", str(profile)]
+        if python is not None:
+            extender.python = python
         return extender
 
     def scheduler(self, mode: str, verbs_port: int | None) -> Scheduler:
@@ -659,6 +672,7 @@ class Bench:
         profile: Path | None = None,
         sample: Path | None = None,
         source: Path | None = None,
+        python: str | None = None,
     ) -> dict[str, Any]:
         extender_cpus, scheduler_cpus = self.place(pinned=pinned)
         sampler: subprocess.Popen[bytes] | None = None
@@ -676,17 +690,19 @@ class Bench:
             assert self.floor is not None
             extender = FloorExtender(self.floor, self.work, self.kubeconfig)
         elif mode != "alone":
-            extender = self.new_extender(profile=profile, source=source)
+            extender = self.new_extender(profile=profile, source=source, python=python)
         result: dict[str, Any] = {"mode": mode}
         try:
             if extender is not None:
                 with kit.spawning_on(extender_cpus):
                     extender.start()
                 extender_pid = extender_process_id(extender)
-                cpu_before = cpu_seconds(extender_pid)
-                children_before = children_cpu_seconds(extender_pid)
+                # Scraped before its CPU is read: rendering /metrics (ours: a series per node)
+                # is this script's doing, not the run's.
                 metrics_before = scrape(extender)
                 verbs_before = verb_histograms(metrics_before)
+                cpu_before = cpu_seconds(extender_pid)
+                children_before = children_cpu_seconds(extender_pid)
                 if sample is not None:
                     sampler = start_sampler(extender_pid, sample)
             api_before = api_counts(self.api)
@@ -1053,6 +1069,27 @@ def at_scale(bench: Bench, nodes: int, pods: int, *, floor: Path | None) -> dict
     return out
 
 
+def interpreter_name(python: Path) -> str:
+    """A venv's directory name for its ``bin/python`` (the run key's label), else the file's."""
+    return python.parent.parent.name if python.parent.name == "bin" else python.name
+
+
+def python_version(python: str) -> str:
+    """``sys.version`` of the interpreter ``python`` (BenchError when it does not run)."""
+    try:
+        ran = subprocess.run(
+            [python, "-c", "import sys; print(sys.version)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as e:
+        raise kit.BenchError(f"--python {python} does not run: {e.strerror}") from e
+    if ran.returncode != 0:
+        raise kit.BenchError(f"--python {python} does not run: {ran.stderr.strip()}")
+    return " ".join(ran.stdout.split())
+
+
 def main() -> int:
     parser = kit.command(__doc__)
     parser.add_argument("--nodes", type=int, default=500, help="Nodes (default 500)")
@@ -1109,6 +1146,17 @@ def main() -> int:
         " for several (each run key is MODE@<CHECKOUT's directory name>)",
     )
     parser.add_argument(
+        "--python",
+        type=Path,
+        metavar="PYTHON",
+        action="append",
+        default=[],
+        help="also run each extender mode with this checkout's code on the interpreter PYTHON"
+        " (e.g. a venv's bin/python over another CPython build), interleaved; repeat it for"
+        " several (each run key is MODE@py.<PYTHON's venv directory name>; the output's"
+        " 'pythons' gives each one's version)",
+    )
+    parser.add_argument(
         "--at-scale",
         type=int,
         metavar="NODES",
@@ -1124,6 +1172,11 @@ def main() -> int:
     if args.pin != "no" and len(os.sched_getaffinity(0)) < 2:
         parser.error("--pin needs two CPUs or more (one for the extender)")
     check_source()
+    pythons = {f"@py.{interpreter_name(p)}": str(p) for p in args.python}
+    # Each one run once here: a PYTHON that does not start fails the bench before its rounds.
+    versions = {
+        label: python_version(python) for label, python in {"": sys.executable, **pythons}.items()
+    }
     bin_dir = find_binaries()
     floor = build_floor() if args.floor else None
     with contextlib.ExitStack() as stack:
@@ -1160,6 +1213,12 @@ def main() -> int:
                             runs.setdefault(f"{mode}{label}{pin}", []).append(
                                 bench.throughput(mode, args.pods, pinned=pinned, source=source)
                             )
+                        for label, python in pythons.items():
+                            if mode == "alone":
+                                continue
+                            runs.setdefault(f"{mode}{label}{pin}", []).append(
+                                bench.throughput(mode, args.pods, pinned=pinned, python=python)
+                            )
             out: dict[str, Any] = {
                 "nodes": args.nodes,
                 "pods": args.pods,
@@ -1167,6 +1226,8 @@ def main() -> int:
                 # From the first node created to the last round's end: every round included.
                 "run_seconds": round(time.monotonic() - started, 1),
             }
+            if pythons:
+                out["pythons"] = versions
             out |= summarise(runs)
             if floor is not None:
                 out["to_floor"] = floor_ratios(runs)

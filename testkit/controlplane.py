@@ -647,18 +647,19 @@ def extender_command(
     standalone: Path | None = None,
     log_level: str = "info",
     python_args: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> list[str]:
     """The command line of the real extender process, ``scheduler-extender serve`` (as
-    ``python -m scheduler_extender``, after ``python_args``): against the API server of
-    ``kubeconfig``, or ``standalone`` from a cluster file. ``Extender`` below and the local
-    stack (``testkit.local_stack``) both start it so."""
+    ``python -m scheduler_extender`` on ``python``, after ``python_args``): against the API
+    server of ``kubeconfig``, or ``standalone`` from a cluster file. ``Extender`` below and the
+    local stack (``testkit.local_stack``) both start it so."""
     if standalone is not None:
         source = ["--standalone", str(standalone)]
     else:
         assert kubeconfig is not None, "an API server's kubeconfig, or standalone"
         source = ["--kubeconfig", str(kubeconfig)]
     return [
-        sys.executable, *python_args, "-m", "scheduler_extender", "serve", *source,
+        python, *python_args, "-m", "scheduler_extender", "serve", *source,
         "--config", str(config), "--log-level", log_level,
     ]  # fmt: skip
 
@@ -679,6 +680,9 @@ class Extender:
     log_level: str = "debug"
     # Where the extender's code comes from (a benchmark compares another checkout's).
     source: Path = ROOT
+    # The interpreter it runs on (a benchmark compares another build's: the image's is not
+    # necessarily the one this process runs on).
+    python: str = sys.executable
     # More environment (``POD_NAME``/``POD_NAMESPACE``: which pod a replica stands for).
     env: dict[str, str] = field(default_factory=dict)
     # No API server: nodes and pods from this cluster file (``serve --standalone FILE``).
@@ -717,6 +721,7 @@ class Extender:
                 standalone=self.standalone,
                 log_level=self.log_level,
                 python_args=self.python_args,
+                python=self.python,
             ),
             self.work,
             env={"PYTHONPATH": str(self.source), **self.env},

@@ -3,6 +3,10 @@
 Shell. For each ledger ``AllocEvent`` of kind add/remove: one structured log line
 ``node_alloc`` (foreign pods included, marked ``foreign=true``), and, for this scheduler's own
 pods only, a Kubernetes Event with reason ``NODE_ALLOC`` on the pod (``kubectl describe pod``).
+A bind through the bind verb has its line already: the request's own (``http.middleware``),
+which names the pod, the node and the outcome, carries the allocation's ``uid``,
+``cpu_millis`` and ``memory_bytes`` too; a second line for the same bind said nothing more and
+cost each bind another render and write on the loop that answers kube-scheduler.
 
 The initial list is not reported pod by pod: on a large cluster that would be thousands of
 Events at every start (a flood the API server does not need); one summary line is logged
@@ -63,9 +67,10 @@ class NodeAllocReporter:
         is_initial: bool = False,
         is_announced: bool = False,
     ) -> None:
-        """``is_announced``: the pods' Events are someone else's to post (a bind through the
-        bind verb: kube-scheduler posts ``Scheduled`` naming the node for every pod it binds,
-        and a second Event per pod would double the API server's writes for each bind)."""
+        """``is_announced``: a bind through the bind verb, inside its request. The pods' Events
+        are someone else's to post (kube-scheduler posts ``Scheduled`` naming the node for
+        every pod it binds, and a second Event per pod would double the API server's writes
+        for each bind), and the allocation goes on the request's log line (module docstring)."""
         count = 0
         for event in events:
             if event.action is AllocAction.RESIZE:
@@ -74,6 +79,11 @@ class NodeAllocReporter:
             if is_initial:
                 continue
             held = event.held if event.action is AllocAction.ADD else event.previous
+            if is_announced:
+                structlog.contextvars.bind_contextvars(
+                    uid=event.uid, cpu_millis=held.cpu_millis, memory_bytes=held.memory_bytes
+                )
+                continue
             log.info(
                 "node_alloc",
                 action=event.action.value,
@@ -84,7 +94,7 @@ class NodeAllocReporter:
                 cpu_millis=held.cpu_millis,
                 memory_bytes=held.memory_bytes,
             )
-            if not event.is_foreign and not is_announced and self._poster is not None:
+            if not event.is_foreign and self._poster is not None:
                 self._enqueue(event, held.cpu_millis, held.memory_bytes)
         if is_initial and count:
             log.info("node_alloc_initial", allocations=count)

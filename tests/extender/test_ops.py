@@ -11,7 +11,7 @@ from scheduler_extender.config import Config
 from scheduler_extender.http.app import Deps, make_app, make_permits_app
 from scheduler_extender.kube.standalone import StandaloneCluster, StandaloneNode, StandalonePod
 from testkit.kube_api import FakeKubeApi, node_object, pod_object
-from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config
+from tests.extender.conftest import STATIC_TOKEN, StartExtender, make_config, wait_until
 from tests.extender.helpers import (
     VM_LABELS,
     bind_body,
@@ -70,10 +70,17 @@ async def test_node_alloc_logged_on_add_and_remove(
         assert (
             await (await running.verbs.post("/bind", json=bind_body(pod, "node-a"))).json()
         ) == {"Error": ""}
-    alloc = [e for e in logs if e["event"] == "node_alloc"]
-    assert alloc[0]["action"] == "add" and alloc[0]["foreign"] is False
+    # One line per bind: the request's, with the allocation on it.
+    assert [e for e in logs if e["event"] == "node_alloc"] == []
     (line,) = [e for e in logs if e["event"] == "request"]
     assert line["status"] == 200 and line["reason"] == "bound" and "request_id" in line
+    assert (line["pod"], line["node"], line["uid"]) == ("vms/vm-1", "node-a", "u-1")
+    assert (line["cpu_millis"], line["memory_bytes"]) == (1000, 2**30)
+    with structlog.testing.capture_logs(processors=[merge]) as logs:
+        kube_api.delete_pod("vms", "vm-1")
+        await wait_until(lambda: not running.extender.ledger.pods)
+    (alloc,) = [e for e in logs if e["event"] == "node_alloc"]
+    assert (alloc["action"], alloc["foreign"], alloc["pod"]) == ("remove", False, "vms/vm-1")
 
 
 async def test_standalone_mode(aiohttp_client: Any) -> None:
