@@ -53,8 +53,12 @@ SIZES = Sizes(
     # the onliner must choose a kernel zone, which the test reads from its log.
     files=300_000,
     writer_mib=1024,  # four times the boot memory, at dd's speed
-    shrink_after_seconds=2.0,
-    release_seconds=4.0,  # longer than the agent's shrink window plus a scrape
+    # Three low scrapes in a row (1 s apart) whatever their jitter; 2.0 took three or four.
+    shrink_after_seconds=1.5,
+    # Longer than a scrape still under pressure, the shrink window, a scrape and the unplug's
+    # start (with 4 s the page-cache release ended before its shrink began, and counted the
+    # VM's whole peak as left); paid only by a workload that leaves more plugged than it found.
+    release_seconds=6.0,
     timeout_seconds=180.0,
 )
 ORDER = ("writer", "kernel", "page_cache")
