@@ -286,14 +286,18 @@ def _goal_from_available(
     elif shrink >= c or is_low:
         target, new_state, verdict = c, carried, "hold"
     else:
-        low_since = state.low_since if state.low_since is not None else now
-        # Never above the size now: a peak seen at a larger size (a scrape taken while a
-        # shrink was landing) would otherwise make the "shrink" a grow (seen on a real guest).
-        peak = min(c, max(shrink, state.low_peak_bytes or shrink))
+        # A window whose peak is not below the size now began before a shrink landed: its
+        # scrapes judged the larger size, and one taken while the shrink was landing may even
+        # ask for more than the size now (seen on a real guest), which would make the "shrink"
+        # a grow. The window starts again from this scrape, the first judged at this size
+        # (not one scrape later: each shrink that lands would cost its next one a scrape).
+        is_stale = state.low_peak_bytes is not None and state.low_peak_bytes >= c
+        if state.low_since is None or is_stale:
+            low_since, peak = now, shrink
+        else:
+            low_since, peak = state.low_since, max(shrink, state.low_peak_bytes or shrink)
         low_for = now - low_since
-        if peak >= c:
-            target, new_state, verdict = c, carried, "hold"
-        elif low_for >= config.shrink_after_seconds:
+        if low_for >= config.shrink_after_seconds:
             target, new_state = peak, carried
             verdict = f"shrink {c / mib:.0f} -> {peak / mib:.0f} MiB after {low_for:.0f}s"
         else:

@@ -356,3 +356,17 @@ def test_a_window_peak_from_a_larger_size_never_makes_a_shrink_a_grow():
     )
     g = goal(76 * MiB, 768 * MiB, state=stale, now=101.0)
     assert g.memory_bytes <= 768 * MiB
+
+
+def test_a_window_from_before_a_shrink_landed_starts_again_at_the_first_scrape_after_it():
+    """The window's peak (896 MiB) was judged at a larger size; at 768 MiB the window starts
+    again from this scrape, not from the next one, and the shrink comes a full window later."""
+    stale = MemoryPolicyState(
+        used_bytes=76 * MiB, used_at=100.0, low_since=60.0, low_peak_bytes=896 * MiB
+    )
+    g = goal(76 * MiB, 768 * MiB, state=stale, now=101.0)
+    assert g.memory_bytes == 768 * MiB
+    assert (g.state.low_since, g.state.low_peak_bytes) == (101.0, g.shrink_bytes)
+    assert g.shrink_bytes is not None and g.shrink_bytes < 768 * MiB
+    later = goal(76 * MiB, 768 * MiB, state=g.state, now=101.0 + CFG.shrink_after_seconds)
+    assert later.memory_bytes == g.shrink_bytes, later.reason
