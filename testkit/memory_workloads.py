@@ -184,16 +184,14 @@ def watch(guest: Guest, command: str, *, timeout_seconds: float) -> dict[str, An
     }
 
 
-def release(guest: Guest, command: str, *, wait_seconds: float, before_mib: int = 0) -> int:
+def release(guest: Guest, command: str, *, wait_seconds: float) -> int:
     """Free the workload's memory (``command``), then wait for the agent's shrinks to settle:
-    until the plugged size is back to ``before_mib``, what was plugged before the workload
-    (it left nothing behind; 0 for a guest the agent holds at its boot size), or has not moved
-    for ``wait_seconds`` (at most 120 s). Returns the MiB still plugged: what a shrink could
-    not give back."""
+    until the plugged size is 0 or has not moved for ``wait_seconds`` (at most 120 s). Returns
+    the MiB still plugged: what a shrink could not give back."""
     type_in(guest, command, timeout_seconds=300)
     start = changed_at = time.monotonic()
     plugged = guest.query_plugged_memory()
-    while plugged > before_mib * MiB and time.monotonic() - changed_at < wait_seconds:
+    while plugged and time.monotonic() - changed_at < wait_seconds:
         if time.monotonic() - start > 120:
             break
         time.sleep(0.5)
@@ -295,7 +293,6 @@ def page_cache(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         guest,
         "kill $(cat /tmp/reader.pid); killall dd; echo 1 > /proc/sys/vm/drop_caches",
         wait_seconds=sizes.release_seconds,
-        before_mib=result["plugged_start_mib"],
     )
     return result
 
@@ -309,10 +306,7 @@ def kernel(guest: Guest, sizes: Sizes) -> dict[str, Any]:
     # Unmounted, not removed file by file: the kernel frees every inode and dentry at once,
     # where rm -rf of 600,000 files under TCG takes longer than creating them.
     result["plugged_after_release_mib"] = release(
-        guest,
-        f"umount /mnt/k && {MOUNT_TMPFS}",
-        wait_seconds=sizes.release_seconds,
-        before_mib=result["plugged_start_mib"],
+        guest, f"umount /mnt/k && {MOUNT_TMPFS}", wait_seconds=sizes.release_seconds
     )
     return result
 
@@ -322,9 +316,7 @@ def grown(guest: Guest, sizes: Sizes) -> dict[str, Any]:
     # shrink back, not about a writer outrunning the agent (a small guest written into at
     # dd's speed can be OOM-killed before any agent's next scrape).
     fill = watch(guest, grow_anon(sizes.fill_mib), timeout_seconds=sizes.timeout_seconds)
-    after_fill = release(
-        guest, "true", wait_seconds=sizes.release_seconds, before_mib=fill["plugged_start_mib"]
-    )
+    after_fill = release(guest, "true", wait_seconds=sizes.release_seconds)
     result = kernel(guest, sizes)
     result["fill_plugged_peak_mib"] = fill["plugged_peak_mib"]
     result["fill_plugged_after_release_mib"] = after_fill
@@ -338,10 +330,7 @@ def writer(guest: Guest, sizes: Sizes) -> dict[str, Any]:
         timeout_seconds=sizes.timeout_seconds,
     )
     result["plugged_after_release_mib"] = release(
-        guest,
-        "rm -f /mnt/k/written",
-        wait_seconds=sizes.release_seconds,
-        before_mib=result["plugged_start_mib"],
+        guest, "rm -f /mnt/k/written", wait_seconds=sizes.release_seconds
     )
     return result
 

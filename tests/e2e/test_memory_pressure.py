@@ -2,22 +2,19 @@
 runner's own memory onlining (the guest's memory-onliner) and the guest's fast path
 (memory-watch's memory.high and its signals), with the real agent and extender.
 
-One TCG guest, 256 MiB at boot and 2.5 GiB at most (the runner's defaults otherwise: issue 39
-asks that none of these OOM-kill a guest under them), runs, in order: ``dd`` writing 1 GiB (four
-times the boot memory) into a tmpfs faster than one scrape interval, first, so that it starts
-while the guest is at its smallest (the agent's first grow of the idle guest, whose 256 MiB
-leave it less than the agent's minimum headroom, lands about when it starts); a
-kernel-memory-heavy workload (300,000 empty files in a tmpfs: inodes and dentries, which only
-blocks onlined to a kernel zone can hold); and a page-cache-heavy one (a data disk larger than
-the VM's maximum read in a loop, beside a process whose anonymous memory grows). One guest for
-all of them: each boot costs the suite's QEMU tier. Each must end without an OOM kill, and the
-agent must have grown the VM during it; the kernel workload's growth must have gone to a kernel
-zone (what the onliner logged), and the guest's signals (its workload crossing memory.high)
-must have reached the agent. Nothing asserts on time; the benchmark measures that. Printed per
-workload: its figures (``watch``, ``release``), the signals the agent heard and, for each grow
-decided on a scrape a signal brought forward, the seconds from the signal to the memory plugged
-by the fast path and as the scrapes alone would have done it; then a table of each workload's
-stall (PSI ``full``), pressure to memory online, and MiB still plugged after its release.
+One TCG guest, 512 MiB at boot and 2.5 GiB at most (the runner's shape that issue 39 found
+OOM-killed), runs, in order: a kernel-memory-heavy workload (300,000 empty files in a
+tmpfs: inodes and dentries, which only blocks onlined to a kernel zone can hold), ``dd``
+writing twice the boot memory into a tmpfs faster than one scrape interval, and a
+page-cache-heavy one (a data disk larger than the VM's maximum read in a loop, beside a
+process whose anonymous memory grows). One guest for all of them: each boot costs the
+suite's QEMU tier. Each must end without an OOM kill, and the agent must have grown the VM
+during it; the kernel workload's growth must have gone to a kernel zone (what the onliner
+logged), and the guest's signals (its workload crossing memory.high) must have reached the
+agent. Nothing asserts on time; the benchmark measures that. Printed per workload: its
+figures (``watch``, ``release``), the signals the agent heard and, for each grow decided on a
+scrape a signal brought forward, the seconds from the signal to the memory plugged by the
+fast path and as the scrapes alone would have done it.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ from testkit.memory_workloads import (
 
 pytestmark = [pytest.mark.qemu, pytest.mark.qemu_apart, pytest.mark.slow, pytest.mark.timeout(300)]
 
-BOOT_MIB = 256  # issue 39's writer guest: the smallest, where the writer's race is hardest
 SIZES = Sizes(
-    memory=f"{BOOT_MIB}Mi",
+    memory="512Mi",
     max_memory="2560Mi",
     disk_mib=3072,  # sparse; larger than the VM's maximum
     anon_mib=400,
@@ -52,16 +48,12 @@ SIZES = Sizes(
     # time: still more kernel memory than the boot memory leaves free, so the agent grows and
     # the onliner must choose a kernel zone, which the test reads from its log.
     files=300_000,
-    writer_mib=1024,  # four times the boot memory, at dd's speed
-    # Three low scrapes in a row (1 s apart) whatever their jitter; 2.0 took three or four.
-    shrink_after_seconds=1.5,
-    # Longer than a scrape still under pressure, the shrink window, a scrape and the unplug's
-    # start (with 4 s the page-cache release ended before its shrink began, and counted the
-    # VM's whole peak as left); paid only by a workload that leaves more plugged than it found.
-    release_seconds=6.0,
+    writer_mib=1024,  # twice the boot memory, at dd's speed
+    shrink_after_seconds=2.0,
+    release_seconds=4.0,  # longer than the agent's shrink window plus a scrape
     timeout_seconds=180.0,
 )
-ORDER = ("writer", "kernel", "page_cache")
+ORDER = ("kernel", "writer", "page_cache")
 
 
 def online_kernel_blocks(guest: Guest) -> int:
@@ -80,14 +72,6 @@ def test_each_workload_grows_the_vm_without_an_oom(guest_image: GuestImage, tmp_
         started = time.monotonic()
         guest, agent = boot(tmp_path, SIZES, "", services)
         print(f"boot {time.monotonic() - started:.1f}s")
-        # MiB plugged before, at the peak, and left after the shrinks: "left" is a residue only
-        # above "before" (the agent holds this guest idle at 384 MiB: 256 leave it less than the
-        # agent's least headroom).
-        table = [
-            "| workload | stall s (PSI full) | pressure -> online s | MiB plugged: before"
-            " / peak / left after shrink |",
-            "|---|---|---|---|",
-        ]
         for name in ORDER:
             started = time.monotonic()
             kernel_blocks = online_kernel_blocks(guest)
@@ -96,23 +80,13 @@ def test_each_workload_grows_the_vm_without_an_oom(guest_image: GuestImage, tmp_
             result["signals"] = memory_signals(agent) - signals
             result["signalled_grows"] = signalled_grows(agent_events(agent, skip=logged))
             print(name, f"{time.monotonic() - started:.1f}s", result)  # in the run's log (-rP)
-            r = result
-            table.append(
-                f"| {name} | {r['full_stall_seconds']} | {r['pressure_to_online_seconds']} |"
-                f" {r['plugged_start_mib']} / {r['plugged_peak_mib']} /"
-                f" {r['plugged_after_release_mib']} |"
-            )
             assert not result["was_killed"] and not result["was_stuck"], (name, result)
             if oom_kills(guest) != 0:
                 pytest.fail(f"{name}: OOM in the guest: {result}\n{oom_report(guest)}")
             assert result["plugged_peak_mib"] > result["plugged_start_mib"], (name, result)
-            if name == "writer":
-                # It grew to hold what was written (a tmpfs: no reclaim frees it, no swap).
-                assert result["plugged_peak_mib"] + BOOT_MIB >= SIZES.writer_mib, (name, result)
             if name == "kernel":
                 # The kernel's growth went to a kernel zone: the onliner chose it.
                 assert online_kernel_blocks(guest) > kernel_blocks, oom_report(guest)
-        print("\n".join(table))
         # A workload crossed its memory.high: the guest said so on its port, and the agent
         # heard it (the fast path is wired end to end, not only its scrapes).
         assert memory_signals(agent) > 0
