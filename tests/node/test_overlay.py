@@ -12,6 +12,7 @@ from autoscaler_agent.config import parse_config
 from scheduler_extender.config import load_config as load_extender_config
 from tests.node.overlay import (
     DRAIN_BELOW_SHARE,
+    HYPERVISOR_TIMEOUT_SECONDS,
     LEASE_SECONDS,
     RELIEF_INTERVAL_SECONDS,
     RENEW_DEADLINE_SECONDS,
@@ -21,14 +22,18 @@ from tests.node.overlay import (
 )
 
 
-def test_the_agent_config_differs_only_in_its_shrink_windows(tmp_path: Path) -> None:
+def test_the_agent_config_differs_only_in_its_shrink_windows_and_call_bound(
+    tmp_path: Path,
+) -> None:
     directory = tier_overlay(tmp_path / "overlay")
     ours = yaml.safe_load((directory / "agent.yaml").read_text())
     theirs = yaml.safe_load((ROOT / "manifests" / "config" / "agent.yaml").read_text())
     config = parse_config((directory / "agent.yaml").read_text())
     assert config.policy.shrink_after_seconds == SHRINK_AFTER_SECONDS
     assert config.memory.shrink_after_seconds == SHRINK_AFTER_SECONDS
+    assert config.hypervisor.timeout_seconds == HYPERVISOR_TIMEOUT_SECONDS
     del ours["policy"]["shrink_after_seconds"], ours["memory"]["shrink_after_seconds"]
+    del ours["hypervisor"]["timeout_seconds"]
     assert {k: v for k, v in ours.items() if v} == theirs
 
 
