@@ -263,8 +263,16 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
                 timeout_seconds=60, what="a query through the Service", interval=0.2,
             )  # fmt: skip
             answered = time.time()
-            # The load again, on the moved VM through its Service: what it grows for there.
-            loads.append(pgbench(",".join(service_addresses(node))))
+            # The load again, on the moved VM through its Service: what it grows for there,
+            # once the name leads to the target alone. pgbench takes the first address that
+            # answers, and a source still listed (it answers until it stops) ends the clients
+            # with it: once seen, no load on the target and so no grow.
+            alone = wait_for(
+                lambda: (a := service_addresses(node)) == [new_ip] and a,
+                timeout_seconds=30, what=f"{SERVICE_NAME} leading to {new_ip} alone",
+                interval=0.2,
+            )  # fmt: skip
+            loads.append(pgbench(",".join(alone)))
             # What the agent on the worker asked for and was refused for lack of room, before
             # the move: under the load, or already while the guest booted (then relief acts as
             # soon as the drill opts the VM in, on that want, still asked for).
