@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 
 import msgspec
@@ -51,9 +50,8 @@ from tests.node.test_migration import (
 )
 from tests.node.test_node_failures import (
     DRILL,
-    VERBS_PORT,
     OverCommitWatch,
-    _container_pid,
+    _extender_get,
     _leader,
     _leader_ledger,
     _vm_pod,
@@ -81,16 +79,9 @@ def _key(pod: Obj) -> str:
 def _emptied(node: Node) -> float | None:
     """The leading extender's ``relief_nodes_emptied`` (None: no leader answers now)."""
     leader = _leader(node)
-    pid = _container_pid(node, leader, "extender") if leader else None
-    if pid is None:
-        return None
-    out = subprocess.run(
-        ["nsenter", "-t", str(pid), "-n", "curl", "-sf", "-m", "5",
-         f"http://127.0.0.1:{VERBS_PORT}/metrics"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    found = re.search(rf"^{EMPTIED} (\S+)$", out.stdout, flags=re.M)
-    return float(found.group(1)) if out.returncode == 0 and found else None
+    body = _extender_get(node, leader, "/metrics", timeout_seconds=5) if leader else None
+    found = re.search(rf"^{EMPTIED} (\S+)$", body, flags=re.M) if body is not None else None
+    return float(found.group(1)) if found else None
 
 
 def _seen_by_leader(node: Node, drained: str) -> dict[str, object]:

@@ -81,19 +81,26 @@ def _container_pid(node: Node, pod: Obj, container: str) -> int | None:
     return int(procs[0]) if procs else None
 
 
-def _state(node: Node, pod: Obj) -> Obj | None:
-    """The extender's ``/state`` in ``pod`` (None: unreachable)."""
+def _extender_get(node: Node, pod: Obj, path: str, *, timeout_seconds: int) -> str | None:
+    """GET ``path`` on the verbs port of the extender in ``pod``, from inside its network
+    namespace (None: unreachable or not 2xx)."""
     pid = _container_pid(node, pod, "extender")
     if pid is None:
         return None
     out = subprocess.run(
-        ["nsenter", "-t", str(pid), "-n", "curl", "-sf", "-m", "10",
-         f"http://127.0.0.1:{VERBS_PORT}/state"],
+        ["nsenter", "-t", str(pid), "-n", "curl", "-sf", "-m", str(timeout_seconds),
+         f"http://127.0.0.1:{VERBS_PORT}{path}"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    if out.returncode:
+    return None if out.returncode else out.stdout
+
+
+def _state(node: Node, pod: Obj) -> Obj | None:
+    """The extender's ``/state`` in ``pod`` (None: unreachable)."""
+    body = _extender_get(node, pod, "/state", timeout_seconds=10)
+    if body is None:
         return None
-    state: Obj = json.loads(out.stdout)
+    state: Obj = json.loads(body)
     return state
 
 
