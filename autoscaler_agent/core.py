@@ -300,6 +300,8 @@ class Scaled:
         as far as the permit (and the container's room) allows."""
         current = self.current
         assert current is not None
+        if wanted == current:
+            return None  # the common case: nothing to resize
         suffix = _WORDS[self.resource].verb_suffix
         if wanted < current:
             return wanted, "shrink" + suffix

@@ -371,8 +371,6 @@ def goal_vcpus(
             state.cpu_seconds_total,
             cpu,
         )
-        runnable = _usable(samples.procs_running)
-        queued = 0.0 if runnable is None else max(0.0, runnable - 1)  # the exporter is one
         if throttled is not None and throttled >= config.throttled_fraction:
             held_back = f"throttled in {throttled:.0%} of CFS periods"
         elif steal is not None and steal >= config.steal_fraction:
@@ -380,6 +378,8 @@ def goal_vcpus(
         is_saturated = busy >= config.saturated_busy_fraction or held_back is not None
         demand = used
         if is_saturated:
+            runnable = _usable(samples.procs_running)
+            queued = 0.0 if runnable is None else max(0.0, runnable - 1)  # the exporter is one
             demand = max(used, load1, queued)
         need_now = _size_for(demand, target, bounds, top_vcpus)
         grow = need_now

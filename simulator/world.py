@@ -36,6 +36,7 @@ from simulator.scenario import Load1Model, Segments
 
 LOAD1_TAU_SECONDS: Final = 60.0
 MEMORY_TOTAL_BYTES: Final = 4 * 2**30
+_MEMORY_AVAILABLE_BYTES: Final = MEMORY_TOTAL_BYTES / 2
 _MASK64: Final = 2**64 - 1
 SEED_MIX: Final = 0x9E3779B97F4A7C15
 
@@ -203,7 +204,7 @@ class GuestLoad:
             cpu_seconds_total=cpu_seconds,
             cpu_idle_seconds_total=idle_seconds,
             cpu_count=self.vcpus,
-            memory_available_bytes=MEMORY_TOTAL_BYTES / 2,
+            memory_available_bytes=_MEMORY_AVAILABLE_BYTES,
             memory_total_bytes=MEMORY_TOTAL_BYTES,
         )
 

@@ -531,12 +531,21 @@ class AdmissionState:
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken invariant of ``_Namespace``."""
         self._refresh_nodes()
-        running: dict[str, Demand] = {}
+        # Summed as ints (the simulator runs this over every pod of its fleet once a minute).
+        sums: dict[str, list[int]] = {}
+        where = self._where
         for entry in self.ledger.pods.values():
             if entry.owner is Owner.OWN:
-                running[entry.namespace] = running.get(entry.namespace, ZERO) + entry.held
-                if entry.uid in self._where:
+                held = entry.held
+                pair = sums.get(entry.namespace)
+                if pair is None:
+                    sums[entry.namespace] = [held.cpu_millis, held.memory_bytes]
+                else:
+                    pair[0] += held.cpu_millis
+                    pair[1] += held.memory_bytes
+                if entry.uid in where:
                     raise AssertionError(f"{entry.key} is held by the ledger and queued too")
+        running = {name: Demand(cpu, memory) for name, (cpu, memory) in sums.items()}
         seen = waiting = 0
         for name, ns in self._namespaces.items():
             waiting += len(ns.waiting)

@@ -362,3 +362,28 @@ def test_a_fair_share_left_unused_goes_to_the_others(ledger):
     assert (a.permit.permit.vcpus, b.permit.permit.vcpus) == (2, 2)
     assert a.permit.status is PermitStatus.GRANTED
     assert ledger.nodes["n1"].free.cpu_millis == 0
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        ("held", "holds .*, not its size"),
+        ("own_total", "totals .* != sums"),
+        ("foreign_total", "totals .* != sums"),
+        ("static_total", "static total"),
+        ("uncertain_total", "uncertain total"),
+    ],
+)
+def test_the_ledger_check_names_each_total_that_no_longer_adds_up(ledger, broken, message):
+    # One node with every kind of hold: an unverified VM (held and uncertain), a static pod
+    # and another scheduler's pod. Each total, and a pod's hold, put one millicore off.
+    ledger.observe_pod(info("v1", node="n1", ours=True, vm=vmspec(lo=1, hi=3), mem=GI), at=0)
+    ledger.observe_pod(info("s1", node="n1", cpu=250, static=True), at=0)
+    ledger.observe_pod(info("f1", node="n1", cpu=500, mem=GI), at=0)
+    ledger.check_invariants()
+    node = ledger.nodes["n1"]
+    target = ledger.pods["v1"] if broken == "held" else node
+    value = getattr(target, broken)
+    setattr(target, broken, Demand(value.cpu_millis + 1, value.memory_bytes))
+    with pytest.raises(AssertionError, match=message):
+        ledger.check_invariants()
