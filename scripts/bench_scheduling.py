@@ -27,6 +27,15 @@ and bounds), so each verb's p50/p99 is read alike for both; each run also gives 
 extender's RSS and, for ours, the share of filter's and prioritize's answers kept from an
 earlier call (``kept``: kube-scheduler's node lists repeat, or they do not).
 
+``--python-floor`` adds a second floor after the Go one in every round (``MODE@pyfloor``):
+``scripts/floor_extender/floor.py``, the same do-nothing extender in Python on this
+project's libraries (aiohttp on uvloop, msgspec, prometheus-client). It splits ours/floor
+in two: the Python floor over the Go floor is what the stack costs, ours over the Python
+floor what the extender's own work costs (its watch, ledger, caches, guards, logs). With
+``--sample``, one more run samples the Python floor as ours is sampled.
+``extender_wakeups_per_pod`` counts how often the extender's threads slept and were woken
+(``voluntary_ctxt_switches``), per pod.
+
 ``--at-scale NODES`` (e.g. 5000) then adds nodes and runs cache and non-cache mode once each,
 the floor first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
 
@@ -85,7 +94,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from scheduler_extender.metrics import LATENCY_BUCKETS
 from testkit import bench as kit
@@ -109,11 +118,12 @@ from testkit.controlplane import (
 )
 from testkit.manifests import MANIFESTS, ROOT, render
 from testkit.ports import free_port
-from testkit.procfs import children, children_cpu_seconds, cpu_seconds, status_mib
+from testkit.procfs import children, children_cpu_seconds, cpu_seconds, status_mib, wakeups
 
 ALONE_SCHEDULER: Final = "bench-alone"
 MODES: Final = ("alone", "cache", "nocache", "cache-noprio", "nocache-noprio")
 FLOOR_SOURCE: Final = ROOT / "scripts" / "floor_extender"
+PYTHON_FLOOR: Final = FLOOR_SOURCE / "floor.py"
 PINS: Final = {"no": (False,), "yes": (True,), "both": (True, False)}
 
 
@@ -169,10 +179,10 @@ def build_floor() -> Path:
 class FloorExtender:
     """The floor extender process (``build_floor``) on a loopback port of its own."""
 
-    def __init__(self, binary: Path, work: Path, kubeconfig: Path) -> None:
+    def __init__(self, command: list[str], work: Path, kubeconfig: Path) -> None:
         self.verbs_port = free_port()
         self._args = [
-            str(binary),
+            *command,
             f"-kubeconfig={kubeconfig}",
             f"-listen=127.0.0.1:{self.verbs_port}",
             # Its handler-time histogram in ours' bounds: p50/p99 read alike.
@@ -667,7 +677,7 @@ class Bench:
         mode: str,
         pods: int,
         *,
-        floor: bool = False,
+        floor: Literal["go", "python"] | None = None,
         pinned: bool = False,
         profile: Path | None = None,
         sample: Path | None = None,
@@ -686,9 +696,12 @@ class Bench:
         )
         watch = BindWatch(self.cp, ns)
         extender: Extender | FloorExtender | None = None
-        if floor and mode != "alone":
-            assert self.floor is not None
-            extender = FloorExtender(self.floor, self.work, self.kubeconfig)
+        if floor is not None and mode != "alone":
+            command = [sys.executable, str(PYTHON_FLOOR)]
+            if floor == "go":
+                assert self.floor is not None
+                command = [str(self.floor)]
+            extender = FloorExtender(command, self.work, self.kubeconfig)
         elif mode != "alone":
             extender = self.new_extender(profile=profile, source=source, python=python)
         result: dict[str, Any] = {"mode": mode}
@@ -702,6 +715,7 @@ class Bench:
                 metrics_before = scrape(extender)
                 verbs_before = verb_histograms(metrics_before)
                 cpu_before = cpu_seconds(extender_pid)
+                wakeups_before = wakeups(extender_pid)
                 children_before = children_cpu_seconds(extender_pid)
                 if sample is not None:
                     sampler = start_sampler(extender_pid, sample)
@@ -757,6 +771,9 @@ class Bench:
                 )
                 result["extender_cpu_ms_per_pod"] = round((cpu + cpu_children) * 1000 / pods, 3)
                 result["extender_main_cpu_ms_per_pod"] = round(cpu * 1000 / pods, 3)
+                result["extender_wakeups_per_pod"] = round(
+                    (wakeups(extender_pid) - wakeups_before) / pods, 2
+                )
                 if verbs:
                     result["verbs"] = verbs
                 # The main process's (the permit front, a child, serves no verb); its children's
@@ -997,6 +1014,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             entry["extender_main_cpu_ms_per_pod"] = statistics.median(
                 r["extender_main_cpu_ms_per_pod"] for r in results
             )
+            entry["extender_wakeups_per_pod"] = statistics.median(
+                r["extender_wakeups_per_pod"] for r in results
+            )
             entry["extender_rss_mib"] = results[-1]["extender_rss_mib"]
             entry["extender_children_rss_mib"] = results[-1]["extender_children_rss_mib"]
             entry["extender_peak_rss_mib"] = max(r["extender_peak_rss_mib"] for r in results)
@@ -1048,7 +1068,7 @@ def at_scale(bench: Bench, nodes: int, pods: int, *, floor: Path | None) -> dict
     runs: dict[str, list[dict[str, Any]]] = {}
     for mode in ("cache", "nocache"):
         if floor is not None:
-            runs[f"{mode}@floor"] = [bench.throughput(mode, pods, floor=True)]
+            runs[f"{mode}@floor"] = [bench.throughput(mode, pods, floor="go")]
         runs[mode] = [bench.throughput(mode, pods)]
     keep = (
         "median",
@@ -1124,6 +1144,13 @@ def main() -> int:
         action="store_true",
         help="also run each extender mode with the floor extender (scripts/floor_extender,"
         " built with go on first use), just before ours in every round, and print ours/floor",
+    )
+    parser.add_argument(
+        "--python-floor",
+        action="store_true",
+        help="also run each extender mode with the same do-nothing extender in Python on this"
+        " project's libraries (scripts/floor_extender/floor.py), after the Go floor in every"
+        " round (MODE@pyfloor): what the stack costs, apart from what the extender does",
     )
     parser.add_argument(
         "--pin",
@@ -1202,7 +1229,11 @@ def main() -> int:
                     for mode in modes:
                         if floor is not None and mode != "alone":
                             runs.setdefault(f"{mode}@floor{pin}", []).append(
-                                bench.throughput(mode, args.pods, floor=True, pinned=pinned)
+                                bench.throughput(mode, args.pods, floor="go", pinned=pinned)
+                            )
+                        if args.python_floor and mode != "alone":
+                            runs.setdefault(f"{mode}@pyfloor{pin}", []).append(
+                                bench.throughput(mode, args.pods, floor="python", pinned=pinned)
                             )
                         runs.setdefault(f"{mode}{pin}", []).append(
                             bench.throughput(mode, args.pods, pinned=pinned)
@@ -1249,6 +1280,11 @@ def main() -> int:
                     out[f"sample_cpu_ms_per_pod{label.replace('@', '_')}"] = sample_split(
                         path, args.pods
                     )
+                if args.python_floor:
+                    path = args.sample.resolve()
+                    path = path.with_name(path.name + ".pyfloor")
+                    bench.throughput("cache", args.pods, sample=path, floor="python")
+                    out["sample_cpu_ms_per_pod_pyfloor"] = sample_split(path, args.pods)
             if args.at_scale:
                 out["at_scale"] = at_scale(bench, args.at_scale, args.pods, floor=floor)
             if args.latency_samples:

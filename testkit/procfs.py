@@ -40,3 +40,18 @@ def children_cpu_seconds(pid: int) -> float:
         except (FileNotFoundError, ProcessLookupError):
             continue  # it ended between the two reads
     return total
+
+
+def wakeups(pid: int) -> int:
+    """How many times ``pid``'s threads gave up the CPU to wait (``voluntary_ctxt_switches``
+    summed over /proc/PID/task): for an event loop, about one per poll that found nothing
+    ready, so per request it says how often the process slept and was woken again."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            continue  # the thread ended between the listing and the read
+    return total

@@ -47,14 +47,22 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
          "--only=metrics_token_churn", "--only=verbs_deep_nesting"],
         {"attacks", "worst_p99_ratio_to_idle", "extender_alive_after", "extender_peak_rss_mib"},
     ),
-    # With the floor (built with go on first use: about 20 s of CPU from a cold Go build
-    # cache), nothing pinned: the headline is ours over the floor unpinned.
+    # With both floors (the Go one built with go on first use: about 20 s of CPU from a cold
+    # Go build cache), nothing pinned: the headline is ours over the floor unpinned.
     "bench_scheduling.py": (
-        ["--nodes=5", "--pods=20", "--rounds=1", "--latency-samples=2", "--floor"],
+        [
+            "--nodes=5",
+            "--pods=20",
+            "--rounds=1",
+            "--latency-samples=2",
+            "--floor",
+            "--python-floor",
+        ],
         {
             "alone",
             "cache",
             "cache@floor",
+            "cache@pyfloor",
             "to_floor",
             "headline",
             "delete_to_bind",
