@@ -33,7 +33,10 @@ The rule (sizes are ``min + k * memory_unit``, clamped to ``[min, top]``):
   *largest* shrink size seen in the window: a spike inside the window keeps the VM bigger. After
   a shrink the guest has ``target`` headroom, above ``low``, so the same use cannot ask to grow
   back. The shrink never goes below ``used + low headroom`` even when the unit rounds down: the
-  size is always rounded up.
+  size is always rounded up. A use on a trend (a rise in each of the last two intervals, as
+  above; a single spike only raises the window's peak) closes the window, and a shrink due
+  becomes a hold: the VM shrinks a whole window after the use stopped rising, never while a
+  writer fills it (with a short window it did, and grew back on the next scrapes).
 * **Grow on pressure, before a stall becomes an OOM.** MemAvailable counts memory the kernel
   could reclaim, in any zone; it says nothing of *where*. Page cache and kernel memory (slab:
   dentries, inodes) can fill the zones kernel allocations may use while hot-plugged memory
@@ -285,6 +288,11 @@ def _goal_from_available(
         verdict = f"grow {c / mib:.0f} -> {grow / mib:.0f} MiB"
     elif shrink >= c or is_low:
         target, new_state, verdict = c, carried, "hold"
+    elif rise is not None and state.rise_per_second is not None:
+        # A use on a trend (a rise in each of the last two intervals; one spike is not one)
+        # is not low for long: the window closes, and a shrink due now becomes a hold (it
+        # would shrink to a size the next scrapes outgrow).
+        target, new_state, verdict = c, carried, "hold: no shrink while the use rises"
     else:
         # A window whose peak is not below the size now began before a shrink landed: its
         # scrapes judged the larger size, and one taken while the shrink was landing may even

@@ -370,3 +370,28 @@ def test_a_window_from_before_a_shrink_landed_starts_again_at_the_first_scrape_a
     assert g.shrink_bytes is not None and g.shrink_bytes < 768 * MiB
     later = goal(76 * MiB, 768 * MiB, state=g.state, now=101.0 + CFG.shrink_after_seconds)
     assert later.memory_bytes == g.shrink_bytes, later.reason
+
+
+def test_a_rising_use_closes_the_shrink_window():
+    """A writer filling a guest that is still far below its size: with a 1 s window, the
+    shrink came due mid-write ("shrink 1280 -> 896 MiB after 1s: ... rising 150.5 MiB/s") and
+    the VM grew back on the next scrapes. On a trend it holds, and the window starts over."""
+    cfg = MemoryPolicyConfig(shrink_after_seconds=1.0)
+    current, used = 2 * GiB, 300 * MiB
+    state = goal(used, current, state=MemoryPolicyState(), now=0.0, cfg=cfg).state
+    assert state.low_since == 0.0  # low and still: the window opens
+    for now in (1.0, 2.0, 3.0):
+        used = int(used * 1.1)  # +10% a second: a trend from the second interval on
+        g = goal(used, current, state=state, now=now, cfg=cfg)
+        state = g.state
+        assert g.shrink_bytes is not None and g.shrink_bytes < current
+        if now == 1.0:
+            continue  # one rise is no trend yet
+        assert g.memory_bytes == current, g.reason
+        assert g.reason.startswith("hold: no shrink while the use rises"), g.reason
+        assert state.low_since is None
+    # Once the use stands still, the window opens again and runs its full length.
+    g = goal(used, current, state=state, now=4.0, cfg=cfg)
+    assert g.memory_bytes == current and g.state.low_since == 4.0, g.reason
+    g = goal(used, current, state=g.state, now=5.0, cfg=cfg)
+    assert g.memory_bytes < current, g.reason
