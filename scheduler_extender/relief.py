@@ -25,8 +25,8 @@ cool-down and backoff.
 Drains (``relief.drain.enabled``), in Karpenter's order, each step the core's decision and
 the shell's I/O only: a node the plan starts to drain gets the NoSchedule taint
 ``DRAIN_TAINT`` first (``KubeClient.taint_node``: a JSON patch tested against the node's
-resourceVersion; its answer is fed to the extender at once, as the node watch would, so the
-next pass counts the drain); the nodes carrying that taint are the drains
+resourceVersion; the book counts the drain from its answer on, ``ReliefBook.drain_started``,
+until the node watch shows the taint); the nodes carrying that taint are the drains
 (``Extender.relief_pass``: a restarted extender finds them again, and an operator who removes
 the taint stops the drain). Its VMs then move as any other planned move; once none of ours is
 left there, the pods the plan lists in ``evict`` are evicted through the Eviction API
@@ -191,8 +191,9 @@ async def _taint(
             extender.metrics.relief_drains.labels("failed").inc()
             log.warning("relief_drain_taint_failed", node=name, error=e.message)
             continue
-        # As the node watch will say: the next pass counts this drain.
-        extender.node_changed("MODIFIED", node)
+        # The next pass counts this drain, whatever the node watch delivers before it shows
+        # the taint (an event from before it must not end the drain: ``ReliefBook``).
+        extender.relief_book.drain_started(name, now=extender.wall_clock())
         extender.metrics.relief_drains.labels("tainted").inc()
         log.info("relief_drain_started", node=name, taint=DRAIN_TAINT)
         reporter.post(

@@ -328,6 +328,8 @@ class Extender:
         name = node.metadata.name
         if node.spec.taints:
             self.node_taints[name] = list(node.spec.taints)
+            if any(t.key == DRAIN_TAINT for t in node.spec.taints):
+                self.relief_book.taint_seen(name)
         else:
             self.node_taints.pop(name, None)
         if node.spec.unschedulable:
@@ -729,11 +731,14 @@ class Extender:
         book = self.relief_book
         # The drains are the nodes carrying the drain taint (``scheduler_extender.relief``):
         # a restarted extender finds them again; an operator who removes it ends the drain.
-        book.draining = {
-            name
-            for name, taints in self.node_taints.items()
-            if any(t.key == DRAIN_TAINT for t in taints)
-        }
+        book.set_drains(
+            {
+                name
+                for name, taints in self.node_taints.items()
+                if any(t.key == DRAIN_TAINT for t in taints)
+            },
+            now=now,
+        )
         book.forget_gone(self.ledger, now=now, config=config)
         return plan_moves(self.ledger, book, now=now, config=config, closed=self.cordoned)
 

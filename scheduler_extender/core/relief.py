@@ -114,7 +114,13 @@ grow is a want again from that answer), the nodes' hysteresis from grows (a rebu
 allocations are new, so a restart holds every node's drain back a hysteresis), the
 evictions under way (a pod evicted is terminating, and evicting it again is harmless), and a
 create that never reached the API server (nothing moved; it is a failure only to the book that
-tried it). The drains are the nodes' ``DRAIN_TAINT`` (the shell sets ``draining`` from them).
+tried it). The drains are the nodes' ``DRAIN_TAINT`` as the node watch shows them, and the
+ones this book tainted (``drain_started``) that the watch has not shown tainted yet
+(``set_drains``): an event from before the taint may arrive after the taint's own answer, and
+must not end the drain (the next pass would start another, past ``drain.max_nodes``). The
+shell reports each node the watch shows tainted (``taint_seen``); a drain it never shows is
+dropped after ``TAINT_SEEN_WITHIN_SECONDS`` (a re-list can skip a taint put on and taken off
+between two lists).
 
 Not here: the moves' I/O (VirtualMachineMigration objects, taints, evictions), which the shell
 does with what ``plan_moves`` returns (``scheduler_extender.relief``); and reserving the
@@ -169,6 +175,8 @@ __all__ = [
 # tried again this much later, or the API server's Retry-After if longer: kubectl drain's 5 s
 # (``staging/src/k8s.io/kubectl/pkg/drain/drain.go``, ``evictPods``).
 EVICTION_RETRY_SECONDS = 5.0
+# A drain this book started counts until the node watch shows its taint, or this long.
+TAINT_SEEN_WITHIN_SECONDS = 60.0
 
 Share = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
@@ -342,6 +350,8 @@ class ReliefBook:
     migrations: dict[str, MoveRecord] = field(default_factory=dict)
     touched_at: dict[str, float] = field(default_factory=dict)  # by node: a VM there grew
     draining: set[str] = field(default_factory=set)
+    # By node: drains this book started whose taint the node watch has not shown yet, and when.
+    tainting: dict[str, float] = field(default_factory=dict)
     # By pod uid: evictions the API server accepted (the pod is terminating: not again), and
     # when a refused one may be tried again.
     evicted: set[str] = field(default_factory=set)
@@ -459,6 +469,25 @@ class ReliefBook:
         ]:
             del self.touched_at[name]
         self.draining &= set(nodes)
+        for name in [n for n in self.tainting if n not in nodes]:
+            del self.tainting[name]
+
+    def drain_started(self, node: str, *, now: float) -> None:
+        """The shell put the drain taint on ``node``: a drain from now on, whatever the node
+        watch delivers before it shows the taint (see the module docstring)."""
+        self.tainting[node] = now
+
+    def taint_seen(self, node: str) -> None:
+        """The node watch (or a list) shows ``node`` with the drain taint: from now on the
+        watch alone says whether it still drains (an operator may remove the taint)."""
+        self.tainting.pop(node, None)
+
+    def set_drains(self, tainted: set[str], *, now: float) -> None:
+        """The drains for this pass: the nodes the watch shows tainted, and the ones this book
+        tainted that it has not shown yet (for ``TAINT_SEEN_WITHIN_SECONDS`` at most)."""
+        for node in [n for n, at in self.tainting.items() if now - at >= TAINT_SEEN_WITHIN_SECONDS]:
+            del self.tainting[node]
+        self.draining = tainted | self.tainting.keys()
 
     @property
     def is_empty(self) -> bool:
@@ -467,6 +496,7 @@ class ReliefBook:
             or self.migrations
             or self.touched_at
             or self.draining
+            or self.tainting
             or self.evicted
             or self.evict_retry_at
         )

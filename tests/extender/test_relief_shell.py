@@ -25,10 +25,16 @@ from protocol.kube import Node, Pod, Taint
 from protocol.permits import ResourceRequestBatch
 from protocol.virtualmachine import API_VERSION, KIND, VirtualMachineMigration, migration_manifest
 from scheduler_extender.config import parse_config
-from scheduler_extender.core.relief import MovePhase, MoveReason, MoveRecord, PlannedMove
+from scheduler_extender.core.relief import (
+    TAINT_SEEN_WITHIN_SECONDS,
+    MovePhase,
+    MoveReason,
+    MoveRecord,
+    PlannedMove,
+)
 from scheduler_extender.kube.node_alloc import NodeAllocReporter
 from scheduler_extender.metrics import Metrics
-from scheduler_extender.relief import REASON_LABEL, migration_for, relief_once
+from scheduler_extender.relief import DRAIN, REASON_LABEL, migration_for, relief_once
 from scheduler_extender.service import Extender
 from testkit.kube_api import node_object, pod_object
 from tests.extender.helpers import permit_batch, vm_pod
@@ -394,17 +400,43 @@ async def test_an_eviction_of_a_pod_already_gone_is_done() -> None:
     assert _evictions(extender) == {"gone": 1.0}
 
 
+def _tainted(node: Node) -> Node:
+    return replace(node, spec=replace(node.spec, taints=[DRAIN]))
+
+
 async def test_a_drain_ends_when_its_taint_is_removed_and_a_restart_finds_it() -> None:
     wall = [WALL]
     extender, writer = _draining_extender(wall)
     reporter = NodeAllocReporter(extender.metrics, None)
     await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
-    tainted = extender.node_taints["node-a"]
+    node = writer.nodes["node-a"]
+    extender.node_changed("MODIFIED", _tainted(node))  # the node watch shows the taint
     # A restarted extender lists the node with its taint: the drain goes on, none starts anew.
     again, _ = _draining_extender(wall)
-    node = writer.nodes["node-a"]
-    again.node_changed("MODIFIED", replace(node, spec=replace(node.spec, taints=tainted)))
+    again.node_changed("MODIFIED", _tainted(node))
     assert again.relief_pass().drain == [] and again.relief_book.draining == {"node-a"}
     # The operator removes the taint: the drain is over (a later pass may start one again).
     extender.node_changed("MODIFIED", node)
+    assert extender.relief_pass() is not None and extender.relief_book.draining == set()
+
+
+async def test_a_node_event_from_before_the_taint_does_not_end_the_drain() -> None:
+    """The taint's answer comes back before the node watch shows it, and the watch may first
+    deliver a change made before the taint (a kubelet's status update): that node carries no
+    taint. The drain goes on, and no pass starts it again (past ``drain.max_nodes``); once the
+    watch has shown the taint, it alone says whether the node still drains."""
+    wall = [WALL]
+    extender, writer = _draining_extender(wall)
+    reporter = NodeAllocReporter(extender.metrics, None)
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    node = writer.nodes["node-a"]
+    extender.node_changed("MODIFIED", node)  # from before the taint
+    wall[0] += 1.0
+    assert extender.relief_pass().drain == []
+    assert extender.relief_book.draining == {"node-a"}
+    await relief_once(extender, writer, reporter, wall_clock=lambda: wall[0])
+    assert [n for n, _ in writer.tainted] == ["node-a"]
+    # A taint the watch never shows (a re-list may skip one put on and taken off between two
+    # lists) stops counting after a while.
+    wall[0] += TAINT_SEEN_WITHIN_SECONDS
     assert extender.relief_pass() is not None and extender.relief_book.draining == set()
