@@ -29,15 +29,17 @@ earlier call (``kept``: kube-scheduler's node lists repeat, or they do not).
 
 ``--python-floor`` adds a second floor after the Go one in every round (``MODE@pyfloor``):
 ``scripts/floor_extender/floor.py``, the same do-nothing extender in Python on this
-project's libraries (aiohttp on uvloop, msgspec, prometheus-client). It splits ours/floor
-in two: the Python floor over the Go floor is what the stack costs, ours over the Python
-floor what the extender's own work costs (its watch, ledger, caches, guards, logs). With
+project's libraries (aiohttp on uvloop, msgspec, prometheus-client), which also watches every
+pod (``-watch-pods``: node and requests), as any extender that counts pods must. It splits
+ours/floor in two: the Python floor over the Go floor is what the stack and the watch cost,
+ours over the Python floor what the extender's own work costs (its ledger, caches, guards,
+logs, metrics). With
 ``--sample``, one more run samples the Python floor as ours is sampled.
 ``extender_wakeups_per_pod`` counts how often the extender's threads slept and were woken
 (``voluntary_ctxt_switches``), per pod.
 
 ``--at-scale NODES`` (e.g. 5000) then adds nodes and runs cache and non-cache mode once each,
-the floor first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
+the floors first: pods/s, each verb's p50/p99, CPU per pod and RSS, side by side.
 
 ``--pin`` places the processes as a deployment does: in ``pinned`` runs (``MODE+pinned``)
 the extender (ours or the floor) has a CPU of its own and the control plane (etcd,
@@ -697,7 +699,7 @@ class Bench:
         watch = BindWatch(self.cp, ns)
         extender: Extender | FloorExtender | None = None
         if floor is not None and mode != "alone":
-            command = [sys.executable, str(PYTHON_FLOOR)]
+            command = [sys.executable, str(PYTHON_FLOOR), "-watch-pods"]
             if floor == "go":
                 assert self.floor is not None
                 command = [str(self.floor)]
@@ -1059,16 +1061,20 @@ def headline_figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def at_scale(bench: Bench, nodes: int, pods: int, *, floor: Path | None) -> dict[str, Any]:
+def at_scale(
+    bench: Bench, nodes: int, pods: int, *, floor: Path | None, python_floor: bool
+) -> dict[str, Any]:
     """More nodes (up to ``nodes``), then one run of cache mode and one of non-cache mode, each
-    with the floor just before ours when it is built: pods/s, each verb's p50/p99 and the
-    extender's RSS, beside the floor's."""
+    with the floors just before ours (the Go one when it is built, the Python one when asked
+    for): pods/s, each verb's p50/p99 and the extender's RSS, beside the floors'."""
     if nodes > len(bench.nodes):
         bench.nodes += make_nodes(bench.cp, nodes - len(bench.nodes), start=len(bench.nodes))
     runs: dict[str, list[dict[str, Any]]] = {}
     for mode in ("cache", "nocache"):
         if floor is not None:
             runs[f"{mode}@floor"] = [bench.throughput(mode, pods, floor="go")]
+        if python_floor:
+            runs[f"{mode}@pyfloor"] = [bench.throughput(mode, pods, floor="python")]
         runs[mode] = [bench.throughput(mode, pods)]
     keep = (
         "median",
@@ -1286,7 +1292,9 @@ def main() -> int:
                     bench.throughput("cache", args.pods, sample=path, floor="python")
                     out["sample_cpu_ms_per_pod_pyfloor"] = sample_split(path, args.pods)
             if args.at_scale:
-                out["at_scale"] = at_scale(bench, args.at_scale, args.pods, floor=floor)
+                out["at_scale"] = at_scale(
+                    bench, args.at_scale, args.pods, floor=floor, python_floor=args.python_floor
+                )
             if args.latency_samples:
                 out["delete_to_bind"] = bench.latency(args.latency_samples)
         finally:

@@ -5,17 +5,20 @@ same do-nothing extender in Python, on the libraries the extender is built on (a
 uvloop, msgspec, prometheus-client), so that the bench can split ours/floor into what the
 stack costs (this over the Go floor) and what the extender's own work costs (ours over this).
 Filter passes every node, prioritize scores every node 0, bind POSTs the pod's Binding with its
-UID as a precondition, preempt agrees with kube-scheduler's victims; no watch, no ledger, no
-per-request log line. Benchmark tooling, not part of any deployment.
+UID as a precondition, preempt agrees with kube-scheduler's victims; no ledger, no per-request
+log line. With ``-watch-pods`` it also watches every pod and keeps each one's node and
+requests, the least an extender that counts pods reads (the bench runs it so). Benchmark
+tooling, not part of any deployment.
 
-    python floor.py -kubeconfig PATH -listen 127.0.0.1:PORT [-buckets 0.001,0.01,...]
+    python floor.py -kubeconfig PATH -listen 127.0.0.1:PORT [-buckets 0.001,...] [-watch-pods]
 
-The flags are ``main.go``'s, so that the bench starts either the same way.
+The other flags are ``main.go``'s, so that the bench starts either the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import ssl
 import sys
@@ -73,6 +76,33 @@ class _PreemptArgs(msgspec.Struct, rename="pascal"):
     node_name_to_meta_victims: dict[str, Any] | None = None
 
 
+class _Requests(msgspec.Struct, frozen=True):
+    requests: dict[str, str] = {}
+
+
+class _Container(msgspec.Struct, frozen=True):
+    resources: _Requests = _Requests()
+
+
+class _PodSpec(msgspec.Struct, frozen=True, rename="camel"):
+    node_name: str = ""
+    containers: list[_Container] = []
+
+
+class _PodMeta(msgspec.Struct, frozen=True):
+    uid: str = ""
+
+
+class _Pod(msgspec.Struct, frozen=True):
+    metadata: _PodMeta = _PodMeta()
+    spec: _PodSpec = _PodSpec()
+
+
+class _WatchEvent(msgspec.Struct, frozen=True):
+    type: str
+    object: _Pod
+
+
 def _kubeconfig(path: str) -> tuple[str, ssl.SSLContext, str]:
     """Server, TLS context and token of the kubeconfig's first cluster and user."""
     config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -87,7 +117,7 @@ def _kubeconfig(path: str) -> tuple[str, ssl.SSLContext, str]:
     return cluster["server"], context, token
 
 
-def make_app(kubeconfig: str, buckets: list[float]) -> web.Application:
+def make_app(kubeconfig: str, buckets: list[float], *, watch_pods: bool) -> web.Application:
     server, context, token = _kubeconfig(kubeconfig)
     registry = CollectorRegistry()
     durations = Histogram(
@@ -171,10 +201,30 @@ def make_app(kubeconfig: str, buckets: list[float]) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def watch() -> None:
+        """Every pod's node and requests, from one watch of all pods (no list, no resume):
+        the least an extender that counts pods reads, for ``-watch-pods``."""
+        decoder = msgspec.json.Decoder(_WatchEvent)
+        placed: dict[str, tuple[str, list[_Container]]] = {}
+        url = f"{server}/api/v1/pods"
+        query = {"watch": "1", "allowWatchBookmarks": "true"}
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with session[0].get(url, params=query, headers=headers, timeout=timeout) as r:
+            async for line in r.content:
+                event = decoder.decode(line)
+                if event.type == "DELETED":
+                    placed.pop(event.object.metadata.uid, None)
+                elif event.object.spec.node_name:
+                    pod = event.object
+                    placed[pod.metadata.uid] = (pod.spec.node_name, pod.spec.containers)
+
     async def client(app: web.Application) -> Any:
         connector = aiohttp.TCPConnector(ssl=context, limit=0)
         session.append(aiohttp.ClientSession(connector=connector))
+        watching = asyncio.create_task(watch()) if watch_pods else None
         yield
+        if watching is not None:
+            watching.cancel()
         await session[0].close()
 
     app = web.Application()
@@ -197,11 +247,16 @@ def main() -> int:
         default="0.0001,0.00025,0.0005,0.001,0.0025,0.005,0.01,0.025,0.05,0.1,0.25,1,5",
         help="upper bounds of the handler-time histogram's buckets, seconds, ascending",
     )
+    parser.add_argument(
+        "-watch-pods",
+        action="store_true",
+        help="also watch every pod (their nodes and requests), as a counting extender must",
+    )
     args = parser.parse_args()
     host, _, port = args.listen.rpartition(":")
     try:
         buckets = [float(b) for b in args.buckets.split(",")]
-        app = make_app(args.kubeconfig, buckets)
+        app = make_app(args.kubeconfig, buckets, watch_pods=args.watch_pods)
     except (OSError, ValueError, KeyError, yaml.YAMLError) as e:
         print(f"floor.py: {e}", file=sys.stderr)
         return 2
