@@ -568,6 +568,12 @@ def filter_check(*, is_cache: bool, total: int) -> Callable[[bytes], None]:
         answer = json.loads(data)
         passed = answer["NodeNames"] if is_cache else answer["Nodes"]["items"]
         failed = len(answer["FailedNodes"]) + len(answer["FailedAndUnresolvableNodes"])
+        if not passed and failed == total:
+            # The generated cluster keeps some nodes with room: none means the pods filled them.
+            raise kit.BenchError(
+                f"no node has room for a pending VM ({total} nodes rejected it):"
+                " --pods fills --nodes; ask for fewer pods or more nodes"
+            )
         if not passed or not failed or len(passed) + failed != total:
             raise kit.BenchError(f"unexpected filter answer: {len(passed)} passed, {failed} failed")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import datetime
 import json
@@ -903,7 +904,9 @@ class FakeKubeApi:
             assert isinstance(item, tuple)
             event_type, obj = item
             await response.write(dumps({"type": event_type, "object": obj}) + b"\n")
-        await response.write_eof()
+        with contextlib.suppress(ConnectionResetError):
+            # The client may have gone while the stream ended (aiohttp's reset is a subclass).
+            await response.write_eof()
         return response
 
     # --- HTTP: writes ---------------------------------------------------------------------
