@@ -292,11 +292,13 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
             for load in loads:
                 load.kill()
             bench = [load.communicate()[0] for load in loads]
+            # Here, so that a failure shows what the load saw too.
+            print(f"pgbench on the source (-P 2):\n{bench[0][-1200:]}")
+            if len(bench) > 1:
+                print(f"pgbench after the move, through the Service (-P 2):\n{bench[-1][-800:]}")
     # The source pod goes (QEMU's shutdown); its room with it.
     wait_for(lambda: node.pod_or_none("default", status["sourcePod"]) is None,
              timeout_seconds=90, what=f"{status['sourcePod']} gone")  # fmt: skip
-    print(f"pgbench on the source (-P 2):\n{bench[0][-1200:]}")
-    print(f"pgbench after the move, through the Service (-P 2):\n{bench[-1][-800:]}")
     at = room[0] - started if room else float("nan")
     # Relief may act once the VM is cut short and opted in, whichever comes last.
     could = max(cut, opted)
