@@ -256,6 +256,10 @@ COMMANDS: dict[str, tuple[How, object]] = {
         How.MENTION,
         "the floor extender's source; bench_scheduling.py --floor builds and runs it",
     ),
+    "scripts/floor_extender/floor.py": (
+        How.ELSEWHERE,
+        "tests/bench/test_benchmarks_run.py",  # bench_scheduling.py --python-floor runs it
+    ),
     "curl -s -H 'Content-Type: application/yaml' --data-binary @cluster.yaml "
     "http://127.0.0.1:10298/v1/recommend": (How.ELSEWHERE, "tests/recommender/test_http.py"),
 }
