@@ -272,6 +272,10 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
                 timeout_seconds=30, what=f"{SERVICE_NAME} leading to {new_ip} alone",
                 interval=0.2,
             )  # fmt: skip
+            # The query above may have been the source's, still answering: pgbench's clients
+            # connect once, and a refused connection ends them (no load, no grow).
+            wait_for(lambda: query_or_none(new_ip, "SELECT 1"), timeout_seconds=30,
+                     what=f"{new_ip} answering a query itself", interval=0.2)  # fmt: skip
             loads.append(pgbench(",".join(alone)))
             # What the agent on the worker asked for and was refused for lack of room, before
             # the move: under the load, or already while the guest booted (then relief acts as
