@@ -40,6 +40,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -79,15 +80,34 @@ def main(run: Callable[[], int | None], *, name: str | None = None) -> NoReturn:
     """Run a benchmark's ``run()`` and exit with its status (see ``EXIT_STATUSES``); ``name``
     (default: the script's) starts the line a ``BenchError`` prints."""
     name = name or Path(sys.argv[0]).stem
+    # SIGTERM (``timeout``, a CI runner's cancel) ends the run as Ctrl-C does: through the
+    # ``finally`` blocks that stop what it started (a control plane, extenders, guests), which
+    # the default action would skip, leaving them running.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         status = run()
     except BenchError as e:
         print(f"{name}: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        # Stopping what it started may fail in turn once interrupted (a control plane that
+        # got the signal too): still the interrupt, not a bug.
+        if not _is_interrupt(e):
+            raise
         print(f"{name}: interrupted; everything it started is stopped", file=sys.stderr)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(status or 0)
+
+
+def _is_interrupt(error: BaseException | None) -> bool:
+    """``error`` is a KeyboardInterrupt, or was raised while one was being handled."""
+    while error is not None:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        error = error.__context__
+    return False
 
 
 # --- the output --------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 import math
+import os
+import signal
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -199,3 +202,27 @@ def test_main_exits_with_what_the_benchmark_returns(returned, code):
     with pytest.raises(SystemExit) as exited:
         kit.main(lambda: returned)
     assert exited.value.code == code
+
+
+def test_main_stops_what_the_benchmark_started_on_sigterm_and_says_so_in_one_line(capsys):
+    """``timeout`` or a cancelled CI job sends SIGTERM: the benchmark's ``finally`` blocks
+    run (they stop its control plane, extenders, guests), even when one of them fails in turn,
+    and the command ends as an interrupt does."""
+    stopped = []
+
+    def run() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted before this ends
+            return 0
+        finally:
+            stopped.append(True)
+            raise TimeoutError("the control plane got the signal too")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited:
+        kit.main(run, name="bench_x")
+    assert exited.value.code == 130
+    assert stopped == [True]
+    assert capsys.readouterr().err == "bench_x: interrupted; everything it started is stopped\n"
+    assert signal.getsignal(signal.SIGTERM) is before
