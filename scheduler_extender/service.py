@@ -328,7 +328,7 @@ class Extender:
         name = node.metadata.name
         if node.spec.taints:
             self.node_taints[name] = list(node.spec.taints)
-            if any(t.key == DRAIN_TAINT for t in node.spec.taints):
+            if _has_drain_taint(node.spec.taints):
                 self.relief_book.taint_seen(name)
         else:
             self.node_taints.pop(name, None)
@@ -732,11 +732,7 @@ class Extender:
         # The drains are the nodes carrying the drain taint (``scheduler_extender.relief``):
         # a restarted extender finds them again; an operator who removes it ends the drain.
         book.set_drains(
-            {
-                name
-                for name, taints in self.node_taints.items()
-                if any(t.key == DRAIN_TAINT for t in taints)
-            },
+            {name for name, taints in self.node_taints.items() if _has_drain_taint(taints)},
             now=now,
         )
         book.forget_gone(self.ledger, now=now, config=config)
@@ -749,6 +745,11 @@ class PermitsDecided(NamedTuple):
     version: ProtocolVersion
     decisions: list[Decision]
     counts: dict[str, int]
+
+
+def _has_drain_taint(taints: Iterable[Taint]) -> bool:
+    """The node carries relief's drain taint (``scheduler_extender.relief``)."""
+    return any(t.key == DRAIN_TAINT for t in taints)
 
 
 def _key(migration: VirtualMachineMigration) -> str:
