@@ -96,6 +96,18 @@ def _seen_by_leader(node: Node, drained: str) -> dict[str, object]:
     return {"vms": vms, "free elsewhere": free}
 
 
+def _relief_said(node: Node) -> list[str]:
+    """The leading extender's last relief log lines (why it moves nothing, if it says so)."""
+    leader = _leader(node)
+    if leader is None:
+        return ["(no leader)"]
+    out = node.kubectl(
+        "-n", "vm-autoscaling", "logs", leader["metadata"]["name"], "-c", "extender",
+        "--tail", "400", check=False,
+    ).stdout  # fmt: skip
+    return [line for line in out.splitlines() if '"relief' in line or '"drain' in line][-6:]
+
+
 def _evicted_for_drain(node: Node) -> set[str]:
     """The pods an ``EvictedForDrain`` Event names (namespace/name)."""
     out = node.kubectl(
@@ -163,10 +175,14 @@ def test_a_drained_node_is_emptied_with_its_vm_moved_live_and_its_data_intact(
                 ]  # fmt: skip
                 return found[0] if found else None
 
-            made: Obj = wait_for(
-                drain_migration, timeout_seconds=90, what=f"relief's Drain migration of {VM}",
-                interval=0.2,
-            )  # fmt: skip
+            try:
+                made: Obj = wait_for(
+                    drain_migration, timeout_seconds=90,
+                    what=f"relief's Drain migration of {VM}", interval=0.2,
+                )  # fmt: skip
+            except AssertionError as e:
+                said, seen = _relief_said(node), _seen_by_leader(node, here)
+                raise AssertionError(f"{e}; the leader on relief: {said}; ledger: {seen}") from e
             created = time.time()
             name = made["metadata"]["name"]
             at_move = _seen_by_leader(node, here)

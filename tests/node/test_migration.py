@@ -155,6 +155,46 @@ def relief_migrations(node: Node, since: float) -> list[Obj]:
     return found
 
 
+def _after_the_move(node: Node, there: str, ip: str, since: float) -> str:
+    """For a grow that did not come: the agent's decisions and asks for the VM on ``there``
+    since ``since``, and the sessions of the guest's server (a lock held by a session whose
+    client went with the source would stall the load)."""
+    lines = [
+        f"{e['event']}: {e.get('reason') or e.get('extender_reason') or e.get('error') or ''}"
+        for e in node.agent_events(since, there)
+        if e.get("vm", "").startswith(f"default/{VM}")
+        and e["event"] in ("goal", "permit_requested", "permit_answered", "scrape_failed")
+    ]  # fmt: skip
+    sessions = query_or_none(
+        ip, "SELECT state, wait_event_type, wait_event, now() - xact_start, client_addr"
+        " FROM pg_stat_activity WHERE datname = 'pgbench' AND pid <> pg_backend_pid()",
+    )  # fmt: skip
+    return (f"the agent on {there} since the move: {lines[-12:]}\n"
+            f"the guest's load: {_guest_load(ip)}\nthe guest's sessions:\n{sessions}")  # fmt: skip
+
+
+def _guest_load(ip: str, seconds: float = 2.0) -> str:
+    """The guest's busy fraction over ``seconds``, load1 and run queue, from its node_exporter
+    (what the agent there decides on), or why they could not be read."""
+
+    def sample() -> tuple[float, float, str]:
+        with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        cpu = re.findall(r'^node_cpu_seconds_total\{cpu="\d+",mode="(\w+)"\} (\S+)', text, re.M)
+        idle = sum(float(v) for mode, v in cpu if mode in ("idle", "iowait"))
+        extra = re.findall(r"^(node_load1|node_procs_running) (\S+)", text, flags=re.M)
+        return sum(float(v) for _, v in cpu), idle, str(extra)
+
+    try:
+        total0, idle0, _ = sample()
+        time.sleep(seconds)
+        total1, idle1, extra = sample()
+    except OSError as e:
+        return f"unread ({e})"
+    busy = 1 - (idle1 - idle0) / (total1 - total0) if total1 > total0 else float("nan")
+    return f"busy {busy:.2f} over {seconds:.0f}s, {extra}"
+
+
 def _lease_transitions(node: Node) -> int:
     lease = node.admin_get(LEASE)["spec"]
     return int(lease.get("leaseTransitions", 0))
@@ -190,6 +230,15 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
     digest = "SELECT count(*) || ' ' || md5(string_agg(v, ',' ORDER BY i)) FROM moved"
     written = psql(ip, digest)
     doubles = [f"{VM}-a", f"{VM}-b"]
+
+    outputs: dict[int, str] = {}
+
+    def ended(load: subprocess.Popen[str]) -> str:
+        """The output of ``load``, killed first if still running."""
+        if load.pid not in outputs:
+            load.kill()
+            outputs[load.pid] = load.communicate()[0]
+        return outputs[load.pid]
 
     def pgbench(host: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -288,14 +337,20 @@ def test_a_vm_cut_short_under_pgbench_is_moved_by_relief_and_grows_to_its_reques
             assert answers, "no grow of the VM was cut short on the worker before the move"
             cut, requested = answers[0]["t"], int(answers[-1]["requested_vcpus"])
             assert all("node" in a["extender_reason"] for a in answers), answers
-            wait_for(lambda: online_vcpus(new_ip) == requested, timeout_seconds=60,
-                     what=f"{VM} at its requested {requested} vCPUs on {there}",
-                     interval=0.2)  # fmt: skip
+            try:
+                wait_for(lambda: online_vcpus(new_ip) == requested, timeout_seconds=60,
+                         what=f"{VM} at its requested {requested} vCPUs on {there}",
+                         interval=0.2)  # fmt: skip
+            except AssertionError as e:
+                # What the load met and what the agent there made of it, in the failure's own
+                # message (a CI excerpt may keep little else).
+                raise AssertionError(
+                    f"{e}\npgbench after the move (-P 2):\n{ended(loads[-1])[-600:]}\n"
+                    f"{_after_the_move(node, there, new_ip, moved)}"
+                ) from e
             grown = time.time()
         finally:
-            for load in loads:
-                load.kill()
-            bench = [load.communicate()[0] for load in loads]
+            bench = [ended(load) for load in loads]
             # Here, so that a failure shows what the load saw too.
             print(f"pgbench on the source (-P 2):\n{bench[0][-1200:]}")
             if len(bench) > 1:
