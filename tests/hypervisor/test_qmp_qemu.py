@@ -68,7 +68,9 @@ async def _connected(qemu_socket):
         await writer.wait_closed()
         break
     assert proc.poll() is None, "QEMU exited at start"
-    c = QmpClient(sock, command_timeout_seconds=5, unplug_timeout_seconds=1)
+    # A bound against a hang, not a measure: QEMU's main loop, on a machine busy with other
+    # tests, once took over 5 s to greet the client after the probe hung up.
+    c = QmpClient(sock, command_timeout_seconds=30, unplug_timeout_seconds=1)
     yield c
     await c.close()
 
