@@ -515,7 +515,6 @@ class Extender:
         ``filtered``: the pod as kube-scheduler last sent it to filter (see ``bind_pod``).
         """
         key = f"{namespace}/{name}"
-        log_ = log.bind(pod=key, node=node)
         touching = self.notices.before_bind(uid)
         if touching is not None:
             # Our own wake-up patch of this pod is on its way: the Binding follows it, with
@@ -535,13 +534,13 @@ class Extender:
         )
         if decided.outcome is BindOutcome.REFUSED:
             self.metrics.binds.labels("refused").inc()
-            log_.info("bind_refused", reason=decided.error)
+            log.info("bind_refused", pod=key, node=node, reason=decided.error)
         if decided.outcome is not BindOutcome.RESERVED:
             return decided.error
         info, event = decided.info, decided.event
         assert info is not None
         if decided.is_before_watch:
-            log_.info("bind_before_watch", uid=uid)
+            log.info("bind_before_watch", pod=key, node=node, uid=uid)
         self.reporter.report([event] if event is not None else [], is_announced=True)
         if self.binder is None:
             # Standalone: no API server to ask; the pod is bound as soon as it is reserved.
@@ -560,7 +559,7 @@ class Extender:
             )
             is_bound = True
         except KubeError as e:
-            log_.info("bind_failed", error=e.message, status=e.status)
+            log.info("bind_failed", pod=key, node=node, error=e.message, status=e.status)
             return f"binding {key} to {node} failed: {e.message}"
         finally:
             self.binds_in_flight.discard(uid)
