@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import random
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -71,8 +71,10 @@ def decode(type_: type[T], body: bytes | msgspec.Raw) -> T:
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     structlog.contextvars.clear_contextvars()
-    # 32 hex digits, like a uuid4's, for a tenth of the cost.
-    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
+    # 32 hex digits, like a uuid4's: from the random module (seeded from the OS, reseeded in
+    # a forked child), not a getrandom(2) call per request. An id to find a request's lines
+    # by, not a secret.
+    request_id = request.headers.get("X-Request-Id") or f"{random.getrandbits(128):032x}"
     structlog.contextvars.bind_contextvars(request_id=request_id)
     route = request.match_info.route.name or ""
     loop = asyncio.get_running_loop()  # its clock: monotonic, and virtual under looptime
