@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import structlog
@@ -81,6 +82,36 @@ async def test_node_alloc_logged_on_add_and_remove(
         await wait_until(lambda: not running.extender.ledger.pods)
     (alloc,) = [e for e in logs if e["event"] == "node_alloc"]
     assert (alloc["action"], alloc["foreign"], alloc["pod"]) == ("remove", False, "vms/vm-1")
+
+
+async def test_request_lines_filter_at_debug_bind_and_errors_at_info(
+    kube_api: FakeKubeApi, start_extender: StartExtender
+) -> None:
+    """At info, filter and prioritize leave no line (the histogram counts them); bind and a
+    refused request do. At debug every request has its line."""
+    kube_api.add_node(node_object("node-a"))
+    pod = kube_api.add_pod(vm_pod("vm-1", uid="u-1"))
+    running = await start_extender()
+    merge = structlog.contextvars.merge_contextvars
+    calls = (
+        ("/filter", filter_body(pod, ["node-a"])),
+        ("/prioritize", filter_body(pod, ["node-a"])),
+        ("/filter", {"Pod": {}}),  # no node list: 400
+        ("/bind", bind_body(pod, "node-a")),
+    )
+    for level, expected in (
+        (logging.INFO, [("/filter", 400), ("/bind", 200)]),
+        (logging.DEBUG, [("/filter", 200), ("/prioritize", 200), ("/filter", 400), ("/bind", 200)]),
+    ):
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+        with structlog.testing.capture_logs(processors=[merge]) as logs:
+            for path, body in calls:
+                await (await running.verbs.post(path, json=body)).read()
+        lines = [e for e in logs if e["event"] == "request"]
+        assert [(e["path"], e["status"]) for e in lines] == expected
+        assert [e["log_level"] for e in lines if e["status"] == 200 and e["path"] != "/bind"] == [
+            "debug"
+        ] * (len(expected) - 2)
 
 
 async def test_standalone_mode(aiohttp_client: Any) -> None:
