@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -217,6 +218,10 @@ def main() -> None:
     p.add_argument("--serve-fakes", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_fakes:
+        # The bench's child: stopped by SIGTERM, with nothing to clean up. kit.main makes
+        # SIGTERM an interrupt (for the bench itself); as one, on a loaded machine, the child
+        # outlived the bench's wait for it and held the bench's output open.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         ext_port, metrics_port, capacity = (int(x) for x in args.serve_fakes.split(","))
         asyncio.run(serve_fakes(ext_port, metrics_port, capacity))
         return
