@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler_agent.policy import Samples
+from autoscaler_agent.scrape import ScrapeError, parse_samples
 from protocol import annotations as ann
 from protocol.virtualmachine import RELIEF_LABEL
 from testkit.controlplane import wait_for
@@ -175,25 +177,24 @@ def _after_the_move(node: Node, there: str, ip: str, since: float) -> str:
 
 
 def _guest_load(ip: str, seconds: float = 2.0) -> str:
-    """The guest's busy fraction over ``seconds``, load1 and run queue, from its node_exporter
-    (what the agent there decides on), or why they could not be read."""
+    """The guest's busy fraction over ``seconds``, load1 and run queue, read from its
+    node_exporter as the agent reads them (``parse_samples``), or why they could not be read."""
 
-    def sample() -> tuple[float, float, str]:
+    def sample() -> Samples:
         with urllib.request.urlopen(f"http://{ip}:{METRICS_PORT}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        cpu = re.findall(r'^node_cpu_seconds_total\{cpu="\d+",mode="(\w+)"\} (\S+)', text, re.M)
-        idle = sum(float(v) for mode, v in cpu if mode in ("idle", "iowait"))
-        extra = re.findall(r"^(node_load1|node_procs_running) (\S+)", text, flags=re.M)
-        return sum(float(v) for _, v in cpu), idle, str(extra)
+            return parse_samples(r.read().decode())
 
     try:
-        total0, idle0, _ = sample()
+        before = sample()
         time.sleep(seconds)
-        total1, idle1, extra = sample()
-    except OSError as e:
+        after = sample()
+    except (OSError, ScrapeError) as e:
         return f"unread ({e})"
-    busy = 1 - (idle1 - idle0) / (total1 - total0) if total1 > total0 else float("nan")
-    return f"busy {busy:.2f} over {seconds:.0f}s, {extra}"
+    total = (after.cpu_seconds_total or 0.0) - (before.cpu_seconds_total or 0.0)
+    idle = (after.cpu_idle_seconds_total or 0.0) - (before.cpu_idle_seconds_total or 0.0)
+    busy = 1 - idle / total if total > 0 else float("nan")
+    return (f"busy {busy:.2f} over {seconds:.0f}s, load1 {after.load1}, procs_running "
+            f"{after.procs_running}")  # fmt: skip
 
 
 def _lease_transitions(node: Node) -> int:
