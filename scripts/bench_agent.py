@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import logging
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -76,7 +75,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     metrics_base = f"http://127.0.0.1:{metrics_port}"
     ext_port = free_port()
     extender_url = args.extender_url or f"http://127.0.0.1:{ext_port}"
-    # Popen only forks; the fakes then serve on their own until terminated below.
+    # Popen only forks; the fakes then serve on their own until killed below.
     child = subprocess.Popen(  # noqa: ASYNC220
         [
             sys.executable,
@@ -89,7 +88,10 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
         await wait_reachable(f"{metrics_base}/vm/x/metrics")
         return await run_agent(args, extender_url, metrics_base)
     finally:
-        child.terminate()
+        # Killed: the fakes have nothing to clean up, and a SIGTERM would reach them as
+        # kit.main's interrupt (they run through it too), which on a loaded machine once kept
+        # the child past this wait, holding the bench's output open.
+        child.kill()
         child.wait(timeout=5)
 
 
@@ -218,10 +220,6 @@ def main() -> None:
     p.add_argument("--serve-fakes", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_fakes:
-        # The bench's child: stopped by SIGTERM, with nothing to clean up. kit.main makes
-        # SIGTERM an interrupt (for the bench itself); as one, on a loaded machine, the child
-        # outlived the bench's wait for it and held the bench's output open.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         ext_port, metrics_port, capacity = (int(x) for x in args.serve_fakes.split(","))
         asyncio.run(serve_fakes(ext_port, metrics_port, capacity))
         return
