@@ -114,4 +114,7 @@ def test_benchmark_runs_and_prints_its_json(script: str) -> None:
     result = json.loads(done.stdout)
     assert isinstance(result, dict)
     assert keys <= result.keys(), sorted(result)
+    if script == "bench_scheduling.py":
+        headline = {"ours_to_floor_unpinned", "machine_cpu_ms_per_pod", "floor_cpu_over_ours"}
+        assert headline <= result["headline"].keys(), result["headline"]
     assert not camel_keys(result)
