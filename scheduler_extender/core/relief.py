@@ -18,7 +18,8 @@ The rule, in the order a pass applies it (one pass, one budget):
    nothing could move it), not moving, not opted out (``vm-autoscaling.io/never-move:
    "true"``, which the vm-controller writes from the VirtualMachine's ``spec.neverMove``,
    and which the ledger follows on a running pod), not moved in the last ``cooldown_seconds`` (no
-   ping-pong; a move that failed counts too), and not within its **failure backoff**: after
+   ping-pong; a move that failed counts too; a drain's moves wait for no cool-down, rule 4),
+   and not within its **failure backoff**: after
    ``n`` failed moves in a row, ``failure_backoff_seconds * 2**(n-1)`` from the last failure's
    end, at most ``failure_backoff_max_seconds``. Kubernetes doubles the same way: the
    kubelet's CrashLoopBackOff from 10 s up to 5 minutes (``pkg/kubelet/kubelet.go``,
@@ -50,7 +51,10 @@ The rule, in the order a pass applies it (one pass, one budget):
    first, to a node that stays under the watermark with it.
 4. **Drain** (``drain.enabled``, off by default), in Karpenter's order: taint first (the
    caller puts ``DRAIN_TAINT``, NoSchedule, on each node of ``drain``: nothing new lands
-   there), then the node's VMs move away, the smallest first, one at a time (rule 1), then,
+   there), then the node's VMs move away, the smallest first, one at a time (rule 1, but for
+   the cool-down: a drained node is never a target, so a VM that leaves it cannot come back,
+   and a VM moved there a moment ago leaves at once rather than ``cooldown_seconds`` after the
+   taint; a failing move still backs off), then,
    once none of ours holds anything there, its other pods are **evicted** (``evict``: each
    through the Eviction API, so their PodDisruptionBudgets decide when; a refusal, HTTP 429,
    is tried again ``EVICTION_RETRY_SECONDS`` later, as ``kubectl drain`` retries, never by
@@ -512,14 +516,19 @@ class ReliefBook:
 
 
 def _blocked(
-    records: Sequence[tuple[float, str, MoveRecord]], *, now: float, config: ReliefConfig
+    records: Sequence[tuple[float, str, MoveRecord]],
+    *,
+    now: float,
+    config: ReliefConfig,
+    is_drain: bool = False,
 ) -> str | None:
-    """The cool-down and the failure backoff over one VM's records, oldest first."""
+    """The cool-down (not for a drain's move: rule 4) and the failure backoff over one VM's
+    records, oldest first."""
     if not records:
         return None
     last = max(r.created for _, _, r in records)
     cooldown = config.cooldown_seconds
-    if now - last < cooldown:
+    if not is_drain and now - last < cooldown:
         return f"it moved {now - last:.0f}s ago (cool-down {cooldown:.0f}s)"
     failures = 0
     failed_at = 0.0
@@ -723,7 +732,7 @@ def plan_moves(
     moves: list[PlannedMove] = []
     unrelieved: list[str] = []
 
-    def why_not(entry: Allocation) -> str | None:
+    def why_not(entry: Allocation, *, is_drain: bool = False) -> str | None:
         if entry.uid in moving:
             return "it is moving"
         if entry.vm is None or entry.owner is not Owner.OWN or entry.is_tentative:
@@ -734,7 +743,9 @@ def plan_moves(
             return "it opted out (never-move)"
         if entry.is_unverified:
             return "its agent has not reported its size since this extender started"
-        blocked = _blocked(history.get(_vm_key(entry), ()), now=now, config=config)
+        blocked = _blocked(
+            history.get(_vm_key(entry), ()), now=now, config=config, is_drain=is_drain
+        )
         if blocked is not None:
             return blocked
         if entry.node not in view.free:
@@ -897,7 +908,7 @@ def plan_moves(
             if budget <= 0 or name in busy:
                 continue
             for e in sorted(state.own.values(), key=lambda e: (e.held.memory_bytes, e.key)):
-                if why_not(e) is not None:
+                if why_not(e, is_drain=True) is not None:
                     continue
                 target = view.target(e.held, shut=shut | {name})
                 if target is not None:

@@ -618,8 +618,10 @@ class ReliefMachine(RuleBasedStateMachine):
             assert move.vm == vm and vm not in flying
             assert move.source not in leaving, "two moves leave one node"
             # Its last move the book knows of (a deleted migration is forgotten on purpose).
+            # A drain's moves wait for none: a draining node is never a target (below).
             since = max((r.created for r in self.known.values() if r.vm == vm), default=None)
-            assert since is None or self.now - since >= CONFIG.cooldown_seconds, "ping-pong"
+            if move.reason is not MoveReason.DRAIN:
+                assert since is None or self.now - since >= CONFIG.cooldown_seconds, "ping-pong"
             self.check_backoff(vm)
             assert move.target not in self.book.draining
             if move.reason is MoveReason.GROWER:
@@ -1022,6 +1024,24 @@ def test_a_drain_an_operator_starts_by_the_taint_ignores_the_share_and_the_hyste
     plan = plan_moves(ledger, book, now=100.0, config=CONFIG)
     assert [(m.pod, m.reason) for m in plan.moves] == [("ns/a", MoveReason.DRAIN)]
     assert plan.evict == [] and plan.emptied == []
+
+
+def test_a_drain_moves_a_vm_that_just_moved_there_but_a_failed_move_backs_off():
+    """Rule 4: a drained node is never a target, so its VMs leave it without the cool-down (a
+    VM moved there a moment ago goes now, not ``cooldown_seconds`` after the taint); a move
+    that failed still waits its backoff, as any other."""
+    ledger, book = _quiet_node_with(Disruption.EVICT)
+    arrived = PlannedMove(uid="a", pod="ns/a", source="busy", target="quiet",
+                          reason=MoveReason.WATERMARK, message="", vm="ns/a")  # fmt: skip
+    book.move_started(arrived, migration="ns/a-in", now=100.0)
+    book.move_ended("ns/a-in", succeeded=True, now=101.0)
+    book.draining.add("quiet")
+    [move] = plan_moves(ledger, book, now=102.0, config=CONFIG).moves  # cool-down: 100 s
+    assert (move.pod, move.reason, move.target) == ("ns/a", MoveReason.DRAIN, "busy")
+    book.move_started(move, migration="ns/a-out", now=102.0)
+    book.move_ended("ns/a-out", succeeded=False, now=103.0)
+    assert plan_moves(ledger, book, now=152.9, config=CONFIG).moves == []  # backoff: 50 s
+    assert [m.pod for m in plan_moves(ledger, book, now=153.0, config=CONFIG).moves] == ["ns/a"]
 
 
 @pytest.mark.parametrize("kind", [Disruption.UNMANAGED, Disruption.LOCAL_STORAGE], ids=str)
