@@ -205,9 +205,9 @@ def _lease_transitions(node: Node) -> int:
 @pytest.fixture
 def forgetting_its_moves(tuned: Node) -> Iterator[Node]:
     """``tuned``, and afterwards, whatever the outcome, the VM's relief migrations deleted:
-    relief counts a VM's moves from them, and one left behind would hold the VM, if it failed,
-    in relief's failure backoff (a drain waits for no cool-down, but for that), or in relief's
-    budget while it had not ended, so that test_drain's drain could not move it."""
+    relief counts a VM's moves from them: a failed one left behind would hold the VM in its
+    failure backoff, and one not ended would fill relief's budget, so that test_drain's drain
+    could not move it."""
     began = time.time()
     yield tuned
     for m in relief_migrations(tuned, began):
