@@ -75,6 +75,8 @@ class FakeExtender:
         self.reserved_memory: dict[str, int] = {}
         self.batches: list[ResourceRequestBatch] = []
         self.fail_status: int | None = None
+        # How many answers ``fail_status`` has made: what a test counts the client's failures by.
+        self.failed_answers = 0
         self.delay_seconds = 0.0
         self.override: dict[str, int] = {}
         self.item_errors: dict[str, ItemError] = {}
@@ -90,6 +92,7 @@ class FakeExtender:
         if self.delay_seconds:
             await asyncio.sleep(self.delay_seconds)
         if self.fail_status is not None:
+            self.failed_answers += 1
             return _error(self.fail_status, "Injected", "injected", "injected failure")
         if self.token is not None and request.headers.get("Authorization") != (
             f"Bearer {self.token}"
