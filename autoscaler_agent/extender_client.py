@@ -44,6 +44,8 @@ log = structlog.get_logger(__name__)
 PERMITS_PATH = "/v1/permits"
 # VMs whose last seq is remembered (a node has at most MAX_BATCH; the rest is churn).
 _MAX_SEQS = 4 * MAX_BATCH
+# Distinct errors an outage's epoch checks warn of; the rest are debug lines.
+_MAX_CAUSES = 4
 
 
 class ExtenderError(Exception):
@@ -220,14 +222,18 @@ class ExtenderClient:
         node whose VMs have nothing to ask still learns of an extender restart that soon.
 
         Failures are expected while the extender is down or fails over: the first one is a
-        warning naming the error (``extender_unreachable``), the next ones are debug lines, and
-        the first answer after them says how long they lasted (``extender_reachable``), so a
-        node's log shows why its VMs did not report to a new extender. Each one is also given
+        warning naming the error (``extender_unreachable``); so is each later one that says
+        something new (up to ``_MAX_CAUSES`` an outage: a failover that begins with a timeout
+        may go on as a refusal, and that refusal is what an operator must read), the repeats
+        are debug lines; and the first answer after them says how long they lasted
+        (``extender_reachable``), so a node's log shows why its VMs did not report to a new
+        extender. Each one is also given
         to ``failed`` (the agent counts it with the VMs' failed calls, so that a node of steady
         VMs that cannot reach the extender shows in its metrics too). Nothing but its
         cancellation ends this loop: it is how a node of steady VMs learns of a new extender."""
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
+        causes: set[str] = set()  # what this outage's warnings said
         while True:
             quiet = loop.time() - self.epochs.last_answer_at
             if quiet < interval_seconds:
@@ -237,9 +243,19 @@ class ExtenderClient:
                 await self.post_batch([])
             except ExtenderError as e:
                 failed(e)
+                now = loop.time()
                 if failing_since is None:
-                    failing_since = loop.time()
-                    log.warning("extender_unreachable", error=str(e), kind=e.kind)
+                    failing_since = now
+                    causes.clear()
+                cause = f"{e.kind}: {e}"
+                if cause not in causes and len(causes) < _MAX_CAUSES:
+                    causes.add(cause)
+                    log.warning(
+                        "extender_unreachable",
+                        error=str(e),
+                        kind=e.kind,
+                        failing_seconds=round(now - failing_since, 3),
+                    )
                 else:
                     log.debug("epoch_check_failed", error=str(e), kind=e.kind)
                 await asyncio.sleep(interval_seconds)

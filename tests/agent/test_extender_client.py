@@ -140,11 +140,13 @@ async def test_unreadable_answer_is_a_protocol_error():
         await batcher.close()
 
 
-async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(setup):
-    """An extender that fails over: the node's log says once why the checks fail and when an
-    answer (the new epoch) came; an error nobody expected (here a listener's) is logged and
-    does not end the only way a node of steady VMs learns of a new extender. Every failed
-    check is handed on (the agent counts it in ``extender_errors_total``), each answer not."""
+async def test_the_epoch_check_says_once_each_why_it_fails_and_outlives_any_error(setup):
+    """An extender that fails over: the node's log says once each why the checks fail (a
+    failover's timeouts or 503s may go on as a refusal, which is what an operator must read)
+    and when an answer (the new epoch) came; an error nobody expected (here a listener's) is
+    logged and does not end the only way a node of steady VMs learns of a new extender. Every
+    failed check is handed on (the agent counts it in ``extender_errors_total``), each answer
+    not."""
     ext, client, *_ = setup
     ext.fail_status = 503
 
@@ -158,7 +160,9 @@ async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(set
             client.keep_epoch_fresh(interval_seconds=0.02, failed=failures.append)
         )
         try:
-            await asyncio.sleep(0.2)  # several checks, all refused
+            await eventually(lambda: ext.failed_answers >= 3)  # several checks, all 503
+            ext.fail_status, refused = 401, ext.failed_answers
+            await eventually(lambda: ext.failed_answers >= refused + 3)  # then refusals
             ext.fail_status = None
             await eventually(lambda: client.epochs.epoch == "epoch-1")
             unsubscribe()
@@ -170,13 +174,19 @@ async def test_the_epoch_check_says_once_why_it_fails_and_outlives_any_error(set
     events = [e["event"] for e in logs if e["log_level"] != "debug"]
     assert events == [
         "extender_unreachable",
+        "extender_unreachable",  # the refusals: new news, not a repeat
         "extender_epoch_changed",
         "epoch_check_error",  # the listener raised: logged, and the checks went on
         "extender_epoch_changed",
         "extender_reachable",  # the first answer since the failures (the one with epoch-2)
     ], logs
-    assert logs[0]["kind"] == "unavailable" and "503" in logs[0]["error"], logs[0]
+    warned = [e for e in logs if e["event"] == "extender_unreachable"]
+    assert warned[0]["kind"] == "unavailable" and "503" in warned[0]["error"], warned
+    assert warned[1]["kind"] == "rejected" and "401" in warned[1]["error"], warned
+    assert warned[0]["failing_seconds"] == 0 < warned[1]["failing_seconds"], warned
     # Counted by the fake's answers, not when the test stopped failing them: a check may be
     # in flight then, refused, and handed on after.
     assert ext.failed_answers >= 2 and len(failures) == ext.failed_answers, failures
-    assert {e.kind for e in failures} == {"unavailable"}, failures
+    assert [e.kind for e in failures] == ["unavailable"] * refused + ["rejected"] * (
+        len(failures) - refused
+    ), failures
