@@ -437,7 +437,22 @@ class KubeClient:
         subresource), only if it is still the one with ``uid``: the API server deletes it if
         its PodDisruptionBudget allows a disruption now. Raises ``TooManyRequests`` when it
         does not (try again later: never delete the pod instead), ``NotFound`` when the pod is
-        gone, ``Conflict`` when another pod has its name."""
+        gone (another pod may have its name now), ``Conflict`` when another pod took its name
+        in the moment between the read and the eviction.
+
+        The pod is read first: the API server applies the eviction's uid precondition only
+        when it deletes, after it has taken a disruption from the budget of the pod now under
+        that name (kubernetes/kubernetes ``pkg/registry/core/pod/storage/eviction.go``,
+        ``EvictionREST.Create``: ``checkAndDecrement``, then ``store.Delete``), so an eviction
+        meant for a replaced pod would spend its successor's disruption until the disruption
+        controller gave up on it (``DeletionTimeout``, 2 minutes)."""
+        pod = await self.get_pod(namespace, name)
+        if pod.metadata.uid != uid:
+            raise NotFound(
+                f"pod {namespace}/{name} {uid} is gone: the pod of that name is {pod.metadata.uid}",
+                status=404,
+                reason="NotFound",
+            )
         eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kube_io.client import KubeClient
-from kube_io.errors import TooManyRequests
+from kube_io.errors import NotFound, TooManyRequests
 from protocol.annotations import DRAIN_TAINT
 from scheduler_extender.relief import DRAIN
 from testkit.cluster import Names
@@ -83,3 +83,37 @@ async def test_a_drain_taints_its_node_and_evicts_only_what_budgets_allow(
     assert "deletionTimestamp" in api.pod(ns, "free")["metadata"]
     budget = api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/free")["status"]
     assert budget["disruptionsAllowed"] == 0 and "free" in budget["disruptedPods"]
+
+
+async def test_an_eviction_of_a_pod_replaced_under_its_name_spends_no_disruption(
+    names: Names, extender_kubeconfig: Path
+) -> None:
+    """The API server checks an eviction's uid precondition only when it deletes, after it
+    has taken a disruption from the budget (``EvictionREST.Create``: ``checkAndDecrement``,
+    then ``store.Delete``): an eviction meant for a pod that another pod has since replaced
+    under its name is refused, 409, with the new pod's budget spent and the new pod listed as
+    being disrupted until the disruption controller gives up on it. The extender reads the
+    pod first, so the eviction of a pod that is gone says so and spends nothing."""
+    api, ns = names.api, names.namespace
+    node = names.node("drained-again", cpu="4")
+    old = _pod_with_budget(names, "swapped", node=node, allowed=1)
+    api.delete(pod_path(ns, "swapped"))
+    replacement = api.create(
+        pod_path(ns),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "swapped", "namespace": ns, "labels": {"app": "swapped"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app"}]},
+        },
+    )
+    api.set_pod_phase(ns, "swapped", "Running")
+    assert replacement["metadata"]["uid"] != old
+    client = await KubeClient.connect(str(extender_kubeconfig))
+    async with client:
+        with pytest.raises(NotFound) as gone:
+            await client.evict_pod(ns, "swapped", uid=old)
+    assert old in gone.value.message and replacement["metadata"]["uid"] in gone.value.message
+    assert "deletionTimestamp" not in api.pod(ns, "swapped")["metadata"]
+    budget = api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/swapped")["status"]
+    assert budget["disruptionsAllowed"] == 1 and not budget.get("disruptedPods"), budget

@@ -73,9 +73,9 @@ CALLS: dict[str, list[Access]] = {
     "get_service": [Access("get", "", "services")],
     "patch_service_selector": [Access("patch", "", "services")],
     # A drain (scheduler_extender/relief.py): its taint (the node read, then patched) and
-    # its evictions through the Eviction API.
+    # its evictions through the Eviction API (the pod read first, for its uid).
     "taint_node": [Access("get", "", "nodes"), Access("patch", "", "nodes")],
-    "evict_pod": [Access("create", "", "pods/eviction")],
+    "evict_pod": [Access("get", "", "pods"), Access("create", "", "pods/eviction")],
 }
 VM_CONTROLLER_CALLS = {
     "list_virtual_machines",
